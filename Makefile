@@ -1,0 +1,47 @@
+# toolenv: two commands on a fresh machine: `make run` and `make test`.
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+PYTEST_ARGS ?=
+HOST        ?= 127.0.0.1
+PORT        ?= 8080
+
+.PHONY: run test setup-system venv venv-test model bench lint fmt clean help
+
+help:
+	@echo "make run    - create .venv, install, start the embedded service on $(HOST):$(PORT)"
+	@echo "make test   - install every system component the tests need, then run the whole suite"
+	@echo "make bench  - run the benchmarks (figures as ratios against a baseline of the same run)"
+	@echo "make lint   - ruff"
+
+run: venv
+	@scripts/ensure_bwrap.sh
+	exec $(VENV)/bin/toolenv serve --host $(HOST) --port $(PORT)
+
+test: setup-system venv-test model
+	scripts/run_pytest.sh $(PY) $(PYTEST_ARGS)
+
+setup-system:
+	@scripts/setup_system.sh
+
+venv:
+	@scripts/setup_venv.sh run
+
+venv-test:
+	@scripts/setup_venv.sh test
+
+model: venv-test
+	@$(PY) scripts/make_test_model.py
+
+bench: setup-system venv-test
+	$(PY) -m toolenv.bench
+
+lint: venv-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: venv-test
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

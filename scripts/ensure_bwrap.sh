@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The embedded default isolates sandboxes with bubblewrap: install it when missing.
+set -euo pipefail
+command -v bwrap >/dev/null 2>&1 && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] installing bubblewrap"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null
+else
+  echo "toolenv: the sandbox needs bubblewrap (bwrap). Install it: sudo apt-get install bubblewrap" >&2
+  echo "  (or start with TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=true to run code unisolated)" >&2
+  exit 1
+fi

