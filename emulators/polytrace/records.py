@@ -1,0 +1,67 @@
+"""Typed PolyTrace multi-turn records (the Search-R1 `multiturn_workload_step_N.jsonl` shape).
+
+Unknown fields are kept (`extra="allow"`) so that a record read and written back loses nothing.
+Fields the replay needs are required; the rest are optional so that our own writers (rollout
+client, gateway trace capture) can emit what they know.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TurnRecord(_Record):
+    turn: int = Field(ge=0)
+    prompt_tokens: int = Field(ge=0, description="prompt length this turn was generated from")
+    completion_tokens: int = Field(ge=0, description="tokens the engine generated this turn")
+    finish_reason: str = Field(description='"tool_calls" | "stop" | "length"')
+    tool_call_count: int = Field(default=0, ge=0)
+    generation_prompt_len: int | None = None
+    cached_tokens: int | None = None
+    max_new_tokens: int | None = None
+    assistant_append_len: int | None = None
+    total_len_after: int | None = None
+    engine_latency_s: float | None = None
+
+
+class ToolCallRecord(_Record):
+    turn: int = Field(ge=0)
+    tool_name: str
+    latency_s: float = Field(ge=0)
+    status: str = "success"
+    query_count: int | None = None
+    response_token_len: int | None = Field(default=None, ge=0)
+    append_len: int | None = Field(default=None, ge=0, description="tokens appended to the context")
+    loss_len: int | None = None
+    total_results: int | None = None
+    # Written by toolenv (gateway trace capture, rollout client); absent in published traces.
+    trajectory_id: str | None = None
+    step: int | None = None
+    response_bytes: int | None = None
+
+
+class TrajectoryRecord(_Record):
+    step: int = Field(ge=0)
+    prompt_len: int = Field(ge=0)
+    turns: list[TurnRecord]
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    finish_reason: str | None = None
+    max_response_len: int | None = None
+    max_model_len: int | None = None
+    turn_count: int | None = None
+    tool_call_count: int | None = None
+    final_total_len: int | None = None
+    final_response_len: int | None = None
+    prompt_group_id: int | None = None
+    sample_id: int | None = None
+    validate_: bool | None = Field(default=None, alias="validate")
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def tool_calls_after(self, turn: int) -> list[ToolCallRecord]:
+        """The tool calls made at the end of `turn` (their responses feed turn + 1)."""
+        return [c for c in self.tool_calls if c.turn == turn]

@@ -1,0 +1,29 @@
+"""The one interface both sandbox backends implement."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from toolenv.deadline import Deadline
+
+from .models import RunResult, RunSpec
+
+
+class SandboxUnavailable(RuntimeError):
+    """The backend cannot take work (not started, pool exhausted past its bound, engine gone)."""
+
+
+class SandboxBackend(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Acquire what the backend needs (check bwrap; warm the container pool, reap leftovers)."""
+
+    async def close(self) -> None:
+        """Release everything: no process, container, mount or temp dir may remain."""
+
+    async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
+        """Compile (if needed) and run `spec`; never outlive `deadline`: kill and reap at expiry."""
+
+    def status(self) -> dict[str, Any]:
+        """Pool size, busy, refilling, and whatever else helps an operator."""

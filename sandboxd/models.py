@@ -1,0 +1,67 @@
+"""What a sandbox backend is asked to run and what it reports (wire-format agnostic).
+
+The HTTP layer maps SandboxFusion's `/run_code` onto `RunSpec` and `RunResult` back onto the
+wire; backends never see HTTP. Limits are plain numbers so both backends enforce the same thing.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+
+class ExecStatus(StrEnum):
+    """How one step (compile or run) ended."""
+
+    FINISHED = "Finished"  # exited by itself (any exit code)
+    ERROR = "Error"  # could not be started, or the sandbox failed around it
+    TIME_LIMIT = "TimeLimitExceeded"
+    MEMORY_LIMIT = "MemoryLimitExceeded"
+    OUTPUT_LIMIT = "OutputLimitExceeded"
+
+
+class Limits(BaseModel):
+    """Hard limits for one step. None means the backend's configured default."""
+
+    wall_time_s: float = Field(default=10.0, gt=0)
+    cpu_time_s: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    max_processes: int | None = Field(default=None, gt=0)
+    max_open_files: int | None = Field(default=None, gt=0)
+    max_file_size_mb: int | None = Field(default=None, gt=0)
+    max_output_bytes: int | None = Field(default=None, gt=0)
+    cpu_limit: float | None = Field(default=None, gt=0, description="CPU cores (docker backend)")
+
+
+class RunSpec(BaseModel):
+    """One program: source, inputs, and the limits of its compile and run steps."""
+
+    language: str
+    code: str
+    stdin: str = ""
+    files: dict[str, bytes] = Field(default_factory=dict, description="workdir-relative path -> content")
+    fetch_files: list[str] = Field(default_factory=list)
+    compile_limits: Limits = Field(default_factory=Limits)
+    run_limits: Limits = Field(default_factory=Limits)
+
+
+class ExecResult(BaseModel):
+    status: ExecStatus
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_time_s: float = 0.0
+    cpu_time_s: float | None = None
+    peak_memory_kb: int | None = None
+
+
+class RunResult(BaseModel):
+    compile: ExecResult | None = None  # None for interpreted languages
+    run: ExecResult | None = None  # None when compilation failed
+    files: dict[str, bytes] = Field(default_factory=dict)
+    sandbox_id: str | None = None  # container name or process-sandbox id
+    message: str = ""
