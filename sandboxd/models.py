@@ -40,7 +40,9 @@ class RunSpec(BaseModel):
     language: str
     code: str
     stdin: str = ""
-    files: dict[str, bytes] = Field(default_factory=dict, description="workdir-relative path -> content")
+    files: dict[str, bytes] = Field(
+        default_factory=dict, description="workdir-relative path -> content"
+    )
     fetch_files: list[str] = Field(default_factory=list)
     compile_limits: Limits = Field(default_factory=Limits)
     run_limits: Limits = Field(default_factory=Limits)
@@ -57,6 +59,11 @@ class ExecResult(BaseModel):
     wall_time_s: float = 0.0
     cpu_time_s: float | None = None
     peak_memory_kb: int | None = None
+    message: str = ""  # why the step ended this way (which limit, what failed), for people
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated
 
 
 class RunResult(BaseModel):
@@ -65,3 +72,4 @@ class RunResult(BaseModel):
     files: dict[str, bytes] = Field(default_factory=dict)
     sandbox_id: str | None = None  # container name or process-sandbox id
     message: str = ""
+    backend: str | None = None  # which backend ran it ("process", "docker")
