@@ -25,10 +25,11 @@ def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> No
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python3*/site-packages"))
     # Dependencies come from the test venv (a .pth line), the project itself from the fresh build.
+    # pip runs *as* the fresh venv (--python), so it leaves alone what lies outside that environment.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--prefix", str(venv), str(src)],
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+         "--no-deps", "--no-build-isolation", str(src)],
         check=True,
     )
     exe = venv / "bin" / "toolenv"
