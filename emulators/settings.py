@@ -10,7 +10,9 @@ from toolenv.config import ServiceSettings
 
 
 class EmulatorSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="TOOLENV_EMULATORS_", extra="ignore", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLENV_EMULATORS_", extra="ignore", env_nested_delimiter="__"
+    )
     section: ClassVar[str] = "emulators"
 
     seed: int = 0

@@ -36,9 +36,13 @@ def read_multiturn(path: str | Path) -> Iterator[TrajectoryRecord]:
             try:
                 raw = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise TraceFormatError(p, lineno, "", f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+                raise TraceFormatError(
+                    p, lineno, "", f"not valid JSON ({exc.msg} at column {exc.colno})"
+                ) from exc
             if not isinstance(raw, dict):
-                raise TraceFormatError(p, lineno, "", f"expected a JSON object, got {type(raw).__name__}")
+                raise TraceFormatError(
+                    p, lineno, "", f"expected a JSON object, got {type(raw).__name__}"
+                )
             try:
                 yield TrajectoryRecord.model_validate(raw)
             except ValidationError as exc:

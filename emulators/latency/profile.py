@@ -1,0 +1,86 @@
+"""A latency profile: the object a fit writes, a config file names and `PUT .../profile` takes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from .specs import LatencyModel
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be read or does not validate; names the file and the field."""
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool: str = Field(default="search", description="the tool this profile shapes")
+    model: LatencyModel = Field(description="latency per call")
+    response_tokens: LatencyModel | None = Field(
+        default=None,
+        description="search: tokens returned per query for topk=3 (sampled like a latency)",
+    )
+    reference: dict[str, float] = Field(
+        default_factory=dict,
+        description="what the recorded calls looked like (e.g. reward batch_size), for scaling",
+    )
+    source: str | None = Field(default=None, description="where the numbers come from")
+    notes: str | None = None
+    fit: dict[str, Any] | None = Field(
+        default=None, description="the fit report that chose the model"
+    )
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(
+            self.model_dump(mode="json", exclude_none=True), sort_keys=False, width=120
+        )
+
+
+LATENCY_MODEL = TypeAdapter(LatencyModel)
+
+
+def error_field(exc: ValidationError) -> tuple[str, str]:
+    first = exc.errors()[0]
+    return ".".join(str(p) for p in first["loc"]), first["msg"]
+
+
+def parse_profile(data: Any, where: str = "profile") -> Profile:
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        field, msg = error_field(exc)
+        raise ProfileError(f"{where}: field {field!r}: {msg}") from exc
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a YAML or JSON profile file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{p}: does not parse: {exc}") from exc
+    return parse_profile(data, str(p))
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix == ".json":
+        p.write_text(profile.model_dump_json(indent=2, exclude_none=True) + "\n")
+    else:
+        p.write_text(profile.to_yaml())
+    return p
+
+
+def packaged_profile_path(name: str) -> Path:
+    """A profile shipped with the package (`emulators/profiles/<name>.yaml`)."""
+    return Path(__file__).resolve().parent.parent / "profiles" / f"{name}.yaml"

@@ -1,0 +1,172 @@
+"""Runtime samplers: what a latency spec builds. `sample(rng) -> seconds`, `draw(rng) -> Draw`.
+
+Samplers hold no random state of their own: the caller passes a seeded `numpy.random.Generator`,
+so one seed reproduces a whole run. The trace and drift samplers keep a position (the next
+recorded call, the clock they started on), which is what replay and drift mean.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+from .faults import Fault
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """One call's fate: how long it takes and which fault (if any) it suffers."""
+
+    delay_s: float
+    fault: Fault | None = None
+
+
+class Sampler:
+    """Base: `sample` gives seconds; `draw` adds the fault (none unless wrapped by `faulty`)."""
+
+    def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
+        raise NotImplementedError
+
+    def draw(self, rng: np.random.Generator, step: int | None = None) -> Draw:
+        return Draw(self.sample(rng, step))
+
+    def sample_many(self, rng: np.random.Generator, n: int, step: int | None = None) -> np.ndarray:
+        return np.fromiter((self.sample(rng, step) for _ in range(n)), dtype=float, count=n)
+
+
+class FunctionSampler(Sampler):
+    """A parametric distribution: `fn(rng) -> float`, clipped to `[0, max_s]`."""
+
+    def __init__(self, fn: Callable[[np.random.Generator], float], max_s: float | None) -> None:
+        self._fn = fn
+        self._max = math.inf if max_s is None else max_s
+
+    def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
+        return min(max(0.0, float(self._fn(rng))), self._max)
+
+
+def truncnormal_fn(
+    mean: float, std: float, low: float, high: float
+) -> Callable[[np.random.Generator], float]:
+    """Inverse-CDF sampling of a normal restricted to [low, high] (fast, no rejection loop)."""
+    a = special.ndtr((low - mean) / std)
+    b = special.ndtr((high - mean) / std)
+
+    def fn(rng: np.random.Generator) -> float:
+        u = a + (b - a) * rng.random()
+        return float(np.clip(mean + std * special.ndtri(u), low, high))
+
+    return fn
+
+
+class InterpolatedSampler(Sampler):
+    """Inverse-CDF sampling through a piecewise-linear quantile function (probabilities -> values)."""
+
+    def __init__(self, probabilities: np.ndarray, values: np.ndarray) -> None:
+        self._p = probabilities
+        self._x = values
+
+    def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
+        return float(np.interp(rng.random(), self._p, self._x))
+
+
+class TraceSampler(Sampler):
+    """Replays recorded latencies in order (step, trajectory, turn), looping at the end."""
+
+    def __init__(self, values: np.ndarray, start: int = 0) -> None:
+        self._values = values
+        self._next = start % len(values)
+
+    def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
+        value = float(self._values[self._next])
+        self._next = (self._next + 1) % len(self._values)
+        return value
+
+
+class MixtureSampler(Sampler):
+    def __init__(self, weights: Sequence[float], components: Sequence[Sampler]) -> None:
+        w = np.asarray(weights, dtype=float)
+        self._cum = np.cumsum(w / w.sum())
+        self._components = list(components)
+
+    def _pick(self, rng: np.random.Generator) -> Sampler:
+        index = int(np.searchsorted(self._cum, rng.random(), side="right"))
+        return self._components[min(index, len(self._components) - 1)]
+
+    def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
+        return self._pick(rng).sample(rng, step)
+
+    def draw(self, rng: np.random.Generator, step: int | None = None) -> Draw:
+        return self._pick(rng).draw(rng, step)
+
+
+class DriftSampler(Sampler):
+    """A schedule of samplers: by training step (given, or counted in calls) or by elapsed time."""
+
+    def __init__(
+        self,
+        by: str,
+        starts: Sequence[float],
+        stages: Sequence[Sampler],
+        period: float | None,
+        calls_per_step: int | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._by = by
+        self._starts = np.asarray(starts, dtype=float)
+        self._stages = list(stages)
+        self._period = period
+        self._calls_per_step = calls_per_step
+        self._clock = clock
+        self._t0 = clock()
+        self._calls = 0
+
+    def position(self, step: int | None) -> float:
+        """Where on the schedule this call falls (a step number or seconds since start)."""
+        if self._by == "time":
+            x = self._clock() - self._t0
+        elif step is not None:
+            x = float(step)
+        elif self._calls_per_step:
+            x = float(self._calls // self._calls_per_step)
+        else:
+            x = 0.0
+        if self._period:
+            x = x % self._period
+        return x
+
+    def stage(self, step: int | None) -> Sampler:
+        index = int(np.searchsorted(self._starts, self.position(step), side="right")) - 1
+        self._calls += 1
+        return self._stages[max(index, 0)]
+
+    def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
+        return self.stage(step).sample(rng, step)
+
+    def draw(self, rng: np.random.Generator, step: int | None = None) -> Draw:
+        return self.stage(step).draw(rng, step)
+
+
+class FaultySampler(Sampler):
+    """Any sampler plus faults: one uniform draw per call against the cumulative fault rates."""
+
+    def __init__(self, inner: Sampler, faults: Sequence[Fault]) -> None:
+        self._inner = inner
+        self._faults = list(faults)
+        self._cum = np.cumsum([f.rate for f in faults]) if faults else np.zeros(0)
+
+    def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
+        return self.draw(rng, step).delay_s
+
+    def draw(self, rng: np.random.Generator, step: int | None = None) -> Draw:
+        inner = self._inner.draw(rng, step)
+        u = rng.random()
+        index = int(np.searchsorted(self._cum, u, side="right"))
+        if index < len(self._faults):
+            return Draw(inner.delay_s, self._faults[index])
+        return inner

@@ -1,0 +1,69 @@
+"""One streaming JSONL loop shared by every PolyTrace reader: parse, validate, name file/line/field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import TraceFormatError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def field_of(exc: ValidationError) -> tuple[str, str]:
+    """The dotted path and message of a validation error's first problem."""
+    first = exc.errors()[0]
+    return ".".join(str(p) for p in first["loc"]), first["msg"]
+
+
+def open_trace(path: str | Path) -> IO[str]:
+    p = Path(path)
+    try:
+        return p.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise TraceFormatError(p, 0, "", f"cannot open: {exc.strerror or exc}") from exc
+
+
+def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
+    """Yield each line of a JSONL file as `model`, one line in memory at a time."""
+    p = Path(path)
+    with open_trace(p) as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(
+                    p, lineno, "", f"not valid JSON ({exc.msg} at column {exc.colno})"
+                ) from exc
+            if not isinstance(raw, dict):
+                raise TraceFormatError(
+                    p, lineno, "", f"expected a JSON object, got {type(raw).__name__}"
+                )
+            try:
+                yield model.model_validate(raw)
+            except ValidationError as exc:
+                field, msg = field_of(exc)
+                raise TraceFormatError(p, lineno, field, msg) from exc
+
+
+def step_of_filename(path: str | Path) -> int | None:
+    """`..._step_12.jsonl` -> 12 (used to order files by step, not by name)."""
+    stem = Path(path).stem
+    tail = stem.rsplit("_step_", 1)
+    if len(tail) == 2 and tail[1].isdigit():
+        return int(tail[1])
+    return None
+
+
+def sorted_by_step(paths: list[str | Path]) -> list[Path]:
+    """Files ordered by the step number in their name (step_2 before step_10)."""
+    return sorted(
+        (Path(p) for p in paths),
+        key=lambda p: (step_of_filename(p) is None, step_of_filename(p) or 0, str(p)),
+    )
