@@ -1,0 +1,172 @@
+"""The load generator's client against real loopback servers (uvicorn + httptools in a subprocess)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from rollout_client.stress import (
+    LoadSpec,
+    LoadSpecError,
+    RemoteTargetError,
+    arun_load,
+    check_loopback,
+    run_load,
+)
+from rollout_client.stress.testing import serve
+
+
+@pytest.fixture(scope="module")
+def zero_server() -> str:
+    with serve("zero") as url:
+        yield url
+
+
+@pytest.mark.parametrize("path", ["/plain", "/chunked", "/close"])
+def test_bodies_and_connection_close_all_complete(zero_server: str, path: str) -> None:
+    result = run_load(LoadSpec(url=zero_server + path, body={"q": 1}, rate=200, duration_s=0.5))
+    summary = result.summary()
+    assert result.n == 100
+    assert summary["outcomes"]["ok"]["count"] == 100, summary["outcomes"]
+    assert summary["status_counts"] == {"200": 100}
+    # scheduled <= sent <= done for every request
+    assert np.all(result.sent >= result.scheduled - 1e-9)
+    assert np.all(result.done >= result.sent)
+
+
+def test_http_errors_are_counted_by_status(zero_server: str) -> None:
+    result = run_load(LoadSpec(url=zero_server + "/status/503", rate=100, duration_s=0.5))
+    summary = result.summary()
+    assert summary["status_counts"] == {"503": 50}
+    assert set(summary["outcomes"]) == {"http_503"}
+    assert summary["error_rate"] == 1.0
+
+
+def test_captured_header_per_request(zero_server: str) -> None:
+    result = run_load(
+        LoadSpec(
+            url=zero_server + "/x",
+            rate=100,
+            duration_s=0.3,
+            capture_headers=["X-Toolenv-Injected-Delay-Ms"],
+        )
+    )
+    values = result.captured_values("X-Toolenv-Injected-Delay-Ms")
+    assert len(values) == 30 and all(v == "0.000" for v in values)
+    assert result.records[0].headers == {"X-Toolenv-Injected-Delay-Ms": "0.000"}
+
+
+def test_connection_refused_is_an_error_not_a_hang() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connects are refused
+        result = run_load(
+            LoadSpec(url=f"http://127.0.0.1:{port}/", rate=100, duration_s=0.3, timeout_s=2)
+        )
+    assert result.summary()["outcomes"]["connect_error"]["count"] == 30
+    assert "refused" in result.connect_errors[0].lower()
+
+
+def test_server_that_resets_mid_request_counts_connection_closed() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def accept_and_close() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+            conn.close()
+
+    thread = threading.Thread(target=accept_and_close, daemon=True)
+    thread.start()
+    try:
+        result = run_load(
+            LoadSpec(url=f"http://127.0.0.1:{port}/", rate=50, duration_s=0.2, timeout_s=2)
+        )
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert set(result.summary()["outcomes"]) == {"connection_closed"}
+
+
+def test_timeout_is_enforced(zero_server: str) -> None:
+    with serve("uniform", low_ms=800, high_ms=800) as url:
+        result = run_load(LoadSpec(url=url + "/x", rate=20, duration_s=0.25, timeout_s=0.2))
+    summary = result.summary()
+    assert summary["outcomes"]["timeout"]["count"] == 5
+    assert summary["timeout_rate"] == 1.0
+    # timed out after about timeout_s, not after the server's 800 ms
+    assert summary["outcomes"]["timeout"]["uncorrected_ms"]["max"] < 600
+
+
+def test_closed_loop_keeps_n_callers(zero_server: str) -> None:
+    result = run_load(
+        LoadSpec(url=zero_server + "/x", arrival="closed", concurrency=4, duration_s=0.5)
+    )
+    assert result.n > 50
+    assert result.summary()["outcomes"]["ok"]["count"] == result.n
+    # never more than 4 outstanding: at each send, at most 3 others are between sent and done
+    sent, done = result.sent, result.done
+    for i in range(0, result.n, max(1, result.n // 50)):
+        overlap = np.count_nonzero((sent <= sent[i]) & (done > sent[i]))
+        assert overlap <= 4
+
+
+def test_request_cap_bounds_the_run(zero_server: str) -> None:
+    result = run_load(LoadSpec(url=zero_server + "/x", rate=1000, duration_s=5, max_requests=40))
+    assert result.n == 40
+
+
+def test_poisson_arrivals_are_seeded_and_have_the_rate(zero_server: str) -> None:
+    spec = dict(url=zero_server + "/x", rate=400, duration_s=1.0, arrival="poisson", seed=7)
+    a, b = run_load(LoadSpec(**spec)), run_load(LoadSpec(**spec))
+    assert np.array_equal(a.scheduled, b.scheduled)
+    assert 300 < a.n < 500
+    gaps = np.diff(a.scheduled)
+    assert np.std(gaps) > 0.5 * np.mean(gaps)  # exponential gaps, not constant
+
+
+async def test_arun_load_inside_a_running_loop(zero_server: str) -> None:
+    result = await arun_load(LoadSpec(url=zero_server + "/x", rate=100, duration_s=0.2))
+    assert result.summary()["outcomes"]["ok"]["count"] == 20
+
+
+def test_workers_split_and_merge(zero_server: str) -> None:
+    result = run_load(LoadSpec(url=zero_server + "/x", rate=200, duration_s=1.0, workers=2))
+    assert result.n == 200
+    assert result.summary()["outcomes"]["ok"]["count"] == 200
+    gaps = np.diff(result.scheduled)
+    assert np.allclose(gaps, 1 / 200, atol=1e-6)  # interleaved into one evenly spaced stream
+
+
+def test_unbounded_or_bad_specs_are_refused() -> None:
+    with pytest.raises(LoadSpecError, match="duration_s"):
+        run_load(LoadSpec(url="http://127.0.0.1:1/", duration_s=0))
+    with pytest.raises(LoadSpecError, match="max_requests"):
+        run_load(LoadSpec(url="http://127.0.0.1:1/", max_requests=0))
+    with pytest.raises(LoadSpecError, match="rate"):
+        run_load(LoadSpec(url="http://127.0.0.1:1/", rate=-1))
+
+
+def test_remote_targets_are_refused_unless_allowed() -> None:
+    check_loopback("127.0.0.1", allow_remote=False)
+    check_loopback("127.3.4.5", allow_remote=False)
+    check_loopback("::1", allow_remote=False)
+    check_loopback("localhost", allow_remote=False)
+    with pytest.raises(RemoteTargetError, match="--allow-remote"):
+        check_loopback("10.1.2.3", allow_remote=False)
+    with pytest.raises(RemoteTargetError, match="--allow-remote"):
+        run_load(LoadSpec(url="http://192.0.2.1:80/", duration_s=1))
+    check_loopback("10.1.2.3", allow_remote=True)
