@@ -5,36 +5,104 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolenv import __version__
 
+from .admission import RateLimits
+from .guard import Guard
+from .metrics import GatewayMetrics
+from .routes import router
 from .settings import GatewaySettings
+from .toolset import ToolSet
+from .trace import TraceWriter
+
+DESCRIPTION = """One async front door for every tool: admission control (concurrency limit,
+bounded queue, 429 + Retry-After), one deadline per call (`deadline_ms` or
+`X-Toolenv-Deadline-Ms`) with a structured 504 at expiry, hedging and retries, Prometheus
+metrics and trace capture (`X-Trajectory-Id`). `/run_code`, `/retrieve` and `/v1/run_tests`
+speak their upstreams' wire formats; `POST /v1/tools/{tool}/call` is the generic call."""
 
 
-def create_app(settings: GatewaySettings | None = None) -> FastAPI:
-    settings = settings or GatewaySettings.load()
+def create_app(settings: GatewaySettings | None = None, config_file: str | None = None) -> FastAPI:
+    settings = settings or GatewaySettings.load(config_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.ready = True
+        toolset = ToolSet(settings, app.state.metrics, config_file)
+        app.state.toolset = toolset
+        trace = TraceWriter(settings.trace_path) if settings.trace_path else None
+        app.state.trace = trace
         try:
+            if trace is not None:
+                await trace.start()
+            await toolset.start()
+            app.state.ready = True
             yield
         finally:
             app.state.ready = False
+            await toolset.close()
+            if trace is not None:
+                await trace.close()
 
-    app = FastAPI(title="toolenv gateway", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="toolenv gateway", version=__version__, description=DESCRIPTION, lifespan=lifespan
+    )
     app.state.settings = settings
     app.state.ready = False
+    app.state.metrics = GatewayMetrics()
+    app.state.toolset = None
+    app.state.trace = None
+    app.include_router(router)
 
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict[str, str]:
-        """Liveness: the process answers."""
-        return {"status": "ok"}
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse(
+                {"detail": "request body is not valid JSON", "request_id": _rid(request)}, 400
+            )
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors
+        )
+        return JSONResponse(
+            {
+                "detail": f"invalid request: {fields}",
+                "errors": _plain(errors),
+                "request_id": _rid(request),
+            },
+            422,
+        )
 
-    @app.get("/readyz", tags=["ops"])
-    async def readyz() -> dict[str, object]:
-        """Readiness: start-up finished and every tool can take calls."""
-        return {"status": "ready" if app.state.ready else "starting"}
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"detail": exc.detail, "request_id": _rid(request)},
+            exc.status_code,
+            headers=exc.headers,
+        )
 
+    rate = (
+        RateLimits(settings.rate_limit_per_s, settings.rate_limit_burst)
+        if settings.rate_limit_per_s
+        else None
+    )
+    app.add_middleware(
+        Guard,
+        api_keys=[k.get_secret_value() for k in settings.api_keys],
+        max_body_bytes=settings.max_body_bytes,
+        rate_limits=rate,
+    )
     return app
+
+
+def _rid(request: Request) -> str | None:
+    return request.scope.get("state", {}).get("request_id")
+
+
+def _plain(errors: list[dict]) -> list[dict]:
+    """Validation errors without the offending input (it may be huge, or carry a secret)."""
+    return [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]

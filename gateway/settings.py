@@ -1,18 +1,210 @@
-"""Gateway settings: where it listens and how it guards the front door."""
+"""Gateway settings: where it listens, how it guards the front door, and the tools table.
+
+The tools table is one list of `ToolConfig` (YAML/TOML/JSON section `gateway.tools`, or the
+JSON env var `TOOLENV_GATEWAY_TOOLS`). With no table at all, the gateway mounts sandbox, search
+and reward in-process (what `toolenv serve` runs).
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import ipaddress
+import json
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic_settings import SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from toolenv.config import ServiceSettings
 
+ToolKind = Literal["sandbox", "search", "reward", "http"]
+
+# The native endpoint each kind's generic call (`POST /v1/tools/{tool}/call`) is forwarded to.
+NATIVE_CALL_PATH: dict[str, str] = {
+    "sandbox": "/run_code",
+    "search": "/v1/emulators/search/call",
+    "reward": "/v1/emulators/reward/call",
+    "http": "/call",
+}
+# What an active health check asks each upstream.
+HEALTH_PATH: dict[str, str] = {
+    "sandbox": "/v1/ping",
+    "search": "/healthz",
+    "reward": "/healthz",
+    "http": "/healthz",
+}
+# The in-process application each kind mounts in embedded mode ("module:factory").
+EMBEDDED_APP: dict[str, str] = {
+    "sandbox": "sandboxd.app:create_app",
+    "search": "emulators.app:create_app",
+    "reward": "emulators.app:create_app",
+}
+
+
+class RetryPolicy(BaseModel):
+    """Retries for connection errors only (the upstream never saw the request), within a budget."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    max_attempts: int = Field(
+        default=3, ge=1, le=10, description="attempts in total, first included"
+    )
+    budget_ratio: float = Field(default=0.2, ge=0, description="retries allowed per call made")
+    min_retries_per_s: float = Field(
+        default=10.0, ge=0, description="retries always allowed per second"
+    )
+
+
+class HedgePolicy(BaseModel):
+    """Hedged requests for idempotent tools: a second attempt once the first is slow."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    quantile: float = Field(
+        default=0.95, gt=0, lt=1, description="hedge after this latency quantile"
+    )
+    min_delay_ms: float = Field(default=5.0, ge=0, description="never hedge sooner than this")
+    min_samples: int = Field(default=20, ge=1, description="recent calls needed before hedging")
+    window: int = Field(
+        default=512, ge=8, description="recent latencies the quantile is taken over"
+    )
+
+
+class ToolConfig(BaseModel):
+    """One tool behind the gateway."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    kind: ToolKind = "http"
+    mode: Literal["embedded", "proxy"] = "embedded"
+    upstreams: list[str] = Field(default_factory=list, description="base URLs (proxy mode)")
+    app: str | None = Field(
+        default=None, description='"module:factory" (embedded; default by kind)'
+    )
+    call_path: str | None = Field(default=None, description="native endpoint (default by kind)")
+    health_path: str | None = None
+    health_interval_s: float = Field(default=2.0, gt=0)
+    concurrency: int = Field(default=64, ge=1, description="calls in flight at once")
+    queue: int = Field(default=1024, ge=0, description="calls waiting beyond that; more get 429")
+    default_deadline_ms: float = Field(default=30_000, gt=0)
+    max_deadline_ms: float = Field(default=300_000, gt=0)
+    idempotent: bool | None = Field(default=None, description="default: true for search and reward")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    hedge: HedgePolicy = Field(default_factory=HedgePolicy)
+    description: str | None = Field(default=None, description="for GET /v1/tools (default by kind)")
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="JSON schema of `arguments` for GET /v1/tools (default by kind)"
+    )
+
+    @field_validator("upstreams")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {url!r} must be an http:// or https:// URL")
+        return [u.rstrip("/") for u in value]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ToolConfig:
+        if self.mode == "proxy" and not self.upstreams:
+            raise ValueError(f"tool {self.name!r}: proxy mode needs at least one upstream URL")
+        if self.mode == "embedded" and self.app is None and self.kind not in EMBEDDED_APP:
+            raise ValueError(f"tool {self.name!r}: embedded kind {self.kind!r} needs `app`")
+        if self.default_deadline_ms > self.max_deadline_ms:
+            raise ValueError(f"tool {self.name!r}: default_deadline_ms exceeds max_deadline_ms")
+        return self
+
+    @property
+    def native_path(self) -> str:
+        return self.call_path or NATIVE_CALL_PATH[self.kind]
+
+    @property
+    def health(self) -> str:
+        return self.health_path or HEALTH_PATH[self.kind]
+
+    @property
+    def app_ref(self) -> str:
+        return self.app or EMBEDDED_APP[self.kind]
+
+    @property
+    def is_idempotent(self) -> bool:
+        return self.idempotent if self.idempotent is not None else self.kind in ("search", "reward")
+
+
+def default_tools() -> list[ToolConfig]:
+    return [
+        ToolConfig(name="sandbox", kind="sandbox", concurrency=16, queue=512),
+        ToolConfig(name="search", kind="search", concurrency=256, queue=4096),
+        ToolConfig(name="reward", kind="reward", concurrency=256, queue=4096),
+    ]
+
 
 class GatewaySettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="TOOLENV_GATEWAY_", extra="ignore", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLENV_GATEWAY_", extra="ignore", env_nested_delimiter="__"
+    )
     section: ClassVar[str] = "gateway"
 
     host: str = "127.0.0.1"
     port: int = 8080
     log_level: str = "info"
+    mode: Literal["embedded", "proxy"] | None = Field(
+        default=None, description="force every tool into this mode (None: as each tool says)"
+    )
+    tools: list[ToolConfig] = Field(default_factory=default_tools)
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="bearer keys (env: comma-separated or a JSON list); empty = open",
+    )
+    allow_unauthenticated: bool = False
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    rate_limit_per_s: float | None = Field(
+        default=None, gt=0, description="per API key (or client)"
+    )
+    rate_limit_burst: float = Field(default=100.0, ge=1)
+    trace_path: str | None = Field(default=None, description="JSONL file for trace capture")
+    upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
+    upstream_pool_size: int = Field(default=1024, ge=1)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [k.strip() for k in text.split(",") if k.strip()]
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _unique(cls, tools: list[ToolConfig]) -> list[ToolConfig]:
+        names = [t.name for t in tools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tool names must be unique, repeated: {', '.join(dupes)}")
+        return tools
+
+    def tool_table(self) -> list[ToolConfig]:
+        """The tools with the global `mode` override applied."""
+        if self.mode is None:
+            return list(self.tools)
+        return [t.model_copy(update={"mode": self.mode}) for t in self.tools]
+
+    def check_bind(self) -> None:
+        """Refuse a non-loopback bind without keys unless explicitly allowed (why: open RCE)."""
+        if self.api_keys or self.allow_unauthenticated or is_loopback(self.host):
+            return
+        raise ValueError(
+            f"refusing to bind {self.host} without API keys: set TOOLENV_GATEWAY_API_KEYS "
+            "or pass --allow-unauthenticated"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

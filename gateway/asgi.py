@@ -1,0 +1,133 @@
+"""Calling an ASGI application in-process: its lifespan, and one HTTP request at a time.
+
+Embedded mode mounts sandboxd and the emulators without a socket. The request runs in the
+caller's task, so cancelling the caller (a deadline, a lost hedge) cancels the handler inside the
+tool at its next await: the sandbox's own cleanup (kill and reap) runs from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[
+    [
+        MutableMapping[str, Any],
+        Callable[[], Awaitable[Message]],
+        Callable[[Message], Awaitable[None]],
+    ],
+    Awaitable[None],
+]
+
+
+class LifespanError(RuntimeError):
+    """The application's start-up or shut-down failed."""
+
+
+class Lifespan:
+    """Drives an ASGI app's lifespan protocol the way a server would (start-up, then shut-down)."""
+
+    def __init__(self, app: ASGIApp, name: str) -> None:
+        self.app = app
+        self.name = name
+        self.state: dict[str, Any] = {}
+        self._to_app: asyncio.Queue[Message] = asyncio.Queue()
+        self._from_app: asyncio.Queue[Message] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        scope = {
+            "type": "lifespan",
+            "asgi": {"version": "3.0", "spec_version": "2.0"},
+            "state": self.state,
+        }
+        try:
+            await self.app(scope, self._to_app.get, self._from_app.put)
+        except Exception as exc:  # an app without lifespan support raises here: that is fine
+            await self._from_app.put({"type": "lifespan.error", "message": repr(exc)})
+
+    async def start(self, timeout: float = 120.0) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"lifespan:{self.name}")
+        await self._to_app.put({"type": "lifespan.startup"})
+        message = await asyncio.wait_for(self._from_app.get(), timeout)
+        if message["type"] == "lifespan.startup.failed":
+            raise LifespanError(f"{self.name} failed to start: {message.get('message', '')}")
+        if message["type"] == "lifespan.error":
+            self._task = None  # no lifespan support: nothing to shut down
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        if self._task is None or self._task.done():
+            return
+        await self._to_app.put({"type": "lifespan.shutdown"})
+        try:
+            message = await asyncio.wait_for(self._from_app.get(), timeout)
+        except TimeoutError:
+            self._task.cancel()
+            raise LifespanError(f"{self.name} did not shut down within {timeout} s") from None
+        if message["type"] == "lifespan.shutdown.failed":
+            raise LifespanError(f"{self.name} failed to shut down: {message.get('message', '')}")
+
+
+async def call_asgi(
+    app: ASGIApp,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    state: dict[str, Any],
+    query_string: bytes = b"",
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One HTTP request to `app` in this task; returns (status, headers, body)."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query_string,
+        "root_path": "",
+        "headers": [(b"host", b"embedded"), *headers, (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 0),
+        "server": ("embedded", 80),
+        "state": dict(state),
+    }
+    sent_body = False
+    disconnected = asyncio.Event()
+
+    async def receive() -> Message:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await disconnected.wait()  # like a client that keeps the connection open until answered
+        return {"type": "http.disconnect"}
+
+    status = 500
+    out_headers: list[tuple[bytes, bytes]] = []
+    chunks: list[bytes] = []
+    complete = False
+
+    async def send(message: Message) -> None:
+        nonlocal status, out_headers, complete
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            out_headers = list(message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                complete = True
+                disconnected.set()
+
+    try:
+        await app(scope, receive, send)
+    finally:
+        disconnected.set()
+    if not complete:
+        raise ConnectionResetError(
+            f"in-process app ended {method} {path} without a complete response"
+        )
+    return status, out_headers, b"".join(chunks)

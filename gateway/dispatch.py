@@ -1,0 +1,262 @@
+"""One tool at run time: admission, the deadline, hedging, retries and metrics around a backend.
+
+The call itself runs in its own task holding the concurrency slot. The caller waits for it under
+the deadline; at expiry the caller answers at once and the task is cancelled without waiting for
+its clean-up (closing the upstream connection, or unwinding the in-process handler, which is where
+a sandbox kills its process), so no caller waits on someone else's slow shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from toolenv.deadline import Deadline
+
+from .admission import Admission, Rejected
+from .metrics import GatewayMetrics
+from .policies import LatencyWindow, RetryBudget
+from .settings import ToolConfig
+from .upstream import Backend, Endpoint, UpstreamBroken, UpstreamConnectError, UpstreamReply, pick
+
+log = logging.getLogger("toolenv.gateway")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a call ended, as the routes need it to answer."""
+
+    kind: str  # ok | error | timeout | rejected | unavailable | upstream_failed
+    reply: UpstreamReply | None = None
+    error: str | None = None
+    elapsed_s: float = 0.0
+    queue_wait_s: float = 0.0
+    retry_after: str | None = None
+    deadline_ms: float | None = None
+
+
+class ToolRuntime:
+    def __init__(self, config: ToolConfig, backend: Backend, metrics: GatewayMetrics) -> None:
+        self.config = config
+        self.name = config.name
+        self.backend = backend
+        self.admission = Admission(config.name, config.concurrency, config.queue)
+        self.m = metrics.for_tool(config.name)
+        self.window = LatencyWindow(config.hedge)
+        self.budget = RetryBudget(config.retry)
+        self.hedging = config.hedge.enabled and config.is_idempotent
+        self._tasks: set[asyncio.Task[UpstreamReply]] = set()
+        self.on_outcome: Callable[[Outcome], None] | None = None
+
+    # ---------------------------------------------------------------- public
+
+    def deadline_for(self, requested_ms: float | None) -> tuple[Deadline, float]:
+        """The call's deadline: requested (or the tool's default), capped by the tool's maximum."""
+        ms = self.config.default_deadline_ms if requested_ms is None else requested_ms
+        ms = min(max(ms, 0.0), self.config.max_deadline_ms)
+        return Deadline.after(ms / 1000.0), ms
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: Deadline,
+        deadline_ms: float,
+    ) -> Outcome:
+        started = time.perf_counter()
+        outcome = await self._call(method, path, body, headers, deadline, started)
+        outcome.elapsed_s = time.perf_counter() - started
+        outcome.deadline_ms = deadline_ms
+        self.m.total.observe(outcome.elapsed_s)
+        self.m.outcomes[outcome.kind].inc()
+        if outcome.reply is not None:
+            injected = outcome.reply.injected_delay_s
+            if injected is not None:
+                self.m.injected_delay.observe(injected)
+        return outcome
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10)
+
+    # ---------------------------------------------------------------- internals
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: Deadline,
+        started: float,
+    ) -> Outcome:
+        task: asyncio.Task[UpstreamReply] | None = None
+        queue_wait = 0.0
+        self.budget.record_call()
+        try:
+            async with asyncio.timeout(deadline.remaining()):
+                if not self.admission.try_acquire():
+                    self.m.queued.inc()
+                    try:
+                        await self.admission.acquire()
+                    finally:
+                        self.m.queued.dec()
+                queue_wait = time.perf_counter() - started
+                self.m.queue_wait.observe(queue_wait)
+                self.m.in_flight.inc()
+                task = asyncio.create_task(self._attempts(method, path, body, headers, deadline))
+                self._tasks.add(task)
+                task.add_done_callback(self._release_when_done(time.perf_counter()))
+                reply = await asyncio.shield(task)
+        except TimeoutError:
+            if task is not None:
+                task.cancel()  # clean-up continues in the background; we answer now
+            where = "waiting for a slot" if task is None else "waiting for the upstream"
+            return Outcome(
+                "timeout",
+                error=f"tool {self.name!r} did not answer within the deadline ({where})",
+                queue_wait_s=queue_wait,
+            )
+        except Rejected as exc:
+            return Outcome("rejected", error=str(exc), retry_after=exc.retry_after_header)
+        except UpstreamConnectError as exc:
+            return Outcome(
+                "unavailable",
+                error=f"tool {self.name!r} is unavailable: no upstream reachable ({exc})",
+                queue_wait_s=queue_wait,
+            )
+        except UpstreamBroken as exc:
+            return Outcome(
+                "upstream_failed",
+                error=f"tool {self.name!r} failed mid-request: {exc}",
+                queue_wait_s=queue_wait,
+            )
+        except asyncio.CancelledError:
+            if task is not None:
+                task.cancel()  # the caller went away: so does the upstream work
+            raise
+        except Exception as exc:  # a bug, not the upstream: say so without a stack in the answer
+            log.exception("gateway error", extra={"tool": self.name})
+            return Outcome(
+                "upstream_failed",
+                error=f"tool {self.name!r}: gateway error {type(exc).__name__}",
+                queue_wait_s=queue_wait,
+            )
+        kind = "ok" if reply.status < 400 else "error"
+        error = None if kind == "ok" else f"tool {self.name!r} answered HTTP {reply.status}"
+        return Outcome(kind, reply=reply, error=error, queue_wait_s=queue_wait)
+
+    def _release_when_done(self, started: float) -> Callable[[asyncio.Task[UpstreamReply]], None]:
+        """The slot is held until the task has really ended (even if cancelled before it ran)."""
+
+        def done(task: asyncio.Task[UpstreamReply]) -> None:
+            self._tasks.discard(task)
+            self.m.in_flight.dec()
+            self.admission.release(time.perf_counter() - started)
+            if not task.cancelled():
+                task.exception()  # retrieved: an answer nobody waits for any more is not an error
+
+        return done
+
+    async def _attempts(
+        self, method: str, path: str, body: bytes, headers: dict[str, str], deadline: Deadline
+    ) -> UpstreamReply:
+        """Runs in its own task; the slot is released when it ends."""
+        first = pick(self.backend.endpoints)
+        if not self.hedging:
+            return await self._attempt(first, method, path, body, headers, deadline)
+        return await self._hedged(first, method, path, body, headers, deadline)
+
+    async def _hedged(
+        self,
+        first: Endpoint,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: Deadline,
+    ) -> UpstreamReply:
+        a1 = asyncio.create_task(self._attempt(first, method, path, body, headers, deadline))
+        pending: set[asyncio.Task[UpstreamReply]] = {a1}
+        try:
+            delay = self.window.hedge_delay()
+            if delay is not None:
+                done, pending = await asyncio.wait(pending, timeout=delay)
+                if not done:
+                    second = pick(self.backend.endpoints, exclude=[first])
+                    self.m.hedged.inc()
+                    pending.add(
+                        asyncio.create_task(
+                            self._attempt(second, method, path, body, headers, deadline)
+                        )
+                    )
+                else:
+                    pending = done
+            error: BaseException | None = None
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        return task.result()  # first answer wins
+                    error = task.exception()
+            assert error is not None
+            raise error
+        finally:
+            for task in pending:
+                task.cancel()  # the loser's connection is closed: the upstream stops working on it
+
+    async def _attempt(
+        self,
+        endpoint: Endpoint,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: Deadline,
+    ) -> UpstreamReply:
+        attempt = 1
+        while True:
+            try:
+                return await self._send_once(endpoint, method, path, body, headers, deadline)
+            except UpstreamConnectError:
+                policy = self.config.retry
+                if not (
+                    policy.enabled
+                    and attempt < policy.max_attempts
+                    and deadline.remaining() > 0
+                    and self.budget.try_spend()
+                ):
+                    raise
+                self.m.retried.inc()
+                attempt += 1
+                endpoint = pick(self.backend.endpoints, exclude=[endpoint])
+
+    async def _send_once(
+        self,
+        endpoint: Endpoint,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: Deadline,
+    ) -> UpstreamReply:
+        endpoint.outstanding += 1
+        sent = time.perf_counter()
+        try:
+            reply = await self.backend.send(
+                endpoint, method, path, body, {**headers, **deadline.headers()}
+            )
+        finally:
+            endpoint.outstanding -= 1
+        elapsed = time.perf_counter() - sent
+        self.m.upstream.observe(elapsed)
+        if reply.status < 500:
+            self.window.add(elapsed)
+        return reply

@@ -1,0 +1,71 @@
+"""Straggler policies: when to hedge (a latency quantile of recent calls) and how many retries.
+
+Both are per tool and off by default. Hedging only applies to idempotent tools; retries only to
+connection errors (the upstream never saw the request), so neither can run a side effect twice
+that a caller did not ask for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from .settings import HedgePolicy, RetryPolicy
+
+
+class LatencyWindow:
+    """The last `size` successful upstream latencies, and a cached quantile of them."""
+
+    def __init__(self, policy: HedgePolicy) -> None:
+        self.policy = policy
+        self._samples: deque[float] = deque(maxlen=policy.window)
+        self._cached: float | None = None
+        self._since_cache = 0
+
+    def add(self, seconds: float) -> None:
+        self._samples.append(seconds)
+        self._since_cache += 1
+
+    def hedge_delay(self) -> float | None:
+        """Seconds after which to send a hedge; None while there are too few samples."""
+        if len(self._samples) < self.policy.min_samples:
+            return None
+        # Recompute at most every 16 samples: the quantile moves slowly and numpy is not free.
+        if self._cached is None or self._since_cache >= 16:
+            self._cached = float(
+                np.quantile(np.fromiter(self._samples, float), self.policy.quantile)
+            )
+            self._since_cache = 0
+        return max(self._cached, self.policy.min_delay_ms / 1000.0)
+
+
+class RetryBudget:
+    """Retries allowed: `budget_ratio` per call made, plus a floor of `min_retries_per_s`.
+
+    A budget (rather than "3 retries each") keeps a dead upstream from tripling the load at the
+    worst moment: when everything fails, retries are capped at a small fraction of traffic.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self._balance = 0.0
+        self._floor_tokens = policy.min_retries_per_s
+        self._stamp = time.monotonic()
+
+    def record_call(self) -> None:
+        self._balance = min(self._balance + self.policy.budget_ratio, 1000.0)
+
+    def try_spend(self) -> bool:
+        now = time.monotonic()
+        rate = self.policy.min_retries_per_s
+        self._floor_tokens = min(rate, self._floor_tokens + (now - self._stamp) * rate)
+        self._stamp = now
+        if self._balance >= 1:
+            self._balance -= 1
+            return True
+        if self._floor_tokens >= 1:
+            self._floor_tokens -= 1
+            return True
+        return False

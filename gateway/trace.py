@@ -1,0 +1,98 @@
+"""Trace capture: every call that carries `X-Trajectory-Id` becomes one PolyTrace tool-call line.
+
+Each line is an `emulators.polytrace.records.ToolCallRecord` (the multi-turn `tool_calls[]`
+shape: tool_name, turn, latency_s, status, response_bytes, trajectory_id, step), so a workload
+recorded through the gateway replays with the emulators' readers (`read_captured_calls`, or
+grouped per trajectory). Lines are queued in memory and written by a worker thread in batches:
+the event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+
+from emulators.polytrace.records import ToolCallRecord
+
+log = logging.getLogger("toolenv.gateway")
+
+TRAJECTORY_HEADER = "x-trajectory-id"
+STEP_HEADER = "x-step"
+TURN_HEADER = "x-turn"
+
+
+class TraceWriter:
+    def __init__(self, path: str | Path, max_pending: int = 100_000) -> None:
+        self.path = Path(path)
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=max_pending)
+        self._task: asyncio.Task[None] | None = None
+        self.dropped = 0
+        self.written = 0
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._task = asyncio.create_task(self._run(), name="trace-writer")
+
+    def record(self, record: ToolCallRecord) -> None:
+        """Queue one record (never blocks; a full queue drops and counts rather than stall calls)."""
+        try:
+            self._queue.put_nowait(record.model_dump_json(exclude_none=True))
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    async def _run(self) -> None:
+        handle = await anyio.to_thread.run_sync(lambda: self.path.open("a", encoding="utf-8"))
+        try:
+            stop = False
+            while not stop:
+                lines = [await self._queue.get()]
+                while not self._queue.empty():
+                    lines.append(self._queue.get_nowait())
+                if None in lines:
+                    stop = True
+                    lines = [line for line in lines if line is not None]
+                if lines:
+                    text = "\n".join(lines) + "\n"
+                    await anyio.to_thread.run_sync(_write_flush, handle, text)
+                    self.written += len(lines)
+        finally:
+            await anyio.to_thread.run_sync(handle.close)
+
+    async def close(self) -> None:
+        if self._task is None:
+            return
+        await self._queue.put(None)
+        try:
+            await asyncio.wait_for(self._task, 10)
+        except Exception as exc:  # never let shut-down hang on a stuck disk
+            log.error("trace writer did not finish", extra={"error": str(exc)})
+        if self.dropped:
+            log.warning("trace capture dropped records", extra={"dropped": self.dropped})
+
+
+def _write_flush(handle, text: str) -> None:
+    handle.write(text)
+    handle.flush()
+
+
+def parse_int_header(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number >= 0 else None
+
+
+def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
+    """Read a capture file back (one `ToolCallRecord` per line)."""
+    with Path(path).open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield ToolCallRecord.model_validate(json.loads(line))

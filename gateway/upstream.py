@@ -1,0 +1,275 @@
+"""Where a tool's calls go: an in-process app (embedded) or a set of upstream URLs (proxy).
+
+Both expose the same small surface (`pick`, `send`, `not_ready`), so admission, deadlines,
+hedging, retries and metrics wrap either the same way. Proxy mode balances by least outstanding
+requests and keeps an active health check per upstream; a refused connection also marks an
+upstream down at once (a passive check), so callers stop paying connect errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from .asgi import ASGIApp, Lifespan, call_asgi
+from .settings import ToolConfig
+
+log = logging.getLogger("toolenv.gateway")
+
+INJECTED_DELAY_HEADER = "x-toolenv-injected-delay-ms"
+_KEPT_HEADERS = ("content-type", INJECTED_DELAY_HEADER, "retry-after")
+
+
+class UpstreamConnectError(Exception):
+    """The request never reached the upstream (refused, unreachable): safe to retry anywhere."""
+
+
+class UpstreamBroken(Exception):
+    """The upstream took the request and then failed it at the transport level (e.g. died)."""
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+    endpoint: str
+
+    @property
+    def injected_delay_s(self) -> float | None:
+        raw = self.headers.get(INJECTED_DELAY_HEADER)
+        try:
+            return float(raw) / 1000.0 if raw is not None else None
+        except ValueError:
+            return None
+
+
+@dataclass(eq=False, slots=True)
+class Endpoint:
+    """One place a call can go, with the counters balancing and health need."""
+
+    label: str
+    outstanding: int = 0
+    healthy: bool = True
+    last_error: str | None = None
+    checked: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    endpoints: list[Endpoint]
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def not_ready(self) -> str | None:
+        """None when calls can be taken, else a message saying what is missing."""
+
+    async def send(
+        self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> UpstreamReply: ...
+
+
+def pick(endpoints: list[Endpoint], exclude: Iterable[Endpoint] = ()) -> Endpoint:
+    """Least outstanding requests among healthy endpoints (all of them if none is healthy)."""
+    excluded = set(map(id, exclude))
+    candidates = [e for e in endpoints if id(e) not in excluded] or endpoints
+    healthy = [e for e in candidates if e.healthy] or candidates
+    return min(healthy, key=lambda e: e.outstanding)
+
+
+# ------------------------------------------------------------------ embedded
+
+
+def load_factory(ref: str) -> Any:
+    module_name, _, attr = ref.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr or "create_app")
+
+
+def build_embedded_app(ref: str, config_file: str | None) -> ASGIApp:
+    """Build `module:factory` with its package's own settings (same config file as ours)."""
+    factory = load_factory(ref)
+    params = inspect.signature(factory).parameters
+    settings = None
+    if params:
+        settings = _package_settings(ref.partition(":")[0], config_file)
+    return factory(settings) if params else factory()
+
+
+def _package_settings(module_name: str, config_file: str | None) -> Any:
+    package = module_name.split(".")[0]
+    try:
+        settings_module = importlib.import_module(f"{package}.settings")
+    except ImportError:
+        return None
+    from toolenv.config import ServiceSettings
+
+    for value in vars(settings_module).values():
+        if (
+            inspect.isclass(value)
+            and issubclass(value, ServiceSettings)
+            and value is not ServiceSettings
+            and value.__module__ == settings_module.__name__
+        ):
+            return value.load(config_file)
+    return None
+
+
+class EmbeddedApp:
+    """One in-process application (shared by tools that mount the same one) and its lifespan."""
+
+    def __init__(self, ref: str, app: ASGIApp) -> None:
+        self.ref = ref
+        self.app = app
+        self.lifespan = Lifespan(app, ref)
+        self.started = False
+        self.error: str | None = None
+
+    async def start(self) -> None:
+        try:
+            await self.lifespan.start()
+            self.started = True
+        except Exception as exc:
+            self.error = str(exc)
+            log.error("embedded app failed to start", extra={"app": self.ref, "error": str(exc)})
+
+    async def stop(self) -> None:
+        if self.started:
+            self.started = False
+            await self.lifespan.stop()
+
+
+class LocalBackend:
+    """A tool mounted in-process: calls run in the caller's task, so cancellation reaches them."""
+
+    def __init__(self, tool: ToolConfig, app: EmbeddedApp) -> None:
+        self.tool = tool
+        self.app = app
+        self.endpoints = [Endpoint(label=f"embedded:{app.ref}")]
+
+    async def start(self) -> None:  # the shared EmbeddedApp is started by the registry
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def not_ready(self) -> str | None:
+        if self.app.started:
+            return None
+        return f"tool {self.tool.name!r}: in-process app {self.app.ref} " + (
+            f"failed to start: {self.app.error}" if self.app.error else "not started"
+        )
+
+    async def send(
+        self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> UpstreamReply:
+        raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        try:
+            status, out, payload = await call_asgi(
+                self.app.app, method, path, body, raw, self.app.lifespan.state
+            )
+        except (ConnectionError, RuntimeError) as exc:
+            raise UpstreamBroken(str(exc)) from exc
+        kept = {}
+        for k, v in out:
+            key = k.decode("latin-1").lower()
+            if key in _KEPT_HEADERS:
+                kept[key] = v.decode("latin-1")
+        return UpstreamReply(status, payload, kept, endpoint.label)
+
+
+# ------------------------------------------------------------------ proxy
+
+
+class RemoteBackend:
+    """A tool served by one or more upstream URLs."""
+
+    def __init__(self, tool: ToolConfig, session: aiohttp.ClientSession) -> None:
+        self.tool = tool
+        self.session = session
+        self.endpoints = [Endpoint(label=url) for url in tool.upstreams]
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.check_all()
+        self._health_task = asyncio.create_task(
+            self._health_loop(), name=f"health:{self.tool.name}"
+        )
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            try:
+                await self._health_task
+            except asyncio.CancelledError:
+                pass
+
+    def not_ready(self) -> str | None:
+        if any(e.healthy for e in self.endpoints):
+            return None
+        detail = "; ".join(
+            f"{e.label}: {e.last_error or 'not checked yet'}" for e in self.endpoints
+        )
+        return f"tool {self.tool.name!r}: no upstream reachable ({detail})"
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tool.health_interval_s)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self._check(e) for e in self.endpoints))
+
+    async def _check(self, endpoint: Endpoint) -> None:
+        timeout = aiohttp.ClientTimeout(total=min(2.0, self.tool.health_interval_s))
+        try:
+            async with self.session.get(endpoint.label + self.tool.health, timeout=timeout) as resp:
+                await resp.read()
+                ok = resp.status < 500
+                error = None if ok else f"health check answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, error = False, _describe(exc)
+        if ok and not endpoint.healthy:
+            log.info(
+                "upstream healthy again", extra={"tool": self.tool.name, "upstream": endpoint.label}
+            )
+        if not ok and endpoint.healthy:
+            log.warning(
+                "upstream unhealthy",
+                extra={"tool": self.tool.name, "upstream": endpoint.label, "error": error},
+            )
+        endpoint.healthy, endpoint.last_error, endpoint.checked = ok, error, True
+
+    async def send(
+        self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> UpstreamReply:
+        url = endpoint.label + path
+        try:
+            async with self.session.request(method, url, data=body, headers=headers) as resp:
+                payload = await resp.read()
+                kept = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
+                return UpstreamReply(resp.status, payload, kept, endpoint.label)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            endpoint.healthy, endpoint.last_error = False, _describe(exc)
+            raise UpstreamConnectError(f"{endpoint.label}: {_describe(exc)}") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamBroken(f"{endpoint.label}: {_describe(exc)}") from exc
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "closed the connection mid-request"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
