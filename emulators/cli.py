@@ -1,10 +1,16 @@
-"""emulators subcommands."""
+"""`toolenv emulators ...`: fit and describe latency profiles, serve the emulators."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-app = typer.Typer(help="emulators commands.", no_args_is_help=True)
+app = typer.Typer(
+    help="Latency-replaying tool emulators: fit, describe, serve.", no_args_is_help=True
+)
 
 
 @app.command("settings")
@@ -13,3 +19,203 @@ def show_settings() -> None:
     from .settings import EmulatorSettings as S
 
     typer.echo(S.load().model_dump_json(indent=2))
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+@app.command("fit")
+def fit_command(
+    traces: Annotated[
+        list[Path],
+        typer.Argument(
+            help="PolyTrace files or directories (multi-turn, call logs, reward timings)."
+        ),
+    ],
+    tool: Annotated[
+        str, typer.Option("--tool", help="Tool whose calls to fit (`reward` reads reward timings).")
+    ] = "search",
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Write the chosen model as a profile (YAML or .json)."),
+    ] = None,
+    per_step: Annotated[
+        bool,
+        typer.Option("--per-step", help="Write a drift profile: one empirical stage per step."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Fit candidate latency models to recorded calls; report KS and quantile errors; write the best."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from emulators.polytrace import TraceFormatError, iter_latencies
+    from emulators.polytrace.latencies import expand_paths
+
+    from .fit import build_profile, fit
+    from .latency.profile import save_profile
+
+    console = Console(stderr=as_json)
+    try:
+        with console.status(f"reading {tool} calls from {len(traces)} path(s)..."):
+            observations = list(iter_latencies(traces, tool))
+        if not observations:
+            raise _fail(f"no calls of tool {tool!r} in {', '.join(map(str, traces))}")
+        import numpy as np
+
+        data = np.asarray([o.latency_s for o in observations])
+        with console.status(f"fitting {data.size} calls..."):
+            report = fit(data, tool)
+    except (TraceFormatError, OSError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    from emulators.polytrace import detect_format
+
+    wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
+    used = [p for p in expand_paths(traces) if p.is_file() and detect_format(p) in wanted]
+    source = "PolyTrace " + ", ".join(sorted(f"{p.parent.name}/{p.name}" for p in used))
+    summary = report.as_dict()
+    if out is not None:
+        profile = build_profile(report, source=source, observations=observations, per_step=per_step)
+        save_profile(profile, out)
+        summary["profile"] = str(out)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    table = Table(
+        title=f"{tool}: {report.n} calls, KS 5% critical value {report.ks_critical:.4f}",
+        title_justify="left",
+    )
+    table.add_column("candidate")
+    table.add_column("KS", justify="right")
+    for name in report.data_quantiles:
+        if name.startswith("p"):
+            table.add_column(f"{name} err", justify="right")
+    for c in sorted(report.candidates, key=lambda c: c.ks):
+        mark = " (chosen)" if c is report.best else ""
+        if c.spec is None:
+            table.add_row(c.name, "failed", c.error or "")
+            continue
+        table.add_row(
+            c.name + mark, f"{c.ks:.4f}", *(f"{v:+.1%}" for v in c.quantile_errors.values())
+        )
+    console.print(table)
+    q = report.data_quantiles
+    console.print("data: " + ", ".join(f"{k} {v:.4g}s" for k, v in q.items()))
+    console.print(f"chosen: [bold]{report.best.name}[/bold]: {report.reason}")
+    if out is not None:
+        console.print(f"profile written to {out}")
+
+
+@app.command("describe")
+def describe_command(
+    profile_path: Annotated[
+        Path, typer.Argument(metavar="PROFILE", help="A profile file (YAML/JSON).")
+    ],
+    data: Annotated[
+        list[Path] | None, typer.Option("--data", help="Trace(s) to compare against.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG of the CDF (vs the data).")
+    ] = None,
+    samples: Annotated[int, typer.Option(help="Samples drawn from the model.", min=100)] = 100_000,
+    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from emulators.polytrace import TraceFormatError, tool_latencies
+
+    from .describe import describe, plot_cdf
+    from .latency.profile import ProfileError, load_profile
+
+    try:
+        profile = load_profile(profile_path)
+        recorded = tool_latencies(data, profile.tool) if data else None
+        report = describe(profile, recorded, samples, seed)
+        if plot is not None:
+            report["plot"] = str(plot_cdf(profile, recorded, plot, samples, seed))
+    except (ProfileError, TraceFormatError, OSError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    console = Console()
+    table = Table(
+        title=f"{profile.tool} profile ({profile.model.kind}) from {profile.source or 'unknown source'}",
+        title_justify="left",
+    )
+    table.add_column("")
+    for key in report["model"]:
+        table.add_column(key, justify="right")
+    table.add_row("model (s)", *(f"{v:.4g}" for v in report["model"].values()))
+    if "data" in report:
+        table.add_row("data (s)", *(f"{report['data'][k]:.4g}" for k in report["model"]))
+        table.add_row(
+            "rel. error",
+            *(
+                f"{report['relative_error'][k]:+.1%}" if k in report["relative_error"] else ""
+                for k in report["model"]
+            ),
+        )
+    console.print(table)
+    if "ks_model_vs_data" in report:
+        console.print(f"KS distance model vs data: {report['ks_model_vs_data']:.4f}")
+    if "plot" in report:
+        console.print(f"plot written to {report['plot']}")
+
+
+@app.command("serve")
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind (default 8090).")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option("--profile", help="Search latency profile (default: the shipped one)."),
+    ] = None,
+    reward_profile: Annotated[
+        Path | None, typer.Option("--reward-profile", help="Reward latency profile.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for delays and documents.")] = None,
+    corpus: Annotated[
+        Path | None, typer.Option(help="JSONL corpus for real BM25 retrieval.")
+    ] = None,
+) -> None:
+    """Serve the search and reward emulators alone (Search-R1 `/retrieve` + native endpoints)."""
+    import uvicorn
+
+    from .app import create_app
+    from .settings import EmulatorSettings
+
+    overrides = {
+        k: v
+        for k, v in {
+            "host": host,
+            "port": port,
+            "search_profile_file": profile,
+            "reward_profile_file": reward_profile,
+            "seed": seed,
+            "corpus": corpus,
+        }.items()
+        if v is not None
+    }
+    try:
+        settings = EmulatorSettings.load(config, **overrides)
+        app_ = create_app(settings)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    uvicorn.run(
+        app_,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )

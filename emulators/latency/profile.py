@@ -37,7 +37,10 @@ class Profile(BaseModel):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(
-            self.model_dump(mode="json", exclude_none=True), sort_keys=False, width=120
+            self.model_dump(mode="json", exclude_none=True),
+            sort_keys=False,
+            width=120,
+            default_flow_style=None,
         )
 
 

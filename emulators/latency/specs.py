@@ -95,15 +95,24 @@ class TruncNormal(_Parametric):
     mean_s: float
     std_s: float = Field(gt=0)
     low_s: float = Field(default=0.0, ge=0)
-    high_s: float = math.inf
+    high_s: float | None = Field(default=None, description="upper bound (none: unbounded)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TruncNormal:
+        if self.high_s is not None and self.high_s <= self.low_s:
+            raise ValueError("high_s must be > low_s")
+        return self
+
+    def _high(self) -> float:
+        return math.inf if self.high_s is None else self.high_s
 
     def frozen(self):
         a = (self.low_s - self.mean_s) / self.std_s
-        b = (self.high_s - self.mean_s) / self.std_s
+        b = (self._high() - self.mean_s) / self.std_s
         return stats.truncnorm(a, b, loc=self.mean_s, scale=self.std_s)
 
     def _fn(self):
-        return truncnormal_fn(self.mean_s, self.std_s, self.low_s, self.high_s)
+        return truncnormal_fn(self.mean_s, self.std_s, self.low_s, self._high())
 
 
 class LogNormal(_Parametric):

@@ -1,0 +1,96 @@
+"""What a profile looks like: quantiles from a seeded sample, optionally against recorded data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from .fit import REPORT_QUANTILES, qname
+from .latency.profile import Profile
+
+
+def sample_profile(profile: Profile, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return profile.model.build().sample_many(rng, n)
+
+
+def summarize(samples: np.ndarray) -> dict[str, float]:
+    out = {qname(p): float(np.quantile(samples, p)) for p in (0.1, *REPORT_QUANTILES)}
+    out.update(mean=float(samples.mean()), max=float(samples.max()))
+    return out
+
+
+def describe(
+    profile: Profile, data: np.ndarray | None, n: int = 100_000, seed: int = 0
+) -> dict[str, Any]:
+    samples = sample_profile(profile, n, seed)
+    report: dict[str, Any] = {
+        "tool": profile.tool,
+        "kind": profile.model.kind,
+        "source": profile.source,
+        "samples": n,
+        "seed": seed,
+        "model": summarize(samples),
+    }
+    if profile.response_tokens is not None:
+        tokens = profile.response_tokens.build().sample_many(np.random.default_rng(seed), 10_000)
+        report["response_tokens_per_query"] = {
+            "mean": float(tokens.mean()),
+            "p50": float(np.median(tokens)),
+        }
+    if data is not None:
+        report["data"] = summarize(data)
+        report["data"]["n"] = int(data.size)
+        report["ks_model_vs_data"] = float(stats.ks_2samp(samples, data).statistic)
+        report["relative_error"] = {
+            k: (report["model"][k] - v) / v if v else 0.0
+            for k, v in report["data"].items()
+            if k.startswith("p")
+        }
+    return report
+
+
+def plot_cdf(
+    profile: Profile, data: np.ndarray | None, out: Path, n: int = 100_000, seed: int = 0
+) -> Path:
+    """PNG of the model's CDF (log time axis) over the recorded data's empirical CDF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = np.sort(sample_profile(profile, n, seed))
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    ax.plot(
+        samples,
+        np.arange(1, samples.size + 1) / samples.size,
+        label=f"profile ({profile.model.kind}, n={n})",
+    )
+    if data is not None:
+        d = np.sort(data)
+        ax.step(
+            d,
+            np.arange(1, d.size + 1) / d.size,
+            where="post",
+            label=f"trace (n={d.size})",
+            alpha=0.8,
+        )
+    positive = samples[samples > 0]
+    if positive.size and positive.max() / max(positive.min(), 1e-9) > 50:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{profile.tool} latency (s)")
+    ax.set_ylabel("P(latency <= x)")
+    ax.set_title(
+        f"{profile.tool} latency: profile ({profile.model.kind})"
+        + (" vs recorded trace" if data is not None else "")
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,300 @@
+"""Fit latency models to recorded calls and pick the one to ship as a profile.
+
+Candidates: lognormal, gamma, exponential, truncated normal, Lomax (scipy MLE, location fixed at
+0), mixtures of 2 and 3 lognormals (EM on log-latency), and the empirical quantile table. Each is
+scored by the KS distance to the data and the relative error at p50/p90/p99/p99.9.
+
+Choice: the parametric candidate with the smallest KS distance wins if the data cannot tell it
+apart from the model (KS below the 5% critical value 1.358/sqrt(n)); otherwise the empirical
+quantile table wins, because then every closed form misses the recorded shape somewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from .latency.profile import Profile
+from .latency.specs import (
+    Drift,
+    DriftStage,
+    Empirical,
+    Exponential,
+    Gamma,
+    LogNormal,
+    Lomax,
+    Mixture,
+    MixtureComponent,
+    TruncNormal,
+)
+
+REPORT_QUANTILES = (0.5, 0.9, 0.99, 0.999)
+
+
+@dataclass
+class Candidate:
+    name: str
+    spec: Any
+    ks: float
+    quantile_errors: dict[str, float]
+    parametric: bool
+    error: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ks": self.ks,
+            "quantile_errors": self.quantile_errors,
+            "parametric": self.parametric,
+            "error": self.error,
+        }
+
+
+@dataclass
+class FitReport:
+    tool: str
+    n: int
+    data_quantiles: dict[str, float]
+    candidates: list[Candidate]
+    best: Candidate
+    reason: str
+    ks_critical: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "n": self.n,
+            "data_quantiles": self.data_quantiles,
+            "ks_critical_5pct": self.ks_critical,
+            "best": self.best.name,
+            "reason": self.reason,
+            "candidates": [c.row() for c in self.candidates],
+            **self.extra,
+        }
+
+
+def qname(p: float) -> str:
+    return f"p{p * 100:g}"
+
+
+def quantile_table_probabilities() -> np.ndarray:
+    """0.1% steps, then finer steps in the tail where latency studies look."""
+    body = np.round(np.arange(0, 1001) / 1000, 6)
+    tail = np.round(0.999 + np.arange(1, 10) / 10000, 6)
+    return np.unique(np.concatenate([body, tail, [1.0]]))
+
+
+def empirical_table(data: np.ndarray, digits: int = 6) -> Empirical:
+    ps = quantile_table_probabilities()
+    xs = np.maximum.accumulate(np.round(np.quantile(data, ps), digits))
+    return Empirical(quantiles=[(float(p), float(x)) for p, x in zip(ps, xs, strict=True)])
+
+
+def model_quantiles(spec: Any, ps: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Quantiles of any model with a CDF, by inverting the CDF on a dense log grid."""
+    grid = np.unique(
+        np.concatenate(
+            [np.geomspace(max(lo, 1e-7), max(hi, 1e-6), 20000), np.linspace(0, hi, 2000)]
+        )
+    )
+    cdf = np.maximum.accumulate(np.clip(spec.cdf(grid), 0, 1))
+    return np.interp(ps, cdf, grid)
+
+
+def _lognormal_mixture(
+    logx: np.ndarray, k: int, iters: int = 200
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """EM for a k-component Gaussian mixture on log-latency (weights, means, sigmas)."""
+    qs = np.quantile(logx, (np.arange(k) + 0.5) / k)
+    w = np.full(k, 1 / k)
+    mu = qs.astype(float)
+    sd = np.full(k, max(logx.std() / k, 1e-3))
+    for _ in range(iters):
+        dens = w * stats.norm.pdf(logx[:, None], mu, sd) + 1e-300
+        r = dens / dens.sum(axis=1, keepdims=True)
+        nk = r.sum(axis=0)
+        w_new = nk / nk.sum()
+        mu_new = (r * logx[:, None]).sum(axis=0) / nk
+        sd_new = np.sqrt((r * (logx[:, None] - mu_new) ** 2).sum(axis=0) / nk).clip(1e-3)
+        done = np.allclose(mu, mu_new, atol=1e-6) and np.allclose(sd, sd_new, atol=1e-6)
+        w, mu, sd = w_new, mu_new, sd_new
+        if done:
+            break
+    return w, mu, sd
+
+
+def _candidates(data: np.ndarray) -> list[tuple[str, Any, bool]]:
+    pos = data[data > 0]
+    floor = float(pos.min()) if pos.size else 1e-6
+    safe = np.maximum(data, floor)  # log-based fits need strictly positive data
+    out: list[tuple[str, Any, bool]] = []
+
+    def attempt(name: str, make) -> None:
+        try:
+            out.append((name, make(), True))
+        except Exception as exc:  # a fit that does not converge is reported, not fatal
+            out.append((name, exc, True))
+
+    def lognormal():
+        s, _, scale = stats.lognorm.fit(safe, floc=0)
+        return LogNormal(median_s=float(scale), sigma=float(s))
+
+    def gamma():
+        a, _, scale = stats.gamma.fit(safe, floc=0)
+        return Gamma(shape=float(a), scale_s=float(scale))
+
+    def lomax():
+        c, _, scale = stats.lomax.fit(data, floc=0)
+        return Lomax(shape=float(c), scale_s=float(scale))
+
+    def truncnormal():
+        return TruncNormal(mean_s=float(data.mean()), std_s=float(max(data.std(), 1e-9)), low_s=0.0)
+
+    def mixture(k: int):
+        def make():
+            w, mu, sd = _lognormal_mixture(np.log(safe), k)
+            return Mixture(
+                components=[
+                    MixtureComponent(
+                        weight=float(wi),
+                        model=LogNormal(median_s=float(math.exp(m)), sigma=float(s)),
+                    )
+                    for wi, m, s in zip(w, mu, sd, strict=True)
+                ]
+            )
+
+        return make
+
+    attempt("lognormal", lognormal)
+    attempt("gamma", gamma)
+    attempt("exponential", lambda: Exponential(mean_s=float(max(data.mean(), 1e-9))))
+    attempt("truncnormal", truncnormal)
+    attempt("lomax", lomax)
+    if data.size >= 50:
+        attempt("lognormal_mixture_2", mixture(2))
+        attempt("lognormal_mixture_3", mixture(3))
+    out.append(("empirical_quantiles", empirical_table(data), False))
+    return out
+
+
+def score(data: np.ndarray, spec: Any) -> tuple[float, dict[str, float]]:
+    ks = float(stats.kstest(data, spec.cdf).statistic)
+    ps = np.asarray(REPORT_QUANTILES)
+    want = np.quantile(data, ps)
+    got = model_quantiles(spec, ps, float(data.min()) / 10, float(data.max()) * 100)
+    errors = {
+        qname(p): float((g - w) / w) if w > 0 else 0.0
+        for p, w, g in zip(ps, want, got, strict=True)
+    }
+    return ks, errors
+
+
+def fit(data: np.ndarray, tool: str = "search") -> FitReport:
+    data = np.asarray(data, dtype=float)
+    if data.size < 2:
+        raise ValueError(f"need at least 2 recorded calls of {tool!r} to fit, got {data.size}")
+    candidates: list[Candidate] = []
+    for name, spec, parametric in _candidates(data):
+        if isinstance(spec, Exception):
+            candidates.append(Candidate(name, None, math.inf, {}, parametric, error=str(spec)))
+            continue
+        ks, errors = score(data, spec)
+        candidates.append(Candidate(name, spec, ks, errors, parametric))
+    critical = 1.358 / math.sqrt(data.size)
+    parametric = [c for c in candidates if c.parametric and c.spec is not None]
+    best_parametric = min(parametric, key=lambda c: c.ks) if parametric else None
+    empirical = next(c for c in candidates if c.name == "empirical_quantiles")
+    if best_parametric is not None and best_parametric.ks <= critical:
+        best = best_parametric
+        reason = (
+            f"{best.name} fits within the 5% KS critical value ({best.ks:.4f} <= {critical:.4f} for "
+            f"n={data.size}): a closed form the data cannot tell apart, with a smooth tail"
+        )
+    else:
+        best = empirical
+        closest = (
+            f"{best_parametric.name} KS {best_parametric.ks:.4f}" if best_parametric else "none"
+        )
+        reason = (
+            f"no parametric candidate is within the 5% KS critical value {critical:.4f} for "
+            f"n={data.size} (closest: {closest}); the empirical quantile table reproduces the "
+            f"recorded shape (KS {empirical.ks:.4f})"
+        )
+    quantiles = {qname(p): float(np.quantile(data, p)) for p in REPORT_QUANTILES}
+    quantiles.update(mean=float(data.mean()), max=float(data.max()), min=float(data.min()))
+    return FitReport(tool, int(data.size), quantiles, candidates, best, reason, critical)
+
+
+def per_step_drift(steps: np.ndarray, data: np.ndarray) -> Drift:
+    """One empirical stage per recorded step, switched by step (or by call count without one)."""
+    stages = []
+    unique = np.unique(steps)
+    for i, step in enumerate(unique):
+        stages.append(DriftStage(start=float(i), model=empirical_table(data[steps == step])))
+    calls_per_step = max(1, round(data.size / len(unique)))
+    return Drift(
+        by="step", schedule=stages, calls_per_step=calls_per_step, period=float(len(unique))
+    )
+
+
+def token_table(tokens: np.ndarray) -> Empirical:
+    """Per-query response tokens as a 1%-step quantile table."""
+    ps = np.round(np.arange(0, 101) / 100, 2)
+    xs = np.maximum.accumulate(np.round(np.quantile(tokens, ps), 1))
+    return Empirical(quantiles=[(float(p), float(x)) for p, x in zip(ps, xs, strict=True)])
+
+
+def build_profile(
+    report: FitReport,
+    *,
+    source: str,
+    observations: list | None = None,
+    per_step: bool = False,
+) -> Profile:
+    """The profile a fit writes: the chosen model, token sizes (search), scaling reference (reward)."""
+    model = report.best.spec
+    response_tokens = None
+    reference: dict[str, float] = {}
+    obs = observations or []
+    if per_step and obs:
+        steps = np.asarray([o.step for o in obs])
+        data = np.asarray([o.latency_s for o in obs])
+        model = per_step_drift(steps, data)
+    per_query = [
+        o.response_tokens / o.query_count
+        for o in obs
+        if o.response_tokens is not None and o.query_count and o.query_count > 0
+    ]
+    if per_query:
+        response_tokens = token_table(np.asarray(per_query))
+        reference["topk"] = 3.0
+    batches = [o for o in obs if o.batch_size]
+    if batches:
+        reference["batch_size"] = float(np.median([o.batch_size for o in batches]))
+        reference["response_mean"] = float(
+            np.mean([o.response_sum / o.batch_size for o in batches])
+        )
+    summary = report.as_dict()
+    summary["candidates"] = [
+        {
+            "name": c.name,
+            "ks": round(c.ks, 5),
+            **{k: round(v, 4) for k, v in c.quantile_errors.items()},
+        }
+        for c in report.candidates
+        if c.spec is not None
+    ]
+    return Profile(
+        tool=report.tool,
+        model=model,
+        response_tokens=response_tokens,
+        reference=reference,
+        source=source,
+        notes=f"written by `toolenv emulators fit`; chose {report.best.name}: {report.reason}",
+        fit=summary,
+    )
