@@ -1,0 +1,263 @@
+"""The `docker` backend: runs go to warm containers whose agent resets them after every run.
+
+One run = one request over the container's agent socket (no `docker exec`, no container start):
+the agent writes the files, compiles and runs as an unprivileged uid with rlimits, answers, then
+kills everything but itself, wipes the writable places and verifies the clean state. The
+container goes back to the pool only after that verified reset; any anomaly (unclean reset, a
+cgroup OOM kill, an agent that does not answer in time or drops the connection) destroys it and
+a replacement starts in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import signal
+from typing import Any
+
+import docker
+import docker.errors
+
+from toolenv.deadline import Deadline
+
+from ..backend import SandboxUnavailable
+from ..languages import Language, UnknownLanguage, get_language
+from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
+from ..settings import SandboxSettings
+from .agent_client import AgentError
+from .container import SandboxContainer
+from .image import ensure_image
+from .pool import ContainerPool
+
+CHILD_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",  # partial output survives a kill at the time limit
+}
+# The agent answers this much before the host's deadline, so the answer (with partial output)
+# still arrives in time; the host kills the container when even that does not come.
+ANSWER_MARGIN_S = 0.15
+NO_DEADLINE_SLACK_S = 30.0
+MEMORY_ERROR_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory")
+
+
+class DockerBackend:
+    """A warm pool of sandbox containers (see the module docstring)."""
+
+    name = "docker"
+
+    def __init__(
+        self, settings: SandboxSettings, client: docker.DockerClient | None = None
+    ) -> None:
+        self.settings = settings
+        self._client = client
+        self.pool: ContainerPool | None = None
+        self._runs = 0
+        self._running = 0
+
+    # ------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        if self._client is None:
+            try:
+                self._client = await asyncio.to_thread(docker.from_env, timeout=120)
+                await asyncio.to_thread(self._client.ping)
+            except docker.errors.DockerException as exc:
+                raise SandboxUnavailable(
+                    f"the docker backend needs a running Docker engine ({exc}); start dockerd, "
+                    "or use --backend process"
+                ) from exc
+        try:
+            await asyncio.to_thread(
+                ensure_image,
+                self._client,
+                self.settings.docker_image,
+                self.settings.docker_base_image,
+            )
+        except RuntimeError as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        self.pool = ContainerPool(self.settings, self._client)
+        try:
+            await self.pool.start()
+        except BaseException:
+            await self.pool.close()
+            raise
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    def status(self) -> dict[str, Any]:
+        pool = self.pool.status() if self.pool else {}
+        return {
+            "backend": self.name,
+            "image": self.settings.docker_image,
+            "running": self._running,
+            "runs_total": self._runs,
+            **pool,
+        }
+
+    # ------------------------------------------------------------ one program
+
+    async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
+        if self.pool is None:
+            raise SandboxUnavailable("the docker backend is not started")
+        try:
+            lang = get_language(spec.language)
+        except UnknownLanguage as exc:
+            return RunResult(message=str(exc), backend=self.name)
+        job = self.build_job(spec, lang, deadline)
+        self._runs += 1
+        self._running += 1
+        try:
+            container = await self.pool.acquire(deadline)
+            return await self._run_in(container, job, spec, lang, deadline)
+        finally:
+            self._running -= 1
+
+    async def _run_in(
+        self,
+        container: SandboxContainer,
+        job: dict[str, Any],
+        spec: RunSpec,
+        lang: Language,
+        deadline: Deadline,
+    ) -> RunResult:
+        assert self.pool is not None
+        container.runs += 1
+        wait_s = deadline.remaining() if math.isfinite(deadline.at) else job["budget_s"] + 5.0
+        job["budget_s"] = max(0.0, min(job["budget_s"], wait_s - ANSWER_MARGIN_S))
+        try:
+            async with asyncio.timeout(wait_s):
+                reply = await container.conn.request(job)
+        except (TimeoutError, AgentError, OSError) as exc:
+            # The agent could not answer in time (or died): the container may hold anything.
+            self.pool.discard(container, f"no answer from the agent: {exc!r}")
+            timed_out = isinstance(exc, TimeoutError)
+            status = ExecStatus.TIME_LIMIT if timed_out else ExecStatus.ERROR
+            message = (
+                "deadline reached; sandbox destroyed" if timed_out else f"sandbox failed: {exc}"
+            )
+            return RunResult(
+                run=ExecResult(status=status, message=message),
+                sandbox_id=container.name,
+                backend=self.name,
+                message=message,
+            )
+        except asyncio.CancelledError:
+            self.pool.discard(container, "run cancelled")
+            raise
+        self.pool.background(self._finish(container, reply))
+        return self.to_result(reply, spec, lang, container.name)
+
+    async def _finish(self, container: SandboxContainer, reply: dict[str, Any]) -> None:
+        """Wait for the agent's reset report; reuse the container only when it says clean."""
+        assert self.pool is not None
+        oom = any(s.get("oom_killed") for s in reply.get("steps", []))
+        try:
+            async with asyncio.timeout(10.0):
+                reset = await container.conn.receive()
+        except (TimeoutError, AgentError, OSError) as exc:
+            self.pool.discard(container, f"no reset report: {exc!r}")
+            return
+        if not reset.get("clean"):
+            self.pool.discard(container, f"reset not clean: {reset.get('problems')}")
+        elif oom or not reply.get("ok"):
+            self.pool.discard(container, "a cgroup OOM kill or an agent error in the last run")
+        else:
+            self.pool.release(container)
+
+    # ------------------------------------------------------------ wire mapping
+
+    def build_job(self, spec: RunSpec, lang: Language, deadline: Deadline) -> dict[str, Any]:
+        files = {name: base64.b64encode(data).decode() for name, data in spec.files.items()}
+        files[lang.source_file] = base64.b64encode(spec.code.encode()).decode()
+        steps = []
+        if lang.compile_argv is not None:
+            steps.append(self._step(list(lang.compile_argv), spec.compile_limits, b""))
+        run = self._step(list(lang.run_argv), spec.run_limits, spec.stdin.encode())
+        run["needs_success"] = True
+        steps.append(run)
+        budget = sum(s["wall_s"] for s in steps) + 2.0
+        if math.isfinite(deadline.at):
+            budget = min(budget, deadline.remaining())
+        return {
+            "op": "run",
+            "files": files,
+            "steps": steps,
+            "fetch": list(spec.fetch_files),
+            "max_fetch_bytes": spec.run_limits.max_output_bytes or self.settings.max_output_bytes,
+            "budget_s": budget,
+        }
+
+    def _step(self, argv: list[str], limits: Limits, stdin: bytes) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "argv": argv,
+            "env": CHILD_ENV,
+            "stdin": base64.b64encode(stdin).decode(),
+            "wall_s": limits.wall_time_s,
+            "cpu_s": math.ceil(limits.cpu_time_s or limits.wall_time_s) + 1,
+            "memory_mb": limits.memory_mb or s.default_memory_mb,
+            "fsize_mb": limits.max_file_size_mb or s.max_file_size_mb,
+            "nofile": limits.max_open_files or s.max_open_files,
+            "max_output": limits.max_output_bytes or s.default_output_bytes,
+        }
+
+    def to_result(
+        self, reply: dict[str, Any], spec: RunSpec, lang: Language, sandbox_id: str
+    ) -> RunResult:
+        result = RunResult(sandbox_id=sandbox_id, backend=self.name)
+        if not reply.get("ok"):
+            result.message = reply.get("error", "the sandbox failed")
+        steps = list(reply.get("steps", []))
+        if lang.compile_argv is not None and steps:
+            result.compile = self._exec_result(steps.pop(0), spec.compile_limits)
+            if result.compile.status != ExecStatus.FINISHED or result.compile.exit_code != 0:
+                result.message = result.message or "compilation failed"
+        if steps:
+            result.run = self._exec_result(steps.pop(0), spec.run_limits)
+        result.files = {k: base64.b64decode(v) for k, v in reply.get("files", {}).items()}
+        return result
+
+    def _exec_result(self, step: dict[str, Any], limits: Limits) -> ExecResult:
+        stderr = base64.b64decode(step["stderr"]).decode(errors="replace")
+        status = ExecStatus(step["status"])
+        memory_mb = limits.memory_mb or self.settings.default_memory_mb
+        message = ""
+        if status == ExecStatus.FINISHED and self._hit_memory(step, stderr, memory_mb):
+            status = ExecStatus.MEMORY_LIMIT
+        if status == ExecStatus.TIME_LIMIT:
+            message = f"time limit exceeded (wall {limits.wall_time_s} s or CPU time)"
+        elif status == ExecStatus.MEMORY_LIMIT:
+            message = f"memory limit of {memory_mb} MB exceeded"
+        elif status == ExecStatus.OUTPUT_LIMIT:
+            cap = limits.max_output_bytes or self.settings.default_output_bytes
+            message = f"output limit of {cap} bytes exceeded; the program was killed"
+        return ExecResult(
+            status=status,
+            exit_code=step.get("exit_code"),
+            signal=step.get("signal"),
+            stdout=base64.b64decode(step["stdout"]).decode(errors="replace"),
+            stderr=stderr,
+            stdout_truncated=step.get("stdout_truncated", False),
+            stderr_truncated=step.get("stderr_truncated", False),
+            wall_time_s=step.get("wall_s", 0.0),
+            cpu_time_s=step.get("cpu_s"),
+            peak_memory_kb=step.get("maxrss_kb"),
+            message=message,
+        )
+
+    @staticmethod
+    def _hit_memory(step: dict[str, Any], stderr: str, memory_mb: int) -> bool:
+        """The address-space limit shows as a failed allocation, the cgroup as an OOM kill."""
+        if step.get("oom_killed"):
+            return True
+        if step.get("exit_code") in (0, None):
+            return False
+        if any(marker in stderr[-4096:] for marker in MEMORY_ERROR_MARKERS):
+            return True
+        near_limit = (step.get("maxrss_kb") or 0) >= memory_mb * 1024 * 0.9
+        return step.get("signal") in (signal.SIGSEGV, signal.SIGABRT, signal.SIGKILL) and near_limit
