@@ -17,3 +17,6 @@ def show_settings() -> None:
 
 def register_stress(root: typer.Typer) -> None:
     """`toolenv stress` lives with the rollout client (it drives tool endpoints the same way)."""
+    from rollout_client.stress.cli import stress
+
+    root.command("stress")(stress)

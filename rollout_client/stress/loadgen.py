@@ -204,6 +204,7 @@ class LoadResult:
     captured: dict[int, dict[str, str]]
     wall_s: float
     connect_errors: list[str] = field(default_factory=list)
+    _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     # ---- per request
     @cached_property
@@ -281,9 +282,12 @@ class LoadResult:
         return len(sent) / span if span > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
+        """The JSON-ready figures (see `stats.summarize`); computed once."""
         from .stats import summarize
 
-        return summarize(self)
+        if self._summary is None:
+            self._summary = summarize(self)
+        return self._summary
 
 
 def make_histogram(latencies_ms: np.ndarray) -> HdrHistogram:

@@ -1,0 +1,325 @@
+"""`toolenv stress`: drive a tool endpoint at a rate (or with N callers) and report honest latency.
+
+Exit codes (for CI):
+  0  the run finished and every `--slo` was met (or none was given)
+  1  at least one `--slo` was broken (for `--ramp`: the first step already broke them)
+  2  bad options: unparsable values, an unbounded run, an off-loopback target without
+     `--allow-remote`, an unreadable payload file
+  3  the target never answered: not one request got an HTTP response (connection refused, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from .http import TargetURLError
+from .loadgen import LoadResult, LoadSpec, LoadSpecError, Progress, run_load
+from .ramp import DEFAULT_RAMP_SLOS, RampResult, RampStep, ramp_rates, run_ramp
+from .report import LiveView, print_report, ramp_step_line, ramp_table, write_hdr, write_plot
+from .slo import SLO, SLOError, check_all
+from .targets import RemoteTargetError, TargetError, resolve_target
+
+EXIT_OK, EXIT_SLO_BROKEN, EXIT_USAGE, EXIT_NO_RESPONSE = 0, 1, 2, 3
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """`10`, `10s`, `500ms`, `2m` -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a duration like 10s, 500ms or 2m")
+    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def _headers(values: list[str]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        if ":" not in item:
+            raise typer.BadParameter(f"header {item!r} must look like 'Name: value'")
+        name, value = item.split(":", 1)
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _usage_error(console: Console, message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(EXIT_USAGE)
+
+
+def stress(
+    url: Annotated[
+        str | None, typer.Option(help="Raw target URL (http://), sent the JSON --body.")
+    ] = None,
+    gateway: Annotated[str | None, typer.Option(help="Gateway base URL, with --tool.")] = None,
+    tool: Annotated[
+        str | None, typer.Option(help="Gateway tool: POST {gateway}/v1/tools/{tool}/call.")
+    ] = None,
+    body: Annotated[
+        str | None, typer.Option(help="JSON request body (--url) or tool arguments.")
+    ] = None,
+    body_file: Annotated[
+        Path | None, typer.Option(help="File holding the JSON body / arguments.")
+    ] = None,
+    arguments: Annotated[
+        str | None, typer.Option(help="JSON tool arguments (with --tool).")
+    ] = None,
+    payload: Annotated[
+        str | None,
+        typer.Option(help="Built-in run_code payload: trivial, cpu-bound, memory-heavy, hostile."),
+    ] = None,
+    method: Annotated[str, typer.Option(help="HTTP method.")] = "POST",
+    header: Annotated[
+        list[str], typer.Option("--header", "-H", help="Extra header 'Name: value'.")
+    ] = [],  # noqa: B006
+    capture_header: Annotated[
+        list[str], typer.Option(help="Response header to keep per request (in --json records).")
+    ] = [],  # noqa: B006
+    arrival: Annotated[
+        str,
+        typer.Option(
+            help="constant | poisson (open loop at --rate) | closed (--concurrency callers)."
+        ),
+    ] = "constant",
+    rate: Annotated[
+        float, typer.Option(help="Open-loop target rate, requests per second.")
+    ] = 100.0,
+    concurrency: Annotated[int, typer.Option(help="Closed-loop callers.")] = 16,
+    duration: Annotated[str, typer.Option(help="Run length: 10s, 500ms, 2m.")] = "10s",
+    max_requests: Annotated[int, typer.Option(help="Hard cap on requests in the run.")] = 1_000_000,
+    max_in_flight: Annotated[
+        int, typer.Option(help="Open loop: a request due while this many are out is 'dropped'.")
+    ] = 10_000,
+    connections: Annotated[int | None, typer.Option(help="Max keep-alive connections.")] = None,
+    timeout: Annotated[str, typer.Option(help="Per-request timeout.")] = "30s",
+    seed: Annotated[int | None, typer.Option(help="Seed for Poisson arrivals.")] = None,
+    workers: Annotated[
+        int, typer.Option(help="Generator processes (open loop; for high rates).")
+    ] = 1,
+    ramp: Annotated[
+        bool, typer.Option(help="Step the rate up from --rate until an SLO breaks.")
+    ] = False,
+    ramp_max: Annotated[float, typer.Option(help="Ramp: highest rate to try.")] = 10_000.0,
+    ramp_factor: Annotated[
+        float, typer.Option(help="Ramp: multiply the rate by this per step.")
+    ] = 1.5,
+    ramp_step: Annotated[
+        float, typer.Option(help="Ramp: add this many rps per step instead.")
+    ] = 0.0,
+    step_duration: Annotated[str, typer.Option(help="Ramp: length of each step.")] = "5s",
+    slo: Annotated[
+        list[str],
+        typer.Option(help="SLO like p99=500ms, p99.9=2s, errors=0.1%, timeouts=0, rate=95%."),
+    ] = [],  # noqa: B006
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the JSON report on stdout.")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the JSON report to this file.")
+    ] = None,
+    records: Annotated[
+        bool, typer.Option(help="Include per-request records in the JSON report.")
+    ] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG: percentile spectrum + latency over time.")
+    ] = None,
+    hdr: Annotated[
+        Path | None, typer.Option(help="Write an HdrHistogram log (tagged per outcome).")
+    ] = None,
+    allow_remote: Annotated[
+        bool, typer.Option(help="Allow a target that does not resolve to loopback.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option(help="No live display.")] = False,
+) -> None:
+    """Load-test a tool endpoint, open loop (latency from the scheduled send time) or closed loop.
+
+    Exit codes: 0 all SLOs met; 1 an SLO broken; 2 bad options (incl. a remote target without
+    --allow-remote); 3 the target never answered.
+    """
+    err = Console(stderr=True)
+    out_console = Console(stderr=as_json)
+    try:
+        target = resolve_target(
+            url=url,
+            gateway=gateway,
+            tool=tool,
+            body=body,
+            body_file=body_file,
+            payload=payload,
+            arguments=arguments,
+            method=method,
+        )
+        slos = [SLO.parse(s) for s in slo]
+        spec = LoadSpec(
+            url=target.url,
+            body=target.body,
+            method=target.method,
+            headers=_headers(header),
+            arrival=arrival,  # type: ignore[arg-type]
+            rate=rate,
+            concurrency=concurrency,
+            duration_s=parse_duration(duration),
+            max_requests=max_requests,
+            max_in_flight=max_in_flight,
+            connections=connections,
+            timeout_s=parse_duration(timeout),
+            capture_headers=tuple(capture_header),
+            seed=seed,
+            workers=workers,
+            allow_remote=allow_remote,
+        )
+        spec.validate()
+        from .http import Endpoint
+        from .targets import check_loopback
+
+        check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
+        if ramp:
+            rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
+            step_s = parse_duration(step_duration)
+            LoadSpec(**{**_fields(spec), "duration_s": step_s}).validate()
+    except (
+        TargetError,
+        SLOError,
+        LoadSpecError,
+        RemoteTargetError,
+        TargetURLError,
+        ValueError,
+    ) as exc:
+        raise _usage_error(err, str(exc)) from exc
+
+    if ramp:
+        ramp_slos = slos or [SLO.parse(s) for s in DEFAULT_RAMP_SLOS]
+        ramp_result = _run_ramp(spec, rates, ramp_slos, step_s, err, quiet or as_json)
+        if not ramp_result.steps:
+            raise typer.Exit(EXIT_NO_RESPONSE)
+        last = ramp_result.steps[-1]
+        report = {
+            "ramp": ramp_result.as_dict(),
+            "slos": [v.as_dict() for v in last.verdicts],
+            "last_step": _json_ready(last.summary),
+        }
+        if not as_json:
+            out_console.print(ramp_table(ramp_result))
+        _emit(report, as_json, out)
+        _files(last.result, plot, hdr)
+        if all(s.summary["responses"] == 0 for s in ramp_result.steps):
+            raise typer.Exit(EXIT_NO_RESPONSE)
+        raise typer.Exit(EXIT_OK if ramp_result.knee_rate is not None else EXIT_SLO_BROKEN)
+
+    result = _run_single(spec, err, quiet or as_json)
+    summary = result.summary()
+    verdicts = check_all(slos, summary)
+    report = {**_json_ready(summary), "slos": [v.as_dict() for v in verdicts]}
+    if records:
+        report["records"] = [
+            {
+                "scheduled_s": r.scheduled_s,
+                "sent_s": None if math.isnan(r.sent_s) else r.sent_s,
+                "done_s": None if math.isnan(r.done_s) else r.done_s,
+                "status": r.status,
+                "error": r.error,
+                "headers": dict(r.headers),
+            }
+            for r in result.records
+        ]
+    if not as_json:
+        print_report(out_console, summary, verdicts)
+    _emit(report, as_json, out)
+    _files(result, plot, hdr)
+    if summary["responses"] == 0:
+        err.print("[red]the target never answered[/red]")
+        raise typer.Exit(EXIT_NO_RESPONSE)
+    raise typer.Exit(EXIT_OK if all(v.ok for v in verdicts) else EXIT_SLO_BROKEN)
+
+
+def _fields(spec: LoadSpec) -> dict[str, Any]:
+    return {f: getattr(spec, f) for f in LoadSpec.__dataclass_fields__}
+
+
+def _run_single(spec: LoadSpec, console: Console, quiet: bool) -> LoadResult:
+    if quiet or not console.is_terminal:
+        return run_load(spec)
+    view = LiveView("stress")
+    with Live(view, console=console, auto_refresh=False, transient=True) as live:
+
+        def on_progress(p: Progress) -> None:
+            view.update(p)
+            live.refresh()
+
+        spec.progress = on_progress
+        try:
+            return run_load(spec)
+        finally:
+            spec.progress = None
+
+
+def _run_ramp(
+    spec: LoadSpec,
+    rates: list[float],
+    slos: list[SLO],
+    step_s: float,
+    console: Console,
+    quiet: bool,
+) -> RampResult:
+    def on_step(step: RampStep) -> None:
+        if not quiet:
+            console.print(ramp_step_line(step))
+
+    if not quiet and console.is_terminal:
+        view = LiveView("ramp step")
+        with Live(view, console=console, auto_refresh=False, transient=True) as live:
+
+            def on_progress(p: Progress) -> None:
+                view.update(p)
+                live.refresh()
+
+            spec.progress = on_progress
+            try:
+                return run_ramp(spec, rates, slos, step_duration_s=step_s, on_step=on_step)
+            finally:
+                spec.progress = None
+    return run_ramp(spec, rates, slos, step_duration_s=step_s, on_step=on_step)
+
+
+def _json_ready(value: Any) -> Any:
+    """NaN -> null, numpy scalars -> Python numbers (strict JSON for other tools)."""
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def _emit(report: dict[str, Any], as_json: bool, out: Path | None) -> None:
+    text = json.dumps(_json_ready(report), indent=2, allow_nan=False)
+    if as_json:
+        typer.echo(text)
+    if out is not None:
+        out.write_text(text + "\n")
+
+
+def _files(result: LoadResult, plot: Path | None, hdr: Path | None) -> None:
+    if plot is not None:
+        write_plot(result, plot)
+    if hdr is not None:
+        write_hdr(result, hdr)
+
+
+def build_app() -> typer.Typer:
+    """A standalone app (`python -m rollout_client.stress`), same command as `toolenv stress`."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("stress")(stress)
+    return app

@@ -1,0 +1,96 @@
+"""Ramp: step an open-loop rate up until an SLO breaks; the knee is the last rate that held."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .loadgen import LoadResult, LoadSpec, run_load
+from .slo import SLO, SLOVerdict, check_all
+
+DEFAULT_RAMP_SLOS = ("p99=1s", "errors=1%", "rate=95%")
+
+
+@dataclass
+class RampStep:
+    rate: float
+    result: LoadResult
+    summary: dict[str, Any]
+    verdicts: list[SLOVerdict]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+@dataclass
+class RampResult:
+    steps: list[RampStep] = field(default_factory=list)
+
+    @property
+    def knee_rate(self) -> float | None:
+        """The highest rate whose step met every SLO (None if the first step already broke)."""
+        passing = [s.rate for s in self.steps if s.ok]
+        return max(passing) if passing else None
+
+    @property
+    def broke_at(self) -> float | None:
+        broken = [s.rate for s in self.steps if not s.ok]
+        return broken[0] if broken else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "knee_rate": self.knee_rate,
+            "broke_at": self.broke_at,
+            "steps": [
+                {
+                    "rate": s.rate,
+                    "ok": s.ok,
+                    "achieved_rate": s.summary["achieved_rate"],
+                    "error_rate": s.summary["error_rate"],
+                    "ok_corrected_ms": s.summary["outcomes"].get("ok", {}).get("corrected_ms"),
+                    "slos": [v.as_dict() for v in s.verdicts],
+                }
+                for s in self.steps
+            ],
+        }
+
+
+def ramp_rates(start: float, *, factor: float, step: float, max_rate: float) -> list[float]:
+    """Rates from `start` to `max_rate`: multiply by `factor` (> 1) or add `step` (> 0)."""
+    if start <= 0 or max_rate < start:
+        raise ValueError("ramp needs 0 < start rate <= ramp max")
+    if factor <= 1.0 and step <= 0:
+        raise ValueError("ramp needs --ramp-factor > 1 or --ramp-step > 0")
+    rates, rate = [], start
+    while rate <= max_rate * (1 + 1e-9) and len(rates) < 100:
+        rates.append(round(rate, 3))
+        rate = rate + step if step > 0 else rate * factor
+    return rates
+
+
+def run_ramp(
+    spec: LoadSpec,
+    rates: list[float],
+    slos: list[SLO],
+    *,
+    step_duration_s: float,
+    on_step: Callable[[RampStep], None] | None = None,
+) -> RampResult:
+    """Run one open-loop step per rate (each bounded like any run) and stop at the first break."""
+    if spec.arrival == "closed":
+        raise ValueError("a ramp steps an open-loop rate: use --arrival constant or poisson")
+    ramp = RampResult()
+    for rate in rates:
+        step_spec = dataclasses.replace(spec, rate=rate, duration_s=step_duration_s)
+        result = run_load(step_spec)
+        summary = result.summary()
+        step = RampStep(rate, result, summary, check_all(slos, summary))
+        ramp.steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        if not step.ok:
+            break
+    return ramp
