@@ -1,6 +1,9 @@
-"""sandboxd subcommands."""
+"""sandboxd subcommands: `toolenv sandboxd serve`, `toolenv sandboxd settings`."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -13,3 +16,72 @@ def show_settings() -> None:
     from .settings import SandboxSettings as S
 
     typer.echo(S.load().model_dump_json(indent=2))
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8081).")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="process (bubblewrap, the default) or docker.")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
+    ] = None,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="Programs run at once (0: 2 x CPU cores).")
+    ] = None,
+    insecure_no_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-isolation",
+            help="Run programs without bubblewrap (trusted code only).",
+        ),
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve the sandbox API alone (`/run_code`, `/v1/run_tests`, `/v1/ping`, ...)."""
+    import uvicorn
+
+    from toolenv.config import ConfigFileError
+
+    from .app import create_app
+    from .settings import SandboxSettings
+
+    overrides: dict[str, Any] = {}
+    for key, value in (
+        ("host", host),
+        ("port", port),
+        ("backend", backend),
+        ("max_concurrency", max_concurrency),
+    ):
+        if value is not None:
+            overrides[key] = value
+    if insecure_no_isolation:
+        overrides["insecure_no_isolation"] = True
+    try:
+        settings = SandboxSettings.load(config, **overrides)
+    except (ConfigFileError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if settings.backend == "process" and not settings.insecure_no_isolation:
+        import shutil
+
+        from .process_backend import BWRAP_INSTALL_HINT
+
+        if not shutil.which(settings.bwrap_path or "bwrap"):
+            typer.echo(f"error: bwrap not found. {BWRAP_INSTALL_HINT}", err=True)
+            raise typer.Exit(2)
+    typer.echo(
+        f"sandboxd: backend={settings.backend} concurrency={settings.concurrency} "
+        f"on http://{settings.host}:{settings.port}",
+        err=True,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )

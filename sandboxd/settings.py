@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -23,7 +24,9 @@ class SandboxSettings(ServiceSettings):
     port: int = Field(default=8081, ge=0, le=65535)
 
     # ---- admission: how many programs run at once, how many wait, how long they may wait
-    max_concurrency: int = Field(default=4, ge=1, description="programs running at once")
+    max_concurrency: int = Field(
+        default=0, ge=0, description="programs running at once; 0: 2 x CPU cores"
+    )
     queue_size: int = Field(default=256, ge=0, description="requests waiting beyond that; then 429")
     queue_timeout_s: float = Field(
         default=30.0, gt=0, description="longest wait for a slot before 429"
@@ -53,6 +56,11 @@ class SandboxSettings(ServiceSettings):
         default=None, description="where run dirs live; default /dev/shm (tmpfs) else the tmp dir"
     )
     cgroup_pool_size: int = Field(default=0, ge=0, description="0: max_concurrency * 2")
+
+    @property
+    def concurrency(self) -> int:
+        """The effective number of programs run at once."""
+        return self.max_concurrency or 2 * (os.cpu_count() or 1)
 
     # ---- docker backend (warm pool of containers from the project's sandbox image)
     docker_image: str = Field(default="toolenv/sandbox:0.1.0", description="built when missing")

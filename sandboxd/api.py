@@ -1,0 +1,152 @@
+"""The HTTP router: `POST /run_code`, `POST /v1/run_tests`, ping, languages, status.
+
+Everything a client can get wrong is answered here with the right status and a message that says
+what to fix (400 unknown language, 413 body too large, 422 invalid fields, 429 + Retry-After at
+capacity, 503 not started); the body is read and size-checked by hand so the router needs no
+app-level middleware and works the same mounted in the gateway or served alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from toolenv.deadline import DEADLINE_HEADER, DeadlineHeaderError, deadline_from_headers
+
+from .admission import Overloaded
+from .service import BadRequest, SandboxService
+from .wire import RunCodeRequest, RunCodeResponse, RunTestsRequest, RunTestsResponse
+
+M = TypeVar("M", bound=BaseModel)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "unknown language (the message lists the supported ones), bad deadline"},
+    413: {"description": "request body larger than max_body_bytes"},
+    422: {"description": "missing or invalid fields, timeouts or limits out of range"},
+    429: {
+        "description": "at capacity: the bounded queue is full or the wait ran out (Retry-After)"
+    },
+    503: {"description": "the sandbox backend is not started"},
+}
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _parse(request: Request, model: type[M], limit: int) -> M | JSONResponse:
+    try:
+        body = await _read_body(request, limit)
+    except _BodyTooLarge:
+        return _error(413, f"request body exceeds max_body_bytes={limit}; send less (or raise it)")
+    try:
+        data = json.loads(body) if body else None
+    except ValueError as exc:
+        return _error(422, f"request body is not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return _error(422, "request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+
+def build_router(service: SandboxService) -> APIRouter:
+    """All sandboxd endpoints, bound to one service (the gateway mounts this in-process)."""
+    router = APIRouter()
+    limit = service.settings.max_body_bytes
+
+    def deadline_of(request: Request):
+        return deadline_from_headers(request.headers, default_s=None, max_s=None)
+
+    async def handle(request: Request, model: type[M], call) -> Response:
+        try:
+            deadline = deadline_of(request)
+        except DeadlineHeaderError as exc:
+            return _error(400, str(exc))
+        parsed = await _parse(request, model, limit)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        try:
+            result = await call(parsed, deadline)
+        except BadRequest as exc:
+            return _error(exc.status, exc.message)
+        except Overloaded as exc:
+            return _error(429, str(exc), {"Retry-After": str(exc.retry_after_s)})
+        return Response(result.model_dump_json(), media_type="application/json")
+
+    @router.post(
+        "/run_code",
+        response_model=RunCodeResponse,
+        responses=_ERRORS,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": RunCodeRequest.model_json_schema()}},
+            }
+        },
+        summary="Run one program (SandboxFusion-compatible)",
+        description=f"Honours `{DEADLINE_HEADER}` (remaining ms) as a bound on the whole call.",
+    )
+    async def run_code(request: Request) -> Response:
+        return await handle(request, RunCodeRequest, service.run_code)
+
+    @router.post(
+        "/v1/run_tests",
+        response_model=RunTestsResponse,
+        responses=_ERRORS,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": RunTestsRequest.model_json_schema()}},
+            }
+        },
+        summary="Run one program against test cases; a verdict per case and the pass fraction",
+        description=f"Honours `{DEADLINE_HEADER}` (remaining ms) as a bound on the whole call.",
+    )
+    async def run_tests(request: Request) -> Response:
+        return await handle(request, RunTestsRequest, service.run_tests)
+
+    @router.get("/v1/ping", summary='Liveness: answers "pong" (as SandboxFusion does)')
+    async def ping() -> str:
+        return "pong"
+
+    @router.get("/v1/languages", summary="Supported languages")
+    async def languages() -> dict[str, Any]:
+        return {"languages": service.languages()}
+
+    @router.get("/v1/sandbox/status", summary="Backend, admission and pool state")
+    async def status() -> dict[str, Any]:
+        return service.status()
+
+    @router.get("/readyz", summary="200 once the backend is started, else 503")
+    async def readyz() -> Response:
+        if not service.started:
+            return _error(503, "sandbox backend not started")
+        return JSONResponse({"status": "ready", "backend": service.settings.backend})
+
+    return router

@@ -1,0 +1,35 @@
+"""`create_app(settings)`: sandboxd as a standalone FastAPI app (also what the gateway mounts)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from .api import build_router
+from .service import SandboxService
+from .settings import SandboxSettings
+
+
+def create_app(settings: SandboxSettings | None = None) -> FastAPI:
+    """The app's lifespan starts the backend (check bwrap, warm pools) and closes it on exit."""
+    settings = settings or SandboxSettings.load()
+    service = SandboxService(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(
+        title="toolenv sandboxd",
+        description="Code-execution sandboxes, SandboxFusion-compatible `/run_code`.",
+        lifespan=lifespan,
+    )
+    app.state.sandbox_service = service
+    app.include_router(build_router(service))
+    return app

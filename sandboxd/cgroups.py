@@ -1,0 +1,288 @@
+"""Per-run cgroups (v1): pids.max against fork bombs, memory limit and peak, CPU time and quota.
+
+Each run gets one `CgroupSlot`: a directory per controller, nested under the service's own
+cgroup (so whatever bounds the service also bounds its programs). Slots are created once and
+reused through a pool, because mkdir/rmdir of four cgroup directories per run would cost more
+than the rest of the per-run bookkeeping. A slot goes back to the pool only when it is empty
+(no task left), with its counters reset; one that cannot be emptied is killed again and removed.
+At start-up, directories left by a crashed earlier instance (named with a pid that no longer
+runs) are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PREFIX = "toolenv-sandboxd-"
+CONTROLLERS = ("pids", "memory", "cpuacct", "cpu")
+
+
+def _own_cgroup_paths() -> dict[str, str]:
+    """Controller -> this process's cgroup path (from /proc/self/cgroup, v1 lines only)."""
+    paths: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(","):
+            if c:
+                paths[c] = path
+    return paths
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class CgroupStats:
+    cpu_time_s: float | None = None
+    peak_memory_kb: int | None = None
+    oom_killed: bool = False
+    hit_memory_limit: bool = False
+
+
+@dataclass
+class CgroupSlot:
+    """One run's cgroup directories, one per available controller."""
+
+    name: str
+    dirs: dict[str, Path]
+    _memory_limit: int | None = field(default=None, repr=False)
+    _pids_max: int | None = field(default=None, repr=False)
+    _cpu_quota: int = field(default=-1, repr=False)
+    _oom_kills: int = field(default=0, repr=False)
+    _failcnt: int = field(default=0, repr=False)
+    _baseline: int = field(default=0, repr=False)  # bytes still charged (page cache) at reset
+
+    def configure(
+        self, *, memory_bytes: int | None, pids_max: int | None, cpu_cores: float | None
+    ) -> None:
+        """Set this run's limits (only the files whose value changes are written)."""
+        mem = self.dirs.get("memory")
+        if mem is not None and memory_bytes != self._memory_limit:
+            value = str(memory_bytes) if memory_bytes else "-1"
+            # memsw must stay >= limit: raise memsw first when growing, lower it last when shrinking.
+            memsw = mem / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                with contextlib.suppress(OSError):
+                    _write(memsw, "-1")
+                _write(mem / "memory.limit_in_bytes", value)
+                _write(memsw, value)
+            else:
+                _write(mem / "memory.limit_in_bytes", value)
+            self._memory_limit = memory_bytes
+        pids = self.dirs.get("pids")
+        if pids is not None and pids_max != self._pids_max:
+            _write(pids / "pids.max", str(pids_max) if pids_max else "max")
+            self._pids_max = pids_max
+        cpu = self.dirs.get("cpu")
+        if cpu is not None:
+            quota = int(cpu_cores * 100_000) if cpu_cores else -1
+            if quota != self._cpu_quota:
+                _write(cpu / "cpu.cfs_period_us", "100000")
+                _write(cpu / "cpu.cfs_quota_us", str(quota))
+                self._cpu_quota = quota
+
+    def attach(self, pid: int) -> None:
+        """Move `pid` (not yet running user code) into every controller of this slot."""
+        for d in self.dirs.values():
+            _write(d / "cgroup.procs", str(pid))
+
+    def pids(self) -> list[int]:
+        d = self.dirs.get("pids") or next(iter(self.dirs.values()))
+        return [int(p) for p in _read(d / "cgroup.procs").split()]
+
+    def task_count(self) -> int:
+        """Tasks still charged to the slot (zombies included, unlike cgroup.procs)."""
+        pids = self.dirs.get("pids")
+        if pids is not None:
+            return int(_read(pids / "pids.current"))
+        return len(self.pids())
+
+    def kill_all(self) -> int:
+        """SIGKILL every task in the slot (the backstop behind killing the namespace)."""
+        n = 0
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                n += 1
+        return n
+
+    def stats(self) -> CgroupStats:
+        out = CgroupStats()
+        if (acct := self.dirs.get("cpuacct")) is not None:
+            out.cpu_time_s = int(_read(acct / "cpuacct.usage")) / 1e9
+        if (mem := self.dirs.get("memory")) is not None:
+            peak = int(_read(mem / "memory.max_usage_in_bytes")) - self._baseline
+            out.peak_memory_kb = max(peak, 0) // 1024
+            oom = 0
+            for line in _read(mem / "memory.oom_control").splitlines():
+                if line.startswith("oom_kill "):
+                    oom = int(line.split()[1])
+            failcnt = int(_read(mem / "memory.failcnt"))
+            out.oom_killed = oom > self._oom_kills
+            out.hit_memory_limit = failcnt > self._failcnt
+        return out
+
+    def reset(self) -> None:
+        """Zero the counters so the next run reads only its own figures."""
+        if (acct := self.dirs.get("cpuacct")) is not None:
+            _write(acct / "cpuacct.usage", "0")
+        if (mem := self.dirs.get("memory")) is not None:
+            _write(mem / "memory.max_usage_in_bytes", "0")
+            # Page cache charged by earlier runs stays charged: the peak is measured above it.
+            self._baseline = int(_read(mem / "memory.usage_in_bytes"))
+            for line in _read(mem / "memory.oom_control").splitlines():
+                if line.startswith("oom_kill "):
+                    self._oom_kills = int(line.split()[1])
+            self._failcnt = int(_read(mem / "memory.failcnt"))
+
+    def remove(self) -> bool:
+        ok = True
+        for d in self.dirs.values():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                ok = False
+        return ok
+
+
+class CgroupPool:
+    """Pre-created per-run cgroups under `<own cgroup>/toolenv-sandboxd-<pid>/`."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.bases: dict[str, Path] = {}
+        self._free: list[CgroupSlot] = []
+        self._counter = 0
+        self._draining: set[asyncio.Task[None]] = set()
+        self.unavailable_reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return bool(self.bases)
+
+    @property
+    def controllers(self) -> list[str]:
+        return list(self.bases)
+
+    def start(self) -> None:
+        own = _own_cgroup_paths()
+        for c in CONTROLLERS:
+            mount = CGROUP_ROOT / c
+            if not (mount / "cgroup.procs").exists() or c not in own:
+                continue
+            parent = mount / own[c].lstrip("/")
+            self._reap_stale(parent)
+            base = parent / f"{PREFIX}{os.getpid()}"
+            try:
+                base.mkdir(exist_ok=True)
+                if c == "memory":
+                    with contextlib.suppress(OSError):
+                        _write(base / "memory.use_hierarchy", "1")
+            except OSError as exc:
+                self.unavailable_reason = f"cannot create {base}: {exc}"
+                continue
+            self.bases[c] = base
+        if not self.bases:
+            self.unavailable_reason = self.unavailable_reason or "no cgroup v1 controllers mounted"
+            return
+        for _ in range(self.size):
+            self._free.append(self._create())
+
+    @staticmethod
+    def _reap_stale(parent: Path) -> None:
+        """Remove cgroups left by an earlier instance that died without closing."""
+        with contextlib.suppress(OSError):
+            for d in parent.glob(f"{PREFIX}*"):
+                pid = d.name.removeprefix(PREFIX)
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    for sub in d.iterdir():
+                        if sub.is_dir():
+                            with contextlib.suppress(OSError):
+                                for task in _read(sub / "cgroup.procs").split():
+                                    with contextlib.suppress(ProcessLookupError):
+                                        os.kill(int(task), signal.SIGKILL)
+                                sub.rmdir()
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+
+    def _create(self) -> CgroupSlot:
+        self._counter += 1
+        name = f"run-{self._counter}"
+        dirs: dict[str, Path] = {}
+        for c, base in self.bases.items():
+            d = base / name
+            d.mkdir(exist_ok=True)
+            dirs[c] = d
+        slot = CgroupSlot(name, dirs)
+        slot.reset()
+        return slot
+
+    def acquire(self) -> CgroupSlot | None:
+        if not self.bases:
+            return None
+        return self._free.pop() if self._free else self._create()
+
+    def release(self, slot: CgroupSlot) -> None:
+        """Back to the pool if empty; else kill what is left and drain it in the background."""
+        if slot.task_count() == 0:
+            slot.reset()
+            if len(self._free) < self.size:
+                self._free.append(slot)
+            else:
+                slot.remove()
+            return
+        slot.kill_all()
+        task = asyncio.get_running_loop().create_task(self._drain(slot))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    async def _drain(self, slot: CgroupSlot, timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while slot.task_count() and loop.time() < end:
+            slot.kill_all()
+            await asyncio.sleep(0.01)
+        slot.remove()
+
+    @property
+    def draining(self) -> int:
+        return len(self._draining)
+
+    async def close(self) -> None:
+        if self._draining:
+            await asyncio.gather(*self._draining, return_exceptions=True)
+        for slot in self._free:
+            slot.kill_all()
+            slot.remove()
+        self._free.clear()
+        for base in self.bases.values():
+            for sub in list(base.iterdir()) if base.exists() else []:
+                if sub.is_dir():
+                    with contextlib.suppress(OSError):
+                        for task in _read(sub / "cgroup.procs").split():
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(int(task), signal.SIGKILL)
+                        sub.rmdir()
+            with contextlib.suppress(OSError):
+                base.rmdir()

@@ -1,0 +1,130 @@
+"""The HTTP wire formats: SandboxFusion's `/run_code` (plus optional extras) and `/v1/run_tests`.
+
+Field names follow SandboxFusion exactly so its clients (verl's SandboxFusionTool and others)
+work unchanged; the extra request fields are optional and the extra response fields are
+additions a SandboxFusion client ignores.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunCodeRequest(BaseModel):
+    """SandboxFusion `POST /run_code`. Unknown fields are ignored, as SandboxFusion does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str = Field(description="the complete program")
+    language: str = Field(
+        default="python", description="python, bash, c or cpp (see /v1/languages)"
+    )
+    compile_timeout: float | None = Field(default=None, description="seconds (default 10)")
+    run_timeout: float | None = Field(default=None, description="seconds (default 10)")
+    memory_limit_MB: int | None = Field(default=None, description="-1 or absent: the default")
+    stdin: str | None = None
+    files: dict[str, str | None] = Field(
+        default_factory=dict, description="path in the working dir -> base64 content"
+    )
+    fetch_files: list[str] = Field(default_factory=list, description="paths to return, base64")
+    # extras (not in SandboxFusion)
+    cpu_limit: float | None = Field(default=None, description="CPU cores the program may use")
+    max_output_bytes: int | None = Field(default=None, description="cap per stream, then killed")
+
+
+class CommandRunResult(BaseModel):
+    """SandboxFusion's per-step result, plus limits and accounting fields."""
+
+    status: str = Field(
+        description="Finished, Error, TimeLimitExceeded, MemoryLimitExceeded, OutputLimitExceeded"
+    )
+    execution_time: float | None = Field(default=None, description="wall seconds")
+    return_code: int | None = Field(default=None, description="negative: killed by that signal")
+    stdout: str | None = None
+    stderr: str | None = None
+    # extras
+    signal: int | None = None
+    cpu_time: float | None = Field(default=None, description="CPU seconds, all processes")
+    peak_memory_kb: int | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    truncated: bool = False
+    message: str = ""
+
+
+class RunStatus(StrEnum):
+    SUCCESS = "Success"
+    FAILED = "Failed"
+    SANDBOX_ERROR = "SandboxError"
+
+
+class RunCodeResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+class TestCase(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    stdin: str = ""
+    expected_stdout: str | None = Field(default=None, description="absent: only the exit matters")
+    timeout: float | None = Field(default=None, description="seconds; default: the request's")
+
+
+class RunTestsRequest(BaseModel):
+    """One program against many cases (code rewards)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str
+    language: str = "python"
+    cases: list[TestCase] = Field(min_length=1)
+    timeout: float | None = Field(default=None, description="run timeout per case (default 10)")
+    compile_timeout: float | None = None
+    memory_limit_MB: int | None = None
+    cpu_limit: float | None = None
+    max_output_bytes: int | None = None
+    files: dict[str, str | None] = Field(default_factory=dict)
+    stop_on_first_failure: bool = False
+    concurrency: int | None = Field(default=None, ge=1, description="cases at once (capped)")
+    comparison: Literal["lines", "tokens", "exact"] = Field(
+        default="lines",
+        description="lines: trailing whitespace per line and trailing blank lines ignored; "
+        "tokens: whitespace-separated tokens; exact: byte for byte",
+    )
+
+
+class Verdict(StrEnum):
+    ACCEPTED = "accepted"
+    WRONG_ANSWER = "wrong_answer"
+    TIME_LIMIT = "time_limit"
+    RUNTIME_ERROR = "runtime_error"
+    MEMORY_LIMIT = "memory_limit"
+    OUTPUT_LIMIT = "output_limit"
+    COMPILE_ERROR = "compile_error"
+    SANDBOX_ERROR = "sandbox_error"
+    SKIPPED = "skipped"
+
+
+class CaseResult(BaseModel):
+    index: int
+    verdict: Verdict
+    run_result: CommandRunResult | None = None
+
+
+class RunTestsResponse(BaseModel):
+    verdict: Verdict = Field(description="accepted if every case passed, else the first failure's")
+    passed: int
+    total: int
+    pass_fraction: float
+    compile_result: CommandRunResult | None = None
+    cases: list[CaseResult]
+    message: str = ""
+    executor_pod_name: str | None = None
