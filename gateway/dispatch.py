@@ -49,7 +49,7 @@ class ToolRuntime:
         self.budget = RetryBudget(config.retry)
         self.hedging = config.hedge.enabled and config.is_idempotent
         self._tasks: set[asyncio.Task[UpstreamReply]] = set()
-        self.on_outcome: Callable[[Outcome], None] | None = None
+        self._turn = 0
 
     # ---------------------------------------------------------------- public
 
@@ -169,7 +169,8 @@ class ToolRuntime:
         self, method: str, path: str, body: bytes, headers: dict[str, str], deadline: Deadline
     ) -> UpstreamReply:
         """Runs in its own task; the slot is released when it ends."""
-        first = pick(self.backend.endpoints)
+        self._turn += 1
+        first = pick(self.backend.endpoints, turn=self._turn)
         if not self.hedging:
             return await self._attempt(first, method, path, body, headers, deadline)
         return await self._hedged(first, method, path, body, headers, deadline)
@@ -190,7 +191,7 @@ class ToolRuntime:
             if delay is not None:
                 done, pending = await asyncio.wait(pending, timeout=delay)
                 if not done:
-                    second = pick(self.backend.endpoints, exclude=[first])
+                    second = pick(self.backend.endpoints, exclude=[first], turn=self._turn)
                     self.m.hedged.inc()
                     pending.add(
                         asyncio.create_task(
@@ -236,7 +237,7 @@ class ToolRuntime:
                     raise
                 self.m.retried.inc()
                 attempt += 1
-                endpoint = pick(self.backend.endpoints, exclude=[endpoint])
+                endpoint = pick(self.backend.endpoints, exclude=[endpoint], turn=self._turn)
 
     async def _send_once(
         self,

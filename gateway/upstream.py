@@ -78,12 +78,19 @@ class Backend(Protocol):
     ) -> UpstreamReply: ...
 
 
-def pick(endpoints: list[Endpoint], exclude: Iterable[Endpoint] = ()) -> Endpoint:
-    """Least outstanding requests among healthy endpoints (all of them if none is healthy)."""
+def pick(endpoints: list[Endpoint], exclude: Iterable[Endpoint] = (), turn: int = 0) -> Endpoint:
+    """Least outstanding requests among healthy endpoints (all of them if none is healthy).
+
+    Ties go round-robin from position `turn`, so an idle pool still spreads its calls.
+    """
     excluded = set(map(id, exclude))
     candidates = [e for e in endpoints if id(e) not in excluded] or endpoints
     healthy = [e for e in candidates if e.healthy] or candidates
-    return min(healthy, key=lambda e: e.outstanding)
+    n = len(healthy)
+    if n == 1:
+        return healthy[0]
+    start = turn % n
+    return min(healthy[start:] + healthy[:start], key=lambda e: e.outstanding)
 
 
 # ------------------------------------------------------------------ embedded

@@ -1,0 +1,322 @@
+"""Proxy mode against real loopback upstreams: wire format, deadlines, failures, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from gw_support import metric_value, proxy_tool
+
+
+def call(gw, tool: str, arguments: dict, **kw) -> httpx.Response:
+    return httpx.post(
+        f"{gw.url}/v1/tools/{tool}/call", json={"arguments": arguments}, timeout=30, **kw
+    )
+
+
+def test_generic_call_forwards_arguments_and_answers_the_documented_shape(
+    upstream, gateway
+) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url, call_path="/native", default_deadline_ms=5000)])
+    r = call(gw, "echo", {"query": "hamlet"}, headers={"X-Request-Id": "rid-1"})
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body) == {"tool", "status", "result", "error", "elapsed_s", "request_id"}
+    assert body["tool"] == "echo" and body["status"] == "ok" and body["error"] is None
+    assert body["request_id"] == "rid-1" and r.headers["x-request-id"] == "rid-1"
+    result = body["result"]
+    assert result["path"] == "/native" and result["body"] == {"query": "hamlet"}
+    assert result["request_id"] == "rid-1"
+    # the remaining budget travels downstream, below the default deadline
+    assert 0 < float(result["deadline_ms"]) <= 5000
+    # an upstream HTTP error is a tool result, not a gateway failure
+    r = call(gw, "echo", {"status": 422})
+    assert r.status_code == 200
+    assert r.json()["status"] == "error" and "422" in r.json()["error"]
+    assert r.json()["result"]["upstream"] == "a"
+
+
+def test_pass_through_routes_keep_the_upstream_wire_format(upstream, gateway) -> None:
+    up = upstream("s")
+    gw = gateway(
+        [
+            proxy_tool("sandbox", up.url, kind="sandbox"),
+            proxy_tool("search", up.url, kind="search"),
+        ]
+    )
+    for path, body in [
+        ("/run_code", {"code": "print(1)", "language": "python"}),
+        ("/v1/run_tests", {"code": "x", "tests": []}),
+        ("/retrieve", {"queries": ["a"], "topk": 2}),
+    ]:
+        r = httpx.post(
+            gw.url + path, json=body, timeout=10, headers={"X-Toolenv-Deadline-Ms": "2000"}
+        )
+        assert r.status_code == 200, r.text
+        echoed = r.json()
+        assert echoed["path"] == path and echoed["body"] == body
+        assert float(echoed["deadline_ms"]) <= 2000
+    r = httpx.post(gw.url + "/retrieve", json={"status": 418}, timeout=10)
+    assert r.status_code == 418  # the upstream's status passes straight through
+    r = httpx.post(
+        gw.url + "/retrieve", json={}, timeout=10, headers={"X-Toolenv-Deadline-Ms": "soon"}
+    )
+    assert r.status_code == 400 and "X-Toolenv-Deadline-Ms" in r.json()["detail"]
+
+
+def test_bad_requests_get_clear_client_errors(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)])
+    r = httpx.post(gw.url + "/v1/tools/echo/call", content=b"{not json", timeout=10,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400 and "not valid JSON" in r.json()["detail"]
+    r = httpx.post(gw.url + "/v1/tools/echo/call", json={"args": {}}, timeout=10)
+    assert r.status_code == 422 and "arguments" in r.json()["detail"]
+    r = httpx.post(
+        gw.url + "/v1/tools/echo/call", json={"arguments": {}, "deadline_ms": -1}, timeout=10
+    )
+    assert r.status_code == 422
+    r = call(gw, "nope", {})
+    assert r.status_code == 404 and "nope" in r.json()["detail"] and "echo" in r.json()["detail"]
+    r = httpx.post(gw.url + "/run_code", json={"code": "1"}, timeout=10)
+    assert r.status_code == 404 and "sandbox" in r.json()["detail"]
+
+
+def test_deadline_expiry_answers_at_once_and_closes_the_upstream_request(upstream, gateway) -> None:
+    up = upstream("hung")
+    gw = gateway([proxy_tool("slow", up.url, max_deadline_ms=60_000)])
+    started = time.monotonic()
+    r = httpx.post(f"{gw.url}/v1/tools/slow/call", timeout=30,
+                   json={"arguments": {"sleep_s": 30}, "deadline_ms": 300})  # fmt: skip
+    waited = time.monotonic() - started
+    assert r.status_code == 504
+    body = r.json()
+    assert set(body) == {"tool", "status", "error", "elapsed_s", "deadline_ms", "request_id"}
+    assert body["status"] == "timeout" and body["tool"] == "slow" and body["deadline_ms"] == 300
+    assert 0.3 <= body["elapsed_s"] <= 0.35  # the gateway answered within 50 ms of the deadline
+    assert waited < 2.0  # and the caller saw it promptly (loose: shared CI cores)
+    # the upstream saw the connection close and stopped working on it
+    for _ in range(50):
+        if up.stats()["abandoned"] == 1:
+            break
+        time.sleep(0.05)
+    assert up.stats() | {"deadline_ms": None} == {
+        "started": 1,
+        "finished": 0,
+        "abandoned": 1,
+        "deadline_ms": None,
+    }
+    # the header deadline works too, and is capped by the tool's maximum
+    r = httpx.post(f"{gw.url}/v1/tools/slow/call", timeout=30, json={"arguments": {"sleep_s": 30}},
+                   headers={"X-Toolenv-Deadline-Ms": "200"})  # fmt: skip
+    assert r.status_code == 504 and r.json()["deadline_ms"] == 200
+    assert (
+        metric_value(
+            gw.metrics_text(), "toolenv_gateway_calls_total", tool="slow", outcome="timeout"
+        )
+        == 2
+    )
+
+
+def test_deadline_is_capped_by_the_tools_maximum(upstream, gateway) -> None:
+    up = upstream("hung")
+    gw = gateway([proxy_tool("slow", up.url, default_deadline_ms=100, max_deadline_ms=250)])
+    r = httpx.post(f"{gw.url}/v1/tools/slow/call", timeout=30,
+                   json={"arguments": {"sleep_s": 30}, "deadline_ms": 100_000})  # fmt: skip
+    assert r.status_code == 504 and r.json()["deadline_ms"] == 250
+    r = call(gw, "slow", {"sleep_s": 30})
+    assert r.status_code == 504 and r.json()["deadline_ms"] == 100
+
+
+async def test_queue_wait_counts_against_the_deadline_and_overflow_gets_429(
+    upstream, gateway
+) -> None:
+    up = upstream("q")
+    gw = gateway([proxy_tool("one", up.url, concurrency=1, queue=1)])
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        busy = asyncio.create_task(
+            client.post(
+                "/v1/tools/one/call", json={"arguments": {"sleep_s": 1.0}, "deadline_ms": 5000}
+            )
+        )
+        await asyncio.sleep(0.3)
+        queued = asyncio.create_task(
+            client.post("/v1/tools/one/call", json={"arguments": {}, "deadline_ms": 300})
+        )
+        await asyncio.sleep(0.1)
+        overflow = await client.post("/v1/tools/one/call", json={"arguments": {}})
+        assert overflow.status_code == 429
+        assert int(overflow.headers["retry-after"]) >= 1
+        assert overflow.json()["status"] == "rejected" and "saturated" in overflow.json()["error"]
+        timed_out = await queued  # it never got the slot: the wait alone used up its deadline
+        assert timed_out.status_code == 504 and "waiting for a slot" in timed_out.json()["error"]
+        assert (await busy).status_code == 200
+    assert up.stats()["started"] == 1  # the queued call never reached the upstream
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_calls_total", tool="one", outcome="rejected") == 1
+    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="one") == 1
+
+
+def test_upstream_down_is_503_naming_the_tool_and_readyz_says_so(upstream, gateway) -> None:
+    up = upstream("gone")
+    gw = gateway([proxy_tool("search", up.url, kind="search")])
+    assert httpx.get(gw.url + "/readyz", timeout=5).status_code == 200
+    up.kill()
+    r = httpx.post(gw.url + "/retrieve", json={"queries": ["x"]}, timeout=10)
+    assert r.status_code == 503
+    assert r.json()["status"] == "unavailable" and "'search'" in r.json()["error"]
+    r = call(gw, "search", {"query": "x"})
+    assert r.status_code == 503 and "search" in r.json()["error"]
+    ready = httpx.get(gw.url + "/readyz", timeout=5)
+    assert ready.status_code == 503 and "'search'" in ready.json()["detail"]
+
+
+async def test_upstream_killed_mid_request_is_502_and_other_calls_are_unaffected(
+    upstream, gateway
+) -> None:
+    doomed, healthy = upstream("doomed"), upstream("healthy")
+    gw = gateway([proxy_tool("fragile", doomed.url), proxy_tool("steady", healthy.url)])
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        others = [
+            client.post("/v1/tools/steady/call", json={"arguments": {"sleep_s": 0.2, "i": i}})
+            for i in range(20)
+        ]
+        dying = client.post("/v1/tools/fragile/call", json={"arguments": {"die": True}})
+        results = await asyncio.gather(dying, *others)
+    assert results[0].status_code == 502, results[0].text
+    assert (
+        results[0].json()["status"] == "upstream_failed" and "fragile" in results[0].json()["error"]
+    )
+    assert [r.status_code for r in results[1:]] == [200] * 20
+    assert sorted(r.json()["result"]["body"]["i"] for r in results[1:]) == list(range(20))
+    assert doomed.proc.wait(timeout=5) == 17
+
+
+def test_least_outstanding_balancing_and_health_checks(upstream, gateway) -> None:
+    a, b = upstream("a"), upstream("b")
+    sick = upstream("sick", unhealthy=True)
+    gw = gateway([proxy_tool("pool", a.url, b.url, sick.url, concurrency=8)])
+    # the unhealthy upstream is never chosen while healthy ones exist
+    seen = [call(gw, "pool", {"i": i}).json()["result"]["upstream"] for i in range(12)]
+    assert "sick" not in seen and set(seen) == {"a", "b"}
+    # with one upstream busy, calls go to the other (least outstanding)
+
+    async def burst() -> list[str]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            slow = asyncio.create_task(
+                client.post("/v1/tools/pool/call", json={"arguments": {"sleep_s": 1.0}})
+            )
+            await asyncio.sleep(0.2)
+            fast = [
+                await client.post("/v1/tools/pool/call", json={"arguments": {}}) for _ in range(5)
+            ]
+            busy = (await slow).json()["result"]["upstream"]
+            return [busy] + [r.json()["result"]["upstream"] for r in fast]
+
+    busy, *rest = asyncio.run(burst())
+    assert busy not in rest and len(set(rest)) == 1
+    details = httpx.get(gw.url + "/v1/tools", timeout=5).json()["details"][0]
+    health = {e["endpoint"]: e["healthy"] for e in details["endpoints"]}
+    assert health == {a.url: True, b.url: True, sick.url: False}
+
+
+def test_retries_only_connection_errors_and_count_them(upstream, gateway) -> None:
+    live, dead = upstream("live"), upstream("dead")
+    dead.kill()
+    gw = gateway(
+        [
+            proxy_tool(
+                "retry",
+                live.url,
+                dead.url,
+                retry={"enabled": True, "max_attempts": 2},
+                health_interval_s=60,
+            ),  # fmt: skip
+            proxy_tool("noretry", live.url, dead.url, health_interval_s=60),
+        ]
+    )
+    for name in ("retry", "noretry"):  # make both believe the dead one is healthy again
+        for endpoint in gw.toolset.tools[name].backend.endpoints:
+            endpoint.healthy = True
+    # a tool's first call starts its round-robin at the second upstream, the dead one:
+    # the retry moves to the live one
+    r = call(gw, "retry", {})
+    assert r.status_code == 200 and r.json()["result"]["upstream"] == "live"
+    r = call(gw, "noretry", {})
+    assert r.status_code == 503  # retries are off by default
+    # an upstream that answered (even with 500) is never retried
+    before = live.stats()["started"]
+    r = call(gw, "retry", {"status": 500})
+    assert r.status_code == 200 and r.json()["status"] == "error"
+    assert live.stats()["started"] == before + 1
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_retried_total", tool="retry") == 1
+    assert metric_value(text, "toolenv_gateway_retried_total", tool="noretry") == 0
+
+
+async def test_hedging_sends_a_second_attempt_and_cancels_the_loser(upstream, gateway) -> None:
+    slow, fast = upstream("slow"), upstream("fast")
+    hedge = {"enabled": True, "quantile": 0.5, "min_samples": 5, "min_delay_ms": 50}
+    # a tool's first call starts its round-robin at the second upstream: the slow one
+    gw = gateway([proxy_tool("h", fast.url, slow.url, hedge=hedge, idempotent=True)])
+    runtime = gw.toolset.tools["h"]
+    for _ in range(10):
+        runtime.window.add(0.01)  # recent history: calls take 10 ms
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        started = time.monotonic()
+        # "slow" is picked first and sleeps; the hedge (after ~50 ms) goes to "fast" and wins
+        r = await client.post(
+            "/v1/tools/h/call", json={"arguments": {"sleep_s": 3, "sleep_on": "slow"}}
+        )
+    assert time.monotonic() - started < 2.5
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert r.json()["result"]["upstream"] == "fast"
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_hedged_total", tool="h") == 1
+    # the losing attempt's connection was closed: the upstream noticed and stopped
+    for _ in range(50):
+        if slow.stats()["abandoned"] + fast.stats()["abandoned"] == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert slow.stats()["abandoned"] + fast.stats()["abandoned"] == 1
+
+
+def test_hedging_is_off_for_non_idempotent_tools(upstream, gateway) -> None:
+    a, b = upstream("a"), upstream("b")
+    gw = gateway([proxy_tool("sandbox", a.url, b.url, kind="sandbox", hedge={"enabled": True})])
+    assert gw.toolset.tools["sandbox"].hedging is False
+
+
+def test_metrics_list_every_family_per_tool(upstream, gateway) -> None:
+    up = upstream("m")
+    gw = gateway([proxy_tool("m", up.url)])
+    assert call(gw, "m", {"sleep_s": 0.05}).status_code == 200
+    text = gw.metrics_text()
+    for family in (
+        "toolenv_gateway_queue_wait_seconds_bucket",
+        "toolenv_gateway_upstream_seconds_bucket",
+        "toolenv_gateway_injected_delay_seconds_bucket",
+        "toolenv_gateway_call_seconds_bucket",
+    ):
+        assert f'{family}{{le="+Inf",tool="m"}} 1.0' in text, family
+    assert metric_value(text, "toolenv_gateway_injected_delay_seconds_sum", tool="m") == 0.05
+    assert metric_value(text, "toolenv_gateway_calls_total", tool="m", outcome="ok") == 1
+    assert metric_value(text, "toolenv_gateway_in_flight", tool="m") == 0
+    assert metric_value(text, "toolenv_gateway_upstream_seconds_sum", tool="m") >= 0.05
+
+
+def test_tools_list_is_openai_function_format(upstream, gateway) -> None:
+    up = upstream("t")
+    gw = gateway(
+        [proxy_tool("sandbox", up.url, kind="sandbox"), proxy_tool("search", up.url, kind="search")]
+    )
+    tools = httpx.get(gw.url + "/v1/tools", timeout=5).json()["tools"]
+    assert [t["function"]["name"] for t in tools] == ["sandbox", "search"]
+    for entry in tools:
+        assert entry["type"] == "function"
+        params = entry["function"]["parameters"]
+        assert params["type"] == "object" and params["required"]
+        assert set(params["required"]) <= set(params["properties"])
+        assert entry["function"]["description"]
