@@ -1,12 +1,16 @@
-"""Emulator service settings."""
+"""Emulator service settings (`emulators:` section, env prefix `TOOLENV_EMULATORS_`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from toolenv.config import ServiceSettings
+
+from .latency.profile import Profile
 
 
 class EmulatorSettings(ServiceSettings):
@@ -15,4 +19,44 @@ class EmulatorSettings(ServiceSettings):
     )
     section: ClassVar[str] = "emulators"
 
-    seed: int = 0
+    host: str = "127.0.0.1"
+    port: int = 8090
+    log_level: str = "warning"
+    seed: int = Field(default=0, description="seeds every delay draw and every synthetic document")
+
+    search_profile: Profile | None = Field(default=None, description="inline search profile")
+    search_profile_file: Path | None = Field(
+        default=None, description="search profile file (default: the shipped search_default.yaml)"
+    )
+    reward_profile: Profile | None = Field(default=None, description="inline reward profile")
+    reward_profile_file: Path | None = Field(
+        default=None, description="reward profile file (default: the shipped reward_default.yaml)"
+    )
+
+    corpus: Path | None = Field(
+        default=None, description="JSONL corpus ({id, contents} or {id, title, text}) for BM25"
+    )
+    default_topk: int = Field(default=3, ge=1)
+    max_topk: int = Field(default=50, ge=1)
+    max_queries: int = Field(default=256, ge=1, description="queries per request")
+    max_query_chars: int = Field(default=4096, ge=1)
+    max_delay_s: float = Field(
+        default=3600.0, gt=0, description="largest delay_s a caller may ask for"
+    )
+    max_response_tokens: int = Field(default=200_000, ge=1)
+    document_cache_size: int = Field(
+        default=8192, ge=0, description="queries whose documents are kept"
+    )
+
+    hang_without_deadline_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="how long a hang fault lasts when the caller sent no deadline",
+    )
+    default_deadline_s: float | None = Field(default=None, description="deadline when none is sent")
+    max_deadline_s: float | None = Field(default=None, description="clamp on the caller's deadline")
+
+    reward_length_exponent: float = Field(
+        default=0.0,
+        description="reward delay scales with (mean response length / recorded mean) ** this",
+    )

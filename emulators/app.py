@@ -1,0 +1,79 @@
+"""The emulators' ASGI app: search + reward emulators and the profile routes, in one lifespan.
+
+The gateway mounts the same routers in-process (`build_emulators` + `mount_emulators`); alone,
+this app is what `toolenv emulators serve` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from toolenv import __version__
+
+from .base import ToolEmulator
+from .latency.profile import Profile, load_profile, packaged_profile_path
+from .profiles_router import build_profiles_router
+from .reward import RewardEmulator
+from .reward import build_router as build_reward_router
+from .search import SearchEmulator
+from .search import build_router as build_search_router
+from .settings import EmulatorSettings
+
+
+def _profile(inline: Profile | None, path, default: str) -> Profile:
+    if inline is not None:
+        return inline
+    return load_profile(path or packaged_profile_path(default))
+
+
+def build_emulators(settings: EmulatorSettings) -> dict[str, ToolEmulator]:
+    """The emulated tools with their configured (or shipped) profiles; raises ProfileError."""
+    search = SearchEmulator(
+        settings, _profile(settings.search_profile, settings.search_profile_file, "search_default")
+    )
+    reward = RewardEmulator(
+        settings, _profile(settings.reward_profile, settings.reward_profile_file, "reward_default")
+    )
+    return {search.name: search, reward.name: reward}
+
+
+def mount_emulators(app: FastAPI, emulators: dict[str, ToolEmulator]) -> None:
+    app.include_router(build_search_router(emulators["search"]))  # type: ignore[arg-type]
+    app.include_router(build_reward_router(emulators["reward"]))  # type: ignore[arg-type]
+    app.include_router(build_profiles_router(emulators))
+
+
+def create_app(settings: EmulatorSettings | None = None) -> FastAPI:
+    settings = settings or EmulatorSettings.load()
+    emulators = build_emulators(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for emu in emulators.values():
+            await emu.start()
+        app.state.ready = True
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            for emu in emulators.values():
+                await emu.close()
+
+    app = FastAPI(title="toolenv emulators", version=__version__, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.emulators = emulators
+    app.state.ready = False
+    mount_emulators(app, emulators)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz() -> dict[str, object]:
+        return {"status": "ready" if app.state.ready else "starting", "tools": sorted(emulators)}
+
+    return app

@@ -1,0 +1,262 @@
+"""What every tool emulator shares: an active profile, a seeded rng, and how a draw becomes a reply.
+
+A call's fate is drawn from the active profile (delay + optional fault) and played out against the
+caller's deadline: the reply is sent at arrival + delay (504 at the deadline if that comes first),
+a hang answers 504 exactly at the deadline, a throttle answers 429 with Retry-After at once, an
+error answers its status after the delay, a slow body trickles out in chunks. Every reply carries
+`X-Toolenv-Injected-Delay-Ms` (what was scheduled) and `X-Toolenv-Timer-Error-Ms` (realized minus
+scheduled, measured here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from toolenv.deadline import Deadline, DeadlineHeaderError, deadline_from_headers
+
+from .latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
+from .latency.profile import Profile, error_field
+from .latency.samplers import Draw, Sampler
+from .settings import EmulatorSettings
+from .timing import sleep_until
+
+INJECTED_DELAY_HEADER = "X-Toolenv-Injected-Delay-Ms"
+TIMER_ERROR_HEADER = "X-Toolenv-Timer-Error-Ms"
+FAULT_HEADER = "X-Toolenv-Fault"
+STEP_HEADER = "X-Toolenv-Step"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ProfileRejected(ValueError):
+    """A profile that cannot serve this tool: carries FastAPI-shaped error details for a 422."""
+
+    def __init__(self, loc: list[str | int], msg: str) -> None:
+        super().__init__(f"field {'.'.join(map(str, loc))!r}: {msg}")
+        self.detail = [{"loc": ["body", *loc], "msg": msg, "type": "value_error"}]
+
+
+class ToolEmulator:
+    """One emulated tool: its active profile, the sampler built from it, and a seeded rng."""
+
+    name: str = ""
+
+    def __init__(self, settings: EmulatorSettings, profile: Profile, seed_index: int) -> None:
+        self.settings = settings
+        self.rng = np.random.default_rng([settings.seed, seed_index])
+        self._profile = profile
+        self._sampler = self._build(profile)
+        self.calls = 0
+
+    @property
+    def profile(self) -> Profile:
+        return self._profile
+
+    def _build(self, profile: Profile) -> Sampler:
+        if profile.tool != self.name:
+            raise ProfileRejected(
+                ["tool"], f"this is the {self.name!r} emulator, the profile says {profile.tool!r}"
+            )
+        try:
+            return profile.model.build()
+        except (OSError, ValueError) as exc:  # e.g. a trace replay whose files cannot be read
+            raise ProfileRejected(["model"], str(exc)) from exc
+
+    def set_profile(self, profile: Profile) -> None:
+        """Swap the active profile (validated and built first, so a bad one changes nothing)."""
+        sampler = self._build(profile)
+        self._profile, self._sampler = profile, sampler
+
+    def parse_profile(self, data: Any) -> Profile:
+        try:
+            return Profile.model_validate(data)
+        except ValidationError as exc:
+            field, msg = error_field(exc)
+            raise ProfileRejected(field.split(".") if field else [], msg) from exc
+
+    def draw(self, step: int | None) -> Draw:
+        self.calls += 1
+        return self._sampler.draw(self.rng, step)
+
+    async def start(self) -> None:
+        """Acquire what the emulator needs (indexes, ...); the app's lifespan calls this."""
+
+    async def close(self) -> None:
+        """Release it again."""
+
+
+def request_deadline(request: Request, settings: EmulatorSettings) -> Deadline:
+    return deadline_from_headers(
+        request.headers, default_s=settings.default_deadline_s, max_s=settings.max_deadline_s
+    )
+
+
+def step_from_headers(request: Request) -> int | None:
+    raw = request.headers.get(STEP_HEADER)
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise DeadlineHeaderError(f"{STEP_HEADER} must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f}"
+
+
+@dataclass
+class Outcome:
+    """How a call was played out (what the headers report)."""
+
+    scheduled_s: float
+    realized_s: float
+    fault: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        h = {
+            INJECTED_DELAY_HEADER: _ms(self.scheduled_s),
+            TIMER_ERROR_HEADER: _ms(self.realized_s - self.scheduled_s),
+        }
+        if self.fault:
+            h[FAULT_HEADER] = self.fault
+        return h
+
+
+def _json_bytes(body: Any) -> bytes:
+    return body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+
+
+async def play(
+    arrival: float,
+    draw: Draw,
+    deadline: Deadline,
+    settings: EmulatorSettings,
+    make_body: Callable[[], bytes | dict[str, Any]],
+    min_delay_s: float = 0.0,
+) -> Response:
+    """Turn a draw into the reply, sent at the right moment and never after the deadline."""
+    fault = draw.fault
+    if isinstance(fault, ThrottleFault):
+        outcome = Outcome(0.0, time.monotonic() - arrival, "throttle")
+        return JSONResponse(
+            {
+                "detail": "too many requests (injected throttle fault)",
+                "retry_after_s": fault.retry_after_s,
+            },
+            status_code=429,
+            headers={"Retry-After": str(math.ceil(fault.retry_after_s)), **outcome.headers()},
+        )
+    if isinstance(fault, HangFault):
+        until = (
+            deadline.at
+            if math.isfinite(deadline.at)
+            else arrival + settings.hang_without_deadline_s
+        )
+        woke = await sleep_until(until)
+        outcome = Outcome(until - arrival, woke - arrival, "hang")
+        return JSONResponse(
+            {"detail": "no answer before the deadline (injected hang fault)"},
+            status_code=504,
+            headers=outcome.headers(),
+        )
+    delay = max(draw.delay_s, min_delay_s)
+    target = arrival + delay
+    if target > deadline.at:
+        woke = await sleep_until(deadline.at)
+        outcome = Outcome(deadline.at - arrival, woke - arrival, fault.type if fault else None)
+        return JSONResponse(
+            {
+                "detail": f"the emulated call takes {delay:.3f} s, past the caller's deadline",
+                "delay_s": delay,
+            },
+            status_code=504,
+            headers=outcome.headers(),
+        )
+    body = make_body()  # built while we would be waiting anyway
+    woke = await sleep_until(target)
+    outcome = Outcome(delay, woke - arrival, fault.type if fault else None)
+    if isinstance(fault, ErrorFault):
+        return JSONResponse(
+            {"detail": f"{fault.message} (injected error fault)"},
+            status_code=fault.status,
+            headers=outcome.headers(),
+        )
+    data = _json_bytes(body)
+    if isinstance(fault, SlowBodyFault):
+        duration = min(fault.duration_s, max(0.0, deadline.remaining()))
+        return StreamingResponse(
+            _trickle(data, fault.chunks, duration),
+            media_type="application/json",
+            headers=outcome.headers(),
+        )
+    return Response(data, media_type="application/json", headers=outcome.headers())
+
+
+async def _trickle(data: bytes, chunks: int, duration_s: float) -> AsyncIterator[bytes]:
+    size = max(1, math.ceil(len(data) / chunks))
+    pieces = [data[i : i + size] for i in range(0, len(data), size)]
+    start = time.monotonic()
+    for i, piece in enumerate(pieces):
+        if i:
+            await sleep_until(start + duration_s * i / max(1, len(pieces) - 1))
+        yield piece
+    await asyncio.sleep(0)
+
+
+def bad_request(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def unprocessable(loc: list[str | int], msg: str) -> JSONResponse:
+    return JSONResponse(
+        {"detail": [{"loc": ["body", *loc], "msg": msg, "type": "value_error"}]}, status_code=422
+    )
+
+
+async def parse_body(request: Request, model: type[M]) -> M | JSONResponse:
+    """Parse a JSON body whatever its Content-Type (curl -d, requests' json=): model or a 422."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        return JSONResponse(
+            {
+                "detail": [
+                    {"loc": ["body"], "msg": "body is not valid JSON", "type": "json_invalid"}
+                ]
+            },
+            status_code=422,
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        detail = [
+            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+
+def json_body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI `requestBody` for routes that parse their body themselves."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")
+                }
+            },
+        }
+    }

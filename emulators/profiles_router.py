@@ -1,0 +1,92 @@
+"""`GET /v1/emulators`, `GET/PUT /v1/emulators/{tool}/profile`: see and swap profiles at run time."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from .base import ProfileRejected, ToolEmulator
+
+
+def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
+    router = APIRouter(tags=["emulator profiles"])
+
+    def unknown(tool: str) -> JSONResponse:
+        return JSONResponse(
+            {"detail": f"unknown tool {tool!r}; emulated tools: {', '.join(sorted(emulators))}"},
+            status_code=404,
+        )
+
+    @router.get("/v1/emulators", summary="List the emulated tools")
+    async def list_tools() -> dict:
+        return {
+            "tools": [
+                {
+                    "tool": name,
+                    "kind": emu.profile.model.kind,
+                    "source": emu.profile.source,
+                    "calls": emu.calls,
+                    "profile": f"/v1/emulators/{name}/profile",
+                }
+                for name, emu in sorted(emulators.items())
+            ]
+        }
+
+    @router.get("/v1/emulators/{tool}/profile", summary="The active latency profile of a tool")
+    async def get_profile(tool: str):
+        emu = emulators.get(tool)
+        if emu is None:
+            return unknown(tool)
+        return JSONResponse(emu.profile.model_dump(mode="json", exclude_none=True))
+
+    @router.put(
+        "/v1/emulators/{tool}/profile",
+        summary="Swap a tool's latency profile (validated; a bad one changes nothing)",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+    )
+    async def put_profile(tool: str, request: Request):
+        """The body is a profile, the same object a fit writes: `{"tool": ..., "model": {"kind": ...}}`.
+        Without `tool` the path's tool is assumed. 422 names the offending field."""
+        emu = emulators.get(tool)
+        if emu is None:
+            return unknown(tool)
+        try:
+            data = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse(
+                {
+                    "detail": [
+                        {"loc": ["body"], "msg": "body is not valid JSON", "type": "json_invalid"}
+                    ]
+                },
+                status_code=422,
+            )
+        if not isinstance(data, dict):
+            return JSONResponse(
+                {
+                    "detail": [
+                        {
+                            "loc": ["body"],
+                            "msg": "body must be a JSON object (a profile)",
+                            "type": "dict_type",
+                        }
+                    ]
+                },
+                status_code=422,
+            )
+        data.setdefault("tool", tool)
+        try:
+            profile = emu.parse_profile(data)
+            emu.set_profile(profile)
+        except ProfileRejected as exc:
+            return JSONResponse({"detail": exc.detail, "message": str(exc)}, status_code=422)
+        return JSONResponse({"tool": tool, "kind": profile.model.kind, "active": True})
+
+    return router

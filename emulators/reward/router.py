@@ -1,0 +1,98 @@
+"""HTTP route of the reward emulator: `POST /v1/emulators/reward/call`."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolenv.deadline import DeadlineHeaderError
+
+from ..base import (
+    bad_request,
+    json_body_schema,
+    parse_body,
+    play,
+    request_deadline,
+    step_from_headers,
+    unprocessable,
+)
+from ..latency.samplers import Draw
+from .emulator import RewardEmulator
+
+
+class RewardCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int | None = Field(
+        default=None, ge=1, le=100_000, description="responses to verify"
+    )
+    response_lengths: list[int] | None = Field(
+        default=None, description="token length of each response"
+    )
+    delay_s: float | None = Field(
+        default=None, ge=0, description="exact replay: sleep exactly this"
+    )
+    step: int | None = Field(default=None, ge=0)
+
+
+def build_router(emulator: RewardEmulator) -> APIRouter:
+    router = APIRouter(tags=["reward emulator"])
+    settings = emulator.settings
+
+    @router.post(
+        "/v1/emulators/reward/call",
+        summary="Emulated code verification of a batch",
+        openapi_extra=json_body_schema(RewardCall),
+    )
+    async def call(request: Request) -> Response:
+        """Answers after the time a sandbox would take to verify the batch (no code runs)."""
+        arrival = time.monotonic()
+        body = await parse_body(request, RewardCall)
+        if isinstance(body, Response):
+            return body
+        lengths = body.response_lengths
+        if lengths is not None and (not lengths or any(n < 0 for n in lengths)):
+            return unprocessable(
+                ["response_lengths"], "give one non-negative token count per response"
+            )
+        if lengths is not None and body.batch_size is not None and len(lengths) != body.batch_size:
+            return unprocessable(
+                ["response_lengths"],
+                f"has {len(lengths)} entries but batch_size is {body.batch_size}",
+            )
+        batch = body.batch_size or (
+            len(lengths) if lengths else int(emulator.profile.reference.get("batch_size", 64))
+        )
+        if body.delay_s is not None and body.delay_s > settings.max_delay_s:
+            return unprocessable(["delay_s"], f"at most {settings.max_delay_s} s")
+        try:
+            deadline = request_deadline(request, settings)
+            step = body.step if body.step is not None else step_from_headers(request)
+        except DeadlineHeaderError as exc:
+            return bad_request(str(exc))
+        mean_length = sum(lengths) / len(lengths) if lengths else None
+        scale = emulator.scale(batch, mean_length)
+        if body.delay_s is not None:
+            draw = Draw(body.delay_s)
+        else:
+            raw = emulator.draw(step)
+            draw = Draw(min(raw.delay_s * scale, settings.max_delay_s), raw.fault)
+
+        def reply() -> bytes:
+            return json.dumps(
+                {
+                    "tool": "reward",
+                    "batch_size": batch,
+                    "scale": scale,
+                    "reward_time_s": draw.delay_s,
+                },
+                separators=(",", ":"),
+            ).encode()
+
+        return await play(arrival, draw, deadline, settings, reply)
+
+    return router

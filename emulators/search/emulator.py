@@ -1,0 +1,62 @@
+"""The search emulator's state: active profile, seeded rng, document cache, optional BM25 corpus."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import numpy as np
+
+from ..base import ToolEmulator
+from ..latency.profile import Profile
+from ..settings import EmulatorSettings
+from .corpus import Bm25Corpus
+from .documents import TOKENS_PER_DOC_FALLBACK, DocumentCache, query_rng
+
+
+class SearchEmulator(ToolEmulator):
+    name = "search"
+
+    def __init__(self, settings: EmulatorSettings, profile: Profile) -> None:
+        super().__init__(settings, profile, seed_index=1)
+        self.documents = DocumentCache(settings.seed, settings.document_cache_size)
+        self.corpus: Bm25Corpus | None = None
+
+    async def start(self) -> None:
+        if self.settings.corpus is not None:
+            self.corpus = await anyio.to_thread.run_sync(Bm25Corpus, self.settings.corpus)
+
+    async def close(self) -> None:
+        self.corpus = None
+
+    def tokens_for(self, query: str, topk: int) -> int:
+        """Response tokens of one query's top-k list: drawn per (seed, query) from the profile."""
+        model = self.profile.response_tokens
+        ref_topk = self.profile.reference.get("topk", 3.0)
+        if model is None:
+            return TOKENS_PER_DOC_FALLBACK * topk
+        per_ref = model.build().sample(query_rng(self.settings.seed, query, "tokens"))
+        return max(2 * topk, round(per_ref * topk / ref_topk))
+
+    def split_budget(self, queries: list[str], topk: int, response_tokens: int | None) -> list[int]:
+        if response_tokens is None:
+            return [self.tokens_for(q, topk) for q in queries]
+        base, extra = divmod(response_tokens, len(queries))
+        return [max(2 * topk, base + (1 if i < extra else 0)) for i in range(len(queries))]
+
+    def synthetic(self, queries: list[str], topk: int, budgets: list[int], scores: bool) -> bytes:
+        parts = [
+            self.documents.get(q, topk, n, scores) for q, n in zip(queries, budgets, strict=True)
+        ]
+        return b"[" + b",".join(parts) + b"]"
+
+    async def retrieve_real(self, queries: list[str], topk: int, scores: bool) -> bytes:
+        assert self.corpus is not None
+        found = await anyio.to_thread.run_sync(self.corpus.search, queries, topk)
+        if not scores:
+            found = [[item["document"] for item in row] for row in found]
+        return json.dumps(found, separators=(",", ":")).encode()
+
+    def profile_summary(self) -> dict:
+        samples = self.profile.model.build().sample_many(np.random.default_rng(0), 2000)
+        return {"p50_s": float(np.median(samples)), "mean_s": float(samples.mean())}

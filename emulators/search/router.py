@@ -1,0 +1,181 @@
+"""HTTP routes of the search emulator: Search-R1's `POST /retrieve` and the native call endpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolenv.deadline import DeadlineHeaderError
+
+from ..base import (
+    bad_request,
+    json_body_schema,
+    parse_body,
+    play,
+    request_deadline,
+    step_from_headers,
+    unprocessable,
+)
+from ..latency.samplers import Draw
+from .emulator import SearchEmulator
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1's request: several queries, top-k documents each."""
+
+    queries: list[str] = Field(description="one result list per query")
+    topk: int | None = Field(default=None, description="documents per query (default 3)")
+    return_scores: bool = Field(
+        default=False, description="wrap each document as {document, score}"
+    )
+
+
+class SearchCall(BaseModel):
+    """The native call: one query or several, with exact-replay and sizing knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str | None = None
+    queries: list[str] | None = None
+    topk: int | None = None
+    return_scores: bool = False
+    delay_s: float | None = Field(
+        default=None, ge=0, description="exact replay: sleep exactly this"
+    )
+    response_tokens: int | None = Field(
+        default=None, ge=1, description="size the whole response to this"
+    )
+    step: int | None = Field(
+        default=None, ge=0, description="training step (for drifting profiles)"
+    )
+
+
+def _check(emulator: SearchEmulator, queries: list[str], topk: int | None) -> Response | int:
+    s = emulator.settings
+    if not queries:
+        return unprocessable(["queries"], "give at least one query")
+    if len(queries) > s.max_queries:
+        return unprocessable(["queries"], f"at most {s.max_queries} queries per request")
+    for i, q in enumerate(queries):
+        if not q.strip():
+            return unprocessable(["queries", i], "a query must not be blank")
+        if len(q) > s.max_query_chars:
+            return unprocessable(
+                ["queries", i], f"a query may have at most {s.max_query_chars} characters"
+            )
+    k = s.default_topk if topk is None else topk
+    if not 1 <= k <= s.max_topk:
+        return unprocessable(["topk"], f"topk must be between 1 and {s.max_topk}, got {k}")
+    return k
+
+
+def build_router(emulator: SearchEmulator) -> APIRouter:
+    router = APIRouter(tags=["search emulator"])
+    settings = emulator.settings
+
+    async def answer(
+        request: Request,
+        queries: list[str],
+        topk: int,
+        scores: bool,
+        draw: Draw,
+        arrival: float,
+        response_tokens: int | None,
+        native: bool,
+    ) -> Response:
+        try:
+            deadline = request_deadline(request, settings)
+        except DeadlineHeaderError as exc:
+            return bad_request(str(exc))
+        min_delay = 0.0
+        if emulator.corpus is not None and draw.fault is None:
+            results = await emulator.retrieve_real(queries, topk, scores)
+            min_delay = time.monotonic() - arrival  # delay = max(real, sampled)
+            budgets = None
+        else:
+            budgets = emulator.split_budget(queries, topk, response_tokens)
+            results = None
+
+        def body() -> bytes:
+            payload = (
+                results
+                if results is not None
+                else emulator.synthetic(queries, topk, budgets, scores)
+            )
+            if not native:
+                return b'{"result":' + payload + b"}"
+            meta = {"tool": "search", "topk": topk, "response_tokens": budgets}
+            return (
+                b'{"result":'
+                + payload
+                + b","
+                + json.dumps(meta, separators=(",", ":")).encode()[1:]
+            )
+
+        return await play(arrival, draw, deadline, settings, body, min_delay)
+
+    @router.post(
+        "/retrieve",
+        summary="Search-R1 compatible retrieval",
+        openapi_extra=json_body_schema(RetrieveRequest),
+    )
+    async def retrieve(request: Request) -> Response:
+        """`{"queries": [...], "topk": 3, "return_scores": false}` -> `{"result": [[doc, ...], ...]}`."""
+        arrival = time.monotonic()
+        call = await parse_body(request, RetrieveRequest)
+        if isinstance(call, Response):
+            return call
+        checked = _check(emulator, call.queries, call.topk)
+        if isinstance(checked, Response):
+            return checked
+        try:
+            step = step_from_headers(request)
+        except DeadlineHeaderError as exc:
+            return bad_request(str(exc))
+        draw = emulator.draw(step)
+        return await answer(
+            request, call.queries, checked, call.return_scores, draw, arrival, None, False
+        )
+
+    @router.post(
+        "/v1/emulators/search/call",
+        summary="Native search call",
+        openapi_extra=json_body_schema(SearchCall),
+    )
+    async def call(request: Request) -> Response:
+        """One query (`query`) or several (`queries`); `delay_s` replays a delay exactly,
+        `response_tokens` sizes the response (whitespace words, split evenly over the queries)."""
+        arrival = time.monotonic()
+        body = await parse_body(request, SearchCall)
+        if isinstance(body, Response):
+            return body
+        if (body.query is None) == (body.queries is None):
+            return unprocessable(["query"], "give exactly one of query or queries")
+        queries = [body.query] if body.query is not None else list(body.queries or [])
+        checked = _check(emulator, queries, body.topk)
+        if isinstance(checked, Response):
+            return checked
+        if body.delay_s is not None and body.delay_s > settings.max_delay_s:
+            return unprocessable(["delay_s"], f"at most {settings.max_delay_s} s")
+        if body.response_tokens is not None:
+            if body.response_tokens > settings.max_response_tokens:
+                return unprocessable(["response_tokens"], f"at most {settings.max_response_tokens}")
+            if body.response_tokens < 2 * checked * len(queries):
+                return unprocessable(
+                    ["response_tokens"], f"at least {2 * checked * len(queries)} (2 per document)"
+                )
+        try:
+            step = body.step if body.step is not None else step_from_headers(request)
+        except DeadlineHeaderError as exc:
+            return bad_request(str(exc))
+        # Exact replay: the caller's delay, no sampled delay and no fault.
+        draw = Draw(body.delay_s) if body.delay_s is not None else emulator.draw(step)
+        return await answer(
+            request, queries, checked, body.return_scores, draw, arrival, body.response_tokens, True
+        )
+
+    return router
