@@ -297,7 +297,7 @@ class Agent:
         }
         cap = int(step.get("max_output", 1 << 20))
         wall = min(float(step.get("wall_s", 10.0)), max(0.0, t_end - time.monotonic()))
-        stdin_fd = os.memfd_create("stdin", 0)
+        stdin_fd = os.memfd_create("stdin")  # close-on-exec: only fd 0 reaches the program
         data = base64.b64decode(step.get("stdin", ""))
         view = memoryview(data)
         while view:
