@@ -1,0 +1,32 @@
+"""sandboxd fixtures: real `toolenv sandboxd serve` processes on loopback (process backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from sbx_support import SandboxdServer, start_sandboxd
+
+
+@pytest.fixture(scope="module")
+def sandboxd_factory(bwrap_path: str) -> Iterator[Callable[..., SandboxdServer]]:
+    """Start real `toolenv sandboxd serve` processes; all are stopped at module end."""
+    servers: list[SandboxdServer] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> SandboxdServer:
+        server = start_sandboxd(*args, env=env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def sandboxd(sandboxd_factory: Callable[..., SandboxdServer]) -> SandboxdServer:
+    """One process-backend server per module (4 programs at once)."""
+    server = sandboxd_factory("--backend", "process", "--max-concurrency", "4")
+    server.run_code(code="print(1)")  # warm the first-run paths before the baseline
+    server.probe.baseline()
+    return server
