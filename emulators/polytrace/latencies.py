@@ -47,14 +47,18 @@ def detect_format(path: str | Path) -> str:
     """Look at the first non-empty line and name the PolyTrace format of the file."""
     p = Path(path)
     with open_trace(p) as handle:
-        for line in handle:
+        for scanned, line in enumerate(handle):
             text = line.strip()
-            if not text:
-                continue
             if MARKER in text:
                 return "call_log"
+            if not text or scanned > 1000:
+                if scanned > 1000:
+                    break
+                continue
             if text == "{":
                 return "fitted_parameters"
+            if not text.startswith("{"):
+                continue  # other log output before the first call record
             try:
                 raw = json.loads(text)
             except json.JSONDecodeError:
