@@ -1,0 +1,229 @@
+"""The sandboxd HTTP API on a real server (process backend, real bwrap, loopback HTTP)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from sbx_support import SandboxdServer
+
+pytestmark = pytest.mark.bwrap
+
+SANDBOXFUSION_FIELDS = {
+    "status",
+    "message",
+    "compile_result",
+    "run_result",
+    "executor_pod_name",
+    "files",
+}
+RESULT_FIELDS = {"status", "execution_time", "return_code", "stdout", "stderr"}
+
+HELLO = {
+    "python": "print('hello', input())",
+    "bash": "read x\necho hello $x",
+    "c": '#include <stdio.h>\nint main(){char b[64];scanf("%63s",b);printf("hello %s\\n",b);return 0;}',
+    "cpp": '#include <iostream>\n#include <string>\nint main(){std::string s;std::cin>>s;std::cout<<"hello "<<s<<"\\n";}',
+}
+
+
+@pytest.fixture(scope="module")
+def api(sandboxd_factory: Callable[..., SandboxdServer]) -> SandboxdServer:
+    return sandboxd_factory(
+        "--max-concurrency", "4", env={"TOOLENV_SANDBOX_MAX_BODY_BYTES": "65536"}
+    )
+
+
+def post(server: SandboxdServer, body: object, path: str = "/run_code", **kw) -> httpx.Response:
+    return server.client.post(path, json=body, **kw)
+
+
+# ---------------------------------------------------------------- small endpoints
+
+
+def test_ping_languages_status(api: SandboxdServer) -> None:
+    assert api.client.get("/v1/ping").json() == "pong"
+    langs = {lang["name"]: lang for lang in api.client.get("/v1/languages").json()["languages"]}
+    assert set(langs) == {"python", "bash", "c", "cpp"}
+    assert langs["cpp"]["compiled"] and not langs["python"]["compiled"]
+    status = api.client.get("/v1/sandbox/status").json()
+    assert status["backend"] == "process" and status["isolation"] == "bubblewrap"
+    assert status["admission"]["capacity"] == 4
+    assert set(status["cgroups"]) >= {"pids", "memory"}
+
+
+# ---------------------------------------------------------------- languages
+
+
+@pytest.mark.parametrize("language", ["python", "bash", "c", "cpp"])
+def test_every_language_runs_with_stdin(api: SandboxdServer, language: str) -> None:
+    res = api.run_code(code=HELLO[language], language=language, stdin="world\n", compile_timeout=30)
+    assert set(res) >= SANDBOXFUSION_FIELDS
+    assert res["status"] == "Success", res
+    assert set(res["run_result"]) >= RESULT_FIELDS
+    assert res["run_result"]["stdout"] == "hello world\n"
+    assert res["run_result"]["return_code"] == 0
+    assert (res["compile_result"] is not None) == (language in ("c", "cpp"))
+    assert res["run_result"]["cpu_time"] is not None
+    assert res["run_result"]["peak_memory_kb"] is not None
+
+
+def test_compile_timeout_is_separate_from_run_timeout(api: SandboxdServer) -> None:
+    res = api.run_code(code=HELLO["cpp"], language="cpp", compile_timeout=0.05, run_timeout=10)
+    assert res["status"] == "Failed"
+    assert res["compile_result"]["status"] == "TimeLimitExceeded"
+    assert res["run_result"] is None
+    code = "int main(){volatile unsigned long i=0; for(;;) i++;}"
+    res = api.run_code(code=code, language="c", compile_timeout=30, run_timeout=0.5)
+    assert res["compile_result"]["status"] == "Finished"
+    assert res["compile_result"]["return_code"] == 0
+    assert res["run_result"]["status"] == "TimeLimitExceeded"
+    assert 0.4 < res["run_result"]["execution_time"] < 3
+
+
+def test_compile_error_and_runtime_signal(api: SandboxdServer) -> None:
+    res = api.run_code(code="int main( { return 0; }", language="c")
+    assert res["status"] == "Failed" and res["run_result"] is None
+    assert res["compile_result"]["return_code"] != 0 and "error" in res["compile_result"]["stderr"]
+    res = api.run_code(code="int main(){ volatile int *p = 0; return *p; }", language="c")
+    assert res["status"] == "Failed"
+    assert res["run_result"]["status"] == "Finished"
+    assert res["run_result"]["signal"] == 11 and res["run_result"]["return_code"] == -11
+    res = api.run_code(code="import sys; print('x'); sys.exit(3)")
+    assert res["status"] == "Failed" and res["run_result"]["return_code"] == 3
+
+
+def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
+    code = (
+        "import os\n"
+        "data = open('in/data.txt').read()\n"
+        "open('out.txt', 'w').write(data.upper())\n"
+        "os.symlink('/etc/hostname', 'link')\n"
+    )
+    res = api.run_code(
+        code=code,
+        files={"in/data.txt": base64.b64encode(b"abc").decode()},
+        fetch_files=["out.txt", "missing.txt", "link"],
+    )
+    assert res["status"] == "Success", res
+    assert res["files"] == {"out.txt": base64.b64encode(b"ABC").decode()}
+
+
+def test_limits_and_accounting_are_reported(api: SandboxdServer) -> None:
+    res = api.run_code(
+        code="a = bytearray(300 * 2**20)\nprint(len(a))", memory_limit_MB=128, run_timeout=10
+    )
+    assert res["run_result"]["status"] == "MemoryLimitExceeded", res
+    res = api.run_code(code="a = bytearray(40 * 2**20)\nprint(len(a))", memory_limit_MB=256)
+    assert res["status"] == "Success"
+    assert 40 * 1024 <= res["run_result"]["peak_memory_kb"] < 256 * 1024
+    res = api.run_code(
+        code="import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    )
+    assert res["run_result"]["cpu_time"] >= 0.25
+
+
+# ---------------------------------------------------------------- bad requests
+
+
+def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer) -> None:
+    r = post(api, {"code": "x", "language": "cobol"})
+    assert r.status_code == 400
+    assert "cobol" in r.json()["detail"] and "python" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({"language": "python"}, "code"),
+        ({"code": "print(1)", "run_timeout": 0}, "run_timeout"),
+        ({"code": "print(1)", "run_timeout": 10_000}, "run_timeout"),
+        ({"code": "print(1)", "compile_timeout": -1}, "compile_timeout"),
+        ({"code": "print(1)", "memory_limit_MB": 10**9}, "memory_limit_MB"),
+        ({"code": "print(1)", "max_output_bytes": 10**12}, "max_output_bytes"),
+        ({"code": "print(1)", "cpu_limit": 1000}, "cpu_limit"),
+        ({"code": "print(1)", "files": {"a": "not base64!"}}, "base64"),
+        ({"code": "print(1)", "files": {"../escape": ""}}, "escape"),
+        ({"code": "print(1)", "fetch_files": ["/etc/passwd"]}, "/etc/passwd"),
+    ],
+)
+def test_invalid_fields_are_422(api: SandboxdServer, body: dict, needle: str) -> None:
+    r = post(api, body)
+    assert r.status_code == 422, r.text
+    assert needle in r.text
+
+
+def test_malformed_json_is_422_and_big_body_413(api: SandboxdServer) -> None:
+    r = api.client.post(
+        "/run_code", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    r = post(api, {"code": "#" * 70_000})
+    assert r.status_code == 413 and "max_body_bytes" in r.text
+
+
+def test_bad_deadline_header_is_400(api: SandboxdServer) -> None:
+    r = post(api, {"code": "print(1)"}, headers={"X-Toolenv-Deadline-Ms": "soon"})
+    assert r.status_code == 400 and "X-Toolenv-Deadline-Ms" in r.text
+
+
+def test_deadline_header_bounds_the_whole_call(api: SandboxdServer) -> None:
+    started = time.monotonic()
+    r = post(
+        api,
+        {"code": "import time; print('a', flush=True); time.sleep(30)", "run_timeout": 30},
+        headers={"X-Toolenv-Deadline-Ms": "800"},
+    )
+    elapsed = time.monotonic() - started
+    assert r.status_code == 200
+    assert r.json()["run_result"]["status"] == "TimeLimitExceeded"
+    assert r.json()["run_result"]["stdout"] == "a\n"
+    assert elapsed < 5
+
+
+# ---------------------------------------------------------------- capacity
+
+
+def test_beyond_capacity_waits_in_a_bounded_queue_then_429(
+    sandboxd_factory: Callable[..., SandboxdServer],
+) -> None:
+    server = sandboxd_factory(
+        "--max-concurrency",
+        "1",
+        env={"TOOLENV_SANDBOX_QUEUE_SIZE": "1", "TOOLENV_SANDBOX_RETRY_AFTER_S": "2"},
+    )
+    results: dict[str, httpx.Response] = {}
+
+    def send(name: str, body: dict, headers: dict | None = None) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            results[name] = c.post("/run_code", json=body, headers=headers or {})
+
+    slow = {"code": "import time; time.sleep(1.5); print('done')"}
+    first = threading.Thread(target=send, args=("running", slow))
+    first.start()
+    time.sleep(0.5)  # the first one holds the only slot
+    second = threading.Thread(target=send, args=("queued", slow))
+    second.start()
+    time.sleep(0.3)  # the second one waits in the queue (size 1)
+    send("rejected", {"code": "print(1)"})
+    first.join()
+    second.join()
+    assert results["rejected"].status_code == 429
+    assert results["rejected"].headers["Retry-After"] == "2"
+    assert "queue" in results["rejected"].json()["detail"]
+    assert results["running"].json()["run_result"]["stdout"] == "done\n"
+    assert results["queued"].json()["run_result"]["stdout"] == "done\n"
+    # a request whose deadline runs out while queued is refused, not run late
+    first = threading.Thread(target=send, args=("running", slow))
+    first.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    send("late", {"code": "print(1)"}, {"X-Toolenv-Deadline-Ms": "300"})
+    assert results["late"].status_code == 429
+    assert time.monotonic() - started < 1.2
+    first.join()
+    assert server.client.get("/v1/sandbox/status").json()["admission"]["rejected_total"] == 2
