@@ -112,9 +112,13 @@ _FUNCTION_PARAMETERS: dict[str, dict[str, Any]] = {
     "reward": {
         "type": "object",
         "properties": {
-            "response": {"type": "string", "description": "the answer to score"},
+            "batch_size": {"type": "integer", "minimum": 1, "description": "responses to verify"},
+            "response_lengths": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0},
+                "description": "token length of each response",
+            },
         },
-        "required": ["response"],
     },
     "http": {"type": "object", "properties": {}, "additionalProperties": True},
 }
@@ -122,7 +126,7 @@ _FUNCTION_PARAMETERS: dict[str, dict[str, Any]] = {
 _DESCRIPTIONS = {
     "sandbox": "Run a program in an isolated sandbox and return its exit status, stdout and stderr.",
     "search": "Search a document collection and return the most relevant passages.",
-    "reward": "Score an answer with the task's verifier.",
+    "reward": "Verify a batch of responses (emulated reward latency: no code runs).",
     "http": "Call the tool.",
 }
 

@@ -29,8 +29,10 @@ def upstream() -> Iterator[Any]:
 def gateway() -> Iterator[Any]:
     started: list[GatewayServer] = []
 
-    def start(tools: list[ToolConfig], **settings: Any) -> GatewayServer:
-        server = GatewayServer(GatewaySettings(tools=tools, **settings))
+    def start(
+        tools: list[ToolConfig], config_file: str | None = None, **settings: Any
+    ) -> GatewayServer:
+        server = GatewayServer(GatewaySettings(tools=tools, **settings), config_file=config_file)
         started.append(server)
         return server
 

@@ -70,9 +70,9 @@ class Upstream:
 class GatewayServer:
     """A real gateway on a loopback port, served by uvicorn in a thread."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, config_file: str | None = None) -> None:
         self.settings = settings
-        self.app = create_app(settings)
+        self.app = create_app(settings, config_file=config_file)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
@@ -101,7 +101,7 @@ class GatewayServer:
     def metrics_text(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5, headers=self.auth).text
 
-    auth: dict[str, str] = {}
+    auth: dict[str, str] = {}  # noqa: RUF012
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -127,3 +127,27 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if {k: v.strip('"') for k, v in found.items()} == labels:
             return float(value)
     return 0.0
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc: no extra dependency)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found

@@ -1,0 +1,42 @@
+"""An in-process tool for embedded-mode tests: it records its lifespan and every cancellation.
+
+The gateway mounts it by reference (`app: "gw_embedded_app:create_app"`), the same way it mounts
+sandboxd and the emulators, so these tests exercise the real embedded path without a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+EVENTS: list[str] = []  # what the test inspects (this module lives only inside the test process)
+
+
+def create_app() -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        EVENTS.append("startup")
+        yield
+        EVENTS.append("shutdown")
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/call")
+    async def call(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        try:
+            await asyncio.sleep(float(body.get("sleep_s", 0)))
+        except asyncio.CancelledError:
+            EVENTS.append(f"cancelled:{body.get('tag')}")
+            raise
+        return {"echo": body, "deadline_ms": request.headers.get("x-toolenv-deadline-ms")}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

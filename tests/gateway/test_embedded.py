@@ -1,0 +1,112 @@
+"""Embedded mode: tools mounted in-process, their lifespans driven, cancellation reaching them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import gw_embedded_app
+import httpx
+from gw_support import descendants, metric_value
+
+from gateway.settings import ToolConfig
+
+
+def test_embedded_tool_lifespan_deadline_and_cancellation(gateway) -> None:
+    gw_embedded_app.EVENTS.clear()
+    tool = ToolConfig(name="local", kind="http", mode="embedded", app="gw_embedded_app:create_app")
+    gw = gateway([tool])
+    assert gw_embedded_app.EVENTS == ["startup"]
+    assert httpx.get(gw.url + "/readyz", timeout=5).json()["status"] == "ready"
+    r = httpx.post(
+        gw.url + "/v1/tools/local/call",
+        json={"arguments": {"x": 1}, "deadline_ms": 4000},
+        timeout=10,
+    )
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert r.json()["result"]["echo"] == {"x": 1}
+    assert 0 < float(r.json()["result"]["deadline_ms"]) <= 4000
+    started = time.monotonic()
+    r = httpx.post(gw.url + "/v1/tools/local/call", timeout=10,
+                   json={"arguments": {"sleep_s": 30, "tag": "t1"}, "deadline_ms": 250})  # fmt: skip
+    assert r.status_code == 504 and r.json()["status"] == "timeout"
+    assert r.json()["elapsed_s"] <= 0.25 + 0.05
+    assert time.monotonic() - started < 2.0
+    # the cancellation reached the handler inside the in-process app
+    for _ in range(40):
+        if "cancelled:t1" in gw_embedded_app.EVENTS:
+            break
+        time.sleep(0.05)
+    assert "cancelled:t1" in gw_embedded_app.EVENTS
+    gw.stop()
+    assert gw_embedded_app.EVENTS[-1] == "shutdown"
+
+
+def test_embedded_sandbox_deadline_kills_the_program(gateway, bwrap_path) -> None:
+    gw = gateway([ToolConfig(name="sandbox", kind="sandbox", mode="embedded")])
+    assert httpx.get(gw.url + "/readyz", timeout=10).status_code == 200
+    ok = httpx.post(
+        gw.url + "/run_code", json={"code": "print(6 * 7)", "language": "python"}, timeout=30
+    )
+    assert ok.status_code == 200 and ok.json()["run_result"]["stdout"] == "42\n"
+    before = descendants(os.getpid())
+    code = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
+    with httpx.Client(timeout=30) as client:
+        started = time.monotonic()
+        r = client.post(gw.url + "/v1/tools/sandbox/call",
+                        json={"arguments": {"code": code, "language": "python", "run_timeout": 30},
+                              "deadline_ms": 1500})  # fmt: skip
+        waited = time.monotonic() - started
+    assert r.status_code == 504 and r.json()["status"] == "timeout", r.text
+    assert r.json()["elapsed_s"] <= 1.5 + 0.05
+    assert waited < 3.0
+    # the sleeping program (and its bwrap) are gone soon after: nothing new left below us
+    leftover = descendants(os.getpid()) - before
+    for _ in range(60):
+        if not leftover:
+            break
+        time.sleep(0.05)
+        leftover = descendants(os.getpid()) - before
+    assert not leftover, f"sandbox processes survived the deadline: {leftover}"
+
+
+def test_embedded_emulators_share_one_app_and_report_injected_delay(gateway, tmp_path) -> None:
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(
+        "emulators:\n"
+        "  search_profile: {tool: search, model: {kind: constant, value_s: 0.0}}\n"
+        "  reward_profile: {tool: reward, model: {kind: constant, value_s: 0.0}}\n"
+    )
+    trace = tmp_path / "capture.jsonl"
+    gw = gateway(
+        [ToolConfig(name="search", kind="search"), ToolConfig(name="reward", kind="reward")],
+        config_file=str(config),
+        trace_path=str(trace),
+    )
+    assert len(gw.toolset.embedded) == 1  # search and reward live in one emulators app
+    r = httpx.post(gw.url + "/retrieve", json={"queries": ["a", "b"], "topk": 2}, timeout=10)
+    assert r.status_code == 200 and len(r.json()["result"]) == 2
+    assert all(len(docs) == 2 for docs in r.json()["result"])
+    r = httpx.post(gw.url + "/v1/tools/search/call", timeout=10,
+                   json={"arguments": {"query": "hamlet", "delay_s": 0.05}},
+                   headers={"X-Trajectory-Id": "traj-1", "X-Step": "3", "X-Turn": "2"})  # fmt: skip
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert r.json()["result"]["result"]
+    r = httpx.post(
+        gw.url + "/v1/tools/reward/call", json={"arguments": {"batch_size": 4}}, timeout=10
+    )
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    r = httpx.post(
+        gw.url + "/v1/tools/reward/call", json={"arguments": {"batch_size": 0}}, timeout=10
+    )
+    assert r.status_code == 200 and r.json()["status"] == "error"  # the emulator's own 422
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_injected_delay_seconds_count", tool="search") == 2
+    assert (
+        0.05
+        <= metric_value(text, "toolenv_gateway_injected_delay_seconds_sum", tool="search")
+        < 0.06
+    )
+    gw.stop()
+    lines = trace.read_text().splitlines()
+    assert len(lines) == 1  # only the call that carried X-Trajectory-Id
