@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import posixpath
 import signal
 from typing import Any
 
@@ -41,6 +42,11 @@ CHILD_ENV = {
 ANSWER_MARGIN_S = 0.15
 NO_DEADLINE_SLACK_S = 30.0
 MEMORY_ERROR_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory")
+
+
+def _is_safe_relative(name: str) -> bool:
+    path = posixpath.normpath(name)
+    return bool(name) and "\0" not in name and not path.startswith(("/", "..")) and path != "."
 
 
 class DockerBackend:
@@ -108,6 +114,13 @@ class DockerBackend:
             lang = get_language(spec.language)
         except UnknownLanguage as exc:
             return RunResult(message=str(exc), backend=self.name)
+        bad = [name for name in spec.files if not _is_safe_relative(name)]
+        if bad:
+            return RunResult(
+                message=f"could not prepare the working dir: file path {bad[0]!r} leaves the "
+                "workdir (use a relative path without '..')",
+                backend=self.name,
+            )
         job = self.build_job(spec, lang, deadline)
         self._runs += 1
         self._running += 1

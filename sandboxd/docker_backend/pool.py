@@ -137,9 +137,14 @@ class ContainerPool:
     async def close(self) -> None:
         """Remove every container this pool made, its socket dirs and its lock."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Let containers being created finish (each removes itself once it sees `_closed`):
+        # cancelling would leave a create running in its worker thread, beyond our reach.
+        pending = set(self._tasks)
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self.settings.docker_start_timeout_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         live = list(self._live.values())
         self._live.clear()
         for c in live:

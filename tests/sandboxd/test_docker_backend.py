@@ -1,0 +1,220 @@
+"""The docker backend on real containers: languages, limits, files, isolation flags, the pool."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from sandboxd.backend import SandboxUnavailable
+from sandboxd.docker_backend import DockerBackend
+from sandboxd.docker_backend.container import AGENT_CAPABILITIES
+from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
+from sandboxd.settings import SandboxSettings
+from toolenv.deadline import Deadline
+
+pytestmark = pytest.mark.docker
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "toolenv/sandbox:0.1.0"
+
+
+def build_sandbox_image(base_image: str) -> str:
+    env = {**os.environ, "TOOLENV_BASE_IMAGE": base_image, "TOOLENV_SANDBOX_DOCKER_IMAGE": IMAGE}
+    subprocess.run([str(REPO / "scripts/build_sandbox_image.sh")], env=env, check=True, timeout=600)
+    return IMAGE
+
+
+def labelled(pool_id: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=toolenv.pool={pool_id}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def image(base_image: str) -> str:
+    return build_sandbox_image(base_image)
+
+
+@pytest.fixture(scope="module")
+def portal() -> Iterator[BlockingPortal]:
+    with start_blocking_portal(backend="asyncio") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def backend(portal: BlockingPortal, image: str) -> Iterator[DockerBackend]:
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=2))
+    portal.call(b.start)
+    yield b
+    pool_id = b.pool.pool_id
+    portal.call(b.close)
+    assert labelled(pool_id) == []
+
+
+def run(
+    portal: BlockingPortal, backend: DockerBackend, spec: RunSpec, deadline_s: float = 30.0
+) -> RunResult:
+    return portal.call(backend.run, spec, Deadline.after(deadline_s))
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "expected"),
+    [
+        ("python", "import sys\nprint(sys.stdin.read().upper())", "HELLO\n"),
+        ("bash", 'read x; echo "bash:$x"', "bash:hello\n"),
+        (
+            "c",
+            '#include <stdio.h>\nint main(){char b[16];scanf("%15s",b);printf("c:%s\\n",b);}',
+            "c:hello\n",
+        ),
+        (
+            "cpp",
+            '#include <iostream>\n#include <string>\nint main(){std::string s;std::cin>>s;std::cout<<"cpp:"<<s<<"\\n";}',
+            "cpp:hello\n",
+        ),
+    ],
+)
+def test_languages_with_stdin(portal, backend, language: str, code: str, expected: str) -> None:
+    r = run(portal, backend, RunSpec(language=language, code=code, stdin="hello"))
+    assert r.run is not None and r.run.status == ExecStatus.FINISHED, r
+    assert r.run.exit_code == 0 and r.run.stdout == expected
+    assert (r.compile is not None) == (language in ("c", "cpp"))
+    assert r.backend == "docker" and r.sandbox_id.startswith("toolenv-sbx-")
+    assert r.run.wall_time_s > 0 and r.run.cpu_time_s is not None and r.run.peak_memory_kb > 0
+
+
+def test_compile_error_skips_the_run(portal, backend) -> None:
+    r = run(portal, backend, RunSpec(language="c", code="int main( { return 0; }"))
+    assert r.compile.status == ExecStatus.FINISHED and r.compile.exit_code != 0
+    assert "error" in r.compile.stderr
+    assert r.run is None and r.message == "compilation failed"
+
+
+def test_compile_and_run_timeouts_are_separate(portal, backend) -> None:
+    slow_compile = RunSpec(
+        language="cpp",
+        code="#include <bits/stdc++.h>\nint main(){}",
+        compile_limits=Limits(wall_time_s=0.05),
+    )
+    r = run(portal, backend, slow_compile)
+    assert r.compile.status == ExecStatus.TIME_LIMIT and r.run is None
+    slow_run = RunSpec(
+        language="c",
+        code="int main(){for(;;);}",
+        compile_limits=Limits(wall_time_s=20),
+        run_limits=Limits(wall_time_s=0.5),
+    )
+    r = run(portal, backend, slow_run)
+    assert r.compile.status == ExecStatus.FINISHED and r.compile.exit_code == 0
+    assert r.run.status == ExecStatus.TIME_LIMIT and r.run.wall_time_s < 2.0
+
+
+def test_files_in_and_fetch_files_out(portal, backend) -> None:
+    code = (
+        "import os\n"
+        "data = open('in/data.txt').read()\n"
+        "open('out.txt', 'w').write(data * 2)\n"
+        "os.symlink('/etc/shadow', 'shadow')\n"
+        "os.symlink('/opt/toolenv/agent.py', 'agent')\n"
+    )
+    spec = RunSpec(
+        language="python",
+        code=code,
+        files={"in/data.txt": b"ab"},
+        fetch_files=["out.txt", "shadow", "agent", "missing.txt", "../etc/passwd"],
+    )
+    r = run(portal, backend, spec)
+    assert r.run.status == ExecStatus.FINISHED and r.run.exit_code == 0, r.run.stderr
+    assert r.files == {"out.txt": b"abab"}  # symlinks, missing and escaping paths are refused
+
+
+def test_bad_file_path_is_an_error_not_a_crash(portal, backend) -> None:
+    r = run(portal, backend, RunSpec(language="python", code="print(1)", files={"../x": b"x"}))
+    assert r.run is None and "leaves the workdir" in r.message
+    r = run(portal, backend, RunSpec(language="python", code="print(2)"))
+    assert r.run.stdout == "2\n"
+
+
+def test_unknown_language(portal, backend) -> None:
+    r = run(portal, backend, RunSpec(language="cobol", code="x"))
+    assert r.run is None and "supported: bash, c, cpp, python" in r.message
+
+
+def test_container_isolation_flags(backend) -> None:
+    client = docker.from_env()
+    (container,) = [c for c in backend.pool._live.values()][:1]
+    attrs = client.containers.get(container.id).attrs
+    host = attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == sorted(AGENT_CAPABILITIES)
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["Memory"] == backend.settings.docker_memory_mb << 20
+    assert host["MemorySwap"] == host["Memory"]
+    assert host["PidsLimit"] == backend.settings.docker_pids_limit
+    assert host["NanoCpus"] == int(backend.settings.docker_cpus * 1e9)
+    assert set(host["Tmpfs"]) == {"/sandbox", "/tmp"}
+    labels = attrs["Config"]["Labels"]
+    assert labels["toolenv.sandbox"] == "1" and labels["toolenv.pool"] == backend.pool.pool_id
+    sock_dir = Path(container.socket_dir)
+    st = sock_dir.stat()
+    assert (st.st_mode & 0o777, st.st_uid) == (0o700, os.geteuid())
+
+
+def test_status_reports_the_pool(backend) -> None:
+    s = backend.status()
+    assert s["backend"] == "docker" and s["pool_size"] == 2
+    assert s["live"] == 2 and s["idle"] + s["busy"] == 2 and s["refilling"] == 0
+
+
+def test_runs_wait_for_a_container_bounded_by_their_deadline(portal, image: str) -> None:
+    b = DockerBackend(
+        SandboxSettings(docker_image=image, docker_pool_size=1, docker_max_runs_per_container=3)
+    )
+    portal.call(b.start)
+    try:
+        first = b.status()["created"]
+
+        async def crowd() -> tuple[RunResult, Exception | None, RunResult]:
+            import asyncio
+
+            slow = asyncio.create_task(
+                b.run(
+                    RunSpec(language="python", code="import time; time.sleep(1.5)"),
+                    Deadline.after(20),
+                )
+            )
+            await asyncio.sleep(0.2)
+            short_err: Exception | None = None
+            t0 = time.monotonic()
+            try:
+                await b.run(RunSpec(language="python", code="print(1)"), Deadline.after(0.3))
+            except SandboxUnavailable as exc:
+                short_err = exc
+                assert time.monotonic() - t0 < 1.0
+            patient = await b.run(RunSpec(language="python", code="print(2)"), Deadline.after(20))
+            return await slow, short_err, patient
+
+        slow, short_err, patient = portal.call(crowd)
+        assert slow.run.status == ExecStatus.FINISHED
+        assert isinstance(short_err, SandboxUnavailable) and "deadline" in str(short_err)
+        assert patient.run.stdout == "2\n" and patient.sandbox_id == slow.sandbox_id
+        # third run on that container: it is recycled after it, so the fourth gets a new one
+        third = run(portal, b, RunSpec(language="python", code="print(3)"))
+        fourth = run(portal, b, RunSpec(language="python", code="print(4)"))
+        assert third.sandbox_id == slow.sandbox_id and fourth.sandbox_id != slow.sandbox_id
+        assert b.status()["created"] == first + 1 and b.status()["recycled"] == 1
+    finally:
+        pool_id = b.pool.pool_id
+        portal.call(b.close)
+    assert labelled(pool_id) == []

@@ -1,0 +1,162 @@
+"""Docker backend life cycle: the image build is idempotent, a crashed instance's containers are
+reaped at the next start-up, a live instance's are not, and close() leaves nothing behind."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from sandboxd.docker_backend import DockerBackend
+from sandboxd.docker_backend.image import HASH_LABEL, ensure_image, image_is_current, source_hash
+from sandboxd.docker_backend.pool import default_state_dir
+from sandboxd.models import RunSpec
+from sandboxd.settings import SandboxSettings
+from toolenv.deadline import Deadline
+
+pytestmark = pytest.mark.docker
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "toolenv/sandbox:0.1.0"
+BUILD = REPO / "scripts/build_sandbox_image.sh"
+
+
+def labelled(label: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={label}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def image(base_image: str) -> str:
+    env = {**os.environ, "TOOLENV_BASE_IMAGE": base_image, "TOOLENV_SANDBOX_DOCKER_IMAGE": IMAGE}
+    subprocess.run([str(BUILD)], env=env, check=True, timeout=600)
+    return IMAGE
+
+
+@pytest.fixture(scope="module")
+def portal() -> Iterator[BlockingPortal]:
+    with start_blocking_portal(backend="asyncio") as p:
+        yield p
+
+
+def test_image_build_is_idempotent_and_hash_agrees(image: str, base_image: str) -> None:
+    client = docker.from_env()
+    before = client.images.get(image)
+    assert before.labels[HASH_LABEL] == source_hash()  # the script and the Python helper agree
+    env = {**os.environ, "TOOLENV_BASE_IMAGE": base_image, "TOOLENV_SANDBOX_DOCKER_IMAGE": image}
+    out = subprocess.run([str(BUILD)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout == ""  # nothing built
+    assert client.images.get(image).id == before.id
+    assert image_is_current(client, image)
+    assert ensure_image(client, image, base_image) is False
+
+
+def test_backend_builds_a_missing_image(base_image: str) -> None:
+    client = docker.from_env()
+    tag = "toolenv/sandbox:test-autobuild"
+    try:
+        client.images.remove(tag, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        assert not image_is_current(client, tag)
+        assert ensure_image(client, tag, base_image) is True
+        assert image_is_current(client, tag)
+    finally:
+        client.images.remove(tag, force=True)
+
+
+CRASHER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from sandboxd.docker_backend import DockerBackend
+    from sandboxd.settings import SandboxSettings
+
+    async def main():
+        b = DockerBackend(SandboxSettings(docker_image=sys.argv[1], docker_pool_size=2))
+        await b.start()
+        print(b.pool.pool_id, flush=True)
+        os._exit(3)  # die without close(), like a SIGKILLed service
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_crashed_instance_containers_are_reaped_live_ones_kept(
+    portal: BlockingPortal, image: str
+) -> None:
+    client = docker.from_env()
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASHER, image],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert crashed.returncode == 3, crashed.stderr
+    dead_pool = crashed.stdout.strip()
+    assert len(labelled(f"toolenv.pool={dead_pool}")) == 2  # left behind by the crash
+
+    # a container of a *live* instance: its lock is held (here by this test)
+    state = default_state_dir()
+    live_lock = state / "livepool0test.lock"
+    fd = os.open(live_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    live = client.containers.run(
+        image,
+        command=["sleep", "300"],
+        detach=True,
+        network_mode="none",
+        labels={
+            "toolenv.sandbox": "1",
+            "toolenv.pool": "livepool0test",
+            "toolenv.lock": str(live_lock),
+        },
+    )
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=1))
+    try:
+        portal.call(b.start)
+        assert labelled(f"toolenv.pool={dead_pool}") == []
+        assert not (state / dead_pool).exists() and not (state / f"{dead_pool}.lock").exists()
+        assert b.status()["reaped_at_start"] == 2
+        assert live.id[:12] in labelled("toolenv.pool=livepool0test")
+        r = portal.call(b.run, RunSpec(language="python", code="print(7)"), Deadline.after(30))
+        assert r.run.stdout == "7\n"
+    finally:
+        pool_id = b.pool.pool_id if b.pool else "none"
+        portal.call(b.close)
+        live.remove(force=True)
+        os.close(fd)
+        live_lock.unlink()
+    assert labelled(f"toolenv.pool={pool_id}") == []
+    assert not (state / pool_id).exists() and not (state / f"{pool_id}.lock").exists()
+
+
+def test_close_during_refill_leaves_nothing(portal: BlockingPortal, image: str) -> None:
+    """close() right after start-up work began: containers being created are removed too."""
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=2))
+    portal.call(b.start)
+    pool = b.pool
+    portal.call(
+        lambda: [pool.discard(c, "test: force a refill") for c in list(pool._live.values())]
+    )
+    assert pool.status()["refilling"] >= 1
+    portal.call(b.close)
+    deadline = time.monotonic() + 10
+    while labelled(f"toolenv.pool={pool.pool_id}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert labelled(f"toolenv.pool={pool.pool_id}") == []
