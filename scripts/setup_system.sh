@@ -25,4 +25,5 @@ fi
 "$here/start_dockerd.sh"
 "$here/install_compose.sh"
 "$here/build_base_image.sh"
+"$here/build_sandbox_image.sh"
 log "system ready"
