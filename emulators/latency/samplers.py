@@ -74,6 +74,9 @@ class InterpolatedSampler(Sampler):
     def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
         return float(np.interp(rng.random(), self._p, self._x))
 
+    def sample_many(self, rng: np.random.Generator, n: int, step: int | None = None) -> np.ndarray:
+        return np.interp(rng.random(n), self._p, self._x)
+
 
 class TraceSampler(Sampler):
     """Replays recorded latencies in order (step, trajectory, turn), looping at the end."""

@@ -1,0 +1,145 @@
+"""`toolenv emulators fit` / `describe` on the real search trace, and the shipped default profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from emulators.fit import fit
+from emulators.latency import load_profile, packaged_profile_path
+from emulators.polytrace import tool_latencies
+from toolenv.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def search_fit(polytrace_dir: Path, tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("fit") / "search.yaml"
+    result = runner.invoke(
+        app,
+        [
+            "emulators",
+            "fit",
+            str(polytrace_dir / "search_r1"),
+            "--tool",
+            "search",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), out
+
+
+def test_fit_on_the_search_trace_picks_the_empirical_table(search_fit) -> None:
+    report, _ = search_fit
+    assert report["n"] == 10190
+    by_name = {c["name"]: c for c in report["candidates"]}
+    assert {
+        "lognormal",
+        "gamma",
+        "exponential",
+        "truncnormal",
+        "lomax",
+        "lognormal_mixture_2",
+        "empirical_quantiles",
+    } <= set(by_name)
+    # The recorded latency is spread over two decades with a cut-off tail: no closed form passes.
+    assert all(
+        c["ks"] > report["ks_critical_5pct"] for c in report["candidates"] if c["parametric"]
+    )
+    assert report["best"] == "empirical_quantiles"
+    best = by_name["empirical_quantiles"]
+    assert best["ks"] < 0.005 and all(abs(e) < 0.01 for e in best["quantile_errors"].values())
+    # Sanity of the scores: a 3-component lognormal mixture beats a single lognormal.
+    assert by_name["lognormal_mixture_3"]["ks"] < by_name["lognormal"]["ks"]
+
+
+def test_fit_writes_a_profile_that_reproduces_the_trace(search_fit, polytrace_dir: Path) -> None:
+    _, out = search_fit
+    profile = load_profile(out)
+    assert profile.tool == "search" and profile.model.kind == "empirical"
+    assert "search_r1/multiturn_workload_step_0.jsonl" in profile.source
+    data = tool_latencies([polytrace_dir / "search_r1"])
+    draws = profile.model.build().sample_many(np.random.default_rng(0), 50_000)
+    for p in (0.5, 0.9, 0.99):
+        assert abs(np.quantile(draws, p) / np.quantile(data, p) - 1) < 0.03
+    tokens = profile.response_tokens.build().sample_many(np.random.default_rng(0), 5000)
+    assert 480 < tokens.mean() < 530  # ~505 tokens per query for top-3 in the trace
+
+
+def test_fit_picks_a_closed_form_when_the_data_follow_one() -> None:
+    data = np.random.default_rng(11).lognormal(np.log(0.3), 0.5, 3000)
+    report = fit(data)
+    assert report.best.parametric and report.best.ks <= report.ks_critical
+    lognormal = next(c for c in report.candidates if c.name == "lognormal")
+    assert (
+        abs(lognormal.spec.median_s / 0.3 - 1) < 0.05 and abs(lognormal.spec.sigma / 0.5 - 1) < 0.05
+    )
+
+
+def test_fit_human_report_and_errors(polytrace_dir: Path, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["emulators", "fit", str(polytrace_dir / "rllm_deepcoder"), "--tool", "reward"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "chosen" in result.output and "KS" in result.output
+    none = runner.invoke(
+        app, ["emulators", "fit", str(polytrace_dir / "rllm_deepcoder"), "--tool", "search"]
+    )
+    assert none.exit_code == 2 and "no calls of tool 'search'" in none.output
+    bad = tmp_path / "bad.log"
+    bad.write_text("Step1, Request ID: a, Tool: search, Latency: soon seconds\n")
+    result = runner.invoke(app, ["emulators", "fit", str(bad)])
+    assert result.exit_code == 2 and "bad.log:1" in result.output and "latency" in result.output
+
+
+def test_describe_prints_quantiles_and_writes_a_png(polytrace_dir: Path, tmp_path: Path) -> None:
+    png = tmp_path / "cdf.png"
+    shipped = packaged_profile_path("search_default")
+    result = runner.invoke(
+        app,
+        [
+            "emulators",
+            "describe",
+            str(shipped),
+            "--data",
+            str(polytrace_dir / "search_r1"),
+            "--plot",
+            str(png),
+            "--samples",
+            "20000",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert report["ks_model_vs_data"] < 0.02
+    assert all(abs(report["relative_error"][q]) < 0.03 for q in ("p50", "p90", "p99"))
+    human = runner.invoke(app, ["emulators", "describe", str(shipped), "--samples", "5000"])
+    assert human.exit_code == 0 and "p99" in human.output
+    missing = runner.invoke(app, ["emulators", "describe", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 2 and "nope.yaml" in missing.output
+
+
+def test_shipped_profiles_name_their_source_and_match_the_published_facts() -> None:
+    search = load_profile(packaged_profile_path("search_default"))
+    assert (
+        search.source.startswith("PolyTrace search_r1/")
+        and search.fit["best"] == "empirical_quantiles"
+    )
+    draws = search.model.build().sample_many(np.random.default_rng(2), 100_000)
+    # polytrace/README: median 0.17 s, p90 1.39 s, p99 2.92 s, max 3.77 s
+    assert abs(np.median(draws) - 0.17) < 0.01 and abs(np.quantile(draws, 0.9) - 1.39) < 0.05
+    assert abs(np.quantile(draws, 0.99) - 2.92) < 0.1 and draws.max() <= 3.78
+    reward = load_profile(packaged_profile_path("reward_default"))
+    assert reward.tool == "reward" and reward.reference["batch_size"] == 64
+    rdraws = reward.model.build().sample_many(np.random.default_rng(2), 20_000)
+    assert 60 < rdraws.mean() < 100
