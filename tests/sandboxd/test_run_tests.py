@@ -1,0 +1,131 @@
+"""`POST /v1/run_tests`: one program against many cases, a verdict per case (real server)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from sbx_support import SandboxdServer
+
+pytestmark = pytest.mark.bwrap
+
+# Reads "n", then misbehaves on purpose for some inputs.
+JUDGED = """
+import sys, time
+n = int(sys.stdin.readline())
+if n == 3:
+    print(999)            # wrong answer
+elif n == 4:
+    time.sleep(30)        # time limit
+elif n == 5:
+    raise ValueError(n)   # runtime error
+elif n == 6:
+    a = bytearray(400 * 2**20)  # memory limit
+elif n == 7:
+    while True: sys.stdout.write('y' * 65536)  # output limit
+else:
+    print(n * n)
+"""
+
+
+@pytest.fixture(scope="module")
+def server(sandboxd_factory: Callable[..., SandboxdServer]) -> SandboxdServer:
+    return sandboxd_factory("--max-concurrency", "4")
+
+
+def run_tests(server: SandboxdServer, **body: object) -> dict:
+    r = server.client.post("/v1/run_tests", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_verdict_per_case_and_the_pass_fraction(server: SandboxdServer) -> None:
+    server.probe.baseline()
+    cases = [{"stdin": f"{n}\n", "expected_stdout": f"{n * n}\n"} for n in range(1, 8)]
+    res = run_tests(
+        server,
+        code=JUDGED,
+        language="python",
+        cases=cases,
+        timeout=2,
+        memory_limit_MB=128,
+        max_output_bytes=100_000,
+    )
+    verdicts = [c["verdict"] for c in res["cases"]]
+    assert verdicts == [
+        "accepted",
+        "accepted",
+        "wrong_answer",
+        "time_limit",
+        "runtime_error",
+        "memory_limit",
+        "output_limit",
+    ]
+    assert res["passed"] == 2 and res["total"] == 7
+    assert res["pass_fraction"] == pytest.approx(2 / 7)
+    assert res["verdict"] == "wrong_answer"  # the first failure
+    assert res["cases"][4]["run_result"]["stderr"].rstrip().endswith("ValueError: 5")
+    server.probe.assert_clean()  # nothing of those runs is left
+
+
+def test_all_accepted_with_comparison_modes(server: SandboxdServer) -> None:
+    code = "print(*input().split())\nprint()  "
+    cases = [
+        {"stdin": "1 2 3", "expected_stdout": "1 2 3"},
+        {"stdin": "4", "expected_stdout": "4\n\n\n"},
+    ]
+    res = run_tests(server, code=code, cases=cases)
+    assert res["verdict"] == "accepted" and res["pass_fraction"] == 1.0
+    res = run_tests(server, code=code, cases=cases, comparison="exact")
+    assert [c["verdict"] for c in res["cases"]] == ["wrong_answer", "wrong_answer"]
+    res = run_tests(
+        server, code="print('1\\n 2')", cases=[{"expected_stdout": "1 2"}], comparison="tokens"
+    )
+    assert res["verdict"] == "accepted"
+
+
+def test_cases_run_concurrently(server: SandboxdServer) -> None:
+    cases = [{"stdin": "", "expected_stdout": "ok"} for _ in range(4)]
+    started = time.monotonic()
+    res = run_tests(server, code="import time; time.sleep(1.5); print('ok')", cases=cases)
+    elapsed = time.monotonic() - started
+    assert res["passed"] == 4
+    assert elapsed < 5.5  # one after the other would take at least 6 s
+
+
+def test_stop_at_the_first_failure_skips_the_rest(server: SandboxdServer) -> None:
+    cases = [{"stdin": "3\n", "expected_stdout": "9\n"}] + [
+        {"stdin": "1\n", "expected_stdout": "1\n"} for _ in range(20)
+    ]
+    res = run_tests(server, code=JUDGED, cases=cases, stop_on_first_failure=True, concurrency=1)
+    assert res["cases"][0]["verdict"] == "wrong_answer"
+    assert all(c["verdict"] == "skipped" for c in res["cases"][1:])
+    assert res["verdict"] == "wrong_answer" and res["passed"] == 0
+
+
+def test_compile_error_is_one_verdict_for_the_program(server: SandboxdServer) -> None:
+    res = run_tests(server, code="int main( {", language="c", cases=[{"expected_stdout": "x"}] * 3)
+    assert res["verdict"] == "compile_error"
+    assert res["compile_result"]["return_code"] != 0
+    assert res["passed"] == 0
+
+
+def test_cpp_cases(server: SandboxdServer) -> None:
+    code = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}"
+    cases = [{"stdin": f"{i} {i}", "expected_stdout": str(2 * i)} for i in range(3)]
+    res = run_tests(server, code=code, language="cpp", cases=cases, compile_timeout=30)
+    assert res["verdict"] == "accepted", res
+
+
+@pytest.mark.parametrize(
+    "body,status",
+    [
+        ({"code": "print(1)", "cases": []}, 422),
+        ({"code": "print(1)", "language": "cobol", "cases": [{}]}, 400),
+        ({"code": "print(1)", "cases": [{"timeout": 10_000}]}, 422),
+        ({"cases": [{}]}, 422),
+    ],
+)
+def test_bad_run_tests_requests(server: SandboxdServer, body: dict, status: int) -> None:
+    assert server.client.post("/v1/run_tests", json=body).status_code == status
