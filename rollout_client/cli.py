@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, NoReturn
+
 import typer
 
-app = typer.Typer(help="rollout_client commands.", no_args_is_help=True)
+app = typer.Typer(
+    help="Multi-turn rollouts through the gateway, with straggler policies.", no_args_is_help=True
+)
+
+_POLICY_HELP = "sync|async, combinable with +timeout and +overlap (e.g. async+timeout+overlap)."
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
 
 
 @app.command("settings")
@@ -13,6 +26,278 @@ def show_settings() -> None:
     from .settings import RolloutSettings as S
 
     typer.echo(S.load().model_dump_json(indent=2))
+
+
+@app.command("run")
+def run(
+    trace: Annotated[
+        list[Path] | None, typer.Option("--trace", help="PolyTrace multi-turn JSONL (repeatable).")
+    ] = None,
+    synthetic: Annotated[
+        Path | None,
+        typer.Option(
+            "--synthetic", help="intern_s1 fitted-parameters JSON: draw trajectories from it."
+        ),
+    ] = None,
+    gateway: Annotated[str | None, typer.Option("--gateway", help="Gateway base URL.")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="vllm | openai | sim")] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="Model directory (vllm; vocab size).")
+    ] = None,
+    openai_url: Annotated[
+        list[str] | None,
+        typer.Option("--openai-url", help="OpenAI-compatible server (repeatable)."),
+    ] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help=_POLICY_HELP)] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Rollout steps.")] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", help="Trajectories completing each step (N).")
+    ] = None,
+    tool_timeout: Annotated[
+        float | None, typer.Option("--tool-timeout", help="Seconds per tool call (timeout policy).")
+    ] = None,
+    overlap_ratio: Annotated[
+        float | None, typer.Option("--overlap-ratio", help="overlap launches N*(1+ratio).")
+    ] = None,
+    unfinished: Annotated[
+        str | None, typer.Option("--unfinished", help="overlap: carry | abort.")
+    ] = None,
+    exact: Annotated[
+        bool | None, typer.Option("--exact/--no-exact", help="Replay each call's recorded latency.")
+    ] = None,
+    length_scale: Annotated[
+        float | None, typer.Option("--length-scale", help="Multiply every trace length.")
+    ] = None,
+    max_prompt: Annotated[
+        int | None, typer.Option("--max-prompt", help="Cap on the prompt length.")
+    ] = None,
+    max_output: Annotated[
+        int | None, typer.Option("--max-output", help="Cap on each turn's output.")
+    ] = None,
+    max_append: Annotated[
+        int | None, typer.Option("--max-append", help="Cap on each tool response.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Use at most this many trajectories.")
+    ] = None,
+    sample: Annotated[
+        float | None, typer.Option("--sample", help="Keep each trajectory with this probability.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    cost_profile: Annotated[
+        str | None, typer.Option("--cost-profile", help="sim: built-in name or calibrate JSON.")
+    ] = None,
+    time_scale: Annotated[
+        float | None, typer.Option("--time-scale", help="sim: run this many times faster.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output directory.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the JSON report instead of the table.")
+    ] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
+    ] = None,
+) -> None:
+    """Run rollout steps and write report.json, trajectories.jsonl (a replayable trace) and PNG plots."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from emulators.polytrace import TraceFormatError
+
+    from .engines.openai_engine import EngineUnreachable
+    from .gateway_client import GatewayUnreachable
+    from .policies import build_policy
+    from .settings import RolloutSettings
+
+    overrides = {
+        "gateway_url": gateway,
+        "engine": engine,
+        "model": str(model) if model else None,
+        "openai_urls": openai_url or None,
+        "policy": policy,
+        "steps": steps,
+        "batch": batch,
+        "tool_timeout_s": tool_timeout,
+        "overlap_ratio": overlap_ratio,
+        "overlap_unfinished": unfinished,
+        "exact": exact,
+        "length_scale": length_scale,
+        "max_prompt": max_prompt,
+        "max_output": max_output,
+        "max_append": max_append,
+        "limit": limit,
+        "sample": sample,
+        "seed": seed,
+        "cost_profile": cost_profile,
+        "time_scale": time_scale,
+        "out_dir": str(out) if out else None,
+    }
+    try:
+        settings = RolloutSettings.load(
+            config, **{k: v for k, v in overrides.items() if v is not None}
+        )
+        build_policy(
+            settings.policy, tool_timeout_s=settings.tool_timeout_s, over=settings.overlap_ratio
+        )
+    except (ValidationError, ValueError) as exc:
+        _fail(_one_line(exc))
+    if not trace and synthetic is None:
+        _fail(
+            "give at least one --trace PATH (PolyTrace multi-turn JSONL) or --synthetic PARAMS.json"
+        )
+    if settings.model and settings.engine != "openai":
+        from .session import model_vocab_size
+
+        try:
+            settings = settings.model_copy(update={"vocab_size": model_vocab_size(settings.model)})
+        except (OSError, ValueError, KeyError) as exc:
+            _fail(f"cannot read the vocabulary size from {settings.model}/config.json: {exc}")
+    out_dir = Path(settings.out_dir)
+    try:
+        report = asyncio.run(_run_with_progress(settings, trace or [], synthetic, out_dir))
+    except TraceFormatError as exc:
+        _fail(str(exc))
+    except (GatewayUnreachable, EngineUnreachable) as exc:
+        _fail(str(exc), code=3)
+    except ValueError as exc:
+        _fail(_one_line(exc))
+    from .report import plot, print_table
+
+    timelines = report.pop("_timelines", [])
+    if not no_plots and report["steps"]:
+        plot(report, timelines, out_dir)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+        s = report["summary"]
+        typer.echo(
+            f"{s.get('completed', 0)} trajectories in {s.get('total_makespan_s', 0):.2f} s; "
+            f"engine busy {s.get('engine_busy_fraction', 0):.0%}; wrote {out_dir}/report.json, "
+            f"{out_dir}/trajectories.jsonl" + ("" if no_plots else " and PNG plots")
+        )
+
+
+async def _run_with_progress(
+    settings, traces: list[Path], synthetic: Path | None, out_dir: Path
+) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .session import build_plans, run_rollout
+
+    # Parse the whole trace selection first: a malformed line fails before any engine starts.
+    plans = list(build_plans(settings, traces, synthetic))
+    if not plans:
+        raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "turns {task.fields[turns]}  tool calls {task.fields[tools]}  timeouts {task.fields[timeouts]}"
+        ),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+    state = {"task": None, "step": 0}
+
+    def on_event(event) -> None:
+        if state["task"] is None:
+            state["task"] = progress.add_task(
+                f"step {state['step']}", total=settings.batch, turns=0, tools=0, timeouts=0
+            )
+        task = progress.tasks[[t.id for t in progress.tasks].index(state["task"])]
+        fields = dict(task.fields)
+        if event.kind == "turn_done":
+            fields["turns"] += 1
+        elif event.kind in ("tool_done", "tool_error"):
+            fields["tools"] += 1
+        elif event.kind == "tool_timeout":
+            fields["tools"] += 1
+            fields["timeouts"] += 1
+        progress.update(
+            state["task"], advance=1 if event.kind == "trajectory_done" else 0, **fields
+        )
+
+    def on_step(metrics: dict) -> None:
+        state["step"] = metrics["step"] + 1
+        state["task"] = None
+
+    with progress:
+        return await run_rollout(
+            settings, iter(plans), out_dir=out_dir, on_event=on_event, on_step=on_step
+        )
+
+
+@app.command("calibrate")
+def calibrate(
+    engine: Annotated[str, typer.Option("--engine", help="vllm | openai")] = "vllm",
+    model: Annotated[Path | None, typer.Option("--model", help="Model directory (vllm).")] = None,
+    openai_url: Annotated[
+        list[str] | None, typer.Option("--openai-url", help="OpenAI-compatible server.")
+    ] = None,
+    batches: Annotated[
+        str, typer.Option("--batches", help="Batch sizes to measure, comma-separated.")
+    ] = "1,4,16",
+    prompt_lens: Annotated[
+        str, typer.Option("--prompt-lens", help="Prompt lengths, comma-separated.")
+    ] = "64,512",
+    decode_tokens: Annotated[
+        int, typer.Option("--decode-tokens", help="Tokens generated per request.")
+    ] = 32,
+    name: Annotated[str, typer.Option("--name", help="Profile name.")] = "calibrated",
+    out: Annotated[Path, typer.Option("--out", help="Where to write the profile JSON.")] = Path(
+        "cost-profile.json"
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+) -> None:
+    """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
+    import asyncio
+
+    from .calibrate import CalibrationPlan, calibrate_engine
+    from .engines.openai_engine import EngineUnreachable
+    from .settings import RolloutSettings
+
+    try:
+        plan = CalibrationPlan(
+            batches=[int(x) for x in batches.split(",") if x.strip()],
+            prompt_lens=[int(x) for x in prompt_lens.split(",") if x.strip()],
+            decode_tokens=decode_tokens,
+        )
+        settings = RolloutSettings.load(
+            None, engine=engine, model=str(model) if model else None, openai_urls=openai_url or []
+        )
+        from .session import build_engine, model_vocab_size
+
+        if settings.engine == "sim":
+            _fail("calibrate measures a real engine: --engine vllm or --engine openai")
+        eng = build_engine(settings)
+        vocab = model_vocab_size(settings.model) if settings.model else settings.vocab_size
+        profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
+    except EngineUnreachable as exc:
+        _fail(str(exc), code=3)
+    except ValueError as exc:
+        _fail(_one_line(exc))
+    profile.save(out)
+    if as_json:
+        typer.echo(profile.model_dump_json(indent=2))
+    else:
+        typer.echo(
+            f"prefill {profile.prefill_per_token_s * 1e6:.1f} us/token; decode iteration "
+            f"{profile.decode_base_s * 1e3:.2f} ms + {profile.decode_per_seq_s * 1e3:.3f} ms/seq + "
+            f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token; wrote {out}"
+        )
+
+
+def _one_line(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def register_stress(root: typer.Typer) -> None:

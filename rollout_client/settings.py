@@ -1,16 +1,62 @@
-"""Rollout client settings."""
+"""Rollout client settings (env prefix `TOOLENV_ROLLOUT_`, config-file section `rollout`)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from toolenv.config import ServiceSettings
 
 
 class RolloutSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="TOOLENV_ROLLOUT_", extra="ignore", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLENV_ROLLOUT_", extra="ignore", env_nested_delimiter="__"
+    )
     section: ClassVar[str] = "rollout"
 
     gateway_url: str = "http://127.0.0.1:8080"
+    engine: Literal["vllm", "openai", "sim"] = "sim"
+    model: str | None = Field(
+        default=None, description="model directory (vllm engine; vocab size for sim)"
+    )
+    openai_urls: list[str] = Field(
+        default_factory=list, description="OpenAI-compatible servers (openai engine)"
+    )
+    openai_capacity: int = Field(
+        default=64, ge=1, description="max sequences per server (occupancy denominator)"
+    )
+    cost_profile: str = Field(
+        default="searchr1-qwen7b", description="sim cost model: built-in name or JSON file"
+    )
+    time_scale: float = Field(
+        default=1.0, gt=0, description="sim runs this many times faster than its cost model"
+    )
+    vocab_size: int = Field(
+        default=1024, ge=32, description="token ids are synthesized in [16, vocab_size)"
+    )
+
+    policy: str = Field(default="async", description="sync|async, plus +timeout and/or +overlap")
+    tool_timeout_s: float = Field(default=1.0, gt=0)
+    overlap_ratio: float = Field(default=0.25, gt=0, description="overlap launches N * (1 + ratio)")
+    overlap_unfinished: Literal["carry", "abort"] = "carry"
+    batch: int = Field(default=64, ge=1, description="trajectories that complete a step (N)")
+    steps: int = Field(default=1, ge=1)
+    observation_tokens: int = Field(
+        default=16, ge=0, description="tokens a timeout/error observation appends"
+    )
+
+    exact: bool = Field(default=False, description="send recorded tool latencies as delay_s")
+    length_scale: float = Field(default=1.0, gt=0)
+    max_prompt: int | None = Field(default=None, ge=1)
+    max_output: int | None = Field(default=None, ge=1)
+    max_append: int | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1)
+    sample: float | None = Field(default=None, gt=0, le=1)
+    seed: int = 0
+
+    vllm_max_num_seqs: int = Field(default=64, ge=1)
+    vllm_block_size: int = Field(default=32, ge=16, description="multiple of 32 on CPU")
+    vllm_max_model_len: int = Field(default=8192, ge=64)
+    out_dir: str = "rollout-out"

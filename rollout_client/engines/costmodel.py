@@ -1,0 +1,90 @@
+"""The simulator's cost model: prefill cost per token and decode-iteration time.
+
+    iteration_s = decode_base_s + decode_per_seq_s * batch + decode_per_ctx_token_s * context_tokens
+                  + prefill_per_token_s * tokens_prefilled_this_iteration
+
+`context_tokens` is the sum of every running sequence's length (attention reads the whole KV
+cache each iteration). Built-in profiles and where their numbers come from:
+
+- `searchr1-qwen7b` (the whole Search-R1 deployment as one engine). From PolyTrace
+  `search_r1/multiturn_workload_step_0.jsonl`: the fastest turns of lightly loaded late
+  iterations run at 15.1 ms per token (decode_base_s); turn 0, with all 2,048 trajectories in
+  flight, ran its longest generation (715 tokens) in 394 s, i.e. 0.55 s per iteration at batch
+  2,048, which gives decode_per_seq_s = (0.551 - 0.015) / 2048 = 0.26 ms. The trace has no prefill
+  timing: prefill_per_token_s = 30 us is an assumption (prefill is compute-bound, about 8x cheaper
+  per token than a decode slot at that load); decode_per_ctx_token_s = 0 (folded into per-seq).
+- `vllm-cpu-tiny`: fitted by `toolenv rollout calibrate --engine vllm` on the 2-core CI machine
+  with the tiny test model (random-weight Llama, 2 layers, hidden 128), block size 32.
+`toolenv rollout calibrate` writes a profile of this shape to JSON; `--cost-profile FILE` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class CostModel(BaseModel):
+    name: str = "custom"
+    source: str = ""
+    prefill_per_token_s: float = Field(ge=0)
+    decode_base_s: float = Field(ge=0)
+    decode_per_seq_s: float = Field(ge=0)
+    decode_per_ctx_token_s: float = Field(default=0.0, ge=0)
+    max_batch: int = Field(default=256, ge=1, description="sequences decoded together at most")
+    block_size: int = Field(default=16, ge=1, description="prefix-cache granularity (tokens)")
+
+    def iteration_s(self, batch: int, context_tokens: int, prefill_tokens: int) -> float:
+        decode = 0.0
+        if batch:
+            decode = (
+                self.decode_base_s
+                + self.decode_per_seq_s * batch
+                + self.decode_per_ctx_token_s * context_tokens
+            )
+        return decode + self.prefill_per_token_s * prefill_tokens
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=2) + "\n")
+
+
+BUILTIN_PROFILES: dict[str, CostModel] = {
+    "searchr1-qwen7b": CostModel(
+        name="searchr1-qwen7b",
+        source="PolyTrace search_r1 step 0 engine_latency_s (see rollout_client/engines/costmodel.py)",
+        prefill_per_token_s=30e-6,
+        decode_base_s=0.0151,
+        decode_per_seq_s=0.000262,
+        decode_per_ctx_token_s=0.0,
+        max_batch=2048,
+        block_size=16,
+    ),
+    "vllm-cpu-tiny": CostModel(
+        name="vllm-cpu-tiny",
+        source="toolenv rollout calibrate --engine vllm, tiny test model, 2-core CPU",
+        prefill_per_token_s=2.0e-5,
+        decode_base_s=0.006,
+        decode_per_seq_s=0.0004,
+        decode_per_ctx_token_s=1.0e-7,
+        max_batch=64,
+        block_size=32,
+    ),
+}
+
+
+def load_cost_model(name_or_path: str) -> CostModel:
+    """A built-in profile by name, or a JSON file written by `toolenv rollout calibrate`."""
+    if name_or_path in BUILTIN_PROFILES:
+        return BUILTIN_PROFILES[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(sorted(BUILTIN_PROFILES))
+        raise ValueError(
+            f"cost profile {name_or_path!r} is neither a built-in ({known}) nor a file"
+        )
+    try:
+        return CostModel.model_validate(json.loads(path.read_text()))
+    except ValueError as exc:
+        raise ValueError(f"cost profile {path} does not parse: {exc}") from exc

@@ -1,0 +1,164 @@
+"""The gateway's generic tool call, as the rollout client uses it.
+
+`POST {gateway}/v1/tools/{tool}/call` with `{"arguments": {...}}` and the headers
+`X-Toolenv-Deadline-Ms` (remaining budget), `X-Trajectory-Id`, `X-Step`, `X-Turn`. A 200 carries
+`status` "ok" or "error"; a 504 is a structured timeout; a 429 is backpressure, retried after
+`Retry-After` while the deadline allows. Transport failures become `status="error"` results so a
+trajectory goes on; only an unreachable gateway at start-up stops the run (`GatewayUnreachable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from toolenv.deadline import DEADLINE_HEADER, Deadline
+
+
+class GatewayUnreachable(RuntimeError):
+    """Nothing answers at the gateway URL (reported as one line by the CLI)."""
+
+
+@dataclass(slots=True)
+class ToolOutcome:
+    status: str  # "ok" | "error" | "timeout"
+    elapsed_s: float
+    result: Any = None
+    error: str | None = None
+    http_status: int | None = None
+    retries_429: int = 0
+
+
+class GatewayClient:
+    def __init__(
+        self, base_url: str, *, max_connections: int = 1024, default_timeout_s: float = 600.0
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._default_timeout_s = default_timeout_s
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(default_timeout_s, connect=10.0),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    async def check(self) -> None:
+        """Fail fast, in one line, when the gateway does not answer."""
+        try:
+            response = await self._client.get("/healthz", timeout=5.0)
+        except httpx.HTTPError as exc:
+            raise GatewayUnreachable(
+                f"gateway {self.base_url} is unreachable ({type(exc).__name__}: {exc or 'no answer'}); "
+                "start it with `toolenv serve` or pass --gateway URL"
+            ) from None
+        if response.status_code != 200:
+            raise GatewayUnreachable(
+                f"gateway {self.base_url}/healthz answered {response.status_code}"
+            )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        deadline: Deadline | None = None,
+        trajectory_id: str = "",
+        step: int = 0,
+        turn: int = 0,
+    ) -> ToolOutcome:
+        started = time.monotonic()
+        headers = {"X-Trajectory-Id": trajectory_id, "X-Step": str(step), "X-Turn": str(turn)}
+        retries = 0
+        while True:
+            timeout = self._default_timeout_s
+            if deadline is not None:
+                if deadline.expired:
+                    return ToolOutcome(
+                        "timeout",
+                        time.monotonic() - started,
+                        error="deadline expired",
+                        retries_429=retries,
+                    )
+                headers[DEADLINE_HEADER] = deadline.to_header_value()
+                timeout = (
+                    deadline.remaining() + 1.0
+                )  # the gateway answers 504 at the deadline; this is a backstop
+            try:
+                response = await self._client.post(
+                    f"/v1/tools/{tool}/call",
+                    json={"arguments": arguments},
+                    headers=headers,
+                    timeout=timeout,
+                )
+            except httpx.TimeoutException:
+                return ToolOutcome(
+                    "timeout",
+                    time.monotonic() - started,
+                    error="no answer before the deadline",
+                    retries_429=retries,
+                )
+            except httpx.HTTPError as exc:
+                return ToolOutcome(
+                    "error",
+                    time.monotonic() - started,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retries_429=retries,
+                )
+            if response.status_code == 429:
+                retries += 1
+                wait = _retry_after(response)
+                if deadline is not None and wait >= deadline.remaining():
+                    return ToolOutcome(
+                        "timeout",
+                        time.monotonic() - started,
+                        error="backpressure past the deadline",
+                        http_status=429,
+                        retries_429=retries,
+                    )
+                await asyncio.sleep(wait)
+                continue
+            elapsed = time.monotonic() - started
+            try:
+                body = response.json()
+            except ValueError:
+                body = {}
+            if response.status_code == 504 or body.get("status") == "timeout":
+                return ToolOutcome(
+                    "timeout",
+                    elapsed,
+                    error=body.get("error"),
+                    http_status=response.status_code,
+                    retries_429=retries,
+                )
+            if response.status_code != 200:
+                detail = body.get("detail") or body.get("error") or response.text[:200]
+                return ToolOutcome(
+                    "error",
+                    elapsed,
+                    error=f"HTTP {response.status_code}: {detail}",
+                    http_status=response.status_code,
+                    retries_429=retries,
+                )
+            return ToolOutcome(
+                "ok" if body.get("status") == "ok" else "error",
+                elapsed,
+                result=body.get("result"),
+                error=body.get("error"),
+                http_status=200,
+                retries_429=retries,
+            )
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return max(0.01, float(response.headers.get("Retry-After", "0.1")))
+    except ValueError:
+        return 0.1

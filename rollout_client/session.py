@@ -1,0 +1,151 @@
+"""One rollout run from settings: engine, gateway client, workload, policy, report files.
+
+The CLI and the tests both go through `run_rollout`, so what the tests show is what users run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from emulators.polytrace import write_multiturn
+
+from .engines.base import Engine
+from .gateway_client import GatewayClient
+from .metrics import step_metrics, summarize
+from .policies import Event, build_policy
+from .runner import Runner, RunnerOptions, StepOutcome
+from .settings import RolloutSettings
+from .workloads.plan import TrajectoryPlan
+from .workloads.replay import LengthScale, replay_plans
+from .workloads.synthetic import synthetic_plans
+
+
+def model_vocab_size(model_dir: str | Path) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config["vocab_size"])
+
+
+def build_engine(settings: RolloutSettings) -> Engine:
+    if settings.engine == "vllm":
+        from .engines.vllm_engine import VllmEngine, VllmOptions
+
+        if not settings.model:
+            raise ValueError("--engine vllm needs --model DIR")
+        return VllmEngine(
+            VllmOptions(
+                model=Path(settings.model),
+                max_num_seqs=settings.vllm_max_num_seqs,
+                block_size=settings.vllm_block_size,
+                max_model_len=settings.vllm_max_model_len,
+                seed=settings.seed,
+            )
+        )
+    if settings.engine == "openai":
+        from .engines.openai_engine import OpenAIEngine
+
+        if not settings.openai_urls:
+            raise ValueError("--engine openai needs at least one --openai-url URL")
+        return OpenAIEngine(settings.openai_urls, capacity=settings.openai_capacity)
+    from .engines.costmodel import load_cost_model
+    from .engines.sim import SimEngine
+
+    return SimEngine(
+        load_cost_model(settings.cost_profile), settings.time_scale, settings.vocab_size
+    )
+
+
+def build_plans(
+    settings: RolloutSettings, traces: list[Path], synthetic: Path | None = None
+) -> Iterator[TrajectoryPlan]:
+    scale = LengthScale(
+        settings.length_scale, settings.max_prompt, settings.max_output, settings.max_append
+    )
+    if synthetic is not None:
+        n = settings.limit or settings.batch * settings.steps * 2
+        return synthetic_plans(synthetic, n, scale=scale, seed=settings.seed)
+    return replay_plans(
+        traces,
+        scale=scale,
+        exact=settings.exact,
+        limit=settings.limit,
+        sample=settings.sample,
+        seed=settings.seed,
+    )
+
+
+async def run_rollout(
+    settings: RolloutSettings,
+    plans: Iterator[TrajectoryPlan],
+    *,
+    engine: Engine | None = None,
+    out_dir: Path | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the steps, write `trajectories.jsonl` and `report.json` under `out_dir`; return the report.
+
+    Pass `engine` to reuse one that is already started (tests share one vLLM engine); otherwise
+    one is built from `settings`, started and closed here.
+    """
+    policy = build_policy(
+        settings.policy,
+        tool_timeout_s=settings.tool_timeout_s,
+        over=settings.overlap_ratio,
+        unfinished=settings.overlap_unfinished,
+    )
+    gateway = GatewayClient(settings.gateway_url)
+    owned = engine is None
+    try:
+        await gateway.check()
+        if engine is None:
+            engine = build_engine(settings)
+            await engine.start()
+        runner = Runner(
+            engine,
+            gateway,
+            policy,
+            RunnerOptions(
+                batch=settings.batch,
+                steps=settings.steps,
+                observation_tokens=settings.observation_tokens,
+                vocab_size=settings.vocab_size,
+            ),
+            on_event=on_event,
+        )
+        started = time.time()
+        steps: list[dict[str, Any]] = []
+        timelines: list[list[tuple[float, int]]] = []
+        records: list = []
+
+        def collect(outcome: StepOutcome) -> None:
+            metrics = step_metrics(outcome, engine.monitor)
+            steps.append(metrics)
+            timelines.append(engine.monitor.timeline(outcome.started, outcome.ended))
+            records.extend(s.to_record(policy.name) for s in outcome.done if s.status == "done")
+            if on_step is not None:
+                on_step(metrics)
+
+        await runner.run(plans, on_step=collect)
+    finally:
+        await gateway.close()
+        if owned and engine is not None:
+            await engine.close()
+    report = {
+        "policy": policy.name,
+        "engine": settings.engine,
+        "started_at": started,
+        "settings": settings.model_dump(mode="json"),
+        "summary": summarize(steps),
+        "steps": steps,
+    }
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with (out_dir / "trajectories.jsonl").open("w") as f:
+            write_multiturn(records, f)
+        (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        report["_timelines"] = timelines
+    return report

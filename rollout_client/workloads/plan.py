@@ -1,0 +1,61 @@
+"""What a workload hands the runner: per trajectory, the prompt and what each turn must do.
+
+A plan is engine- and policy-free: prompt token ids, each turn's forced output length, and the
+tool calls that follow the turn (with the arguments to send and how many tokens the response
+appends to the context). Replay, synthetic and live workloads all produce plans.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class ToolCallPlan:
+    tool: str
+    arguments: dict[str, Any]
+    append_tokens: int  # tokens the response adds to the context
+    recorded_latency_s: float | None = None
+    query_count: int | None = None
+
+
+@dataclass(slots=True)
+class TurnPlan:
+    output_tokens: int
+    calls: list[ToolCallPlan] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+
+@dataclass(slots=True)
+class TrajectoryPlan:
+    trajectory_id: str
+    prompt_len: int
+    turns: list[TurnPlan]
+    source: dict[str, Any] = field(default_factory=dict)  # ids of the record it came from
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(t.output_tokens for t in self.turns)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSynth:
+    """Deterministic token ids inside the model's vocabulary (PolyTrace publishes no text).
+
+    The same key always gives the same ids, so a replay is reproducible and a trajectory's
+    context is a stable prefix from turn to turn (what the prefix cache needs). Ids below
+    `low` are left out: tokenizers keep their special tokens there.
+    """
+
+    vocab_size: int = 1024
+    low: int = 16
+
+    def ids(self, key: str, n: int) -> list[int]:
+        if n <= 0:
+            return []
+        rng = np.random.default_rng(zlib.crc32(key.encode()))
+        return rng.integers(self.low, self.vocab_size, size=n).tolist()

@@ -1,0 +1,115 @@
+"""Policy scheduling logic, isolated: the simulated engine and a fake tool client.
+
+These tests pin what each policy decides (who waits, when a step closes, what happens to the
+unfinished); the feature tests with real servers are in test_rollout_e2e*.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rollout_support import FakeTools, plan
+
+from rollout_client.engines import CostModel, SimEngine
+from rollout_client.policies import OverlapPolicy, TurnBarrier, build_policy
+from rollout_client.runner import Runner, RunnerOptions
+
+FAST = CostModel(
+    prefill_per_token_s=0.0, decode_base_s=0.002, decode_per_seq_s=0.0, max_batch=64, block_size=16
+)
+
+
+async def run(policy: str, plans, *, batch: int, steps: int = 1, **kw):
+    engine = SimEngine(FAST)
+    await engine.start()
+    try:
+        runner = Runner(
+            engine, FakeTools(), build_policy(policy, **kw), RunnerOptions(batch=batch, steps=steps)
+        )
+        return await runner.run(iter(plans))
+    finally:
+        await engine.close()
+
+
+def straggler_plans():
+    # One trajectory has one slow tool call; the others are quick, with 3 turns each.
+    plans = [plan(f"t{i}", 32, [(5, 0.05), (5, 0.05), (5, None)]) for i in range(5)]
+    plans.append(plan("slow", 32, [(5, 0.6), (5, 0.05), (5, None)]))
+    return plans
+
+
+async def test_sync_makes_every_turn_wait_for_the_slowest_tool_call() -> None:
+    [sync] = await run("sync", straggler_plans(), batch=6)
+    [asyn] = await run("async", straggler_plans(), batch=6)
+    finish = {s.trajectory_id: s.finished_at for s in sync.done}
+    # Under sync the quick trajectories cannot start turn 1 before the slow call returns.
+    assert min(v for k, v in finish.items() if k != "slow") > 0.6
+    assert sum(s.times.barrier_s for s in sync.states) > 5 * 0.5
+    finish_async = {s.trajectory_id: s.finished_at for s in asyn.done}
+    assert max(v for k, v in finish_async.items() if k != "slow") < 0.5
+    assert sum(s.times.barrier_s for s in asyn.states) < 0.05
+    # Same work either way: every turn produced exactly its forced length.
+    for outcome in (sync, asyn):
+        assert [t.completion_tokens for s in outcome.done for t in s.turns] == [5] * 18
+
+
+async def test_timeout_truncates_the_slow_call_and_the_trajectory_goes_on() -> None:
+    [out] = await run("async+timeout", straggler_plans(), batch=6, tool_timeout_s=0.2)
+    slow = next(s for s in out.done if s.trajectory_id == "slow")
+    assert slow.status == "done" and len(slow.turns) == 3
+    assert [c.status for c in slow.calls] == ["timeout", "success"]
+    assert slow.timeouts == 1 and sum(s.timeouts for s in out.done) == 1
+    assert out.ended - out.started < 0.55
+
+
+async def test_overlap_closes_at_n_and_carries_partial_rollouts_with_staleness() -> None:
+    plans = [plan(f"q{i}", 16, [(4, 0.02), (4, None)]) for i in range(6)]
+    plans += [plan(f"slow{i}", 16, [(4, 0.4), (6, None)]) for i in range(2)]
+    # Fresh work of the second step is slower than the carried calls, so those finish there.
+    plans += [plan(f"next{i}", 16, [(4, 0.8), (4, None)]) for i in range(10)]
+    steps = await run("async+overlap", plans, batch=6, steps=2, over=0.34, unfinished="carry")
+    first, second = steps
+    assert first.launched == 9  # ceil(6 * 1.34)
+    assert len(first.done) >= 6 and len(first.carried) == 9 - len(first.done)
+    assert first.ended - first.started < 0.35  # did not wait for the 0.4 s calls
+    carried_ids = {s.trajectory_id for s in first.carried}
+    assert {"slow0", "slow1"} <= carried_ids
+    resumed = [s for s in second.done if s.trajectory_id in carried_ids]
+    assert resumed and all(s.staleness == 1 for s in resumed)
+    for s in resumed:  # resumed where it stopped: exact lengths, no turn done twice
+        assert [t.completion_tokens for t in s.turns] == [t.output_tokens for t in s.plan.turns]
+    assert first.wasted_tokens == 0
+
+
+async def test_overlap_abort_counts_wasted_tokens() -> None:
+    plans = [plan(f"q{i}", 16, [(4, None)]) for i in range(3)] + [
+        plan("slow", 16, [(20, 1.0), (4, None)])
+    ]
+    [out] = await run("async+overlap", plans, batch=3, over=0.34, unfinished="abort")
+    assert [s.trajectory_id for s in out.aborted] == ["slow"]
+    # The step closed mid-generation: the tokens the straggler had made are the waste.
+    assert 0 < out.wasted_tokens == out.aborted[0].generated_tokens < 20
+
+
+async def test_barrier_releases_when_a_party_leaves() -> None:
+    import asyncio
+
+    barrier = TurnBarrier()
+    for _ in range(3):
+        barrier.join()
+    waiters = [asyncio.create_task(barrier.wait()) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert not any(w.done() for w in waiters)
+    barrier.leave()  # the third party finished its trajectory
+    await asyncio.wait_for(asyncio.gather(*waiters), 1.0)
+
+
+def test_policy_specs() -> None:
+    assert build_policy("async+timeout").name == "async+timeout"
+    assert build_policy("timeout").name == "async+timeout"
+    assert build_policy("sync+overlap", over=0.5).launch_count(10) == 15
+    with pytest.raises(ValueError, match="unknown policy"):
+        build_policy("fast")
+    with pytest.raises(ValueError, match="exclude"):
+        build_policy("sync+async")
+    with pytest.raises(ValueError):
+        OverlapPolicy(over=0)

@@ -1,0 +1,159 @@
+"""Pieces of the rollout client on their own: the simulator, the monitor, workloads, calibration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from emulators.polytrace import TraceFormatError, read_multiturn
+from rollout_client.calibrate import CalibrationPlan, calibrate_engine
+from rollout_client.engines import (
+    BUILTIN_PROFILES,
+    CostModel,
+    EngineMonitor,
+    SimEngine,
+    load_cost_model,
+)
+from rollout_client.workloads.plan import TokenSynth
+from rollout_client.workloads.replay import LengthScale, replay_plans
+from rollout_client.workloads.synthetic import synthetic_plans
+
+
+async def test_sim_forces_lengths_counts_prefix_hits_in_blocks_and_aborts() -> None:
+    cost = CostModel(
+        prefill_per_token_s=0, decode_base_s=0.001, decode_per_seq_s=0, max_batch=4, block_size=16
+    )
+    engine = SimEngine(cost, vocab_size=100)
+    await engine.start()
+    try:
+        g1 = await engine.generate(
+            "a", list(range(40)), max_tokens=7, min_tokens=7, ignore_eos=True, route_key="t"
+        )
+        assert len(g1.token_ids) == 7 and all(0 <= t < 100 for t in g1.token_ids)
+        assert g1.cached_tokens == 0
+        # The next turn of the same trajectory reuses its 47-token context: 2 whole blocks.
+        g2 = await engine.generate(
+            "b", list(range(60)), max_tokens=3, min_tokens=3, ignore_eos=True, route_key="t"
+        )
+        assert g2.cached_tokens == 32
+        stats = await engine.prefix_cache_stats()
+        assert (stats.queries, stats.hits) == (100, 32)
+        task = asyncio.create_task(
+            engine.generate("c", [1] * 10, max_tokens=10_000, min_tokens=10_000)
+        )
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.01)
+        assert engine.monitor.in_flight == 0 and not engine._running
+    finally:
+        await engine.close()
+
+
+async def test_sim_batch_limit_queues_requests() -> None:
+    cost = CostModel(
+        prefill_per_token_s=0, decode_base_s=0.01, decode_per_seq_s=0, max_batch=2, block_size=16
+    )
+    engine = SimEngine(cost)
+    await engine.start()
+    try:
+        gens = await asyncio.gather(
+            *(engine.generate(f"r{i}", [1, 2], max_tokens=5) for i in range(4))
+        )
+        # Two waves of 5 iterations: the second pair queued for the whole first wave.
+        assert min(g.queue_s for g in gens[2:]) >= 0.04
+        assert max(g.queue_s for g in gens[:2]) < 0.04
+    finally:
+        await engine.close()
+
+
+def test_monitor_busy_fraction_and_occupancy() -> None:
+    m = EngineMonitor(capacity=4)
+    m.change(+1, at=1.0)
+    m.change(+1, at=2.0)
+    m.change(-2, at=3.0)
+    busy, occupancy = m.window(0.0, 4.0)
+    assert busy == pytest.approx(0.5)
+    assert occupancy == pytest.approx((1 * 1 + 2 * 1) / 4 / 4)
+    assert m.timeline(0.0, 4.0)[0] == (0.0, 0)
+
+
+def test_replay_plan_matches_the_record_and_scales(polytrace_dir: Path) -> None:
+    path = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    record = next(read_multiturn(path))
+    [plan] = list(replay_plans([path], limit=1, exact=True))
+    assert plan.prompt_len == record.prompt_len
+    assert [t.output_tokens for t in plan.turns] == [t.completion_tokens for t in record.turns]
+    call = plan.turns[0].calls[0]
+    assert call.append_tokens == record.tool_calls[0].append_len
+    assert call.arguments["delay_s"] == record.tool_calls[0].latency_s
+    assert (
+        len(call.arguments.get("queries", [call.arguments.get("query")]))
+        == record.tool_calls[0].query_count
+    )
+    [small] = list(
+        replay_plans([path], limit=1, scale=LengthScale(0.1, max_output=5, max_append=50))
+    )
+    assert small.prompt_len == -(-record.prompt_len // 10)
+    assert all(1 <= t.output_tokens <= 5 for t in small.turns)
+    assert small.turns[0].calls[0].append_tokens == 50
+    assert "delay_s" not in small.turns[0].calls[0].arguments
+    sampled = list(replay_plans([path], sample=0.01, seed=1))
+    assert 5 < len(sampled) < 60  # about 20 of 2,048
+
+
+def test_token_synth_is_deterministic_and_inside_the_vocabulary() -> None:
+    synth = TokenSynth(vocab_size=1024)
+    ids = synth.ids("x", 500)
+    assert ids == synth.ids("x", 500) and ids != synth.ids("y", 500)
+    assert min(ids) >= 16 and max(ids) < 1024
+
+
+def test_synthetic_plans_follow_the_fitted_call_counts(polytrace_dir: Path) -> None:
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    plans = list(synthetic_plans(params, 300, seed=3))
+    counts = [len(p.turns) for p in plans]
+    assert set(counts) <= set(range(1, 11))
+    assert 0.3 < counts.count(3) / len(counts) < 0.56  # 43% of sessions make 3 calls
+    assert all(len(p.turns[-1].calls) == 0 for p in plans)
+    assert all(t.output_tokens >= 1 for p in plans for t in p.turns)
+
+
+def test_a_malformed_trace_names_file_line_and_field(tmp_path: Path, polytrace_dir: Path) -> None:
+    good = (polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl").open().readline()
+    bad = json.loads(good)
+    del bad["turns"][0]["completion_tokens"]
+    path = tmp_path / "bad.jsonl"
+    path.write_text(good + json.dumps(bad) + "\n")
+    with pytest.raises(TraceFormatError) as info:
+        list(replay_plans([path]))
+    assert info.value.line == 2 and info.value.field == "turns.0.completion_tokens"
+    assert str(path) in str(info.value)
+
+
+def test_cost_profiles(tmp_path: Path) -> None:
+    assert load_cost_model("searchr1-qwen7b") is BUILTIN_PROFILES["searchr1-qwen7b"]
+    path = tmp_path / "p.json"
+    BUILTIN_PROFILES["vllm-cpu-tiny"].save(path)
+    assert load_cost_model(str(path)) == BUILTIN_PROFILES["vllm-cpu-tiny"]
+    with pytest.raises(ValueError, match="neither a built-in"):
+        load_cost_model("nope")
+
+
+async def test_calibrate_recovers_a_known_cost_model() -> None:
+    truth = CostModel(
+        prefill_per_token_s=40e-6,
+        decode_base_s=0.004,
+        decode_per_seq_s=0.001,
+        max_batch=64,
+        block_size=16,
+    )
+    plan = CalibrationPlan(batches=[1, 8, 24], prompt_lens=[64, 1024], decode_tokens=12)
+    fitted = await calibrate_engine(SimEngine(truth), plan, name="t", vocab_size=1024)
+    assert fitted.decode_per_seq_s == pytest.approx(truth.decode_per_seq_s, rel=0.35)
+    assert fitted.decode_base_s == pytest.approx(truth.decode_base_s, abs=0.003)
+    assert fitted.prefill_per_token_s == pytest.approx(truth.prefill_per_token_s, rel=0.5)
