@@ -1,0 +1,209 @@
+"""The process backend in-process: refusal without bwrap, insecure mode, cancellation, admission."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from sandboxd.admission import Admission, Overloaded
+from sandboxd.api import build_router
+from sandboxd.backend import SandboxUnavailable
+from sandboxd.models import Limits, RunResult, RunSpec
+from sandboxd.process_backend import ProcessBackend
+from sandboxd.service import SandboxService
+from sandboxd.settings import SandboxSettings
+from toolenv.deadline import Deadline
+
+
+def settings(**kw: object) -> SandboxSettings:
+    return SandboxSettings(max_concurrency=2, **kw)
+
+
+async def test_refuses_to_start_without_bwrap_and_says_how_to_install() -> None:
+    backend = ProcessBackend(settings(bwrap_path="/nonexistent/bwrap"))
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap") as err:
+        await backend.start()
+    assert "--insecure-no-isolation" in str(err.value)
+
+
+def test_serve_exits_with_the_install_hint_without_bwrap() -> None:
+    env = {**os.environ, "TOOLENV_SANDBOX_BWRAP_PATH": "/nonexistent/bwrap"}
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "apt-get install bubblewrap" in out.stderr
+
+
+async def test_insecure_mode_runs_without_bwrap() -> None:
+    backend = ProcessBackend(settings(bwrap_path="/nonexistent/bwrap", insecure_no_isolation=True))
+    await backend.start()
+    try:
+        assert backend.status()["isolation"].startswith("none")
+        r = await backend.run(
+            RunSpec(language="python", code="import os; print(os.getcwd() != '/sandbox')"),
+            Deadline.after(30),
+        )
+        assert r.run is not None and r.run.stdout == "True\n"
+        r = await backend.run(
+            RunSpec(language="python", code="while True: pass", run_limits=Limits(wall_time_s=0.5)),
+            Deadline.after(30),
+        )
+        assert r.run is not None and r.run.status == "TimeLimitExceeded"
+    finally:
+        await backend.close()
+    assert backend.root is not None and not backend.root.exists()
+
+
+async def test_cancelled_run_is_killed_and_cleaned_up(bwrap_path: str) -> None:
+    backend = ProcessBackend(settings())
+    await backend.start()
+    root = backend.root
+    assert root is not None
+    try:
+        spec = RunSpec(
+            language="python",
+            code="import os, time\nos.fork(); os.fork()\ntime.sleep(60)",
+            run_limits=Limits(wall_time_s=60),
+        )
+        task = asyncio.create_task(backend.run(spec, Deadline.after(60)))
+        await asyncio.sleep(1.0)
+        assert backend.status()["running"] == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):
+            if not any(root.iterdir()) and not backend.cgroups.draining and not backend._reaping:
+                break
+            await asyncio.sleep(0.05)
+        assert list(root.iterdir()) == []
+        for slot_dirs in (
+            d for base in backend.cgroups.bases.values() for d in base.iterdir() if d.is_dir()
+        ):
+            assert (slot_dirs / "cgroup.procs").read_text() == ""
+        r = await backend.run(RunSpec(language="python", code="print('next')"), Deadline.after(30))
+        assert r.run is not None and r.run.stdout == "next\n"
+    finally:
+        await backend.close()
+    assert not root.exists()
+    # close() removed every cgroup it created
+    for base in backend.cgroups.bases.values():
+        assert not base.exists()
+
+
+async def test_deadline_shorter_than_the_timeout_wins(bwrap_path: str) -> None:
+    backend = ProcessBackend(settings())
+    await backend.start()
+    try:
+        spec = RunSpec(
+            language="python", code="import time; time.sleep(30)", run_limits=Limits(wall_time_s=30)
+        )
+        r = await backend.run(spec, Deadline.after(0.5))
+        assert r.run is not None and r.run.status == "TimeLimitExceeded"
+        assert r.run.wall_time_s < 3
+    finally:
+        await backend.close()
+
+
+async def test_stale_leftovers_of_a_dead_instance_are_removed(
+    bwrap_path: str, tmp_path: Path
+) -> None:
+    dead_pid = 2**22 + 12345  # above pid_max: never a live process
+    stale = tmp_path / f"toolenv-sandboxd-{dead_pid}"
+    (stale / "run-x").mkdir(parents=True)
+    backend = ProcessBackend(settings(workdir_root=str(tmp_path)))
+    await backend.start()
+    try:
+        assert not stale.exists()
+    finally:
+        await backend.close()
+
+
+# ---------------------------------------------------------------- service without a real backend
+
+
+class ExplodingBackend:
+    """A backend that fails: the service must answer SandboxError in the body, never 500."""
+
+    name = "exploding"
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
+        raise RuntimeError("engine gone")
+
+    def status(self) -> dict:
+        return {}
+
+
+async def test_backend_failure_is_sandbox_error_not_500() -> None:
+    service = SandboxService(settings(), backend=ExplodingBackend())
+    await service.start()
+    app = FastAPI()
+    app.include_router(build_router(service))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        r = await c.post("/run_code", json={"code": "print(1)"})
+    await service.close()
+    assert r.status_code == 200
+    assert r.json()["status"] == "SandboxError"
+    assert "engine gone" in r.json()["message"]
+
+
+# ---------------------------------------------------------------- admission
+
+
+async def test_admission_bounds_running_and_queue_fifo() -> None:
+    adm = Admission(capacity=2, queue_size=2, queue_timeout_s=5, retry_after_s=3)
+    forever = Deadline.never()
+    await adm.acquire(forever)
+    await adm.acquire(forever)
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await adm.acquire(forever)
+        order.append(i)
+
+    w1 = asyncio.create_task(waiter(1))
+    await asyncio.sleep(0)
+    w2 = asyncio.create_task(waiter(2))
+    await asyncio.sleep(0)
+    assert adm.waiting == 2 and adm.running == 2
+    with pytest.raises(Overloaded) as err:
+        await adm.acquire(forever)
+    assert err.value.retry_after_s == 3
+    adm.release()
+    adm.release()
+    await asyncio.gather(w1, w2)
+    assert order == [1, 2] and adm.running == 2 and adm.waiting == 0
+    with pytest.raises(Overloaded):
+        await adm.acquire(Deadline.after(0.05))  # the wait is bounded by the deadline
+    assert adm.waiting == 0 and adm.rejected_total == 2
+    adm.release()
+    adm.release()
+    assert adm.running == 0
+
+
+async def test_admission_cancelled_waiter_passes_its_slot_on() -> None:
+    adm = Admission(capacity=1, queue_size=4, queue_timeout_s=5, retry_after_s=1)
+    await adm.acquire(Deadline.never())
+    cancelled = asyncio.create_task(adm.acquire(Deadline.never()))
+    other = asyncio.create_task(adm.acquire(Deadline.never()))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    adm.release()
+    await asyncio.wait_for(other, 1)
+    assert adm.running == 1 and adm.waiting == 0
