@@ -17,6 +17,7 @@ gateway_app = typer.Typer(help="The gateway: one front door for every tool.", no
 def register(root: typer.Typer) -> None:
     root.command("serve")(serve)
     gateway_app.command("serve")(gateway_serve)
+    gateway_app.command("trace-to-multiturn")(trace_to_multiturn)
     root.add_typer(gateway_app, name="gateway")
 
 
@@ -101,3 +102,17 @@ def run_gateway(
         access_log=False,
         timeout_graceful_shutdown=5,
     )
+
+
+def trace_to_multiturn(
+    capture: Annotated[Path, typer.Argument(help="JSONL written by the gateway's trace capture.")],
+    out: Annotated[Path, typer.Argument(help="PolyTrace multi-turn JSONL to write.")],
+) -> None:
+    """Group captured tool calls per trajectory into PolyTrace multi-turn records (for the emulators)."""
+    from .trace import to_multiturn
+
+    if not capture.is_file():
+        typer.echo(f"error: {capture} does not exist", err=True)
+        raise typer.Exit(2)
+    count = to_multiturn(capture, out)
+    typer.echo(f"wrote {count} trajectories to {out}")

@@ -2,8 +2,9 @@
 
 Each line is an `emulators.polytrace.records.ToolCallRecord` (the multi-turn `tool_calls[]`
 shape: tool_name, turn, latency_s, status, response_bytes, trajectory_id, step), so a workload
-recorded through the gateway replays with the emulators' readers (`read_captured_calls`, or
-grouped per trajectory). Lines are queued in memory and written by a worker thread in batches:
+recorded through the gateway replays with the emulators: `to_multiturn` groups the calls of each
+trajectory into one multi-turn `TrajectoryRecord` line, which `emulators.polytrace` reads like a
+published trace (`toolenv gateway trace-to-multiturn CAPTURE OUT`). Lines are queued in memory and written by a worker thread in batches:
 the event loop never waits on the disk.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from emulators.polytrace.records import ToolCallRecord
+from emulators.polytrace.records import ToolCallRecord, TrajectoryRecord, TurnRecord
 
 log = logging.getLogger("toolenv.gateway")
 
@@ -96,3 +97,37 @@ def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
         for line in handle:
             if line.strip():
                 yield ToolCallRecord.model_validate(json.loads(line))
+
+
+def to_multiturn(capture: str | Path, out: str | Path) -> int:
+    """Group a capture file by (trajectory, step) into PolyTrace multi-turn lines; returns the count.
+
+    Turns the gateway never saw (generation) are filled with zero token counts: what replays is
+    the tool calls, per turn, in order.
+    """
+    groups: dict[tuple[str, int], list[ToolCallRecord]] = {}
+    for record in read_captured_calls(capture):
+        key = (record.trajectory_id or "", record.step or 0)
+        groups.setdefault(key, []).append(record)
+    with Path(out).open("w", encoding="utf-8") as handle:
+        for (trajectory_id, step), calls in groups.items():
+            turns = sorted({c.turn for c in calls})
+            trajectory = TrajectoryRecord(
+                step=step,
+                prompt_len=0,
+                turns=[
+                    TurnRecord(
+                        turn=t,
+                        prompt_tokens=0,
+                        completion_tokens=0,
+                        finish_reason="tool_calls",
+                        tool_call_count=sum(1 for c in calls if c.turn == t),
+                    )
+                    for t in turns
+                ],
+                tool_calls=calls,
+                tool_call_count=len(calls),
+                trajectory_id=trajectory_id,
+            )
+            handle.write(trajectory.model_dump_json(by_alias=True, exclude_none=True) + "\n")
+    return len(groups)

@@ -1,0 +1,104 @@
+"""Front-door guards: bearer keys, the non-loopback bind rule, body limit, rate limits."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+from gw_support import proxy_tool
+from typer.testing import CliRunner
+
+from gateway.settings import GatewaySettings
+from toolenv.cli import app as toolenv_app
+
+KEY = "s3cret-key-0123456789"
+
+
+def test_api_keys_guard_every_route_but_probes_and_never_leak(upstream, gateway, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="toolenv.gateway")
+    up = upstream("a")
+    gw = gateway(
+        [proxy_tool("echo", up.url), proxy_tool("down", "http://127.0.0.1:9")], api_keys=[KEY]
+    )
+    assert httpx.get(gw.url + "/healthz", timeout=5).status_code == 200
+    for path in ("/v1/tools", "/metrics", "/openapi.json"):
+        r = httpx.get(gw.url + path, timeout=5)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    wrong = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {}}, timeout=5,
+                       headers={"Authorization": "Bearer " + KEY[:-1]})  # fmt: skip
+    assert wrong.status_code == 401 and KEY[:-1] not in wrong.text
+    good = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {}}, timeout=5, headers=good)
+    assert r.status_code == 200
+    assert r.json()["result"]["authorization"] is None  # our key is not forwarded upstream
+    r = httpx.post(gw.url + "/v1/tools/down/call", json={"arguments": {}}, timeout=10, headers=good)
+    assert r.status_code == 503 and KEY not in r.text
+    assert caplog.records, "the failed call was logged"
+    assert all(KEY not in rec.getMessage() and KEY not in str(vars(rec)) for rec in caplog.records)
+    assert any(str(vars(rec).get("caller", "")).startswith("key-") for rec in caplog.records)
+    assert KEY not in httpx.get(gw.url + "/metrics", timeout=5, headers=good).text
+    assert KEY not in repr(GatewaySettings(api_keys=[KEY]))
+
+
+def test_non_loopback_bind_without_keys_is_refused() -> None:
+    with pytest.raises(ValueError, match="--allow-unauthenticated"):
+        GatewaySettings(host="0.0.0.0").check_bind()
+    GatewaySettings(host="0.0.0.0", api_keys=[KEY]).check_bind()
+    GatewaySettings(host="0.0.0.0", allow_unauthenticated=True).check_bind()
+    GatewaySettings(host="::1").check_bind()
+    result = CliRunner().invoke(toolenv_app, ["serve", "--host", "0.0.0.0", "--port", "1"])
+    assert result.exit_code == 2
+    assert (
+        "refusing to bind 0.0.0.0" in result.output and "--allow-unauthenticated" in result.output
+    )
+
+
+def test_keys_come_from_the_environment_comma_separated(monkeypatch) -> None:
+    monkeypatch.setenv("TOOLENV_GATEWAY_API_KEYS", "k1, k2")
+    assert [k.get_secret_value() for k in GatewaySettings().api_keys] == ["k1", "k2"]
+    monkeypatch.setenv("TOOLENV_GATEWAY_API_KEYS", '["k3"]')
+    assert [k.get_secret_value() for k in GatewaySettings().api_keys] == ["k3"]
+
+
+def test_request_body_limit_is_413_with_or_without_content_length(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url, kind="search")], max_body_bytes=2048)
+    big = {"arguments": {"blob": "x" * 4096}}
+    r = httpx.post(gw.url + "/v1/tools/echo/call", json=big, timeout=5)
+    assert r.status_code == 413 and "2048" in r.json()["detail"]
+
+    def chunks():
+        for _ in range(8):
+            yield b"x" * 1024
+
+    r = httpx.post(gw.url + "/retrieve", content=chunks(), timeout=5)
+    assert r.status_code == 413
+    assert up.stats()["started"] == 0  # nothing oversized reached the upstream
+    ok = httpx.post(
+        gw.url + "/v1/tools/echo/call", json={"arguments": {"blob": "x" * 100}}, timeout=5
+    )
+    assert ok.status_code == 200
+
+
+def test_per_key_rate_limit_is_429_with_retry_after(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)], api_keys=["k1", "k2"], rate_limit_per_s=0.5,
+                 rate_limit_burst=3)  # fmt: skip
+    k1, k2 = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
+    codes = [
+        httpx.post(
+            gw.url + "/v1/tools/echo/call", json={"arguments": {}}, headers=k1, timeout=5
+        ).status_code
+        for _ in range(5)
+    ]
+    assert codes == [200, 200, 200, 429, 429]
+    r = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {}}, headers=k1, timeout=5)
+    assert (
+        r.status_code == 429
+        and int(r.headers["retry-after"]) >= 1
+        and "rate limit" in r.json()["detail"]
+    )
+    # the other key has its own bucket
+    r = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {}}, headers=k2, timeout=5)
+    assert r.status_code == 200

@@ -1,0 +1,64 @@
+"""Trace capture: calls carrying X-Trajectory-Id become PolyTrace tool-call records, replayable."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from gw_support import proxy_tool
+from typer.testing import CliRunner
+
+from emulators.polytrace.latencies import tool_latencies
+from emulators.polytrace.multiturn import read_multiturn
+from gateway.trace import read_captured_calls
+from toolenv.cli import app as toolenv_app
+
+
+def test_capture_writes_tool_call_records_and_they_replay(upstream, gateway, tmp_path) -> None:
+    up = upstream("a")
+    capture = tmp_path / "calls" / "capture.jsonl"
+    gw = gateway(
+        [proxy_tool("search", up.url), proxy_tool("code", up.url)], trace_path=str(capture)
+    )
+
+    def call(tool: str, arguments: dict, traj: str | None, step: int, turn: int, deadline_ms=5000):
+        headers = {"X-Step": str(step), "X-Turn": str(turn)}
+        if traj:
+            headers["X-Trajectory-Id"] = traj
+        body = {"arguments": arguments, "deadline_ms": deadline_ms}
+        return httpx.post(f"{gw.url}/v1/tools/{tool}/call", json=body, headers=headers, timeout=10)
+
+    assert call("search", {"q": 1}, "t-1", 4, 0).status_code == 200
+    assert call("search", {"q": 2, "sleep_s": 0.05}, "t-1", 4, 1).status_code == 200
+    assert call("code", {"sleep_s": 5}, "t-1", 4, 1, deadline_ms=100).status_code == 504
+    assert call("search", {"q": 3}, "t-2", 4, 0).status_code == 200
+    assert call("search", {"q": 4}, None, 4, 0).status_code == 200  # not captured
+    pass_through = httpx.post(
+        gw.url + "/retrieve", json={}, timeout=10, headers={"X-Trajectory-Id": "t-3"}
+    )
+    assert pass_through.status_code == 404  # no search-kind tool: nothing called, nothing captured
+    gw.stop()  # flushes the writer
+
+    raw = [json.loads(line) for line in capture.read_text().splitlines()]
+    assert len(raw) == 4
+    records = list(read_captured_calls(capture))
+    assert [(r.trajectory_id, r.step, r.turn, r.tool_name, r.status) for r in records] == [
+        ("t-1", 4, 0, "search", "success"),
+        ("t-1", 4, 1, "search", "success"),
+        ("t-1", 4, 1, "code", "timeout"),
+        ("t-2", 4, 0, "search", "success"),
+    ]
+    assert records[1].latency_s >= 0.05 and records[2].latency_s >= 0.1
+    assert records[0].response_bytes > 0 and records[2].response_bytes == 0
+
+    out = tmp_path / "multiturn_workload_step_4.jsonl"
+    result = CliRunner().invoke(
+        toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    trajectories = list(read_multiturn(out))
+    assert [t.model_extra["trajectory_id"] for t in trajectories] == ["t-1", "t-2"]
+    assert [len(t.tool_calls) for t in trajectories] == [3, 1]
+    assert [c.turn for c in trajectories[0].tool_calls_after(1)] == [1, 1]
+    latencies = tool_latencies([out], "search")  # what `toolenv emulators fit` reads
+    assert len(latencies) == 3 and latencies.max() >= 0.05
