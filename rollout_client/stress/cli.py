@@ -105,6 +105,12 @@ def stress(
     workers: Annotated[
         int, typer.Option(help="Generator processes (open loop; for high rates).")
     ] = 1,
+    precise: Annotated[
+        bool,
+        typer.Option(
+            help="Busy-poll the last 1 ms before each send (sub-ms schedule, a busy core)."
+        ),
+    ] = False,
     ramp: Annotated[
         bool, typer.Option(help="Step the rate up from --rate until an SLO breaks.")
     ] = False,
@@ -176,6 +182,7 @@ def stress(
             seed=seed,
             workers=workers,
             allow_remote=allow_remote,
+            spin_s=0.001 if precise else 0.0,
         )
         spec.validate()
         from .http import Endpoint

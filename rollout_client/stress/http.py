@@ -230,8 +230,19 @@ class LoadClient:
             self._send(self.idle.pop(), rid)
             return
         self.waiting.append(rid)
-        if len(self.connections) + self.opening < self.max_connections:
+        if (
+            self.opening < len(self.waiting)
+            and len(self.connections) + self.opening < self.max_connections
+        ):
             self._open()
+
+    async def preconnect(self, count: int) -> None:
+        """Open up to `count` connections before the clock starts (connect cost is not load)."""
+        count = min(count, self.max_connections) - len(self.connections) - self.opening
+        if count <= 0:
+            return
+        self.opening += count
+        await asyncio.gather(*(self._connect() for _ in range(count)))
 
     async def drain(self, timeout_s: float) -> None:
         """Wait until nothing is in flight (or `timeout_s`), then end what is still queued."""

@@ -80,6 +80,9 @@ class LoadSpec:
       loop, else `min(max_in_flight, 1024)`); requests beyond them wait (and that wait counts).
     - `capture_headers`: response header values kept per request (case-insensitive names).
     - `start_at`: a `time.monotonic()` instant to start at (used to align worker processes).
+    - `preconnect`: connections opened before the clock starts (default: rate/250, 2..64).
+    - `spin_s`: poll the loop instead of sleeping for the last `spin_s` before each send
+      (0.001 gives sub-ms send precision at the price of a busy core; default 0: timers, ~1 ms).
     """
 
     url: str
@@ -102,6 +105,8 @@ class LoadSpec:
     progress: Callable[[Progress], None] | None = None
     progress_interval_s: float = 0.5
     start_at: float | None = None
+    preconnect: int | None = None
+    spin_s: float = 0.0
 
     def validate(self) -> None:
         if not (0 < self.duration_s <= HARD_MAX_DURATION_S):
@@ -418,12 +423,19 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
         timeout_s=spec.timeout_s,
         capture_headers=spec.capture_headers,
     )
+    warm = (
+        spec.preconnect
+        if spec.preconnect is not None
+        else min(64, max(2, math.ceil(spec.rate / 250)))
+    )
+    await client.preconnect(warm)
     start = spec.start_at if spec.start_at is not None else time.monotonic() + 0.01
     rec.scheduled[:] = start + offsets
     ticker = _Ticker(spec, rec, [client], start)
     ticker.begin()
     sched = rec.scheduled
     max_in_flight = spec.max_in_flight
+    spin = spec.spin_s
     sleep = asyncio.sleep
     monotonic = time.monotonic
     i = 0
@@ -439,8 +451,10 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
                 i += 1
             if i < n:
                 delay = sched[i] - monotonic()
-                if delay > 0:
-                    await sleep(delay)
+                if delay > spin:
+                    await sleep(delay - spin)
+                elif delay > 0:
+                    await sleep(0)  # poll I/O and come straight back: sub-ms send precision
         await client.drain(spec.timeout_s + 1.0)
     finally:
         client.close()

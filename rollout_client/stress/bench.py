@@ -1,0 +1,252 @@
+"""Bench: how fast can the generator drive load on ONE core, and how honestly does it keep time?
+
+    python -m rollout_client.stress.bench --out FILE [--quick]
+
+A zero-delay endpoint (uvicorn + httptools, raw ASGI) runs in another process pinned to CPU 1;
+the generator runs here pinned to CPU 0. Open-loop steps at rising rates: a step is *sustained*
+when the achieved rate is >= 97% of the target, nothing failed or was dropped, and the
+generator's own scheduling error (actual send - scheduled send) has p99 <= 2 ms. The ceiling is
+the highest sustained rate. The baseline is an httpx AsyncClient driven open loop the same way
+in the same run (plus both clients' closed-loop maximum at 1, 8 and 64 callers, the baseline
+taking httpx's best); figures are ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .loadgen import LoadSpec, run_load
+from .testing import serve
+
+SCHED_P99_LIMIT_MS = 2.0
+SPIN_S = 0.001  # the CLI's --precise: poll for the last 1 ms before a send instead of a timer
+HTTPX_OPEN_LOOP_CONNECTIONS = 8  # httpx does best at few connections here (see closed-loop sweep)
+ACHIEVED_SHARE = 0.97
+
+
+def _pin(cpu: int) -> bool:
+    if hasattr(os, "sched_setaffinity") and cpu in os.sched_getaffinity(0):
+        os.sched_setaffinity(0, {cpu})
+        return True
+    return False
+
+
+def _step_verdict(
+    rate: float, n: int, ok: int, achieved: float, sched_p99: float, lat: np.ndarray
+) -> dict[str, Any]:
+    sustained = ok == n and achieved >= ACHIEVED_SHARE * rate and sched_p99 <= SCHED_P99_LIMIT_MS
+    return {
+        "target_rps": rate,
+        "achieved_rps": round(achieved, 1),
+        "requests": n,
+        "ok": ok,
+        "sched_error_p99_ms": round(sched_p99, 3),
+        "latency_p50_ms": round(float(np.percentile(lat, 50)), 3) if len(lat) else None,
+        "latency_p99_ms": round(float(np.percentile(lat, 99)), 3) if len(lat) else None,
+        "sustained": bool(sustained),
+    }
+
+
+def ours_step(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+    result = run_load(
+        LoadSpec(
+            url=url, body={"q": 1}, rate=rate, duration_s=duration_s, timeout_s=5, spin_s=SPIN_S
+        )
+    )
+    s = result.summary()
+    ok = s["outcomes"].get("ok", {}).get("count", 0)
+    return _step_verdict(
+        rate,
+        result.n,
+        ok,
+        s["achieved_rate"],
+        s["scheduling_error_ms"]["p99"],
+        result.latencies_ms(),
+    )
+
+
+def ours_closed(url: str, duration_s: float, concurrency: int = 64) -> float:
+    result = run_load(
+        LoadSpec(
+            url=url, body={"q": 1}, arrival="closed", concurrency=concurrency, duration_s=duration_s
+        )
+    )
+    return result.summary()["achieved_rate"]
+
+
+async def _httpx_open(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+    import httpx
+
+    n = int(rate * duration_s)
+    sched = np.full(n, np.nan)
+    sent = np.full(n, np.nan)
+    done = np.full(n, np.nan)
+    ok = 0
+    c = HTTPX_OPEN_LOOP_CONNECTIONS
+    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    async with httpx.AsyncClient(limits=limits, timeout=5.0, trust_env=False) as client:
+
+        async def one(i: int) -> None:
+            nonlocal ok
+            sent[i] = time.monotonic()
+            try:
+                r = await client.post(url, json={"q": 1})
+                ok += r.status_code == 200
+            except httpx.HTTPError:
+                pass
+            done[i] = time.monotonic()
+
+        start = time.monotonic() + 0.01
+        sched[:] = start + np.arange(n) / rate
+        tasks = []
+        i = 0
+        while i < n:
+            now = time.monotonic()
+            while i < n and sched[i] <= now:
+                tasks.append(asyncio.create_task(one(i)))
+                i += 1
+            if i < n:
+                await asyncio.sleep(max(0.0, sched[i] - time.monotonic()))
+        await asyncio.wait(tasks, timeout=10)
+    finished = ~np.isnan(done)
+    wall = max(float(np.nanmax(done) - start) if finished.any() else 0.0, duration_s)
+    lag = (sent - sched)[~np.isnan(sent)] * 1000
+    lat = ((done - sched) * 1000)[finished]
+    return _step_verdict(
+        rate, n, ok, ok / wall, float(np.percentile(lag, 99)) if len(lag) else 1e9, lat
+    )
+
+
+async def _httpx_closed(url: str, duration_s: float, concurrency: int = 64) -> float:
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    count = 0
+    async with httpx.AsyncClient(limits=limits, timeout=5.0, trust_env=False) as client:
+        end = time.monotonic() + duration_s
+
+        async def caller() -> None:
+            nonlocal count
+            while time.monotonic() < end:
+                r = await client.post(url, json={"q": 1})
+                count += r.status_code == 200
+
+        start = time.monotonic()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        return count / (time.monotonic() - start)
+
+
+def httpx_step(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+    return asyncio.run(_httpx_open(url, rate, duration_s))
+
+
+def ceiling(steps: list[dict[str, Any]]) -> float | None:
+    ok = [s["target_rps"] for s in steps if s["sustained"]]
+    return max(ok) if ok else None
+
+
+def climb(
+    step_fn: Any, url: str, rates: list[float], duration_s: float, label: str
+) -> list[dict[str, Any]]:
+    """Run steps in order; stop after two unsustained steps in a row (the ceiling is behind us)."""
+    steps, misses = [], 0
+    for rate in rates:
+        step = step_fn(url, rate, duration_s)
+        steps.append(step)
+        print(
+            f"  {label:6s} {rate:>7.0f} rps: achieved {step['achieved_rps']:>8.1f}, "
+            f"sched err p99 {step['sched_error_p99_ms']:.2f} ms, p99 {step['latency_p99_ms']} ms, "
+            f"{'sustained' if step['sustained'] else 'NOT sustained'}",
+            flush=True,
+        )
+        misses = 0 if step["sustained"] else misses + 1
+        if misses >= 2:
+            break
+    return steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="toolenv stress generator bench")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="shorter steps (about 40 s in all)")
+    args = parser.parse_args(argv)
+    step_s = 2.0 if args.quick else 5.0
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    server_cpu = 1 if ncpu >= 2 else None
+    pinned = _pin(0) if server_cpu is not None else False
+    ours_rates = [1000, 2000, 3000, 4000, 5000, 6000, 8000, 10000, 12000]
+    httpx_rates = [250, 500, 750, 1000, 1500, 2000, 3000]
+    report: dict[str, Any] = {
+        "machine": {
+            "cpus": ncpu,
+            "python": platform.python_version(),
+            "generator_pinned_cpu0": pinned,
+        },
+        "criteria": {
+            "achieved_share": ACHIEVED_SHARE,
+            "sched_error_p99_ms": SCHED_P99_LIMIT_MS,
+            "step_seconds": step_s,
+        },
+    }
+    with serve("zero", cpu=server_cpu) as base:
+        url = base + "/bench"
+        run_load(LoadSpec(url=url, rate=500, duration_s=0.5))  # warm both sides up
+        print("open loop, toolenv stress client (1 process, 1 core):", flush=True)
+        ours = climb(ours_step, url, ours_rates, step_s, "ours")
+        print(
+            f"open loop, httpx AsyncClient baseline ({HTTPX_OPEN_LOOP_CONNECTIONS} connections):",
+            flush=True,
+        )
+        base_steps = climb(httpx_step, url, httpx_rates, step_s, "httpx")
+        print("closed loop maximum throughput (callers = connections):", flush=True)
+        closed: dict[str, dict[int, float]] = {"ours": {}, "httpx": {}}
+        for callers in (1, 8, 64):
+            closed["ours"][callers] = round(ours_closed(url, step_s / 2, callers), 1)
+            closed["httpx"][callers] = round(
+                asyncio.run(_httpx_closed(url, step_s / 2, callers)), 1
+            )
+            print(
+                f"  {callers:>2} callers: ours {closed['ours'][callers]:.0f} rps, httpx {closed['httpx'][callers]:.0f} rps",
+                flush=True,
+            )
+        ours_max, httpx_max = max(closed["ours"].values()), max(closed["httpx"].values())
+    at_3000 = next((s for s in ours if s["target_rps"] == 3000), None)
+    ours_ceiling, httpx_ceiling = ceiling(ours), ceiling(base_steps)
+    report.update(
+        {
+            "ours_open_loop_steps": ours,
+            "httpx_open_loop_steps": base_steps,
+            "ours_ceiling_rps": ours_ceiling,
+            "httpx_ceiling_rps": httpx_ceiling,
+            "ceiling_ratio_vs_httpx": (
+                round(ours_ceiling / httpx_ceiling, 2) if ours_ceiling and httpx_ceiling else None
+            ),
+            "at_3000_rps": at_3000,
+            "sustains_3000_rps_with_sched_p99_le_2ms": bool(at_3000 and at_3000["sustained"]),
+            "closed_loop_rps_by_callers": closed,
+            "ours_closed_loop_max_rps": round(ours_max, 1),
+            "httpx_closed_loop_max_rps": round(httpx_max, 1),
+            "closed_loop_ratio_vs_httpx": round(ours_max / httpx_max, 2) if httpx_max else None,
+        }
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"ceiling: ours {ours_ceiling} rps vs httpx {httpx_ceiling} rps "
+        f"(x{report['ceiling_ratio_vs_httpx']}); at 3000 rps: {at_3000}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

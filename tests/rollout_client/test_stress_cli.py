@@ -1,0 +1,181 @@
+"""The `toolenv stress` command: outputs, SLO exit codes, ramp, targets, refusals (real servers)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hdrh.log import HistogramLogReader
+from typer.testing import CliRunner
+
+from rollout_client.stress.cli import (
+    EXIT_NO_RESPONSE,
+    EXIT_OK,
+    EXIT_SLO_BROKEN,
+    EXIT_USAGE,
+    build_app,
+)
+from rollout_client.stress.slo import SLO, SLOError
+from rollout_client.stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
+from rollout_client.stress.testing import free_port, serve
+
+runner = CliRunner()
+app = build_app()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "200"})
+
+
+@pytest.fixture(scope="module")
+def fast_server() -> str:
+    with serve("uniform", low_ms=2, high_ms=4, seed=3) as url:
+        yield url
+
+
+def test_table_json_plot_and_hdr(fast_server: str, tmp_path: Path) -> None:
+    plot, hdr, out = tmp_path / "p.png", tmp_path / "h.hdr", tmp_path / "r.json"
+    result = invoke(
+        "--url", fast_server + "/x", "--rate", "200", "--duration", "1s", "--quiet",
+        "--plot", str(plot), "--hdr", str(hdr), "--out", str(out), "--slo", "p99=1s",
+    )  # fmt: skip
+    assert result.exit_code == EXIT_OK, result.output
+    assert "open loop (constant) at 200 rps" in result.output
+    assert "p99.9 ms" in result.output and "met" in result.output
+    report = json.loads(out.read_text())
+    assert report["outcomes"]["ok"]["count"] == 200
+    for key in ("p50", "p90", "p99", "p99.9", "max"):
+        assert 2.0 <= report["outcomes"]["ok"]["corrected_ms"][key] < 1000
+    assert report["target_rate"] == 200 and report["achieved_rate"] > 150
+    assert report["over_time"] and sum(b["count"] for b in report["over_time"]) == 200
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+    # the HDR log decodes with the reference reader into the same count
+    from hdrh.histogram import HdrHistogram
+
+    reader = HistogramLogReader(str(hdr), HdrHistogram(1, 3_600_000_000, 3))
+    first = reader.get_next_interval_histogram()
+    assert first.get_tag() == "ok.corrected"
+    assert first.get_total_count() == 200
+    assert first.get_value_at_percentile(50) / 1000 == pytest.approx(
+        report["outcomes"]["ok"]["corrected_ms"]["p50"], rel=0.01
+    )
+
+
+def test_broken_slo_sets_exit_code_1(fast_server: str) -> None:
+    result = invoke(
+        "--url",
+        fast_server + "/x",
+        "--rate",
+        "100",
+        "--duration",
+        "0.5s",
+        "--slo",
+        "p50=1ms",
+        "--json",
+    )
+    assert result.exit_code == EXIT_SLO_BROKEN
+    report = json.loads(result.stdout)
+    assert report["slos"][0]["ok"] is False and report["slos"][0]["actual"] > 1.0
+
+
+def test_error_slo_on_http_errors(fast_server: str) -> None:
+    result = invoke(
+        "--url", fast_server + "/status/503", "--rate", "100", "--duration", "0.3s",
+        "--slo", "errors=0.1%", "--json",
+    )  # fmt: skip
+    assert result.exit_code == EXIT_SLO_BROKEN
+    report = json.loads(result.stdout)
+    assert report["status_counts"] == {"503": 30}
+    assert report["error_rate"] == 1.0
+
+
+def test_no_answer_exits_3() -> None:
+    port = free_port()
+    result = invoke(
+        "--url", f"http://127.0.0.1:{port}/", "--rate", "50", "--duration", "0.2s", "--json"
+    )
+    assert result.exit_code == EXIT_NO_RESPONSE
+    assert json.loads(result.stdout)["outcomes"]["connect_error"]["count"] == 10
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--url", "http://10.9.8.7:80/x"], "--allow-remote"),
+        (["--url", "https://127.0.0.1/x"], "http://"),
+        (["--url", "http://127.0.0.1:9/x", "--slo", "p99=fast"], "not a duration"),
+        (["--url", "http://127.0.0.1:9/x", "--duration", "0s"], "duration_s"),
+        (["--url", "http://127.0.0.1:9/x", "--body", "{not json"], "not JSON"),
+        (
+            ["--gateway", "http://127.0.0.1:9", "--tool", "run_code", "--payload", "nope"],
+            "built-in",
+        ),
+        (["--url", "http://127.0.0.1:9/x", "--arrival", "sideways"], "arrival"),
+    ],
+)
+def test_bad_options_exit_2_with_a_message(args: list[str], message: str) -> None:
+    result = invoke(*args, "--quiet")
+    assert result.exit_code == EXIT_USAGE
+    assert message in result.output
+
+
+def test_ramp_reports_the_knee(tmp_path: Path) -> None:
+    # 20 ms per request, at most 4 connections: capacity ~200 rps, so 100 and 150 rps hold and
+    # 300 rps queues up until p99 breaks.
+    with serve("uniform", low_ms=20, high_ms=20) as url:
+        result = invoke(
+            "--url", url + "/x", "--ramp", "--rate", "100", "--ramp-factor", "1.5", "--ramp-max", "400",
+            "--step-duration", "1s", "--connections", "4", "--slo", "p99=200ms", "--json",
+        )  # fmt: skip
+    assert result.exit_code == EXIT_OK, result.stdout
+    ramp = json.loads(result.stdout)["ramp"]
+    rates = [s["rate"] for s in ramp["steps"]]
+    assert rates[:2] == [100, 150]
+    assert ramp["knee_rate"] in (150, 225) and ramp["broke_at"] in (225, 337.5)
+    assert ramp["steps"][-1]["ok"] is False
+
+
+def test_gateway_tool_targets() -> None:
+    t = resolve_target(gateway="http://127.0.0.1:8080/", tool="search", arguments='{"query": "x"}')
+    assert t.url == "http://127.0.0.1:8080/v1/tools/search/call"
+    assert t.body == {"arguments": {"query": "x"}}
+    t = resolve_target(gateway="http://127.0.0.1:8080", tool="run_code", payload="hostile")
+    assert (
+        t.body["arguments"]["language"] == "python" and "while True" in t.body["arguments"]["code"]
+    )
+    for name in ("trivial", "cpu-bound", "memory-heavy", "hostile"):
+        assert set(RUN_CODE_PAYLOADS[name]) >= {"code", "language", "run_timeout"}
+    with pytest.raises(TargetError):
+        resolve_target(url="http://x/", gateway="http://y/", tool="search")
+
+
+def test_gateway_tool_call_reaches_the_tool_path(fast_server: str) -> None:
+    result = invoke(
+        "--gateway", fast_server, "--tool", "search", "--rate", "50", "--duration", "0.2s", "--json"
+    )
+    report = json.loads(result.stdout)
+    assert report["spec"]["url"].endswith("/v1/tools/search/call")
+    assert report["outcomes"]["ok"]["count"] == 10
+
+
+def test_slo_grammar() -> None:
+    assert SLO.parse("p99=500ms").limit == 500
+    assert SLO.parse("p99.9=2s").limit == 2000
+    assert SLO.parse("max=800us").limit == pytest.approx(0.8)
+    assert SLO.parse("errors=0.1%").limit == pytest.approx(0.001)
+    assert SLO.parse("timeouts=0").limit == 0
+    summary = {
+        "outcomes": {},
+        "error_rate": 0.0,
+        "timeout_rate": 0.0,
+        "target_rate": 100,
+        "achieved_rate": 96,
+    }
+    assert SLO.parse("rate=95%").check(summary).ok
+    assert not SLO.parse("p99=1s").check(summary).ok  # no successful request: cannot be met
+    assert math.isnan(SLO.parse("p99=1s").check(summary).actual)
+    for bad in ("p99", "p42=1ms", "errors=lots", "errors=150%"):
+        with pytest.raises(SLOError):
+            SLO.parse(bad)
