@@ -51,6 +51,11 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
     async def call(request: Request) -> Response:
         """Answers after the time a sandbox would take to verify the batch (no code runs)."""
         arrival = time.monotonic()
+        try:  # the caller's budget starts when the request arrives
+            deadline = request_deadline(request, settings)
+            header_step = step_from_headers(request)
+        except DeadlineHeaderError as exc:
+            return bad_request(str(exc))
         body = await parse_body(request, RewardCall)
         if isinstance(body, Response):
             return body
@@ -69,11 +74,7 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
         )
         if body.delay_s is not None and body.delay_s > settings.max_delay_s:
             return unprocessable(["delay_s"], f"at most {settings.max_delay_s} s")
-        try:
-            deadline = request_deadline(request, settings)
-            step = body.step if body.step is not None else step_from_headers(request)
-        except DeadlineHeaderError as exc:
-            return bad_request(str(exc))
+        step = body.step if body.step is not None else header_step
         mean_length = sum(lengths) / len(lengths) if lengths else None
         scale = emulator.scale(batch, mean_length)
         if body.delay_s is not None:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv.deadline import DeadlineHeaderError
+from toolenv.deadline import Deadline, DeadlineHeaderError
 
 from ..base import (
     bad_request,
@@ -78,7 +78,7 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
     settings = emulator.settings
 
     async def answer(
-        request: Request,
+        deadline: Deadline,
         queries: list[str],
         topk: int,
         scores: bool,
@@ -87,10 +87,6 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
         response_tokens: int | None,
         native: bool,
     ) -> Response:
-        try:
-            deadline = request_deadline(request, settings)
-        except DeadlineHeaderError as exc:
-            return bad_request(str(exc))
         min_delay = 0.0
         if emulator.corpus is not None and draw.fault is None:
             results = await emulator.retrieve_real(queries, topk, scores)
@@ -126,19 +122,20 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
     async def retrieve(request: Request) -> Response:
         """`{"queries": [...], "topk": 3, "return_scores": false}` -> `{"result": [[doc, ...], ...]}`."""
         arrival = time.monotonic()
+        try:  # the caller's budget starts when the request arrives
+            deadline = request_deadline(request, settings)
+            step = step_from_headers(request)
+        except DeadlineHeaderError as exc:
+            return bad_request(str(exc))
         call = await parse_body(request, RetrieveRequest)
         if isinstance(call, Response):
             return call
         checked = _check(emulator, call.queries, call.topk)
         if isinstance(checked, Response):
             return checked
-        try:
-            step = step_from_headers(request)
-        except DeadlineHeaderError as exc:
-            return bad_request(str(exc))
         draw = emulator.draw(step)
         return await answer(
-            request, call.queries, checked, call.return_scores, draw, arrival, None, False
+            deadline, call.queries, checked, call.return_scores, draw, arrival, None, False
         )
 
     @router.post(
@@ -150,6 +147,11 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
         """One query (`query`) or several (`queries`); `delay_s` replays a delay exactly,
         `response_tokens` sizes the response (whitespace words, split evenly over the queries)."""
         arrival = time.monotonic()
+        try:
+            deadline = request_deadline(request, settings)
+            header_step = step_from_headers(request)
+        except DeadlineHeaderError as exc:
+            return bad_request(str(exc))
         body = await parse_body(request, SearchCall)
         if isinstance(body, Response):
             return body
@@ -168,14 +170,18 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
                 return unprocessable(
                     ["response_tokens"], f"at least {2 * checked * len(queries)} (2 per document)"
                 )
-        try:
-            step = body.step if body.step is not None else step_from_headers(request)
-        except DeadlineHeaderError as exc:
-            return bad_request(str(exc))
+        step = body.step if body.step is not None else header_step
         # Exact replay: the caller's delay, no sampled delay and no fault.
         draw = Draw(body.delay_s) if body.delay_s is not None else emulator.draw(step)
         return await answer(
-            request, queries, checked, body.return_scores, draw, arrival, body.response_tokens, True
+            deadline,
+            queries,
+            checked,
+            body.return_scores,
+            draw,
+            arrival,
+            body.response_tokens,
+            True,
         )
 
     return router

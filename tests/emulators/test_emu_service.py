@@ -1,0 +1,355 @@
+"""The emulator service on a real uvicorn server on loopback: wire format, sizes, swaps, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import ServerProcess, free_port
+from scipy import stats
+
+from emulators.latency import load_profile, packaged_profile_path
+
+INJECTED = "x-toolenv-injected-delay-ms"
+TIMER = "x-toolenv-timer-error-ms"
+FAST = {"model": {"kind": "constant", "value_s": 0.0}}
+
+
+def start_server(*args: str) -> ServerProcess:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "toolenv",
+        "emulators",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
+    return ServerProcess(argv, f"http://127.0.0.1:{port}").start("/readyz", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    s = start_server("--seed", "7")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    """A client; every profile is put back as it was after the test."""
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        before = {t: c.get(f"/v1/emulators/{t}/profile").json() for t in ("search", "reward")}
+        yield c
+        for tool, profile in before.items():
+            assert c.put(f"/v1/emulators/{tool}/profile", json=profile).status_code == 200
+
+
+def tokens(result: list[dict]) -> int:
+    return sum(len(d["contents"].split()) for d in result)
+
+
+def test_retrieve_is_search_r1_wire_compatible(client: httpx.Client) -> None:
+    client.put("/v1/emulators/search/profile", json=FAST)
+    r = client.post("/retrieve", json={"queries": ["who wrote hamlet", "capital of peru"]})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    result = r.json()["result"]
+    assert len(result) == 2 and all(len(docs) == 3 for docs in result)  # topk defaults to 3
+    for doc in result[0]:
+        assert set(doc) == {"id", "contents"}
+        title, body = doc["contents"].split("\n", 1)
+        assert title.startswith('"') and title.endswith('"') and body
+    scored = client.post(
+        "/retrieve", json={"queries": ["who wrote hamlet"], "topk": 5, "return_scores": True}
+    ).json()
+    items = scored["result"][0]
+    assert len(items) == 5 and all(set(i) == {"document", "score"} for i in items)
+    assert [i["score"] for i in items] == sorted((i["score"] for i in items), reverse=True)
+    assert float(r.headers[INJECTED]) == 0.0 and TIMER in r.headers
+
+
+def test_results_are_deterministic_per_seed_and_query(
+    client: httpx.Client, server: ServerProcess
+) -> None:
+    client.put("/v1/emulators/search/profile", json=FAST)
+    body = {"queries": ["a query", "another one"], "topk": 4}
+    first = client.post("/retrieve", json=body).content
+    assert client.post("/retrieve", json=body).content == first
+    other_query = client.post(
+        "/retrieve", json={"queries": ["a different query"], "topk": 4}
+    ).json()["result"][0]
+    assert other_query != json.loads(first)["result"][0]
+    assert (
+        json.loads(first)["result"][1]
+        == client.post("/retrieve", json={"queries": ["another one"], "topk": 4}).json()["result"][
+            0
+        ]
+    )
+    native = client.post("/v1/emulators/search/call", json={"query": "a query", "topk": 4}).json()
+    assert native["result"][0] == json.loads(first)["result"][0] and native["tool"] == "search"
+
+
+def test_response_token_sizes_follow_the_trace(client: httpx.Client) -> None:
+    client.put(
+        "/v1/emulators/search/profile",
+        json={
+            **FAST,
+            "response_tokens": load_profile(
+                packaged_profile_path("search_default")
+            ).response_tokens.model_dump(),
+        },
+    )
+    sizes = [
+        tokens(
+            client.post("/retrieve", json={"queries": [f"question number {i}"]}).json()["result"][0]
+        )
+        for i in range(150)
+    ]
+    assert 470 < np.mean(sizes) < 540  # PolyTrace search_r1: ~505 tokens per top-3 query
+    assert np.std(sizes) > 10  # drawn, not constant
+    five = [
+        tokens(
+            client.post("/retrieve", json={"queries": [f"question number {i}"], "topk": 6}).json()[
+                "result"
+            ][0]
+        )
+        for i in range(40)
+    ]
+    assert 1.8 < np.mean(five) / np.mean(sizes[:40]) < 2.2  # scales with topk
+    exact = client.post(
+        "/v1/emulators/search/call", json={"queries": ["x", "y"], "response_tokens": 301}
+    ).json()
+    assert exact["response_tokens"] == [151, 150]
+    assert [tokens(r) for r in exact["result"]] == [151, 150]
+
+
+def test_exact_replay_delay_and_headers(client: httpx.Client) -> None:
+    started = time.monotonic()
+    r = client.post("/v1/emulators/search/call", json={"query": "q", "delay_s": 0.25})
+    elapsed = time.monotonic() - started
+    assert r.status_code == 200 and r.headers[INJECTED] == "250.000"
+    assert 0.25 <= elapsed < 1.5
+    assert 0 <= float(r.headers[TIMER]) < 50
+
+
+def test_profile_swap_list_and_validation(client: httpx.Client) -> None:
+    put = client.put(
+        "/v1/emulators/search/profile",
+        json={"model": {"kind": "constant", "value_s": 0.05}, "source": "test"},
+    )
+    assert put.status_code == 200 and put.json()["kind"] == "constant"
+    assert client.get("/v1/emulators/search/profile").json()["model"] == {
+        "kind": "constant",
+        "value_s": 0.05,
+    }
+    assert client.post("/retrieve", json={"queries": ["q"]}).headers[INJECTED] == "50.000"
+    tools = {t["tool"]: t for t in client.get("/v1/emulators").json()["tools"]}
+    assert set(tools) == {"search", "reward"} and tools["search"]["kind"] == "constant"
+    bad = client.put(
+        "/v1/emulators/search/profile", json={"model": {"kind": "gamma", "shape": -1, "scale_s": 1}}
+    )
+    assert bad.status_code == 422
+    assert bad.json()["detail"][0]["loc"] == ["body", "model", "gamma", "shape"]
+    assert "shape" in bad.json()["message"]
+    assert (
+        client.get("/v1/emulators/search/profile").json()["model"]["kind"] == "constant"
+    )  # unchanged
+    wrong_tool = client.put(
+        "/v1/emulators/search/profile",
+        json={"tool": "reward", "model": {"kind": "constant", "value_s": 1}},
+    )
+    assert wrong_tool.status_code == 422 and wrong_tool.json()["detail"][0]["loc"] == [
+        "body",
+        "tool",
+    ]
+    unreadable = client.put(
+        "/v1/emulators/search/profile",
+        json={"model": {"kind": "trace", "paths": ["/nonexistent.jsonl"]}},
+    )
+    assert unreadable.status_code == 422 and "nonexistent" in unreadable.text
+    assert client.put("/v1/emulators/search/profile", content=b"{nope").status_code == 422
+    assert client.get("/v1/emulators/nope/profile").status_code == 404
+    assert client.put("/v1/emulators/nope/profile", json=FAST).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "loc"),
+    [
+        ("/retrieve", {"queries": []}, 422, ["body", "queries"]),
+        ("/retrieve", {"queries": ["ok", "  "]}, 422, ["body", "queries", 1]),
+        ("/retrieve", {"queries": ["q"], "topk": 0}, 422, ["body", "topk"]),
+        ("/retrieve", {"queries": ["q"], "topk": 51}, 422, ["body", "topk"]),
+        ("/retrieve", {"topk": 3}, 422, ["body", "queries"]),
+        ("/v1/emulators/search/call", {}, 422, ["body", "query"]),
+        ("/v1/emulators/search/call", {"query": "a", "queries": ["b"]}, 422, ["body", "query"]),
+        ("/v1/emulators/search/call", {"queries": []}, 422, ["body", "queries"]),
+        ("/v1/emulators/search/call", {"query": "a", "delay_s": -1}, 422, ["body", "delay_s"]),
+        (
+            "/v1/emulators/search/call",
+            {"query": "a", "response_tokens": 3},
+            422,
+            ["body", "response_tokens"],
+        ),
+        ("/v1/emulators/search/call", {"query": "a", "colour": "red"}, 422, ["body", "colour"]),
+        (
+            "/v1/emulators/reward/call",
+            {"batch_size": 2, "response_lengths": [1]},
+            422,
+            ["body", "response_lengths"],
+        ),
+        ("/v1/emulators/reward/call", {"batch_size": 0}, 422, ["body", "batch_size"]),
+    ],
+)
+def test_bad_input_statuses(
+    client: httpx.Client, path: str, body: dict, status: int, loc: list
+) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["detail"][0]["loc"] == loc
+
+
+def test_bad_headers_and_unknown_paths(client: httpx.Client) -> None:
+    r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "soon"})
+    assert r.status_code == 400 and "X-Toolenv-Deadline-Ms" in r.json()["detail"]
+    assert client.post("/retrieve", content=b"not json").status_code == 422
+    assert client.post("/v1/emulators/nope/call", json={}).status_code == 404
+
+
+def test_deadline_cuts_a_slow_call_at_the_deadline(client: httpx.Client) -> None:
+    client.put("/v1/emulators/search/profile", json={"model": {"kind": "constant", "value_s": 5}})
+    started = time.monotonic()
+    r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "300"})
+    elapsed = time.monotonic() - started
+    assert r.status_code == 504 and "deadline" in r.json()["detail"]
+    assert 0.29 <= elapsed < 1.0
+    assert 295 <= float(r.headers[INJECTED]) <= 301
+
+
+@pytest.mark.parametrize("fault", ["hang", "throttle", "error", "slow_body"])
+def test_faults_on_the_wire(client: httpx.Client, fault: str) -> None:
+    spec = {"type": fault, "rate": 1.0}
+    if fault == "throttle":
+        spec["retry_after_s"] = 2.5
+    if fault == "error":
+        spec["status"] = 502
+    if fault == "slow_body":
+        spec |= {"duration_s": 0.4, "chunks": 4}
+    client.put(
+        "/v1/emulators/search/profile",
+        json={
+            "model": {
+                "kind": "faulty",
+                "model": {"kind": "constant", "value_s": 0.05},
+                "faults": [spec],
+            }
+        },
+    )
+    started = time.monotonic()
+    r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "400"})
+    elapsed = time.monotonic() - started
+    assert r.headers["x-toolenv-fault"] == fault
+    if fault == "hang":  # no answer until the caller's deadline, then 504 - never later
+        assert r.status_code == 504 and 0.395 <= elapsed < 1.0
+    elif fault == "throttle":
+        assert r.status_code == 429 and r.headers["retry-after"] == "3" and elapsed < 0.3
+    elif fault == "error":
+        assert r.status_code == 502 and 0.05 <= elapsed < 0.5
+    else:
+        assert r.status_code == 200 and len(r.json()["result"][0]) == 3
+        assert 0.05 + 0.3 <= elapsed < 1.2
+
+
+def test_reward_emulator_scales_with_batch_size(client: httpx.Client) -> None:
+    assert (
+        client.put(
+            "/v1/emulators/reward/profile",
+            json={"model": {"kind": "constant", "value_s": 0.1}, "reference": {"batch_size": 64}},
+        ).status_code
+        == 200
+    )
+    r = client.post("/v1/emulators/reward/call", json={"batch_size": 128})
+    assert r.status_code == 200 and r.headers[INJECTED] == "200.000"
+    assert r.json() == {"tool": "reward", "batch_size": 128, "scale": 2.0, "reward_time_s": 0.2}
+    lengths = client.post("/v1/emulators/reward/call", json={"response_lengths": [100] * 32})
+    assert lengths.json()["batch_size"] == 32 and lengths.headers[INJECTED] == "50.000"
+    exact = client.post("/v1/emulators/reward/call", json={"batch_size": 5, "delay_s": 0.02})
+    assert exact.headers[INJECTED] == "20.000"
+
+
+async def test_fidelity_at_a_small_rate_matches_the_profile(server: ServerProcess) -> None:
+    """100 requests/s open loop for 3 s: realized delays follow the shipped profile."""
+    profile = load_profile(packaged_profile_path("search_default"))
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=1000)
+    ) as c:
+        (
+            await c.put(
+                "/v1/emulators/search/profile",
+                json=profile.model_dump(mode="json", exclude_none=True),
+            )
+        ).raise_for_status()
+        rate, seconds = 100, 3
+        t0 = time.monotonic() + 0.1
+
+        async def one(i: int) -> tuple[float, float]:
+            planned = t0 + i / rate
+            await asyncio.sleep(max(0.0, planned - time.monotonic()))
+            r = await c.post("/retrieve", json={"queries": [f"fidelity {i}"]})
+            r.raise_for_status()
+            return time.monotonic() - planned, float(r.headers[INJECTED]) / 1000
+
+        results = await asyncio.gather(*(one(i) for i in range(rate * seconds)))
+    realized = np.array([r for r, _ in results])
+    injected = np.array([d for _, d in results])
+    # 300 draws: the 5% KS critical value is 0.078; the margins absorb a busy 2-core machine.
+    assert stats.kstest(injected, profile.model.cdf).statistic < 0.1
+    assert stats.kstest(realized, profile.model.cdf).statistic < 0.15
+    timer_error = realized - injected
+    assert timer_error.min() >= 0  # never early
+    assert np.median(timer_error) < 0.05
+
+
+def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    docs = [
+        {
+            "id": "d1",
+            "title": "Hamlet",
+            "text": "Hamlet is a tragedy written by William Shakespeare.",
+        },
+        {"id": "d2", "contents": '"Lima"\nLima is the capital and largest city of Peru.'},
+        {"id": "d3", "title": "Photosynthesis", "text": "Plants turn light into chemical energy."},
+    ]
+    corpus.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    s = start_server("--corpus", str(corpus))
+    try:
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            c.put(
+                "/v1/emulators/search/profile", json={"model": {"kind": "constant", "value_s": 0.1}}
+            ).raise_for_status()
+            r = c.post(
+                "/retrieve",
+                json={
+                    "queries": ["who wrote hamlet shakespeare", "capital of peru"],
+                    "topk": 2,
+                    "return_scores": True,
+                },
+            )
+            assert r.status_code == 200
+            first, second = r.json()["result"]
+            assert first[0]["document"]["id"] == "d1" and second[0]["document"]["id"] == "d2"
+            assert first[0]["document"]["contents"].startswith('"Hamlet"\n')
+            assert float(r.headers[INJECTED]) >= 100.0  # delay = max(real, sampled)
+    finally:
+        s.stop()
