@@ -183,6 +183,7 @@ def run(
 async def _run_with_progress(
     settings, traces: list[Path], synthetic: Path | None, out_dir: Path
 ) -> dict:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .session import build_plans, run_rollout
@@ -199,6 +200,7 @@ async def _run_with_progress(
             "turns {task.fields[turns]}  tool calls {task.fields[tools]}  timeouts {task.fields[timeouts]}"
         ),
         TimeElapsedColumn(),
+        console=Console(stderr=True),  # stdout stays clean for --json
         transient=False,
     )
     state = {"task": None, "step": 0}

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
+from pathlib import Path
+
+from conftest import ServerProcess, free_port
 
 from rollout_client.gateway_client import ToolOutcome
 from rollout_client.workloads.plan import ToolCallPlan, TrajectoryPlan, TurnPlan
@@ -55,3 +60,28 @@ def plan(
             )
         out.append(TurnPlan(tokens, calls, "tool_calls" if calls else "stop"))
     return TrajectoryPlan(tid, prompt, out)
+
+
+def start_gateway() -> ServerProcess:
+    """The real embedded service (`toolenv serve`: gateway + search emulator) on a free port."""
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    return ServerProcess(argv, f"http://127.0.0.1:{port}").start("/readyz", timeout=60)
+
+
+def write_trace(records: list[dict], path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def first_records(polytrace_dir: Path, n: int, min_turns: int = 2) -> list[dict]:
+    """The first n multi-turn trajectories of search_r1 step 0 (raw dicts)."""
+    out = []
+    with (polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl").open() as f:
+        for line in f:
+            record = json.loads(line)
+            if len(record["turns"]) >= min_turns:
+                out.append(record)
+            if len(out) == n:
+                break
+    return out

@@ -1,0 +1,172 @@
+"""`toolenv rollout run` end to end with the simulated engine, through the real gateway and
+search emulator (`toolenv serve` subprocess): reports, replayable output, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from click.testing import Result
+from conftest import ServerProcess, free_port
+from rollout_support import first_records, start_gateway, write_trace
+from typer.testing import CliRunner
+
+from emulators.polytrace import read_multiturn
+from rollout_client.session import build_plans, run_rollout
+from rollout_client.settings import RolloutSettings
+from toolenv.cli import app
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[ServerProcess]:
+    server = start_gateway()
+    yield server
+    server.stop()
+
+
+def rollout(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The real console entry point in a subprocess."""
+    argv = [sys.executable, "-m", "toolenv", "rollout", "run", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def rollout_inproc(*args: str) -> Result:
+    """The same command in-process (faster); an uncaught exception shows as `result.exception`."""
+    return CliRunner().invoke(app, ["rollout", "run", *args])
+
+
+async def test_cli_run_writes_report_plots_and_a_replayable_trace(
+    gateway, polytrace_dir, tmp_path
+) -> None:
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    out = tmp_path / "out"
+    common = [
+        "--engine",
+        "sim",
+        "--cost-profile",
+        "vllm-cpu-tiny",
+        "--length-scale",
+        "0.1",
+        "--max-append",
+        "60",
+    ]
+    done = rollout(
+        "--gateway", gateway.url, "--trace", str(trace), "--limit", "8", "--batch", "4", "--steps", "2",
+        "--policy", "async+timeout", "--tool-timeout", "5", "--exact", "--out", str(out), "--json", *common,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert json.loads(done.stdout)["summary"] == report["summary"]  # --json: stdout is the report
+    assert report["policy"] == "async+timeout" and len(report["steps"]) == 2
+    assert report["summary"]["completed"] == 8
+    step = report["steps"][0]
+    assert step["tool_calls"] > 0 and 0 < step["engine_busy_fraction"] <= 1
+    assert step["time_split_s"]["tool_wait_s"] > 0
+    for png in ("makespan.png", "completion_cdf.png", "engine_busy.png"):
+        assert (out / png).stat().st_size > 1000
+    # The output is itself a PolyTrace trace: read it back and replay it; same shape again.
+    written = list(read_multiturn(out / "trajectories.jsonl"))
+    assert len(written) == 8
+    source = {
+        p.trajectory_id: p
+        for p in build_plans(RolloutSettings(limit=8, length_scale=0.1, max_append=60), [trace])
+    }
+    for record in written:
+        plan = source[record.trajectory_id]
+        assert [t.completion_tokens for t in record.turns] == [t.output_tokens for t in plan.turns]
+        assert [c.append_len for c in record.tool_calls] == [
+            c.append_tokens for t in plan.turns for c in t.calls
+        ]
+        for call in record.tool_calls:  # exact mode: the emulator slept the recorded latency
+            assert call.status == "success"
+            assert call.latency_s >= call.recorded_latency_s * 0.95
+    again = RolloutSettings(
+        gateway_url=gateway.url, engine="sim", cost_profile="vllm-cpu-tiny", batch=8, policy="sync"
+    )
+    await run_rollout(
+        again, build_plans(again, [out / "trajectories.jsonl"]), out_dir=tmp_path / "again"
+    )
+    replayed = list(read_multiturn(tmp_path / "again" / "trajectories.jsonl"))
+    assert sorted(sum(t.completion_tokens for t in r.turns) for r in replayed) == sorted(
+        sum(t.completion_tokens for t in r.turns) for r in written
+    )
+
+
+def test_gateway_unreachable_is_one_line(polytrace_dir, tmp_path) -> None:
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = rollout_inproc(
+        "--gateway", dead, "--trace", str(trace), "--limit", "2", "--out", str(tmp_path)
+    )
+    assert done.exit_code == 3 and isinstance(done.exception, SystemExit)  # handled, no traceback
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unreachable" in lines[0] and dead in lines[0]
+
+
+def test_malformed_trace_names_file_line_and_field(gateway, polytrace_dir, tmp_path) -> None:
+    [good, bad] = first_records(polytrace_dir, 2)
+    bad["turns"][1]["completion_tokens"] = "many"
+    path = write_trace([good, bad], tmp_path / "broken.jsonl")
+    done = rollout_inproc(
+        "--gateway", gateway.url, "--trace", str(path), "--out", str(tmp_path / "o")
+    )
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit)
+    assert f"{path}:2" in done.stderr and "turns.1.completion_tokens" in done.stderr
+
+
+def test_bad_policy_is_a_clear_error(polytrace_dir, tmp_path) -> None:
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    done = rollout_inproc("--trace", str(trace), "--policy", "async+fast", "--out", str(tmp_path))
+    assert (
+        done.exit_code == 2
+        and isinstance(done.exception, SystemExit)
+        and "unknown policy" in done.stderr
+    )
+
+
+async def test_tool_error_mid_trajectory_is_recorded_and_the_trajectory_goes_on(
+    gateway, polytrace_dir, tmp_path
+) -> None:
+    records = first_records(polytrace_dir, 2, min_turns=3)
+    records[0]["tool_calls"][0]["tool_name"] = "no-such-tool"  # the gateway answers 404
+    path = write_trace(records, tmp_path / "t.jsonl")
+    settings = RolloutSettings(
+        gateway_url=gateway.url,
+        engine="sim",
+        cost_profile="vllm-cpu-tiny",
+        batch=2,
+        length_scale=0.1,
+        max_append=40,
+    )
+    report = await run_rollout(settings, build_plans(settings, [path]), out_dir=tmp_path / "o")
+    assert report["steps"][0]["completed"] == 2 and report["steps"][0]["tool_errors"] == 1
+    written = {r.sample_id: r for r in read_multiturn(tmp_path / "o" / "trajectories.jsonl")}
+    broken = written[records[0]["sample_id"]]
+    assert broken.tool_calls[0].status == "error" and "404" in broken.tool_calls[0].error
+    assert broken.tool_calls[0].append_len == settings.observation_tokens
+    assert len(broken.turns) == len(records[0]["turns"])  # it went on to its last turn
+
+
+async def test_timeout_policy_truncates_slow_calls_at_the_gateway(
+    gateway, polytrace_dir, tmp_path
+) -> None:
+    records = first_records(polytrace_dir, 4)
+    for r in records:
+        r["tool_calls"][0]["latency_s"] = 3.0  # exact mode: the emulator would sleep 3 s
+    path = write_trace(records, tmp_path / "slow.jsonl")
+    base = dict(
+        gateway_url=gateway.url,
+        engine="sim",
+        cost_profile="vllm-cpu-tiny",
+        batch=4,
+        length_scale=0.1,
+        exact=True,
+    )
+    timed = RolloutSettings(**base, policy="async+timeout", tool_timeout_s=0.4)
+    report = await run_rollout(timed, build_plans(timed, [path]))
+    step = report["steps"][0]
+    assert step["completed"] == 4 and step["tool_timeouts"] == 4
+    assert step["makespan_s"] < 2.5
