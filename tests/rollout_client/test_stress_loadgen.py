@@ -170,3 +170,60 @@ def test_remote_targets_are_refused_unless_allowed() -> None:
     with pytest.raises(RemoteTargetError, match="--allow-remote"):
         run_load(LoadSpec(url="http://192.0.2.1:80/", duration_s=1))
     check_loopback("10.1.2.3", allow_remote=True)
+
+
+@pytest.fixture(scope="module")
+def fastapi_server() -> str:
+    """A FastAPI app on uvicorn (in a thread): JSON, a streamed (chunked) body, a 500."""
+    import asyncio as aio
+    import time
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from rollout_client.stress.testing import free_port
+
+    app = FastAPI()
+
+    @app.post("/json")
+    async def as_json(body: dict) -> dict:
+        return {"echo": body}
+
+    @app.post("/stream")
+    async def stream() -> StreamingResponse:
+        async def parts():
+            for i in range(3):
+                await aio.sleep(0.002)
+                yield f"part{i}\n".encode()
+
+        return StreamingResponse(parts(), media_type="text/plain")
+
+    @app.post("/boom")
+    async def boom() -> dict:
+        raise RuntimeError("boom")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(
+    "path, outcome",
+    [("/json", "ok"), ("/stream", "ok"), ("/boom", "http_500")],
+)
+def test_against_fastapi(fastapi_server: str, path: str, outcome: str) -> None:
+    result = run_load(
+        LoadSpec(url=fastapi_server + path, body={"a": [1, 2]}, rate=100, duration_s=0.3)
+    )
+    assert set(result.summary()["outcomes"]) == {outcome}
+    assert result.summary()["outcomes"][outcome]["count"] == 30
+    if path == "/stream":  # the streamed body took >= 3 x 2 ms to arrive: we waited for all of it
+        assert result.summary()["outcomes"]["ok"]["uncorrected_ms"]["p50"] >= 6.0

@@ -1,10 +1,12 @@
 """`toolenv stress` measures truly: real servers with known latency on loopback, the real CLI.
 
-1. A server whose delay is a seeded Uniform(300, 400) ms: the CLI's p50 and p99 match the
-   profile (350 ms, 399 ms) within 2%. Why this is sound: with 1,600 samples the sample median's
-   standard error is 0.5 * 100 ms / sqrt(1600) = 1.25 ms against a 7 ms tolerance, the p99's is
-   about 0.25 ms against 8 ms, and client + server overhead (about 1-2 ms) is small next to the
-   quantiles. The same figures also match the delays the server reports having injected.
+1. The search emulator (`toolenv emulators serve`) with its profile swapped to Uniform(1.0, 1.1) s
+   through `PUT /v1/emulators/search/profile`: the CLI's p50 and p99 match the profile (1050 ms,
+   1099 ms) within 2%. Why this is sound on a busy 2-core machine: with 800 samples the sample
+   median's standard error is 0.5 * 100 ms / sqrt(800) = 1.8 ms and the p99's about 0.4 ms,
+   against a tolerance of 21-22 ms; client + server overhead (about 1-10 ms even under load) is
+   small next to second-long quantiles; 100 rps keeps the emulator itself far from saturation.
+   The same figures also match the delays the emulator reports in `X-Toolenv-Injected-Delay-Ms`.
 2. A server that stalls 1 s every 5 s: the open-loop p99 shows the stall (latency from the
    scheduled send time), the closed-loop p99 hides it (its callers simply stop sending).
 """
@@ -15,6 +17,7 @@ import json
 import subprocess
 import sys
 
+import httpx
 import numpy as np
 import pytest
 
@@ -35,42 +38,40 @@ def _cli(*args: str) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout)
 
 
-def test_cli_p50_p99_match_a_known_latency_profile_within_2_percent() -> None:
-    low, high = 300.0, 400.0
-    with serve("uniform", low_ms=low, high_ms=high, seed=11) as url:
-        rc, report = _cli(
-            "--url",
-            url + "/search",
-            "--body",
-            '{"query": "q"}',
-            "--rate",
-            "200",
-            "--duration",
-            "8s",
-            "--capture-header",
-            "X-Toolenv-Injected-Delay-Ms",
-            "--records",
-            "--slo",
-            "errors=0",
-        )
+def test_cli_p50_p99_match_the_search_emulator_profile_within_2_percent(toolenv_server) -> None:
+    low, high = 1.0, 1.1
+    emulator = toolenv_server("emulators", "serve", "--seed", "7")
+    swapped = httpx.put(
+        emulator.url + "/v1/emulators/search/profile",
+        json={"model": {"kind": "uniform", "low_s": low, "high_s": high}},
+        timeout=10,
+    )
+    assert swapped.status_code == 200, swapped.text
+    rc, report = _cli(
+        "--url", emulator.url + "/retrieve",
+        "--body", '{"queries": ["who wrote hamlet"], "topk": 3}',
+        "--rate", "100", "--duration", "8s",
+        "--capture-header", "X-Toolenv-Injected-Delay-Ms", "--records",
+        "--slo", "errors=0",
+    )  # fmt: skip
     assert rc == 0, report["slos"]
     ok = report["outcomes"]["ok"]
-    assert ok["count"] == 1600
+    assert ok["count"] == 800
     measured = ok["corrected_ms"]
-    profile_p50 = low + 0.50 * (high - low)
-    profile_p99 = low + 0.99 * (high - low)
+    profile_p50 = 1000 * (low + 0.50 * (high - low))
+    profile_p99 = 1000 * (low + 0.99 * (high - low))
     assert measured["p50"] == pytest.approx(profile_p50, rel=0.02)
     assert measured["p99"] == pytest.approx(profile_p99, rel=0.02)
-    # and against the delays the server says it injected (no sampling error at all)
+    # and against the delays the emulator says it injected (no sampling error at all)
     injected = np.array(
         [float(r["headers"]["X-Toolenv-Injected-Delay-Ms"]) for r in report["records"]]
     )
     assert measured["p50"] == pytest.approx(np.percentile(injected, 50), rel=0.02)
     assert measured["p99"] == pytest.approx(np.percentile(injected, 99), rel=0.02)
-    # latency never undercuts what the server injected
+    # a latency never undercuts the delay the server injected into that very request
     lat = np.array([(r["done_s"] - r["scheduled_s"]) * 1000 for r in report["records"]])
     assert np.all(lat >= injected - 0.5)
-    assert report["achieved_rate"] == pytest.approx(200, rel=0.05)
+    assert report["achieved_rate"] == pytest.approx(100, rel=0.15)
 
 
 def test_open_loop_shows_a_stall_that_closed_loop_hides() -> None:
