@@ -26,6 +26,7 @@ WORKDIR = "/sandbox"
 # kill its processes (KILL), and wipe/restore files the program owns (CHOWN, DAC_OVERRIDE, FOWNER).
 # The program never holds them: setuid to a non-root uid clears them; no-new-privileges stops
 # setuid binaries and file capabilities from giving any back.
+MAX_INODES = 16384
 AGENT_CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER"]
 
 
@@ -56,9 +57,11 @@ def container_config(
         "network_mode": "none",
         "read_only": True,
         "tmpfs": {
+            # nr_inodes bounds what a reset may have to delete (a flood of empty files)
             WORKDIR: f"rw,exec,nosuid,nodev,size={settings.docker_workdir_mb}m,"
-            f"uid={uid},gid={uid},mode=0700",
-            "/tmp": f"rw,noexec,nosuid,nodev,size={settings.docker_tmp_mb}m,mode=1777",
+            f"nr_inodes={MAX_INODES},uid={uid},gid={uid},mode=0700",
+            "/tmp": f"rw,noexec,nosuid,nodev,size={settings.docker_tmp_mb}m,"
+            f"nr_inodes={MAX_INODES},mode=1777",
         },
         "shm_size": f"{settings.docker_tmp_mb}m",
         "ipc_mode": "private",
