@@ -1,4 +1,4 @@
-"""Per-run cgroups (v1): pids.max against fork bombs, memory limit and peak, CPU time and quota.
+"""Per-run cgroups (v1): pids.max against fork bombs, memory limit and peak, CPU quota.
 
 Each run gets one `CgroupSlot`: a directory per controller, nested under the service's own
 cgroup (so whatever bounds the service also bounds its programs). Slots are created once and
@@ -20,7 +20,9 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PREFIX = "toolenv-sandboxd-"
-CONTROLLERS = ("pids", "memory", "cpuacct", "cpu")
+# cpuacct is left out on purpose: every cgroup.procs write is a task migration, which can stall
+# for milliseconds on a busy host (it waits on an RCU grace period); CPU time comes from wait4.
+CONTROLLERS = ("pids", "memory", "cpu")
 
 
 def _own_cgroup_paths() -> dict[str, str]:
@@ -52,7 +54,6 @@ def _read(path: Path) -> str:
 
 @dataclass
 class CgroupStats:
-    cpu_time_s: float | None = None
     peak_memory_kb: int | None = None
     oom_killed: bool = False
     hit_memory_limit: bool = False
@@ -101,9 +102,16 @@ class CgroupSlot:
                 self._cpu_quota = quota
 
     def attach(self, pid: int) -> None:
-        """Move `pid` (not yet running user code) into every controller of this slot."""
-        for d in self.dirs.values():
-            _write(d / "cgroup.procs", str(pid))
+        """Move `pid` (not yet running user code) into this slot (cpu only when a quota is set)."""
+        for c, d in self.dirs.items():
+            if c != "cpu" or self._cpu_quota > 0:
+                _write(d / "cgroup.procs", str(pid))
+
+    def procs_files(self) -> list[Path]:
+        """The cgroup.procs files `attach` writes (for a child that attaches itself)."""
+        return [
+            d / "cgroup.procs" for c, d in self.dirs.items() if c != "cpu" or self._cpu_quota > 0
+        ]
 
     def pids(self) -> list[int]:
         d = self.dirs.get("pids") or next(iter(self.dirs.values()))
@@ -127,8 +135,6 @@ class CgroupSlot:
 
     def stats(self) -> CgroupStats:
         out = CgroupStats()
-        if (acct := self.dirs.get("cpuacct")) is not None:
-            out.cpu_time_s = int(_read(acct / "cpuacct.usage")) / 1e9
         if (mem := self.dirs.get("memory")) is not None:
             peak = int(_read(mem / "memory.max_usage_in_bytes")) - self._baseline
             out.peak_memory_kb = max(peak, 0) // 1024
@@ -143,8 +149,6 @@ class CgroupSlot:
 
     def reset(self) -> None:
         """Zero the counters so the next run reads only its own figures."""
-        if (acct := self.dirs.get("cpuacct")) is not None:
-            _write(acct / "cpuacct.usage", "0")
         if (mem := self.dirs.get("memory")) is not None:
             _write(mem / "memory.max_usage_in_bytes", "0")
             # Page cache charged by earlier runs stays charged: the peak is measured above it.

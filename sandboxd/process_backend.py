@@ -34,6 +34,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,7 @@ class ProcessBackend:
         self._runs = 0
         self._started = False
         self._reaping: set[asyncio.Task[None]] = set()
+        self._cgroup_writer = ThreadPoolExecutor(1, thread_name_prefix="sandboxd-cgroup")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -190,6 +192,7 @@ class ProcessBackend:
         if self._devnull >= 0:
             os.close(self._devnull)
             self._devnull = -1
+        self._cgroup_writer.shutdown(wait=True)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -395,6 +398,7 @@ class _Execution:
         self.timer: asyncio.TimerHandle | None = None
         self.started_at = 0.0
         self.ended_at = 0.0
+        self.cpu_time_s: float | None = None
 
     # -------------------------------------------------------------- spawn
 
@@ -468,7 +472,10 @@ class _Execution:
             return False
         try:
             if self.slot is not None:
-                self.slot.attach(self.child_pid)
+                # A task migration can wait on an RCU grace period: keep it off the event loop.
+                await self.loop.run_in_executor(
+                    self.backend._cgroup_writer, self.slot.attach, self.child_pid
+                )
             rlimits = self.backend._rlimits(
                 self.lim, self.slot is not None and "memory" in self.slot.dirs
             )
@@ -578,7 +585,11 @@ class _Execution:
         self.loop.remove_reader(self.pidfd)
         self.ended_at = time.monotonic()
         assert self.proc is not None
-        self.proc.wait()
+        # wait4 rather than Popen.wait: the rusage carries the CPU time of the program and of
+        # every descendant it (or, at namespace teardown, the kernel) reaped.
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu_time_s = usage.ru_utime + usage.ru_stime
         self.exited = True
         if self.slot is not None and self.slot.task_count():
             self.slot.kill_all()  # backstop (insecure mode: daemons; bwrap: nothing should be left)
@@ -683,8 +694,8 @@ class _Execution:
         elif (
             sig == signal.SIGKILL
             and stats is not None
-            and stats.cpu_time_s is not None
-            and (stats.cpu_time_s >= self.lim.cpu_s - 1.5)
+            and self.cpu_time_s is not None
+            and (self.cpu_time_s >= self.lim.cpu_s - 1.5)
         ):
             status = ExecStatus.TIME_LIMIT
             message = f"CPU-time limit of {self.lim.cpu_s} s exceeded"
@@ -699,9 +710,7 @@ class _Execution:
             stdout_truncated=self.truncated["stdout"],
             stderr_truncated=self.truncated["stderr"],
             wall_time_s=round((self.ended_at or time.monotonic()) - self.started_at, 6),
-            cpu_time_s=round(stats.cpu_time_s, 6)
-            if stats and stats.cpu_time_s is not None
-            else None,
+            cpu_time_s=round(self.cpu_time_s, 6) if self.cpu_time_s is not None else None,
             peak_memory_kb=stats.peak_memory_kb if stats else None,
             message=message,
         )

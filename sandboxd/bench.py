@@ -1,0 +1,363 @@
+"""`python -m sandboxd.bench --out FILE`: sandboxd against its floors, measured in the same run.
+
+What it measures, for `print(1)` in python:
+- baselines: a bare `/usr/bin/python3 -c` subprocess and a bare `bwrap --unshare-all` around it
+  (p50/p99 sequentially, throughput at concurrency 16 from a thread pool);
+- per backend (a real `toolenv sandboxd serve` on loopback, driven by aiohttp with keep-alive):
+  p50/p99 at concurrency 1, throughput and p99 at concurrency 16 and 64 (and how many 429s);
+- a soak of consecutive runs: p50 of the last 1,000 against the first 1,000, and the growth of the
+  service's open fds and resident memory.
+Everything is printed as ratios against the baselines and written as JSON to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+PYTHON = "/usr/bin/python3"
+PROGRAM = "print(1)"
+TARGETS = {
+    "process": {"p50_ms": 16.0, "rps_c16": 115.0},
+    "docker": {"p50_ms": 40.0, "rps_c16": 50.0},
+}
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(latencies_s: list[float], wall_s: float | None = None) -> dict[str, float]:
+    ms = [v * 1000 for v in latencies_s]
+    out = {"n": len(ms), "p50_ms": round(pct(ms, 50), 2), "p99_ms": round(pct(ms, 99), 2)}
+    if wall_s:
+        out["rps"] = round(len(ms) / wall_s, 1)
+    return out
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def bwrap_floor_argv() -> list[str] | None:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"]
+    for name in ("lib", "lib64", "bin"):
+        p = Path("/") / name
+        if p.is_symlink():
+            argv += ["--symlink", os.readlink(p), str(p)]
+    return [*argv, "--proc", "/proc", "--dev", "/dev", PYTHON, "-c", PROGRAM]
+
+
+def time_subprocess(argv: list[str], n: int, concurrency: int) -> dict[str, float]:
+    def one(_: int) -> float:
+        t = time.perf_counter()
+        subprocess.run(argv, capture_output=True, check=True)
+        return time.perf_counter() - t
+
+    for _ in range(3):
+        one(0)
+    started = time.perf_counter()
+    if concurrency == 1:
+        lat = [one(i) for i in range(n)]
+    else:
+        with ThreadPoolExecutor(concurrency) as pool:
+            lat = list(pool.map(one, range(n)))
+    return summarize(lat, time.perf_counter() - started)
+
+
+# ---------------------------------------------------------------- the service
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A real `toolenv sandboxd serve` on loopback."""
+
+    def __init__(self, backend: str, extra: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--backend", backend]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port), *extra]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_ready(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise RuntimeError(f"sandboxd exited with {self.proc.returncode}: {err[-2000:]}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"sandboxd not ready within {timeout} s")
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def rss_kb(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def closed_loop(url: str, concurrency: int, n: int) -> dict[str, Any]:
+    """`concurrency` clients, each sending its next request when the previous one answers."""
+    body = json.dumps({"code": PROGRAM, "language": "python"}).encode()
+    headers = {"content-type": "application/json"}
+    latencies: list[float] = []
+    rejected = 0
+    failed = 0
+    remaining = n
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
+
+        async def client() -> None:
+            nonlocal remaining, rejected, failed
+            while remaining > 0:
+                remaining -= 1
+                t = time.perf_counter()
+                async with session.post(url + "/run_code", data=body, headers=headers) as r:
+                    payload = await r.read()
+                    status = r.status
+                elapsed = time.perf_counter() - t
+                if status == 429:
+                    rejected += 1
+                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                    continue
+                ok = status == 200 and json.loads(payload).get("status") == "Success"
+                if not ok:
+                    failed += 1
+                latencies.append(elapsed)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    out: dict[str, Any] = summarize(latencies, wall)
+    out.update({"concurrency": concurrency, "rejected_429": rejected, "failed": failed})
+    out["_latencies"] = latencies
+    return out
+
+
+async def measure_backend(
+    backend: str, sizes: dict[str, int], extra: list[str], console: Console
+) -> dict[str, Any]:
+    server = Server(backend, extra)
+    try:
+        server.wait_ready(600 if backend == "docker" else 60)
+        console.print(f"[bold]{backend}[/]: warming up")
+        await closed_loop(server.url, 4, 50)
+        result: dict[str, Any] = {}
+        for label, conc, n in (
+            ("c1", 1, sizes["c1"]),
+            ("c16", 16, sizes["c16"]),
+            ("c64", 64, sizes["c64"]),
+        ):
+            console.print(f"  {label}: {n} runs at concurrency {conc}")
+            r = await closed_loop(server.url, conc, n)
+            r.pop("_latencies")
+            result[label] = r
+        status = httpx.get(server.url + "/v1/sandbox/status", timeout=5).json()
+        result["max_running"] = status.get("admission", {}).get("capacity")
+        if sizes["soak"]:
+            console.print(f"  soak: {sizes['soak']} consecutive runs")
+            fds0, rss0 = server.fds(), server.rss_kb()
+            soak = await closed_loop(server.url, sizes["soak_concurrency"], sizes["soak"])
+            lat = soak.pop("_latencies")
+            k = min(1000, len(lat) // 2)
+            first, last = statistics.median(lat[:k]) * 1000, statistics.median(lat[-k:]) * 1000
+            fds1, rss1 = server.fds(), server.rss_kb()
+            result["soak"] = {
+                "runs": len(lat),
+                "concurrency": sizes["soak_concurrency"],
+                "window": k,
+                "p50_first_ms": round(first, 2),
+                "p50_last_ms": round(last, 2),
+                "p50_last_over_first": round(last / first, 3),
+                "fds_start": fds0,
+                "fds_end": fds1,
+                "fds_growth": round(fds1 / fds0 - 1, 3),
+                "rss_kb_start": rss0,
+                "rss_kb_end": rss1,
+                "rss_growth": round(rss1 / rss0 - 1, 3),
+                "failed": soak["failed"],
+                "rps": soak["rps"],
+            }
+        return result
+    except Exception as exc:  # a backend that cannot start is reported, not fatal
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        server.stop()
+
+
+def docker_available() -> bool:
+    if (
+        importlib.util.find_spec("sandboxd.docker_backend") is None
+        or shutil.which("docker") is None
+    ):
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+def ratios(report: dict[str, Any]) -> dict[str, Any]:
+    base = report["baselines"]
+    out: dict[str, Any] = {}
+    for backend, r in report["backends"].items():
+        if "error" in r:
+            continue
+        target = TARGETS.get(backend, {})
+        c1, c16, c64 = r["c1"], r["c16"], r["c64"]
+        entry = {
+            "p50_over_bare_python": round(c1["p50_ms"] / base["bare_python_c1"]["p50_ms"], 2),
+            "c64_rps_over_c16_rps": round(c64["rps"] / c16["rps"], 3),
+            "p50_target_ms": target.get("p50_ms"),
+            "p50_meets_target": c1["p50_ms"] <= target.get("p50_ms", float("inf")),
+            "rps_c16_target": target.get("rps_c16"),
+            "rps_c16_meets_target": c16["rps"] >= target.get("rps_c16", 0),
+            "c64_within_10pct_of_c16": c64["rps"] >= 0.9 * c16["rps"],
+        }
+        if "bwrap_c1" in base:
+            entry["p50_over_bwrap_floor"] = round(c1["p50_ms"] / base["bwrap_c1"]["p50_ms"], 2)
+            entry["rps_c16_over_bwrap_floor"] = round(c16["rps"] / base["bwrap_c16"]["rps"], 2)
+        if "soak" in r:
+            s = r["soak"]
+            entry["soak_ok"] = (
+                s["p50_last_over_first"] <= 1.1 and s["fds_growth"] < 0.1 and s["rss_growth"] < 0.1
+            )
+        out[backend] = entry
+    return out
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    t = Table(title="sandboxd: print(1) in python", title_justify="left")
+    for col in ("what", "p50 ms", "p99 ms", "runs/s", "429s"):
+        t.add_column(col)
+    for name, b in report["baselines"].items():
+        t.add_row(f"baseline {name}", str(b["p50_ms"]), str(b["p99_ms"]), str(b.get("rps", "")), "")
+    for backend, r in report["backends"].items():
+        if "error" in r:
+            t.add_row(backend, "error", r["error"][:60], "", "")
+            continue
+        for label in ("c1", "c16", "c64"):
+            x = r[label]
+            t.add_row(
+                f"{backend} {label}",
+                str(x["p50_ms"]),
+                str(x["p99_ms"]),
+                str(x["rps"]),
+                str(x["rejected_429"]),
+            )
+    console.print(t)
+    for backend, r in report["backends"].items():
+        if "soak" in r:
+            console.print(f"{backend} soak: {json.dumps(r['soak'])}")
+    console.print_json(json.dumps(report["ratios"]))
+
+
+async def amain(args: argparse.Namespace) -> dict[str, Any]:
+    console = Console(stderr=True)
+    quick = args.quick
+    sizes = {
+        "c1": 60 if quick else 300,
+        "c16": 300 if quick else 2000,
+        "c64": 400 if quick else 2000,
+        "soak": args.soak if args.soak is not None else (1000 if quick else 10_000),
+        "soak_concurrency": args.soak_concurrency,
+    }
+    backends = (
+        args.backends.split(",")
+        if args.backends
+        else (["process", "docker"] if docker_available() else ["process"])
+    )
+    console.print("baselines: bare python, bare bwrap + python")
+    n_base = 60 if quick else 300
+    baselines: dict[str, Any] = {
+        "bare_python_c1": time_subprocess([PYTHON, "-c", PROGRAM], n_base, 1),
+        "bare_python_c16": time_subprocess([PYTHON, "-c", PROGRAM], 4 * n_base, 16),
+    }
+    if (floor := bwrap_floor_argv()) is not None:
+        baselines["bwrap_c1"] = time_subprocess(floor, n_base, 1)
+        baselines["bwrap_c16"] = time_subprocess(floor, 4 * n_base, 16)
+    extra = ["--max-concurrency", str(args.max_concurrency)] if args.max_concurrency else []
+    report: dict[str, Any] = {
+        "benchmark": "sandboxd",
+        "program": f"python: {PROGRAM}",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_avg_at_start": os.getloadavg(),
+        },
+        "sizes": sizes,
+        "baselines": baselines,
+        "backends": {},
+    }
+    for backend in backends:
+        report["backends"][backend] = await measure_backend(backend, sizes, extra, console)
+    report["machine"]["load_avg_at_end"] = os.getloadavg()
+    report["ratios"] = ratios(report)
+    print_report(report, console)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/sandboxd.bench.json"))
+    parser.add_argument("--quick", action="store_true", help="small counts (about a minute)")
+    parser.add_argument(
+        "--backends", help="comma-separated (default: process, plus docker if usable)"
+    )
+    parser.add_argument("--soak", type=int, help="consecutive runs in the soak (0: skip)")
+    parser.add_argument("--soak-concurrency", type=int, default=1)
+    parser.add_argument(
+        "--max-concurrency", type=int, default=0, help="server setting (0: default)"
+    )
+    args = parser.parse_args(argv)
+    report = asyncio.run(amain(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    failed = [b for b, r in report["backends"].items() if "error" in r]
+    return 1 if failed and len(failed) == len(report["backends"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
