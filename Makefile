@@ -5,13 +5,14 @@ PYTEST_ARGS ?=
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 
-.PHONY: run test setup-system venv venv-test model bench lint fmt clean help
+.PHONY: run test setup-system venv venv-test model bench lint fmt clean help compose-up compose-down
 
 help:
 	@echo "make run    - create .venv, install, start the embedded service on $(HOST):$(PORT)"
 	@echo "make test   - install every system component the tests need, then run the whole suite"
 	@echo "make bench  - run the benchmarks (figures as ratios against a baseline of the same run)"
 	@echo "make lint   - ruff"
+	@echo "make compose-up / compose-down - the whole environment under docker compose"
 
 run: venv
 	@scripts/ensure_bwrap.sh
@@ -42,6 +43,13 @@ lint: venv-test
 fmt: venv-test
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+compose-up: setup-system venv
+	scripts/build_toolenv_image.sh
+	docker compose -f compose/docker-compose.yml up
+
+compose-down:
+	docker compose -f compose/docker-compose.yml down -v
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
