@@ -19,7 +19,10 @@ if [ ! -f "$cache/.complete" ]; then
   touch "$cache/.complete"
 fi
 
-ctx="$(mktemp -d)"; trap 'rm -rf "$ctx"' EXIT
+ctx="$(mktemp -d)"
+# setuptools leaves build/ in the tree, and stale files there would ride along in the next wheel.
+trap 'rm -rf "$ctx" "$root/build"' EXIT
+rm -rf "$root/build"
 mkdir -p "$ctx/deps" "$ctx/app"
 cp -l "$cache"/*.whl "$ctx/deps/" 2>/dev/null || cp "$cache"/*.whl "$ctx/deps/"
 "$python" -m pip wheel -q --no-deps --no-build-isolation -w "$ctx/app" "$root"
