@@ -109,7 +109,10 @@ async def _httpx_open(url: str, rate: float, duration_s: float) -> dict[str, Any
         sched[:] = start + np.arange(n) / rate
         tasks = []
         i = 0
-        while i < n:
+        give_up = (
+            start + 2 * duration_s + 5.0
+        )  # httpx can fall so far behind that a step never ends
+        while i < n and time.monotonic() < give_up:
             now = time.monotonic()
             while i < n and sched[i] <= now:
                 tasks.append(asyncio.create_task(one(i)))
@@ -190,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": ncpu,
             "python": platform.python_version(),
             "generator_pinned_cpu0": pinned,
+            "load_average_before": os.getloadavg(),
         },
         "criteria": {
             "achieved_share": ACHIEVED_SHARE,
@@ -219,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         ours_max, httpx_max = max(closed["ours"].values()), max(closed["httpx"].values())
+    report["machine"]["load_average_after"] = os.getloadavg()
     at_3000 = next((s for s in ours if s["target_rps"] == 3000), None)
     ours_ceiling, httpx_ceiling = ceiling(ours), ceiling(base_steps)
     report.update(

@@ -105,7 +105,8 @@ def rates_line(summary: dict[str, Any]) -> str:
     sched = summary["scheduling_error_ms"]
     return (
         f"requests {summary['requests']}  responses {summary['responses']}  "
-        f"achieved {summary['achieved_rate']:.1f} rps{target_text}  "
+        f"sent {summary['send_rate']:.1f} rps{target_text}, "
+        f"answered {summary['achieved_rate']:.1f} rps (over the window responses arrived in)\n"
         f"errors {_pct(summary['error_rate'])}  timeouts {_pct(summary['timeout_rate'])}  "
         f"statuses {status}\n"
         f"send lag behind schedule: p50 {_ms(sched['p50'])} ms, p99 {_ms(sched['p99'])} ms"
@@ -250,5 +251,5 @@ def write_plot(result: LoadResult, path: Path, title: str | None = None) -> None
     ax2.legend(fontsize=8, loc="upper right")
     fig.suptitle(title or describe(result.summary()), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
