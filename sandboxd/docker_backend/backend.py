@@ -59,6 +59,7 @@ class DockerBackend:
     ) -> None:
         self.settings = settings
         self._client = client
+        self._own_client = client is None
         self.pool: ContainerPool | None = None
         self._runs = 0
         self._running = 0
@@ -94,6 +95,9 @@ class DockerBackend:
     async def close(self) -> None:
         if self.pool is not None:
             await self.pool.close()
+        if self._own_client and self._client is not None:
+            self._client.close()
+            self._client = None
 
     def status(self) -> dict[str, Any]:
         pool = self.pool.status() if self.pool else {}

@@ -70,6 +70,15 @@ def reap_leftovers(client: docker.DockerClient, own_pool: str | None = None) -> 
     return removed
 
 
+def sweep_stale_state(state_dir: Path, own_pool: str) -> None:
+    """Drop socket dirs and locks of dead instances whose containers are already gone."""
+    for lock in state_dir.glob("*.lock"):
+        if lock.stem != own_pool and not _lock_is_held(str(lock)):
+            shutil.rmtree(state_dir / lock.stem, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                lock.unlink()
+
+
 def _lock_is_held(path: str) -> bool:
     if not path:
         return False
@@ -115,10 +124,14 @@ class ContainerPool:
     async def start(self) -> None:
         """Take the lock, reap dead instances' containers, and fill the pool (all of it)."""
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        # lock first, then publish the name: no other instance ever sees it unlocked
+        tmp = self.lock_path.with_suffix(".tmp")
+        self._lock_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(tmp, self.lock_path)
         self.dir.mkdir(mode=0o700)
         self.reaped = await asyncio.to_thread(reap_leftovers, self.client, self.pool_id)
+        sweep_stale_state(self.state_dir, self.pool_id)
         if self.reaped:
             log.warning("removed %d containers left by a dead instance", len(self.reaped))
         self._refill()

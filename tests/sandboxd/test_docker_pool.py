@@ -127,9 +127,14 @@ def test_crashed_instance_containers_are_reaped_live_ones_kept(
             "toolenv.lock": str(live_lock),
         },
     )
+    stale_lock = state / "stalepool0test.lock"  # a dead instance whose containers are gone
+    stale_lock.touch()
+    (state / "stalepool0test").mkdir(exist_ok=True)
     b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=1))
     try:
         portal.call(b.start)
+        assert not stale_lock.exists() and not (state / "stalepool0test").exists()
+        assert live_lock.exists()
         assert labelled(f"toolenv.pool={dead_pool}") == []
         assert not (state / dead_pool).exists() and not (state / f"{dead_pool}.lock").exists()
         assert b.status()["reaped_at_start"] == 2
