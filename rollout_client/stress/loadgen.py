@@ -77,7 +77,8 @@ class LoadSpec:
     - `max_in_flight`: an open-loop request scheduled while this many are outstanding is
       recorded as error "dropped" (never sent) rather than queued without bound.
     - `connections`: keep-alive connections to open at most (default: `concurrency` for closed
-      loop, else `min(max_in_flight, 1024)`); requests beyond them wait (and that wait counts).
+      loop, else `max_in_flight`, so every in-flight request is on the wire); requests beyond
+      them wait for a free one, and that wait counts in their latency.
     - `capture_headers`: response header values kept per request (case-insensitive names).
     - `start_at`: a `time.monotonic()` instant to start at (used to align worker processes).
     - `preconnect`: connections opened before the clock starts (default: rate/250, 2..64).
@@ -144,7 +145,7 @@ class LoadSpec:
             return self.connections
         if self.arrival == "closed":
             return self.concurrency
-        return min(self.max_in_flight, 1024)
+        return self.max_in_flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,9 +363,23 @@ async def arun_load(spec: LoadSpec) -> LoadResult:
     endpoint = Endpoint.parse(spec.url)
     check_loopback(endpoint.host, allow_remote=spec.allow_remote)
     requests = _request_bytes(spec, endpoint)
+    _raise_fd_limit(spec.max_connections() + 256)
     if spec.arrival == "closed":
         return await _closed_loop(spec, endpoint, requests)
     return await _open_loop(spec, endpoint, requests)
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Lift the soft open-files limit toward the hard one so that many connections can open."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - best effort
+        pass
 
 
 class _Ticker:

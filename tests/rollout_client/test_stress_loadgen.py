@@ -227,3 +227,13 @@ def test_against_fastapi(fastapi_server: str, path: str, outcome: str) -> None:
     assert result.summary()["outcomes"][outcome]["count"] == 30
     if path == "/stream":  # the streamed body took >= 3 x 2 ms to arrive: we waited for all of it
         assert result.summary()["outcomes"]["ok"]["uncorrected_ms"]["p50"] >= 6.0
+
+
+def test_max_in_flight_drops_rather_than_queueing_without_bound() -> None:
+    with serve("uniform", low_ms=600, high_ms=600) as url:
+        result = run_load(LoadSpec(url=url + "/x", rate=200, duration_s=0.5, max_in_flight=40))
+    outcomes = result.summary()["outcomes"]
+    # 100 due within 0.5 s, each held 600 ms: only the first 40 can be out at once
+    assert outcomes["ok"]["count"] == 40
+    assert outcomes["dropped"]["count"] == 60
+    assert np.all(np.isnan(result.sent[result.outcomes == "dropped"]))
