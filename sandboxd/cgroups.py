@@ -101,9 +101,11 @@ class CgroupSlot:
                 _write(cpu / "cpu.cfs_quota_us", str(quota))
                 self._cpu_quota = quota
 
-    def attach(self, pid: int) -> None:
+    def attach(self, pid: int, controllers: tuple[str, ...] | None = None) -> None:
         """Move `pid` (not yet running user code) into this slot (cpu only when a quota is set)."""
         for c, d in self.dirs.items():
+            if controllers is not None and c not in controllers:
+                continue
             if c != "cpu" or self._cpu_quota > 0:
                 _write(d / "cgroup.procs", str(pid))
 

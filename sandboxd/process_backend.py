@@ -63,7 +63,8 @@ CHILD_ENV = {
 }
 READ_CHUNK = 65536
 HANDSHAKE_TIMEOUT_S = 10.0
-EXIT_GRACE_S = 2.0  # after a kill: how long bwrap may take to report before it is killed too
+EXIT_GRACE_S = 2.0
+WARM_STDIN_MAX = 65536  # a warm sandbox's stdin is a pipe written in one go: at most its buffer  # after a kill: how long bwrap may take to report before it is killed too
 
 
 class InvalidPath(ValueError):
@@ -111,6 +112,60 @@ class _StepLimits:
     cpu_cores: float | None
 
 
+@dataclass
+class _Warm:
+    """A sandbox spawned ahead of time: namespaces built, cgroup joined, blocked before exec."""
+
+    argv: tuple[str, ...]
+    proc: subprocess.Popen[bytes]
+    child_pid: int
+    workdir: Path
+    slot: CgroupSlot | None
+    stdin_w: int
+    out_r: int
+    err_r: int
+    blk_w: int
+    st_r: int
+    used: bool = False
+
+    def parent_fds(self) -> list[int]:
+        return [self.out_r, self.err_r, self.blk_w, self.st_r]
+
+
+async def _read_child_pid(fd: int, timeout: float = HANDSHAKE_TIMEOUT_S) -> int | None:
+    """bwrap's first JSON status document names the sandboxed child's pid."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[int | None] = loop.create_future()
+    buf = bytearray()
+
+    def on_readable() -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            fut.done() or fut.set_result(None)
+            return
+        buf.extend(chunk)
+        if b"\n" in buf:
+            try:
+                pid = json.loads(buf.split(b"\n", 1)[0])["child-pid"]
+            except (ValueError, KeyError, TypeError):
+                pid = None
+            fut.done() or fut.set_result(pid)
+
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, on_readable)
+    try:
+        return await asyncio.wait_for(fut, timeout)
+    except TimeoutError:
+        return None
+    finally:
+        loop.remove_reader(fd)
+
+
 class ProcessBackend:
     """Runs programs under bubblewrap with per-run cgroups and rlimits (see module docstring)."""
 
@@ -130,6 +185,11 @@ class ProcessBackend:
         self._started = False
         self._reaping: set[asyncio.Task[None]] = set()
         self._cgroup_writer = ThreadPoolExecutor(1, thread_name_prefix="sandboxd-cgroup")
+        target = settings.warm_sandboxes
+        self._warm_target = settings.concurrency if target < 0 else target
+        self._warm: dict[tuple[str, ...], list[_Warm]] = {}
+        self._fillers: dict[tuple[str, ...], asyncio.Task[None]] = {}
+        self._warm_hits = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -173,6 +233,11 @@ class ProcessBackend:
         self.cgroups.start()
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._started = True
+        if self.isolated and self._warm_target:
+            for name in s.warm_languages:
+                lang = get_language(name)
+                if not lang.compiled:
+                    self._kick(lang.run_argv)
 
     @staticmethod
     def _reap_stale_workdirs(parent: Path) -> None:
@@ -184,6 +249,16 @@ class ProcessBackend:
 
     async def close(self) -> None:
         self._started = False
+        for task in list(self._fillers.values()):
+            task.cancel()
+        await asyncio.gather(*self._fillers.values(), return_exceptions=True)
+        warm = [w for ws in self._warm.values() for w in ws]
+        self._warm.clear()
+        for w in warm:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.child_pid, signal.SIGKILL)
+        for w in warm:
+            self._dispose(w, wait=True)
         if self._reaping:
             await asyncio.gather(*self._reaping, return_exceptions=True)
         await self.cgroups.close()
@@ -204,7 +279,121 @@ class ProcessBackend:
             "cgroups": self.cgroups.controllers or self.cgroups.unavailable_reason,
             "cgroups_draining": self.cgroups.draining,
             "workdir_root": str(self.root) if self.root else None,
+            "warm": {" ".join(k): len(v) for k, v in self._warm.items()},
+            "warm_target": self._warm_target,
+            "warm_hits": self._warm_hits,
+            # what the idle warm sandboxes hold (so operators and leak checks can tell them apart)
+            "warm_pids": sorted(
+                pid for ws in self._warm.values() for w in ws for pid in (w.proc.pid, w.child_pid)
+            ),
+            "warm_workdirs": sorted(w.workdir.name for ws in self._warm.values() for w in ws),
         }
+
+    # ------------------------------------------------------------------ warm sandboxes
+
+    def _kick(self, key: tuple[str, ...]) -> None:
+        if self._started and key not in self._fillers:
+            self._fillers[key] = asyncio.get_running_loop().create_task(self._fill(key))
+
+    async def _fill(self, key: tuple[str, ...]) -> None:
+        failures = 0
+        try:
+            while self._started and len(self._warm.setdefault(key, [])) < self._warm_target:
+                w = await self._spawn_warm(key)
+                if w is None:
+                    failures += 1
+                    if failures >= 5:
+                        return  # the cold path still works; do not spin
+                    await asyncio.sleep(0.2 * failures)
+                    continue
+                if not self._started:
+                    os.kill(w.child_pid, signal.SIGKILL)
+                    self._dispose(w, wait=True)
+                    return
+                self._warm[key].append(w)
+        finally:
+            self._fillers.pop(key, None)
+
+    def _take_warm(self, key: tuple[str, ...]) -> _Warm | None:
+        pool = self._warm.get(key)
+        w = pool.pop() if pool else None
+        self._kick(key)
+        if w is not None:
+            self._warm_hits += 1
+        return w
+
+    async def _spawn_warm(self, argv: tuple[str, ...]) -> _Warm | None:
+        assert self.root is not None
+        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self.root))
+        slot = self.cgroups.acquire()
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        blk_r, blk_w = os.pipe2(os.O_CLOEXEC)
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        proc = None
+        try:
+            proc = subprocess.Popen(
+                [
+                    *self._prefix,
+                    "--bind",
+                    str(workdir),
+                    SANDBOX_DIR,
+                    "--chdir",
+                    SANDBOX_DIR,
+                    "--block-fd",
+                    str(blk_r),
+                    "--json-status-fd",
+                    str(st_w),
+                    "--",
+                    *argv,
+                ],  # fmt: skip
+                stdin=in_r,
+                stdout=out_w,
+                stderr=err_w,
+                pass_fds=(blk_r, st_w),
+                env={},
+                close_fds=True,
+            )
+        except OSError:
+            pass
+        for fd in (in_r, out_w, err_w, blk_r, st_w):
+            os.close(fd)
+        child_pid = await _read_child_pid(st_r) if proc is not None else None
+        w = _Warm(argv, proc, child_pid or 0, workdir, slot, in_w, out_r, err_r, blk_w, st_r)  # type: ignore[arg-type]
+        try:
+            if proc is None or child_pid is None:
+                raise OSError("bwrap did not start the sandbox")
+            if slot is not None:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._cgroup_writer, slot.attach, child_pid, ("pids", "memory")
+                )
+            return w
+        except (OSError, asyncio.CancelledError) as exc:
+            if child_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child_pid, signal.SIGKILL)
+            if proc is not None:
+                proc.kill()
+            self._dispose(w, wait=True)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return None
+
+    def _dispose(self, w: _Warm, *, wait: bool) -> None:
+        """Free an unused (killed) warm sandbox: reap bwrap, close fds, drop dir and slot."""
+        if w.proc is not None and wait:
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+        for fd in (w.stdin_w, *w.parent_fds()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        shutil.rmtree(w.workdir, ignore_errors=True)
+        if w.slot is not None:
+            self.cgroups.release(w.slot)
 
     # ------------------------------------------------------------------ one program
 
@@ -218,15 +407,37 @@ class ProcessBackend:
         run_id = f"proc-{os.getpid()}-{next(self._ids)}"
         self._runs += 1
         self._running += 1
-        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self.root))
-        slot = self.cgroups.acquire()
+        warm = None
+        if (
+            self._warm_target
+            and lang.name in self.settings.warm_languages
+            and not lang.compiled
+            and len(spec.stdin) <= WARM_STDIN_MAX
+        ):
+            warm = self._take_warm(lang.run_argv)
+        if warm is not None:
+            workdir, slot = warm.workdir, warm.slot
+        else:
+            workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self.root))
+            slot = self.cgroups.acquire()
         try:
-            return await self._run_in(spec, lang, workdir, slot, deadline, run_id)
+            return await self._run_in(spec, lang, workdir, slot, deadline, run_id, warm)
         finally:
             self._running -= 1
-            shutil.rmtree(workdir, ignore_errors=True)
-            if slot is not None:
-                self.cgroups.release(slot)
+            if warm is not None and not warm.used:  # never started: kill it, reap in background
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(warm.child_pid, signal.SIGKILL)
+                self._track(asyncio.get_running_loop().create_task(self._dispose_later(warm)))
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+                if slot is not None:
+                    self.cgroups.release(slot)
+
+    async def _dispose_later(self, w: _Warm) -> None:
+        end = time.monotonic() + 10
+        while w.proc.poll() is None and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        self._dispose(w, wait=True)
 
     async def _run_in(
         self,
@@ -236,6 +447,7 @@ class ProcessBackend:
         slot: CgroupSlot | None,
         deadline: Deadline,
         run_id: str,
+        warm: _Warm | None = None,
     ) -> RunResult:
         result = RunResult(sandbox_id=run_id, backend=self.name)
         try:
@@ -257,7 +469,7 @@ class ProcessBackend:
             if slot is not None:
                 slot.reset()
         result.run = await self._exec(
-            list(lang.run_argv), workdir, spec.run_limits, spec.stdin.encode(), deadline, slot
+            list(lang.run_argv), workdir, spec.run_limits, spec.stdin.encode(), deadline, slot, warm
         )
         result.files = self._fetch(workdir, spec.fetch_files, spec.run_limits)
         return result
@@ -326,6 +538,7 @@ class ProcessBackend:
         stdin: bytes,
         deadline: Deadline,
         slot: CgroupSlot | None,
+        warm: _Warm | None = None,
     ) -> ExecResult:
         lim = self._limits(limits, deadline)
         if lim.wall_s <= 0:
@@ -339,8 +552,8 @@ class ProcessBackend:
                 )
             except OSError as exc:
                 return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
-        stdin_fd = self._stdin_fd(stdin)
-        execution = _Execution(self, argv, workdir, lim, slot, stdin_fd)
+        stdin_fd = self._devnull if warm is not None else self._stdin_fd(stdin)
+        execution = _Execution(self, argv, workdir, lim, slot, stdin_fd, warm, stdin)
         try:
             return await execution.run()
         finally:
@@ -376,8 +589,12 @@ class _Execution:
         lim: _StepLimits,
         slot: CgroupSlot | None,
         stdin_fd: int,
+        warm: _Warm | None = None,
+        stdin: bytes = b"",
     ) -> None:
         self.backend = backend
+        self.warm = warm
+        self.stdin = stdin
         self.argv = argv
         self.workdir = workdir
         self.lim = lim
@@ -403,6 +620,17 @@ class _Execution:
     # -------------------------------------------------------------- spawn
 
     async def run(self) -> ExecResult:
+        if self.warm is not None:
+            w = self.warm
+            w.used = True
+            self.proc, self.child_pid = w.proc, w.child_pid
+            self.fds += w.parent_fds()
+            out_r, err_r = w.out_r, w.err_r
+            ok = await self._arm_warm(w)
+            if not ok:
+                await self._wait_exit(EXIT_GRACE_S)
+                return ExecResult(status=ExecStatus.ERROR, message=self.kill_message)
+            return await self._supervise(out_r, err_r)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         self.fds += [out_r, err_r]
@@ -427,6 +655,33 @@ class _Execution:
                 stderr=self.buffers["stderr"].decode(errors="replace"),
                 message=self.kill_message or "the sandbox failed to start",
             )
+        return await self._supervise(out_r, err_r)
+
+    async def _arm_warm(self, w: _Warm) -> bool:
+        """Give a warm sandbox this run's limits and stdin, then let it exec."""
+        try:
+            if self.slot is not None and self.lim.cpu_cores:
+                await self.loop.run_in_executor(
+                    self.backend._cgroup_writer, self.slot.attach, w.child_pid, ("cpu",)
+                )
+            with_memcg = self.slot is not None and "memory" in self.slot.dirs
+            for res, value in self.backend._rlimits(self.lim, with_memcg):
+                resource.prlimit(w.child_pid, res, (value, value))
+            if self.slot is not None:
+                self.slot.reset()  # measure from here: the warm child's own charge is baseline
+            view = memoryview(self.stdin)
+            while view:  # at most WARM_STDIN_MAX bytes: fits in the pipe, never blocks
+                view = view[os.write(w.stdin_w, view) :]
+            os.close(w.stdin_w)
+            os.write(w.blk_w, b"x")
+            return True
+        except (OSError, ValueError) as exc:
+            self.kill_message = f"could not start the warm sandbox: {exc}"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.child_pid, signal.SIGKILL)
+            return False
+
+    async def _supervise(self, out_r: int, err_r: int) -> ExecResult:
         self.started_at = time.monotonic()
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
             os.set_blocking(fd, False)
@@ -466,7 +721,7 @@ class _Execution:
         )
         os.close(st_w)
         child_fds.remove(st_w)
-        self.child_pid = await self._read_child_pid(st_r)
+        self.child_pid = await _read_child_pid(st_r)
         if self.child_pid is None:
             self.kill_message = "bwrap did not start the sandbox"
             return False
@@ -488,38 +743,6 @@ class _Execution:
             return False
         os.write(blk_w, b"x")
         return True
-
-    async def _read_child_pid(self, fd: int) -> int | None:
-        """bwrap's first JSON status document names the sandboxed child's pid."""
-        fut: asyncio.Future[int | None] = self.loop.create_future()
-        buf = bytearray()
-
-        def on_readable() -> None:
-            try:
-                chunk = os.read(fd, 4096)
-            except BlockingIOError:
-                return
-            except OSError:
-                chunk = b""
-            if not chunk:
-                fut.done() or fut.set_result(None)
-                return
-            buf.extend(chunk)
-            if b"\n" in buf:
-                try:
-                    pid = json.loads(buf.split(b"\n", 1)[0])["child-pid"]
-                except (ValueError, KeyError, TypeError):
-                    pid = None
-                fut.done() or fut.set_result(pid)
-
-        os.set_blocking(fd, False)
-        self.loop.add_reader(fd, on_readable)
-        try:
-            return await asyncio.wait_for(fut, HANDSHAKE_TIMEOUT_S)
-        except TimeoutError:
-            return None
-        finally:
-            self.loop.remove_reader(fd)
 
     def _spawn_direct(self, out_w: int, err_w: int) -> bool:
         """insecure_no_isolation: the program runs as a plain child (cgroup + rlimits only)."""

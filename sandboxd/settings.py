@@ -56,6 +56,12 @@ class SandboxSettings(ServiceSettings):
         default=None, description="where run dirs live; default /dev/shm (tmpfs) else the tmp dir"
     )
     cgroup_pool_size: int = Field(default=0, ge=0, description="0: max_concurrency * 2")
+    warm_sandboxes: int = Field(
+        default=-1,
+        ge=-1,
+        description="sandboxes spawned ahead per warm language (-1: max concurrency, 0: off)",
+    )
+    warm_languages: list[str] = Field(default_factory=lambda: ["python"])
 
     @property
     def concurrency(self) -> int:
@@ -68,11 +74,15 @@ class SandboxSettings(ServiceSettings):
         default="debian:bookworm-slim", description="BASE_IMAGE when the backend builds the image"
     )
     docker_pool_size: int = Field(default=4, ge=1, description="warm containers kept ready")
-    docker_refill_concurrency: int = Field(default=2, ge=1, description="containers started at once")
+    docker_refill_concurrency: int = Field(
+        default=2, ge=1, description="containers started at once"
+    )
     docker_max_runs_per_container: int = Field(default=500, ge=1, description="then recycled")
     docker_memory_mb: int = Field(default=1024, ge=64, description="container limit (backstop)")
     docker_cpus: float = Field(default=1.0, gt=0, description="CPU cores per container")
-    docker_pids_limit: int = Field(default=128, ge=16, description="pids cgroup limit per container")
+    docker_pids_limit: int = Field(
+        default=128, ge=16, description="pids cgroup limit per container"
+    )
     docker_workdir_mb: int = Field(default=64, ge=1, description="tmpfs size of /sandbox")
     docker_tmp_mb: int = Field(default=64, ge=1, description="tmpfs size of /tmp and /dev/shm")
     docker_run_uid: int = Field(default=65534, ge=1, description="uid (and gid) programs run as")

@@ -75,8 +75,11 @@ class Snapshot:
 
 
 class LeakProbe:
-    def __init__(self, server_pid: int) -> None:
+    """Idle warm sandboxes (listed by the server's status) are expected; nothing else is."""
+
+    def __init__(self, server_pid: int, url: str) -> None:
         self.pid = server_pid
+        self.url = url
         self.base: Snapshot | None = None
 
     def cgroup_dirs(self) -> list[Path]:
@@ -91,7 +94,12 @@ class LeakProbe:
                     dirs += [d for d in base.iterdir() if d.is_dir()]
         return dirs
 
+    def warm(self) -> tuple[set[int], set[str]]:
+        status = httpx.get(self.url + "/v1/sandbox/status", timeout=10).json()
+        return set(status.get("warm_pids", [])), set(status.get("warm_workdirs", []))
+
     def snapshot(self) -> Snapshot:
+        warm_pids, warm_dirs = self.warm()
         procs = all_processes()
         children: dict[int, list[int]] = {}
         for pid, (_, ppid, _) in procs.items():
@@ -99,16 +107,22 @@ class LeakProbe:
         descendants, stack = [], [self.pid]
         while stack:
             for child in children.get(stack.pop(), []):
+                if child in warm_pids:
+                    continue  # an idle warm sandbox (and the blocked child under it)
                 descendants.append(child)
                 stack.append(child)
         tasks = []
         for d in self.cgroup_dirs():
             try:
-                tasks += [int(p) for p in (d / "cgroup.procs").read_text().split()]
+                tasks += [
+                    int(p)
+                    for p in (d / "cgroup.procs").read_text().split()
+                    if int(p) not in warm_pids
+                ]
             except OSError:
                 pass
         run_root = Path("/dev/shm") / f"toolenv-sandboxd-{self.pid}"
-        run_dirs = sorted(os.listdir(run_root)) if run_root.is_dir() else []
+        run_dirs = sorted(set(os.listdir(run_root)) - warm_dirs) if run_root.is_dir() else []
         return Snapshot(
             descendants=sorted(descendants),
             cgroup_tasks=sorted(tasks),
@@ -139,7 +153,7 @@ class SandboxdServer:
     def __init__(self, url: str, proc: subprocess.Popen[bytes]) -> None:
         self.url = url
         self.proc = proc
-        self.probe = LeakProbe(proc.pid)
+        self.probe = LeakProbe(proc.pid, url)
         self.client = httpx.Client(base_url=url, timeout=60.0)
 
     def run_code(self, **body: object) -> dict:

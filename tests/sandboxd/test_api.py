@@ -227,3 +227,23 @@ def test_beyond_capacity_waits_in_a_bounded_queue_then_429(
     assert time.monotonic() - started < 1.2
     first.join()
     assert server.client.get("/v1/sandbox/status").json()["admission"]["rejected_total"] == 2
+
+
+def test_python_runs_take_a_warm_sandbox_which_is_refilled(api: SandboxdServer) -> None:
+    def status() -> dict:
+        return api.client.get("/v1/sandbox/status").json()
+
+    def wait_full() -> dict:
+        for _ in range(200):
+            s = status()
+            if s["warm"].get("/usr/bin/python3 main.py") == s["warm_target"]:
+                return s
+            time.sleep(0.05)
+        raise AssertionError(f"warm pool not refilled: {status()}")
+
+    before = wait_full()
+    res = api.run_code(code="import os; print(os.listdir('.'), os.getpid())")
+    assert res["run_result"]["stdout"] == "['main.py'] 1\n"
+    after = wait_full()
+    assert after["warm_hits"] == before["warm_hits"] + 1
+    assert set(after["warm_workdirs"]) != set(before["warm_workdirs"])  # a fresh one replaced it
