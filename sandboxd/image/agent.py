@@ -33,7 +33,8 @@ import time
 WORKDIR = "/sandbox"
 SCRUB_DIRS = (WORKDIR, "/tmp", "/dev/shm", "/dev/mqueue")
 SYSVIPC = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg")
-OOM_CONTROL = "/sys/fs/cgroup/memory/memory.oom_control"
+# the container's own memory cgroup: cgroup v1 (memory.oom_control) or v2 (memory.events)
+OOM_COUNTERS = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 MAX_FRAME = 256 * 1024 * 1024
 KILL_TIMEOUT_S = 5.0
 
@@ -101,13 +102,14 @@ def kill_everything() -> bool:
 
 
 def oom_kills() -> int:
-    try:
-        with open(OOM_CONTROL) as f:
-            for line in f:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    except OSError:
-        pass
+    for path in OOM_COUNTERS:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except OSError:
+            continue
     return 0
 
 
