@@ -74,13 +74,16 @@ def ours_step(url: str, rate: float, duration_s: float) -> dict[str, Any]:
     )
 
 
-def ours_closed(url: str, duration_s: float, concurrency: int = 64) -> float:
+def ours_closed(url: str, duration_s: float, concurrency: int = 64) -> tuple[float, float]:
+    """Closed-loop throughput and the generator's CPU microseconds per request."""
+    cpu0 = time.process_time()
     result = run_load(
         LoadSpec(
             url=url, body={"q": 1}, arrival="closed", concurrency=concurrency, duration_s=duration_s
         )
     )
-    return result.summary()["achieved_rate"]
+    cpu_us = (time.process_time() - cpu0) * 1e6 / max(1, result.n)
+    return result.summary()["achieved_rate"], cpu_us
 
 
 async def _httpx_open(url: str, rate: float, duration_s: float) -> dict[str, Any]:
@@ -129,7 +132,7 @@ async def _httpx_open(url: str, rate: float, duration_s: float) -> dict[str, Any
     )
 
 
-async def _httpx_closed(url: str, duration_s: float, concurrency: int = 64) -> float:
+async def _httpx_closed(url: str, duration_s: float, concurrency: int = 64) -> tuple[float, float]:
     import httpx
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -143,9 +146,10 @@ async def _httpx_closed(url: str, duration_s: float, concurrency: int = 64) -> f
                 r = await client.post(url, json={"q": 1})
                 count += r.status_code == 200
 
-        start = time.monotonic()
+        start, cpu0 = time.monotonic(), time.process_time()
         await asyncio.gather(*(caller() for _ in range(concurrency)))
-        return count / (time.monotonic() - start)
+        cpu_us = (time.process_time() - cpu0) * 1e6 / max(1, count)
+        return count / (time.monotonic() - start), cpu_us
 
 
 def httpx_step(url: str, rate: float, duration_s: float) -> dict[str, Any]:
@@ -213,16 +217,19 @@ def main(argv: list[str] | None = None) -> int:
         base_steps = climb(httpx_step, url, httpx_rates, step_s, "httpx")
         print("closed loop maximum throughput (callers = connections):", flush=True)
         closed: dict[str, dict[int, float]] = {"ours": {}, "httpx": {}}
+        cpu_us: dict[str, dict[int, float]] = {"ours": {}, "httpx": {}}
         for callers in (1, 8, 64):
-            closed["ours"][callers] = round(ours_closed(url, step_s / 2, callers), 1)
-            closed["httpx"][callers] = round(
-                asyncio.run(_httpx_closed(url, step_s / 2, callers)), 1
-            )
+            rate_o, cpu_o = ours_closed(url, step_s / 2, callers)
+            rate_h, cpu_h = asyncio.run(_httpx_closed(url, step_s / 2, callers))
+            closed["ours"][callers], cpu_us["ours"][callers] = round(rate_o, 1), round(cpu_o, 1)
+            closed["httpx"][callers], cpu_us["httpx"][callers] = round(rate_h, 1), round(cpu_h, 1)
             print(
-                f"  {callers:>2} callers: ours {closed['ours'][callers]:.0f} rps, httpx {closed['httpx'][callers]:.0f} rps",
+                f"  {callers:>2} callers: ours {rate_o:.0f} rps ({cpu_o:.0f} us CPU/request), "
+                f"httpx {rate_h:.0f} rps ({cpu_h:.0f} us CPU/request)",
                 flush=True,
             )
         ours_max, httpx_max = max(closed["ours"].values()), max(closed["httpx"].values())
+        ours_cpu, httpx_cpu = min(cpu_us["ours"].values()), min(cpu_us["httpx"].values())
     report["machine"]["load_average_after"] = os.getloadavg()
     at_3000 = next((s for s in ours if s["target_rps"] == 3000), None)
     ours_ceiling, httpx_ceiling = ceiling(ours), ceiling(base_steps)
@@ -238,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             "at_3000_rps": at_3000,
             "sustains_3000_rps_with_sched_p99_le_2ms": bool(at_3000 and at_3000["sustained"]),
             "closed_loop_rps_by_callers": closed,
+            "cpu_us_per_request_by_callers": cpu_us,
+            # CPU cost is robust to other load on the machine: 1e6 / cost = one core's ceiling
+            "ours_cpu_us_per_request": ours_cpu,
+            "httpx_cpu_us_per_request": httpx_cpu,
+            "ours_one_core_ceiling_from_cpu_rps": round(1e6 / ours_cpu) if ours_cpu else None,
+            "cpu_cost_ratio_httpx_over_ours": round(httpx_cpu / ours_cpu, 1) if ours_cpu else None,
             "ours_closed_loop_max_rps": round(ours_max, 1),
             "httpx_closed_loop_max_rps": round(httpx_max, 1),
             "closed_loop_ratio_vs_httpx": round(ours_max / httpx_max, 2) if httpx_max else None,
