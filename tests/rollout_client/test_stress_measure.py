@@ -95,6 +95,6 @@ def test_open_loop_shows_a_stall_that_closed_loop_hides() -> None:
     assert open_ok["corrected_ms"]["p99"] > 800
     assert open_ok["corrected_ms"]["p90"] > 100
     # closed loop: only the ~4 requests on the wire when the stall began waited; p99 stays tiny
-    assert closed_ok["count"] > 2000
+    assert closed_ok["count"] > 1000
     assert closed_ok["corrected_ms"]["p99"] < 100
     assert closed_ok["corrected_ms"]["max"] > 500  # it did meet the stall, it just hides it
