@@ -147,7 +147,7 @@ def run(
         _fail(
             "give at least one --trace PATH (PolyTrace multi-turn JSONL) or --synthetic PARAMS.json"
         )
-    if settings.model and settings.engine != "openai":
+    if settings.model:
         from .session import model_vocab_size
 
         try:

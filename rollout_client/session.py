@@ -112,7 +112,7 @@ async def run_rollout(
                 batch=settings.batch,
                 steps=settings.steps,
                 observation_tokens=settings.observation_tokens,
-                vocab_size=settings.vocab_size,
+                vocab_size=engine.vocab_size or settings.vocab_size,
             ),
             on_event=on_event,
         )

@@ -118,6 +118,7 @@ class Engine(ABC):
     """Async token-id generation with forced lengths and abort."""
 
     name: str = "engine"
+    vocab_size: int | None = None  # token ids must stay below this, when the engine knows it
 
     def __init__(self, capacity: int) -> None:
         self.monitor = EngineMonitor(capacity=capacity)

@@ -11,6 +11,7 @@ tests do), never from a script body.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from collections.abc import AsyncIterator
@@ -41,6 +42,9 @@ class VllmEngine(Engine):
         super().__init__(capacity=options.max_num_seqs)
         self.options = options
         self._llm = None
+        config = Path(options.model) / "config.json"
+        if config.is_file():
+            self.vocab_size = int(json.loads(config.read_text()).get("vocab_size", 0)) or None
 
     async def start(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
