@@ -5,8 +5,15 @@ Per step (compile or run) the service spawns one `bwrap` (no shell, no helper pr
     bwrap --unshare-all --as-pid-1 --die-with-parent ... --block-fd B --json-status-fd S -- ARGV
 
 bwrap reports the sandboxed child's pid on S and then waits on B, so before any user code runs
-the service moves that child into the run's pooled cgroup (pids.max, memory limit, CPU accounting
-and quota) and sets its rlimits with prlimit(2); then it writes one byte to B. With `--as-pid-1`
+the service moves that child into the run's pooled cgroup (pids.max, memory limit and peak, CPU
+quota when asked) and sets its rlimits with prlimit(2); then it writes one byte to B.
+
+Warm sandboxes: for the languages in `warm_languages` (python by default) that handshake is done
+ahead of time. Up to `warm_sandboxes` bwraps per language wait, blocked, with a fresh empty
+working dir bound, their namespaces built and their cgroup joined; a run writes its files into
+that dir, its stdin into the pipe, sets the limits, and unblocks one (a refill starts at once).
+So the critical path is the interpreter's own start, not bwrap's set-up. A warm sandbox is used
+once; nothing runs in it before the request's code. With `--as-pid-1`
 the program is the init of its own PID namespace: when it exits or is killed, the kernel kills
 and reaps everything else in the namespace (so a setsid + double-fork daemon dies with it), and
 bwrap itself reaps the program, so no zombie is left for anybody. A deadline, an output flood or
@@ -233,6 +240,8 @@ class ProcessBackend:
         self.cgroups.start()
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._started = True
+        if not self.isolated:
+            self._warm_target = 0  # warm sandboxes are bwrap sandboxes
         if self.isolated and self._warm_target:
             for name in s.warm_languages:
                 lang = get_language(name)
