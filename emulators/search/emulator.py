@@ -21,6 +21,7 @@ class SearchEmulator(ToolEmulator):
         super().__init__(settings, profile, seed_index=1)
         self.documents = DocumentCache(settings.seed, settings.document_cache_size)
         self.corpus: Bm25Corpus | None = None
+        self._tokens: dict[tuple[str, int], int] = {}  # per (query, topk) under the active profile
 
     async def start(self) -> None:
         if self.settings.corpus is not None:
@@ -29,14 +30,27 @@ class SearchEmulator(ToolEmulator):
     async def close(self) -> None:
         self.corpus = None
 
+    def set_profile(self, profile: Profile) -> None:
+        super().set_profile(profile)
+        self._tokens.clear()
+
     def tokens_for(self, query: str, topk: int) -> int:
         """Response tokens of one query's top-k list: drawn per (seed, query) from the profile."""
+        key = (query, topk)
+        cached = self._tokens.get(key)
+        if cached is not None:
+            return cached
         model = self.profile.response_tokens
         ref_topk = self.profile.reference.get("topk", 3.0)
         if model is None:
-            return TOKENS_PER_DOC_FALLBACK * topk
-        per_ref = model.build().sample(query_rng(self.settings.seed, query, "tokens"))
-        return max(2 * topk, round(per_ref * topk / ref_topk))
+            n = TOKENS_PER_DOC_FALLBACK * topk
+        else:
+            per_ref = model.build().sample(query_rng(self.settings.seed, query, "tokens"))
+            n = max(2 * topk, round(per_ref * topk / ref_topk))
+        if len(self._tokens) >= max(1, self.settings.document_cache_size):
+            self._tokens.clear()
+        self._tokens[key] = n
+        return n
 
     def split_budget(self, queries: list[str], topk: int, response_tokens: int | None) -> list[int]:
         if response_tokens is None:

@@ -1,0 +1,409 @@
+"""Fidelity bench: replay the search trace's latencies through the HTTP service, open loop.
+
+`python -m emulators.bench --out FILE [--quick]` (run by `make bench`). The service runs as its own
+uvicorn process with a trace-replay profile: the PolyTrace search_r1 latencies in a seeded random
+order (so that any window of the run, not only whole passes over the trace, has the trace's
+distribution), looping; load processes (a lean keep-alive HTTP/1.1 client on uvloop, `emulators/loadgen.py`) send `POST /retrieve` on a fixed schedule at 200, 1,000
+and 2,000 requests/s for 30 s each, with at most 10,000 requests in flight. Latency is measured
+from each request's *planned* send time (no coordinated omission).
+
+Reported per rate, realized against target (the trace's own latency distribution, the baseline):
+KS distance, realized/target ratio and relative error at p50/p90/p99/p99.9, timer error (realized
+latency minus the delay the server scheduled, from `X-Toolenv-Injected-Delay-Ms`) at p50/p99 as
+the client sees it and as the server measured its own sleep (`X-Toolenv-Timer-Error-Ms`), and
+dropped requests (errors, over the in-flight cap, or unanswered). A zero-delay run at the same
+rate gives the HTTP floor. The first 2 s of each run are warm-up (connections opening) and are
+left out of the statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE = REPO.parent / "shared" / "polytrace" / "search_r1"
+QUANTILES = (0.5, 0.9, 0.99, 0.999)
+TARGETS_1000 = {"ks": 0.01, "quantile_rel_error": 0.02, "timer_error_p99_ms": 5.0, "dropped": 0}
+WARMUP_S = 2.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_service(profile_path: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolenv",
+            "emulators",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--profile",
+            str(profile_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"emulator exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+            )
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("emulator not ready in 90 s")
+
+
+def stop_service(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ------------------------------------------------------------------ load side (one process each)
+
+
+async def _load(
+    url: str, rate: float, n_total: int, t0: float, index: int, nproc: int, cap: int
+) -> dict[str, Any]:
+    from urllib.parse import urlsplit
+
+    from .loadgen import KeepAlivePool, post_request
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    mine = list(range(index, n_total, nproc))
+    planned = np.array([t0 + i / rate for i in mine])
+    done = np.full(len(mine), np.nan)
+    injected = np.full(len(mine), np.nan)
+    server_err = np.full(len(mine), np.nan)
+    status = np.zeros(len(mine), dtype=int)
+    requests = [
+        post_request(
+            host, port, "/retrieve", json.dumps({"queries": [f"bench query {i}"]}).encode()
+        )
+        for i in range(997)
+    ]
+    pool = KeepAlivePool(host, port)
+    # Connections for the expected concurrency, opened before the clock starts.
+    await pool.preopen(min(cap, int(rate / nproc * 0.6) + 16))
+    in_flight = 0
+    max_in_flight = 0
+    over_cap = 0
+
+    async def one(j: int, i: int) -> None:
+        nonlocal in_flight
+        try:
+            reply = await pool.request(requests[i % 997])
+            done[j] = reply.done
+            status[j] = reply.status
+            injected[j] = reply.injected_ms / 1000
+            server_err[j] = reply.timer_ms / 1000
+        except Exception:
+            status[j] = -1
+        finally:
+            in_flight -= 1
+
+    tasks: set[asyncio.Task] = set()
+    for j, i in enumerate(mine):
+        wait = planned[j] - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if in_flight >= cap:
+            over_cap += 1
+            status[j] = -2
+            continue
+        in_flight += 1
+        max_in_flight = max(max_in_flight, in_flight)
+        task = asyncio.ensure_future(one(j, i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=30)
+    pool.close()
+    return {
+        "planned": planned,
+        "done": done,
+        "injected": injected,
+        "server_err": server_err,
+        "status": status,
+        "max_in_flight": max_in_flight,
+        "over_cap": over_cap,
+    }
+
+
+def _load_process(args: tuple, out: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    out.send(asyncio.run(_load(*args)))
+    out.close()
+
+
+def run_rate(
+    url: str, rate: float, seconds: float, max_in_flight: int
+) -> dict[str, np.ndarray | int]:
+    """Drive the service at `rate` for `seconds` from several load processes; merge their records."""
+    nproc = max(1, min(2, math.ceil(rate / 1000)))
+    n_total = int(rate * seconds)
+    t0 = time.monotonic() + 1.5  # time for the processes to start
+    ctx = mp.get_context("fork")
+    pipes, procs = [], []
+    for k in range(nproc):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_load_process,
+            args=((url, rate, n_total, t0, k, nproc, max_in_flight // nproc), child),
+        )
+        p.start()
+        pipes.append(parent)
+        procs.append(p)
+    parts = [pipe.recv() for pipe in pipes]
+    for p in procs:
+        p.join()
+    merged = {
+        key: np.concatenate([part[key] for part in parts])
+        for key in ("planned", "done", "injected", "server_err", "status")
+    }
+    merged["t0"] = t0
+    merged["max_in_flight"] = sum(part["max_in_flight"] for part in parts)
+    merged["over_cap"] = sum(part["over_cap"] for part in parts)
+    merged["processes"] = nproc
+    return merged
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def _q(values: np.ndarray, p: float) -> float:
+    return float(np.quantile(values, p)) if values.size else math.nan
+
+
+def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dict[str, Any]:
+    from scipy import stats
+
+    ok = raw["status"] == 200
+    keep = raw["planned"] >= raw["t0"] + WARMUP_S
+    sel = ok & keep
+    realized = raw["done"][sel] - raw["planned"][sel]
+    scheduled = raw["injected"][sel]
+    timer = realized - scheduled
+    server_timer = raw["server_err"][sel]
+    dropped = int((~ok).sum())
+    duration = np.nanmax(raw["done"]) - raw["t0"] if np.isfinite(raw["done"]).any() else math.nan
+    out: dict[str, Any] = {
+        "target_rps": rate,
+        "seconds": seconds,
+        "sent": int(raw["status"].size - raw["over_cap"]),
+        "completed_ok": int(ok.sum()),
+        "achieved_rps": round(float(ok.sum()) / duration, 1) if duration else None,
+        "dropped": dropped,
+        "dropped_over_in_flight_cap": int(raw["over_cap"]),
+        "errors": int(((raw["status"] != 200) & (raw["status"] != -2)).sum()),
+        "max_in_flight": int(raw["max_in_flight"]),
+        "load_processes": int(raw["processes"]),
+        "measured": int(sel.sum()),
+    }
+    if realized.size:
+        out["ks_realized_vs_target"] = float(stats.ks_2samp(realized, target).statistic)
+        out["ks_scheduled_vs_target"] = float(stats.ks_2samp(scheduled, target).statistic)
+        out["ks_realized_vs_scheduled"] = float(stats.ks_2samp(realized, scheduled).statistic)
+        out["quantiles"] = {
+            f"p{p * 100:g}": {
+                "target_s": _q(target, p),
+                "realized_s": _q(realized, p),
+                "ratio": _q(realized, p) / _q(target, p),
+                "rel_error": _q(realized, p) / _q(target, p) - 1,
+            }
+            for p in QUANTILES
+        }
+        out["timer_error_ms"] = {
+            "client_p50": _q(timer, 0.5) * 1000,
+            "client_p99": _q(timer, 0.99) * 1000,
+            "client_p99.9": _q(timer, 0.999) * 1000,
+            "server_p50": _q(server_timer, 0.5) * 1000,
+            "server_p99": _q(server_timer, 0.99) * 1000,
+            "server_p99.9": _q(server_timer, 0.999) * 1000,
+        }
+    return out
+
+
+def verdict(s: dict[str, Any]) -> dict[str, bool]:
+    if "quantiles" not in s:
+        return {"ran": False}
+    return {
+        "ks<=0.01": s["ks_realized_vs_target"] <= TARGETS_1000["ks"],
+        "quantiles_within_2%": all(
+            abs(v["rel_error"]) <= TARGETS_1000["quantile_rel_error"]
+            for v in s["quantiles"].values()
+        ),
+        "timer_error_p99<=5ms": s["timer_error_ms"]["client_p99"]
+        <= TARGETS_1000["timer_error_p99_ms"],
+        "nothing_dropped": s["dropped"] == 0,
+    }
+
+
+def plot(results: list[dict], target: np.ndarray, raws: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    t = np.sort(target)
+    ax.plot(t, np.arange(1, t.size + 1) / t.size, color="black", lw=2, label="trace (target)")
+    for s, raw in zip(results, raws, strict=True):
+        sel = (raw["status"] == 200) & (raw["planned"] >= raw["t0"] + WARMUP_S)
+        r = np.sort(raw["done"][sel] - raw["planned"][sel])
+        if r.size:
+            ax.plot(
+                r,
+                np.arange(1, r.size + 1) / r.size,
+                lw=1,
+                label=f"realized at {s['target_rps']:g} rps (KS {s['ks_realized_vs_target']:.4f})",
+            )
+    ax.set_xscale("log")
+    ax.set_xlabel("search latency (s)")
+    ax.set_ylabel("P(latency <= x)")
+    ax.set_title("search emulator: realized vs recorded latency (open loop)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, required=True, help="JSON report path (a PNG is written beside it)"
+    )
+    parser.add_argument("--quick", action="store_true", help="5 s per rate instead of 30 s")
+    parser.add_argument(
+        "--trace", type=Path, default=DEFAULT_TRACE, help="PolyTrace search trace (file or dir)"
+    )
+    parser.add_argument("--rates", type=float, nargs="*", default=[200, 1000, 2000])
+    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument("--max-in-flight", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    seconds = args.seconds or (5.0 if args.quick else 30.0)
+
+    from emulators.latency import Profile, save_profile
+    from emulators.latency.specs import Constant, TraceReplay
+    from emulators.polytrace import tool_latencies
+
+    target = tool_latencies([args.trace], "search")
+    report: dict[str, Any] = {
+        "bench": "emulators.fidelity",
+        "command": "python -m emulators.bench --out FILE" + (" --quick" if args.quick else ""),
+        "trace": str(args.trace),
+        "trace_calls": int(target.size),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+        "targets_at_1000_rps": TARGETS_1000,
+        "warmup_excluded_s": WARMUP_S,
+        "rates": [],
+    }
+    raws = []
+    with tempfile.TemporaryDirectory() as tmp:
+        shuffled = np.random.default_rng(2509).permutation(target)
+        replay = save_profile(
+            Profile(
+                tool="search",
+                model=TraceReplay(values_s=[float(v) for v in shuffled]),
+                source=f"PolyTrace {args.trace.name} (bench)",
+            ),
+            Path(tmp) / "replay.json",
+        )
+        zero = save_profile(
+            Profile(tool="search", model=Constant(value_s=0.0), source="bench baseline"),
+            Path(tmp) / "zero.json",
+        )
+        # Baseline: the HTTP floor of this machine at 1,000 rps with no injected delay.
+        proc, url = start_service(zero)
+        try:
+            base = run_rate(url, 1000, min(seconds, 5.0) + WARMUP_S, args.max_in_flight)
+        finally:
+            stop_service(proc)
+        sel = (base["status"] == 200) & (base["planned"] >= base["t0"] + WARMUP_S)
+        floor = base["done"][sel] - base["planned"][sel]
+        report["baseline_zero_delay_1000rps_ms"] = {
+            "p50": _q(floor, 0.5) * 1000,
+            "p99": _q(floor, 0.99) * 1000,
+            "dropped": int((base["status"] != 200).sum()),
+        }
+        print(
+            f"baseline (zero delay, 1000 rps): p50 {report['baseline_zero_delay_1000rps_ms']['p50']:.2f} ms, p99 {report['baseline_zero_delay_1000rps_ms']['p99']:.2f} ms",
+            flush=True,
+        )
+        for rate in args.rates:
+            proc, url = start_service(
+                replay
+            )  # fresh service: the replay starts at the trace's first call
+            try:
+                raw = run_rate(url, rate, seconds + WARMUP_S, args.max_in_flight)
+            finally:
+                stop_service(proc)
+            s = summarize(raw, target, rate, seconds)
+            s["meets_1000rps_targets"] = verdict(s)
+            report["rates"].append(s)
+            raws.append(raw)
+            q = s.get("quantiles", {})
+            te = s.get("timer_error_ms", {})
+            print(
+                f"{rate:>6g} rps: achieved {s['achieved_rps']} rps, KS {s.get('ks_realized_vs_target', float('nan')):.4f}, "
+                + ", ".join(f"{k} x{v['ratio']:.3f}" for k, v in q.items())
+                + f", timer error p50 {te.get('client_p50', float('nan')):.2f} ms p99 {te.get('client_p99', float('nan')):.2f} ms"
+                + f" (server p99 {te.get('server_p99', float('nan')):.2f} ms), dropped {s['dropped']}",
+                flush=True,
+            )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    png = args.out.with_suffix(".png")
+    plot(report["rates"], target, raws, png)
+    report["plot"] = str(png)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"report: {args.out}, plot: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
