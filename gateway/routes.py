@@ -108,7 +108,8 @@ def _after(request: Request, runtime: ToolRuntime, outcome: Outcome) -> None:
                 step=parse_int_header(request.headers.get(STEP_HEADER)),
             )
         )
-    level = logging.DEBUG if outcome.kind == "ok" else logging.INFO
+    # Successes and 429s are the bulk under load: logging each would cost more than the call.
+    level = logging.DEBUG if outcome.kind in ("ok", "rejected") else logging.INFO
     if log.isEnabledFor(level):
         log.log(
             level,

@@ -163,7 +163,15 @@ class GatewaySettings(ServiceSettings):
     )
     rate_limit_burst: float = Field(default=100.0, ge=1)
     trace_path: str | None = Field(default=None, description="JSONL file for trace capture")
-    upstream_connect_timeout_s: float = Field(default=2.0, gt=0)
+    backlog: int = Field(default=4096, ge=64, description="listen backlog (bursts of connections)")
+    upstream_connect_timeout_s: float = Field(
+        default=10.0, gt=0, description="generous: an overloaded event loop must not fail connects"
+    )
+    upstream_keepalive_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="idle upstream connections closed after this (keep it below the upstream's own)",
+    )
     upstream_pool_size: int = Field(default=1024, ge=1)
 
     @field_validator("api_keys", mode="before")

@@ -42,7 +42,11 @@ class ToolSet:
         if any(t.mode == "proxy" for t in table):
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
-                    limit=self.settings.upstream_pool_size, keepalive_timeout=30, ttl_dns_cache=300
+                    limit=self.settings.upstream_pool_size,
+                    # below uvicorn's 5 s default: we close idle connections before the upstream
+                    # does, so a request is never written into a connection it is closing
+                    keepalive_timeout=self.settings.upstream_keepalive_s,
+                    ttl_dns_cache=300,
                 ),
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=self.settings.upstream_connect_timeout_s

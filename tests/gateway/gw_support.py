@@ -32,7 +32,7 @@ def free_port() -> int:
 
 
 class Upstream:
-    def __init__(self, name: str, unhealthy: bool = False) -> None:
+    def __init__(self, name: str, unhealthy: bool = False, plain: bool = False) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -46,6 +46,8 @@ class Upstream:
         ]
         if unhealthy:
             argv.append("--unhealthy")
+        if plain:
+            argv.append("--plain")
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -151,3 +153,13 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def describe(pids: set[int]) -> dict[int, str]:
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:
+            out[pid] = "<gone>"
+    return out

@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 
-def make_app(name: str, unhealthy: bool = False) -> Any:
+def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
     stats = {"started": 0, "finished": 0, "abandoned": 0, "deadline_ms": []}
 
     async def reply(send, status: int, payload: Any, headers: list | None = None) -> None:
@@ -67,8 +67,8 @@ def make_app(name: str, unhealthy: bool = False) -> Any:
         except ValueError:
             await reply(send, 400, {"detail": "body is not JSON"})
             return
-        if not isinstance(body, dict):
-            body = {"value": body}
+        if not isinstance(body, dict) or plain:
+            body = {"value": body}  # --plain: echo only, never steered (for fuzzing)
         if body.get("die"):
             os._exit(17)
         sleep_s = float(body.get("sleep_s", 0) or 0)
@@ -104,9 +104,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="upstream")
     parser.add_argument("--unhealthy", action="store_true")
+    parser.add_argument("--plain", action="store_true")
     args = parser.parse_args()
     uvicorn.run(
-        make_app(args.name, args.unhealthy),
+        make_app(args.name, args.unhealthy, args.plain),
         host="127.0.0.1",
         port=args.port,
         log_level="warning",
