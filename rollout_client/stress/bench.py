@@ -162,9 +162,15 @@ def ceiling(steps: list[dict[str, Any]]) -> float | None:
 
 
 def climb(
-    step_fn: Any, url: str, rates: list[float], duration_s: float, label: str
+    step_fn: Any,
+    url: str,
+    rates: list[float],
+    duration_s: float,
+    label: str,
+    must_reach: float = 0.0,
 ) -> list[dict[str, Any]]:
-    """Run steps in order; stop after two unsustained steps in a row (the ceiling is behind us)."""
+    """Run steps in order; stop after two unsustained steps in a row (the ceiling is behind us),
+    but not before `must_reach` (the rate the target is stated at)."""
     steps, misses = [], 0
     for rate in rates:
         step = step_fn(url, rate, duration_s)
@@ -176,7 +182,7 @@ def climb(
             flush=True,
         )
         misses = 0 if step["sustained"] else misses + 1
-        if misses >= 2:
+        if misses >= 2 and rate >= must_reach:
             break
     return steps
 
@@ -209,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         url = base + "/bench"
         run_load(LoadSpec(url=url, rate=500, duration_s=0.5))  # warm both sides up
         print("open loop, toolenv stress client (1 process, 1 core):", flush=True)
-        ours = climb(ours_step, url, ours_rates, step_s, "ours")
+        ours = climb(ours_step, url, ours_rates, step_s, "ours", must_reach=3000)
         print(
             f"open loop, httpx AsyncClient baseline ({HTTPX_OPEN_LOOP_CONNECTIONS} connections):",
             flush=True,
