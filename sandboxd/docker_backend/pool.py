@@ -17,6 +17,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,8 @@ class ContainerPool:
         self.lock_path = self.state_dir / f"{self.pool_id}.lock"
         self.dir = self.state_dir / self.pool_id
         self._lock_fd: int | None = None
-        self._idle: asyncio.Queue[SandboxContainer] = asyncio.Queue()
+        self._idle: deque[SandboxContainer] = deque()
+        self._waiters: deque[asyncio.Future[SandboxContainer]] = deque()
         self._live: dict[str, SandboxContainer] = {}
         self._starting = 0
         self._serial = 0
@@ -136,11 +138,11 @@ class ContainerPool:
             log.warning("removed %d containers left by a dead instance", len(self.reaped))
         self._refill()
         deadline = time.monotonic() + self.settings.docker_start_timeout_s
-        while self._idle.qsize() < self.settings.docker_pool_size:
+        while len(self._idle) < self.settings.docker_pool_size:
             if time.monotonic() > deadline:
                 raise SandboxUnavailable(
                     f"the docker pool did not warm up in {self.settings.docker_start_timeout_s} s"
-                    f" ({self._idle.qsize()} of {self.settings.docker_pool_size} ready):"
+                    f" ({len(self._idle)} of {self.settings.docker_pool_size} ready):"
                     f" {self.last_error}"
                 )
             if self.last_error and not self._live and self.created == 0 and self.failures >= 2:
@@ -150,6 +152,10 @@ class ContainerPool:
     async def close(self) -> None:
         """Remove every container this pool made, its socket dirs and its lock."""
         self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(SandboxUnavailable("the docker pool is closing"))
         # Let containers being created finish (each removes itself once it sees `_closed`):
         # cancelling would leave a create running in its worker thread, beyond our reach.
         pending = set(self._tasks)
@@ -188,17 +194,39 @@ class ContainerPool:
         """A clean idle container; waits (bounded by the deadline) while all are busy or starting."""
         if self._closed:
             raise SandboxUnavailable("the docker pool is closed")
+        if not self._waiters:
+            while self._idle:
+                container = self._idle.popleft()
+                if container.id in self._live:
+                    return container
+        # First come, first served: a freed container is handed to the oldest waiter, so a
+        # newcomer can never overtake a run that has been waiting (no starvation at high load).
+        waiter: asyncio.Future[SandboxContainer] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
         try:
             async with asyncio.timeout(deadline.remaining()):
-                while True:
-                    container = await self._idle.get()
-                    if container.id in self._live:
-                        return container
-        except TimeoutError:
-            raise SandboxUnavailable(
-                f"no sandbox container became free before the deadline "
-                f"({len(self._live)} live, {self._starting} starting; last error: {self.last_error})"
-            ) from None
+                return await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._offer(waiter.result())  # handed over just as we gave up: pass it on
+            else:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise SandboxUnavailable(
+                    f"no sandbox container became free before the deadline ({len(self._live)} "
+                    f"live, {self._starting} starting; last error: {self.last_error})"
+                ) from None
+            raise
+
+    def _offer(self, container: SandboxContainer) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(container)
+                return
+        self._idle.append(container)
 
     def release(self, container: SandboxContainer) -> None:
         """Back to the idle queue (the caller has seen the agent's clean reset)."""
@@ -207,7 +235,7 @@ class ContainerPool:
         if container.runs >= self.settings.docker_max_runs_per_container:
             self.discard(container, "recycled after its run budget")
             return
-        self._idle.put_nowait(container)
+        self._offer(container)
 
     def discard(self, container: SandboxContainer, reason: str) -> None:
         """Destroy a container in the background and start its replacement."""
@@ -267,7 +295,7 @@ class ContainerPool:
             await remove_container(self.client, container.id, container.socket_dir)
             return
         self._live[container.id] = container
-        self._idle.put_nowait(container)
+        self._offer(container)
         self._refill()
 
     def _spawn(self, coro: Any) -> None:
@@ -278,7 +306,7 @@ class ContainerPool:
     # ------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        idle = self._idle.qsize()
+        idle = len(self._idle)
         return {
             "pool_id": self.pool_id,
             "pool_size": self.settings.docker_pool_size,
@@ -286,6 +314,7 @@ class ContainerPool:
             "idle": idle,
             "busy": len(self._live) - idle,
             "refilling": self._starting,
+            "waiting": len(self._waiters),
             "created": self.created,
             "recycled": self.recycled,
             "reaped_at_start": len(self.reaped),
