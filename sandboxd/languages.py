@@ -20,6 +20,7 @@ class Language:
     run_argv: tuple[str, ...]
     compile_argv: tuple[str, ...] | None = None  # None: interpreted, no compile step
     aliases: tuple[str, ...] = ()
+    artifact: str | None = None  # what the compile step produces (workdir-relative), if any
 
     @property
     def compiled(self) -> bool:
@@ -46,6 +47,7 @@ LANGUAGES: dict[str, Language] = {
             source_file="main.c",
             compile_argv=("/usr/bin/gcc", "-O2", "-std=gnu17", "-o", "main", "main.c", "-lm"),
             run_argv=("./main",),
+            artifact="main",
         ),
         Language(
             name="cpp",
@@ -53,6 +55,7 @@ LANGUAGES: dict[str, Language] = {
             compile_argv=("/usr/bin/g++", "-O2", "-std=gnu++17", "-o", "main", "main.cpp", "-lm"),
             run_argv=("./main",),
             aliases=("c++", "cxx"),
+            artifact="main",
         ),
     )
 }

@@ -46,6 +46,11 @@ class RunSpec(BaseModel):
     fetch_files: list[str] = Field(default_factory=list)
     compile_limits: Limits = Field(default_factory=Limits)
     run_limits: Limits = Field(default_factory=Limits)
+    prebuilt: bytes | None = Field(
+        default=None,
+        description="the compile step's artifact from an earlier `compile` (process backend): "
+        "the compile step is skipped",
+    )
 
 
 class ExecResult(BaseModel):

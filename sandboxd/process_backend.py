@@ -197,6 +197,7 @@ class ProcessBackend:
         self._warm: dict[tuple[str, ...], list[_Warm]] = {}
         self._fillers: dict[tuple[str, ...], asyncio.Task[None]] = {}
         self._warm_hits = 0
+        self._compiles = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -285,6 +286,7 @@ class ProcessBackend:
             "bwrap": self.bwrap,
             "running": self._running,
             "runs_total": self._runs,
+            "compiles_total": self._compiles,
             "cgroups": self.cgroups.controllers or self.cgroups.unavailable_reason,
             "cgroups_draining": self.cgroups.draining,
             "workdir_root": str(self.root) if self.root else None,
@@ -468,7 +470,16 @@ class ProcessBackend:
         except (InvalidPath, OSError) as exc:
             result.message = f"could not prepare the working dir: {exc}"
             return result
-        if lang.compile_argv is not None:
+        if spec.prebuilt is not None and lang.artifact is not None:
+            try:
+                artifact = workdir / lang.artifact
+                artifact.write_bytes(spec.prebuilt)
+                artifact.chmod(0o755)
+            except OSError as exc:
+                result.message = f"could not prepare the working dir: {exc}"
+                return result
+        elif lang.compile_argv is not None:
+            self._compiles += 1
             result.compile = await self._exec(
                 list(lang.compile_argv), workdir, spec.compile_limits, b"", deadline, slot
             )
@@ -482,6 +493,37 @@ class ProcessBackend:
         )
         result.files = self._fetch(workdir, spec.fetch_files, spec.run_limits)
         return result
+
+    async def compile(self, spec: RunSpec, deadline: Deadline) -> tuple[ExecResult, bytes | None]:
+        """Compile once (for many runs of the same program): the result and the artifact."""
+        if not self._started or self.root is None:
+            raise SandboxUnavailable("process backend is not started")
+        lang = get_language(spec.language)
+        if lang.compile_argv is None or lang.artifact is None:
+            raise ValueError(f"{lang.name} has no compile step")
+        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self.root))
+        slot = self.cgroups.acquire()
+        self._running += 1
+        self._compiles += 1
+        try:
+            for name, content in spec.files.items():
+                target = workdir / safe_relative_path(name)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            (workdir / lang.source_file).write_text(spec.code)
+            result = await self._exec(
+                list(lang.compile_argv), workdir, spec.compile_limits, b"", deadline, slot
+            )
+            artifact = None
+            if result.status == ExecStatus.FINISHED and result.exit_code == 0:
+                with contextlib.suppress(OSError):
+                    artifact = self._fetch(workdir, [lang.artifact], Limits()).get(lang.artifact)
+            return result, artifact
+        finally:
+            self._running -= 1
+            shutil.rmtree(workdir, ignore_errors=True)
+            if slot is not None:
+                self.cgroups.release(slot)
 
     def _fetch(self, workdir: Path, names: list[str], limits: Limits) -> dict[str, bytes]:
         """Read requested files, refusing symlinks and anything outside the working dir."""

@@ -259,6 +259,26 @@ class SandboxService:
                     backend=getattr(backend, "name", None),
                 )
 
+    async def _compile_once(
+        self, spec: RunSpec, deadline: Deadline
+    ) -> tuple[ExecResult, bytes | None] | None:
+        """For run_tests: compile one time when the backend can (None: it cannot, or no need)."""
+        backend = self._require_started()
+        compile_fn = getattr(backend, "compile", None)
+        if compile_fn is None or get_language(spec.language).compile_argv is None:
+            return None
+        async with self.admission.slot(deadline):
+            try:
+                return await compile_fn(spec, deadline)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("sandbox backend failed to compile")
+                return (
+                    ExecResult(status=ExecStatus.ERROR, message=f"sandbox backend error: {exc}"),
+                    None,
+                )
+
     async def run_code(self, req: RunCodeRequest, deadline: Deadline) -> RunCodeResponse:
         """SandboxFusion semantics: Success only if compile (if any) and run exited 0."""
         spec = self._spec(
@@ -334,6 +354,28 @@ class SandboxService:
         ]
         results: list[CaseResult | None] = [None] * len(specs)
         compile_result: CommandRunResult | None = None
+        prebuilt = await self._compile_once(specs[0], deadline)
+        if prebuilt is not None:
+            compiled, artifact = prebuilt
+            compile_result = _exec_to_wire(compiled)
+            if artifact is None:
+                verdict = (
+                    Verdict.SANDBOX_ERROR
+                    if compiled.status == ExecStatus.ERROR
+                    else Verdict.COMPILE_ERROR
+                )
+                cases = [CaseResult(index=i, verdict=verdict) for i in range(len(specs))]
+                return RunTestsResponse(
+                    verdict=verdict,
+                    passed=0,
+                    total=len(cases),
+                    pass_fraction=0.0,
+                    compile_result=compile_result,
+                    cases=cases,
+                    message=compiled.message or "compilation failed",
+                    executor_pod_name=self.pod_name,
+                )
+            specs = [spec.model_copy(update={"prebuilt": artifact}) for spec in specs]
         stop = asyncio.Event()
         next_index = iter(range(len(specs)))
         workers = min(len(specs), req.concurrency or s.concurrency, s.concurrency)

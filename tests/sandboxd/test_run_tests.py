@@ -114,8 +114,16 @@ def test_compile_error_is_one_verdict_for_the_program(server: SandboxdServer) ->
 def test_cpp_cases(server: SandboxdServer) -> None:
     code = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}"
     cases = [{"stdin": f"{i} {i}", "expected_stdout": str(2 * i)} for i in range(3)]
+    compiles = server.client.get("/v1/sandbox/status").json()["compiles_total"]
     res = run_tests(server, code=code, language="cpp", cases=cases, compile_timeout=30)
     assert res["verdict"] == "accepted", res
+    assert res["compile_result"]["status"] == "Finished"
+    # compiled once for the request; every case ran the binary in its own sandbox
+    assert server.client.get("/v1/sandbox/status").json()["compiles_total"] == compiles + 1
+    cases = [{"stdin": "", "expected_stdout": "0"}] * 2
+    code = "int main(){ int *p = 0; return *p; }"
+    res = run_tests(server, code=code, language="c", cases=cases)
+    assert [c["verdict"] for c in res["cases"]] == ["runtime_error", "runtime_error"]
 
 
 @pytest.mark.parametrize(
