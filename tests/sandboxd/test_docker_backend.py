@@ -218,3 +218,36 @@ def test_runs_wait_for_a_container_bounded_by_their_deadline(portal, image: str)
         pool_id = b.pool.pool_id
         portal.call(b.close)
     assert labelled(pool_id) == []
+
+
+def test_cancelled_run_destroys_its_container(portal, backend) -> None:
+    """A caller that gives up (cancelled scope) leaves no program running: the container goes."""
+
+    async def cancel_midway() -> str:
+        import asyncio
+
+        before = set(backend.pool._live)
+        task = asyncio.create_task(
+            backend.run(
+                RunSpec(language="python", code="import time; time.sleep(30)"), Deadline.after(60)
+            )
+        )
+        await asyncio.sleep(0.5)
+        busy = set(backend.pool._live) - {c.id for c in backend.pool._idle}
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        (victim,) = busy & before
+        return victim
+
+    victim = portal.call(cancel_midway)
+    client = docker.from_env()
+    end = time.monotonic() + 20
+    while client.api.containers(all=True, filters={"id": victim}) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not client.api.containers(all=True, filters={"id": victim})
+    while backend.status()["live"] < 2 and time.monotonic() < end:
+        time.sleep(0.1)
+    assert backend.status()["live"] == 2  # replaced in the background

@@ -365,7 +365,7 @@ def test_unresponsive_agent_is_replaced_at_the_deadline(portal, backend) -> None
     assert r.sandbox_id == victim.name
     gone_by = time.monotonic() + 20
     while time.monotonic() < gone_by:
-        if not client.containers.list(all=True, filters={"id": victim.id}):
+        if not client.api.containers(all=True, filters={"id": victim.id}):
             break
         time.sleep(0.1)
     else:
