@@ -272,29 +272,27 @@ class LoadResult:
 
     @property
     def achieved_rate(self) -> float:
-        """Responses (any status) per second, over the window in which they arrived.
-
-        Constant latency gives exactly the sent rate; a server that falls behind stretches the
-        window (responses pile up after the sending ends) and shows a lower rate.
-        """
-        got = self.status > 0
-        n = int(np.count_nonzero(got))
-        if n < 2:
-            return float(n) / self.wall_s if self.wall_s > 0 else 0.0
-        done = self.done[got]
-        span = float(done.max() - done.min())
-        return (n - 1) / span if span > 0 else 0.0
-
-    @property
-    def send_rate(self) -> float:
-        """Requests actually sent per second over the sending window."""
+        """Requests actually sent per second over the sending window (compare with the target:
+        below it, the generator or its connections could not keep up)."""
         sent = self.sent[~np.isnan(self.sent)]
         if len(sent) < 2:
-            return 0.0
+            return float(len(sent)) / self.spec.duration_s
         span = float(sent.max())
         if self.target_rate:
             span += 1.0 / self.target_rate
         return len(sent) / span if span > 0 else 0.0
+
+    @property
+    def send_rate(self) -> float:
+        return self.achieved_rate
+
+    @property
+    def throughput(self) -> float:
+        """Successful responses per second, until the last response arrived (as vegeta counts).
+
+        Lower than the sent rate when requests fail, or when a slow tail outlives the run."""
+        ok = int(np.count_nonzero((self.status >= 200) & (self.status < 400) & (self.error == 0)))
+        return ok / self.wall_s if self.wall_s > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """The JSON-ready figures (see `stats.summarize`); computed once."""

@@ -49,6 +49,7 @@ class RampResult:
                     "rate": s.rate,
                     "ok": s.ok,
                     "achieved_rate": s.summary["achieved_rate"],
+                    "throughput": s.summary["throughput"],
                     "error_rate": s.summary["error_rate"],
                     "ok_corrected_ms": s.summary["outcomes"].get("ok", {}).get("corrected_ms"),
                     "slos": [v.as_dict() for v in s.verdicts],

@@ -105,8 +105,8 @@ def rates_line(summary: dict[str, Any]) -> str:
     sched = summary["scheduling_error_ms"]
     return (
         f"requests {summary['requests']}  responses {summary['responses']}  "
-        f"sent {summary['send_rate']:.1f} rps{target_text}, "
-        f"answered {summary['achieved_rate']:.1f} rps (over the window responses arrived in)\n"
+        f"sent {summary['achieved_rate']:.1f} rps{target_text}, "
+        f"throughput {summary['throughput']:.1f} ok/s (until the last response)\n"
         f"errors {_pct(summary['error_rate'])}  timeouts {_pct(summary['timeout_rate'])}  "
         f"statuses {status}\n"
         f"send lag behind schedule: p50 {_ms(sched['p50'])} ms, p99 {_ms(sched['p99'])} ms"
@@ -142,7 +142,7 @@ def ramp_step_line(step: RampStep) -> str:
         "met" if step.ok else "BROKEN: " + ", ".join(v.slo.text for v in step.verdicts if not v.ok)
     )
     return (
-        f"{step.rate:>9.1f} rps -> achieved {step.summary['achieved_rate']:8.1f}  "
+        f"{step.rate:>9.1f} rps -> sent {step.summary['achieved_rate']:8.1f}  "
         f"p50 {_ms(ok.get('p50'))} ms  p99 {_ms(ok.get('p99'))} ms  "
         f"errors {_pct(step.summary['error_rate'])}  {verdict}"
     )
@@ -150,7 +150,7 @@ def ramp_step_line(step: RampStep) -> str:
 
 def ramp_table(ramp: RampResult) -> Table:
     table = Table(title="ramp", title_justify="left")
-    for col in ("target rps", "achieved rps", "p50 ms", "p99 ms", "p99.9 ms", "errors", "SLOs"):
+    for col in ("target rps", "sent rps", "p50 ms", "p99 ms", "p99.9 ms", "errors", "SLOs"):
         table.add_column(col, justify="right" if col != "SLOs" else "left")
     for s in ramp.steps:
         ok = s.summary["outcomes"].get("ok", {}).get("corrected_ms", {})

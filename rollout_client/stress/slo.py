@@ -6,7 +6,8 @@ Grammar: `<metric>=<limit>`.
   scheduled send time (the honest figure). A run with no successful request breaks them.
 - `errors` and `timeouts`: the share of requests that did not succeed / timed out, as `0.1%` or
   a fraction `0.001`; the limit is inclusive.
-- `rate`: the achieved rate must reach this share of the target (`rate=95%`), open loop only.
+- `rate`: the rate actually sent must reach this share of the target (`rate=95%`), open loop
+  only: below it the generator (or its connection limit) could not keep up.
 """
 
 from __future__ import annotations

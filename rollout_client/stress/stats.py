@@ -111,7 +111,7 @@ def summarize(result: LoadResult) -> dict[str, Any]:
         "wall_s": result.wall_s,
         "target_rate": result.target_rate,
         "achieved_rate": result.achieved_rate,
-        "send_rate": result.send_rate,
+        "throughput": result.throughput,
         "error_rate": not_ok / n if n else 0.0,
         "timeout_rate": timeouts / n if n else 0.0,
         "status_counts": {

@@ -113,7 +113,9 @@ def resolve_target(
     if not gateway or not tool:
         raise TargetError("--gateway and --tool go together")
     args: Any
-    if tool == "run_code" and payload is not None:
+    if tool == "run_code":  # the gateway's default tools table calls the code sandbox "sandbox"
+        tool = "sandbox"
+    if tool == "sandbox" and payload is not None:
         if body_file is not None or arguments is not None:
             raise TargetError("give --payload, --arguments or --body-file, not several")
         if payload not in RUN_CODE_PAYLOADS:
@@ -121,7 +123,7 @@ def resolve_target(
             raise TargetError(f"unknown run_code payload {payload!r}; built-in: {known}")
         args = RUN_CODE_PAYLOADS[payload]
     elif payload is not None:
-        raise TargetError("--payload is for --tool run_code")
+        raise TargetError("--payload is for --tool run_code (or sandbox)")
     elif body_file is not None:
         args = _read_json(body_file)
     elif arguments is not None or body is not None:
@@ -129,7 +131,7 @@ def resolve_target(
             args = json.loads(arguments if arguments is not None else body)  # type: ignore[arg-type]
         except ValueError as exc:
             raise TargetError(f"--arguments is not JSON: {exc}") from exc
-    elif tool == "run_code":
+    elif tool == "sandbox":
         args = RUN_CODE_PAYLOADS["trivial"]
     elif tool == "search":
         args = {"query": "who wrote the origin of species", "topk": 3}

@@ -142,6 +142,7 @@ def test_gateway_tool_targets() -> None:
     assert t.url == "http://127.0.0.1:8080/v1/tools/search/call"
     assert t.body == {"arguments": {"query": "x"}}
     t = resolve_target(gateway="http://127.0.0.1:8080", tool="run_code", payload="hostile")
+    assert t.url == "http://127.0.0.1:8080/v1/tools/sandbox/call"  # the gateway's name for it
     assert (
         t.body["arguments"]["language"] == "python" and "while True" in t.body["arguments"]["code"]
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -76,18 +77,20 @@ def test_cli_p50_p99_match_the_search_emulator_profile_within_2_percent(toolenv_
 
 def test_open_loop_shows_a_stall_that_closed_loop_hides() -> None:
     with serve("stall", period_s=5.0, stall_s=1.0) as url:
-        # 6 s covers at least one whole 1 s stall whatever the phase
-        opened = run_load(LoadSpec(url=url + "/x", rate=100, duration_s=6.0, timeout_s=5))
-        closed = run_load(
-            LoadSpec(
-                url=url + "/x",
-                arrival="closed",
-                concurrency=4,
-                duration_s=6.0,
-                max_requests=300_000,
-                timeout_s=5,
-            )
+        # 6 s covers at least one whole 1 s stall whatever the phase; both loads run at once
+        open_spec = LoadSpec(url=url + "/x", rate=100, duration_s=6.0, timeout_s=5)
+        closed_spec = LoadSpec(
+            url=url + "/x",
+            arrival="closed",
+            concurrency=4,
+            duration_s=6.0,
+            max_requests=300_000,
+            timeout_s=5,
         )
+        with ThreadPoolExecutor(2) as pool:
+            open_future = pool.submit(run_load, open_spec)
+            closed_future = pool.submit(run_load, closed_spec)
+            opened, closed = open_future.result(), closed_future.result()
     open_ok = opened.summary()["outcomes"]["ok"]
     closed_ok = closed.summary()["outcomes"]["ok"]
     assert open_ok["count"] == 600
