@@ -179,6 +179,21 @@ async def closed_loop(url: str, concurrency: int, n: int) -> dict[str, Any]:
     return out
 
 
+async def watch_admission(url: str, period_s: float = 0.05) -> dict[str, int]:
+    """Until cancelled: the most programs seen running at once and requests seen waiting."""
+    seen = {"max_running_seen": 0, "max_waiting_seen": 0}
+    try:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                async with session.get(url + "/v1/sandbox/status") as r:
+                    adm = (await r.json()).get("admission", {})
+                seen["max_running_seen"] = max(seen["max_running_seen"], adm.get("running", 0))
+                seen["max_waiting_seen"] = max(seen["max_waiting_seen"], adm.get("waiting", 0))
+                await asyncio.sleep(period_s)
+    except asyncio.CancelledError:
+        return seen
+
+
 async def measure_backend(
     backend: str, sizes: dict[str, int], extra: list[str], console: Console
 ) -> dict[str, Any]:
@@ -194,11 +209,18 @@ async def measure_backend(
             ("c64", 64, sizes["c64"]),
         ):
             console.print(f"  {label}: {n} runs at concurrency {conc}")
-            r = await closed_loop(server.url, conc, n)
+            watcher = asyncio.create_task(watch_admission(server.url))
+            try:
+                r = await closed_loop(server.url, conc, n)
+            finally:
+                watcher.cancel()
+                seen = await asyncio.gather(watcher, return_exceptions=True)
             r.pop("_latencies")
+            if isinstance(seen[0], dict):
+                r.update(seen[0])
             result[label] = r
         status = httpx.get(server.url + "/v1/sandbox/status", timeout=5).json()
-        result["max_running"] = status.get("admission", {}).get("capacity")
+        result["capacity"] = status.get("admission", {}).get("capacity")
         if sizes["soak"]:
             console.print(f"  soak: {sizes['soak']} consecutive runs")
             fds0, rss0 = server.fds(), server.rss_kb()
@@ -270,13 +292,15 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
 
 def print_report(report: dict[str, Any], console: Console) -> None:
     t = Table(title="sandboxd: print(1) in python", title_justify="left")
-    for col in ("what", "p50 ms", "p99 ms", "runs/s", "429s"):
+    for col in ("what", "p50 ms", "p99 ms", "runs/s", "429s", "max running"):
         t.add_column(col)
     for name, b in report["baselines"].items():
-        t.add_row(f"baseline {name}", str(b["p50_ms"]), str(b["p99_ms"]), str(b.get("rps", "")), "")
+        t.add_row(
+            f"baseline {name}", str(b["p50_ms"]), str(b["p99_ms"]), str(b.get("rps", "")), "", ""
+        )
     for backend, r in report["backends"].items():
         if "error" in r:
-            t.add_row(backend, "error", r["error"][:60], "", "")
+            t.add_row(backend, "error", r["error"][:60], "", "", "")
             continue
         for label in ("c1", "c16", "c64"):
             x = r[label]
@@ -286,6 +310,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                 str(x["p99_ms"]),
                 str(x["rps"]),
                 str(x["rejected_429"]),
+                f"{x.get('max_running_seen', '?')} of {r.get('capacity')}",
             )
     console.print(t)
     for backend, r in report["backends"].items():
