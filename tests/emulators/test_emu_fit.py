@@ -143,3 +143,21 @@ def test_shipped_profiles_name_their_source_and_match_the_published_facts() -> N
     assert reward.tool == "reward" and reward.reference["batch_size"] == 64
     rdraws = reward.model.build().sample_many(np.random.default_rng(2), 20_000)
     assert 60 < rdraws.mean() < 100
+
+
+def test_per_step_drift_profile_switches_by_step() -> None:
+    from emulators.fit import empirical_table, per_step_drift
+
+    rng = np.random.default_rng(4)
+    steps = np.repeat([0, 1, 2], 1000)
+    data = np.concatenate(
+        [rng.uniform(0.1, 0.2, 1000), rng.uniform(1.0, 2.0, 1000), rng.uniform(5, 6, 1000)]
+    )
+    drift = per_step_drift(steps, data)
+    assert drift.by == "step" and drift.calls_per_step == 1000 and len(drift.schedule) == 3
+    sampler = drift.build()
+    for step, (lo, hi) in enumerate([(0.1, 0.2), (1.0, 2.0), (5, 6)]):
+        draws = [sampler.sample(rng, step=step) for _ in range(200)]
+        assert lo <= min(draws) and max(draws) <= hi
+    table = empirical_table(data)
+    assert table.quantiles[0] == (0.0, pytest.approx(data.min(), abs=1e-6))

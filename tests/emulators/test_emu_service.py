@@ -353,3 +353,30 @@ def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
             assert float(r.headers[INJECTED]) >= 100.0  # delay = max(real, sampled)
     finally:
         s.stop()
+
+
+def test_drifting_profile_follows_the_callers_step(client: httpx.Client) -> None:
+    drift = {
+        "model": {
+            "kind": "drift",
+            "by": "step",
+            "schedule": [
+                {"start": 0, "model": {"kind": "constant", "value_s": 0.01}},
+                {"start": 3, "model": {"kind": "constant", "value_s": 0.03}},
+            ],
+        }
+    }
+    assert client.put("/v1/emulators/search/profile", json=drift).status_code == 200
+    delays = [
+        client.post("/v1/emulators/search/call", json={"query": "q", "step": s}).headers[INJECTED]
+        for s in (0, 2, 3, 9)
+    ]
+    assert delays == ["10.000", "10.000", "30.000", "30.000"]
+    by_header = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Step": "4"})
+    assert by_header.headers[INJECTED] == "30.000"
+    assert (
+        client.post(
+            "/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Step": "-1"}
+        ).status_code
+        == 400
+    )
