@@ -15,44 +15,58 @@ def write_json(report: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def table(report: dict[str, Any]) -> Table:
+_ROWS: list[tuple[str, str]] = [
+    ("completed", "completed"),
+    ("launched", "launched"),
+    ("makespan_s", "makespan (s)"),
+    ("trajectories_per_s", "trajectories/s"),
+    ("tokens_per_s", "generated tokens/s"),
+    ("engine_busy_fraction", "engine busy"),
+    ("mean_batch_occupancy", "mean batch occupancy"),
+    ("share:generate", "time generating"),
+    ("share:queue", "time queueing"),
+    ("share:tool_wait", "time waiting on tools"),
+    ("share:barrier_wait", "time at the sync barrier"),
+    ("tail_share", "tail share (last 10%)"),
+    ("tool_timeouts", "tool timeouts"),
+    ("tool_errors", "tool errors"),
+    ("aborted", "aborted"),
+    ("carried", "carried over"),
+    ("wasted_tokens", "wasted tokens"),
+    ("staleness", "staleness (steps: count)"),
+    ("prefix_hit_rate", "prefix-cache hit rate"),
+]
+_PERCENT = {"engine_busy_fraction", "mean_batch_occupancy", "tail_share", "prefix_hit_rate"}
+
+
+def _cell(step: dict[str, Any], key: str) -> str:
+    if key.startswith("share:"):
+        return f"{step['time_share'][key.removeprefix('share:')]:.0%}"
+    if key == "staleness":
+        return " ".join(f"{k}:{v}" for k, v in step["staleness"].items()) or "-"
+    if key == "prefix_hit_rate":
+        cache = step.get("prefix_cache")
+        return f"{cache['hit_rate']:.0%}" if cache else "-"
+    value = step[key]
+    if key in _PERCENT:
+        return f"{value:.0%}"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def table(report: dict[str, Any], max_steps: int = 6) -> Table:
+    """One row per metric, one column per step (narrow terminals stay readable)."""
+    scale = report.get("time_scale", 1.0)
+    note = f" (sim at {scale:g}x real time)" if scale != 1.0 else ""
     t = Table(
-        title=f"rollout: policy {report['policy']}, engine {report['engine']}", title_justify="left"
+        title=f"rollout: policy {report['policy']}, engine {report['engine']}{note}",
+        title_justify="left",
     )
-    columns = (
-        "step",
-        "done",
-        "makespan",
-        "traj/s",
-        "tok/s",
-        "busy",
-        "occ",
-        "gen/q/tool/bar",
-        "tail",
-        "t/o",
-        "abort",
-        "carry",
-        "waste",
-    )
-    for col in columns:
-        t.add_column(col, justify="right")
-    for s in report["steps"]:
-        share = s["time_share"]
-        t.add_row(
-            str(s["step"]),
-            str(s["completed"]),
-            f"{s['makespan_s']:.2f}",
-            f"{s['trajectories_per_s']:.2f}",
-            f"{s['tokens_per_s']:.0f}",
-            f"{s['engine_busy_fraction']:.0%}",
-            f"{s['mean_batch_occupancy']:.0%}",
-            f"{share['generate']:.0%}/{share['queue']:.0%}/{share['tool_wait']:.0%}/{share['barrier_wait']:.0%}",
-            f"{s['tail_share']:.0%}",
-            str(s["tool_timeouts"]),
-            str(s["aborted"]),
-            str(s["carried"]),
-            str(s["wasted_tokens"]),
-        )
+    t.add_column("metric")
+    steps = report["steps"][:max_steps]
+    for s in steps:
+        t.add_column(f"step {s['step']}", justify="right")
+    for key, label in _ROWS:
+        t.add_row(label, *(_cell(s, key) for s in steps))
     return t
 
 

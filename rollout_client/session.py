@@ -139,6 +139,7 @@ async def run_rollout(
         "engine": settings.engine,
         "started_at": started,
         "settings": settings.model_dump(mode="json"),
+        "time_scale": settings.time_scale if settings.engine == "sim" else 1.0,
         "summary": summarize(steps),
         "steps": steps,
     }

@@ -8,6 +8,9 @@ Exact mode (`exact=True`) sends each call's recorded latency as `delay_s`: the s
 sleeps exactly that long, so the replay reproduces the very latency of that very call. Otherwise
 the emulator draws the latency from its own model.
 
+With the simulated engine running `time_scale` times faster than its cost model, exact mode
+sends `latency_s / time_scale`, so generation and tools are compressed alike.
+
 Scaling for small models (`LengthScale`): every length is multiplied by `factor` (rounded up,
 at least 1 token for outputs) and then capped (`max_prompt`, `max_output`, `max_append`), so a
 trace recorded with a 7B model and 7k-token contexts runs on a tiny CPU model in seconds while
@@ -54,6 +57,7 @@ def plan_from_record(
     scale: LengthScale = LengthScale(),
     exact: bool = False,
     topk: int = 3,
+    delay_scale: float = 1.0,
 ) -> TrajectoryPlan:
     sample = record.sample_id if record.sample_id is not None else index
     group = record.prompt_group_id if record.prompt_group_id is not None else index
@@ -72,7 +76,7 @@ def plan_from_record(
             append = scale.append(recorded)
             arguments["response_tokens"] = append
             if exact:
-                arguments["delay_s"] = call.latency_s
+                arguments["delay_s"] = call.latency_s * delay_scale
             calls.append(
                 ToolCallPlan(
                     call.tool_name,
@@ -101,6 +105,7 @@ def replay_plans(
     limit: int | None = None,
     sample: float | None = None,
     seed: int = 0,
+    delay_scale: float = 1.0,
 ) -> Iterator[TrajectoryPlan]:
     """Plans from PolyTrace files, streamed; `sample` keeps each trajectory with that probability."""
     rng = random.Random(seed)
@@ -113,5 +118,5 @@ def replay_plans(
                 continue
             if limit is not None and n >= limit:
                 return
-            yield plan_from_record(record, index - 1, scale, exact)
+            yield plan_from_record(record, index - 1, scale, exact, delay_scale=delay_scale)
             n += 1
