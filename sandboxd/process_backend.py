@@ -838,10 +838,13 @@ class _Execution:
         except OSError:
             chunk = b""
         if not chunk:
-            self.loop.remove_reader(fd)
-            del self.readers[fd]
+            self._close_reader(fd)
             self._maybe_done()
             return
+        self._take(stream, chunk)
+
+    def _take(self, stream: str, chunk: bytes) -> None:
+        """Keep output up to the cap; past it, kill the program (OutputLimitExceeded)."""
         buf = self.buffers[stream]
         room = self.lim.output_bytes - len(buf)
         if len(chunk) > room:
@@ -855,15 +858,22 @@ class _Execution:
             return
         buf.extend(chunk)
 
+    def _close_reader(self, fd: int) -> None:
+        if self.readers.pop(fd, None) is not None:
+            self.loop.remove_reader(fd)
+
     def _on_exit(self) -> None:
         self.loop.remove_reader(self.pidfd)
         self.ended_at = time.monotonic()
         assert self.proc is not None
         # wait4 rather than Popen.wait: the rusage carries the CPU time of the program and of
         # every descendant it (or, at namespace teardown, the kernel) reaped.
-        _, status, usage = os.wait4(self.proc.pid, 0)
-        self.proc.returncode = os.waitstatus_to_exitcode(status)
-        self.cpu_time_s = usage.ru_utime + usage.ru_stime
+        try:
+            _, status, usage = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.cpu_time_s = usage.ru_utime + usage.ru_stime
+        except ChildProcessError:  # reaped elsewhere: keep what Popen knows
+            self.proc.poll()
         self.exited = True
         if self.slot is not None and self.slot.task_count():
             self.slot.kill_all()  # backstop (insecure mode: daemons; bwrap: nothing should be left)
@@ -871,24 +881,31 @@ class _Execution:
             # Everything is dead: do not wait for EOF from a pipe someone leaked.
             for fd in list(self.readers):
                 self._drain_nonblocking(fd)
+        elif self.readers:
+            # The program is gone but a pipe is still open (without isolation, a daemon may
+            # hold it): take what is there shortly, then stop waiting.
+            self.loop.call_later(0.5, self._stop_reading)
+        self._maybe_done()
+
+    def _stop_reading(self) -> None:
+        for fd in list(self.readers):
+            self._drain_nonblocking(fd)
         self._maybe_done()
 
     def _drain_nonblocking(self, fd: int) -> None:
-        with contextlib.suppress(OSError):
-            while fd in self.readers:
-                self._on_output(fd)
-                if (
-                    fd in self.readers
-                    and len(self.buffers[self.readers[fd]]) >= self.lim.output_bytes
-                ):
-                    break
-                try:
-                    os.read(fd, 0)
-                except BlockingIOError:
-                    break
-        if fd in self.readers:
-            self.loop.remove_reader(fd)
-            del self.readers[fd]
+        """Take whatever is buffered in the pipe now, then stop reading it."""
+        stream = self.readers.get(fd)
+        while stream is not None and not self.truncated[stream]:
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._take(stream, chunk)
+        self._close_reader(fd)
 
     def _on_timeout(self) -> None:
         self.timer = None

@@ -61,6 +61,33 @@ async def test_insecure_mode_runs_without_bwrap() -> None:
             Deadline.after(30),
         )
         assert r.run is not None and r.run.status == "TimeLimitExceeded"
+        # a daemon that keeps stdout open neither holds the run nor survives it (cgroup backstop)
+        daemon = (
+            "import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "print('parent done', flush=True)\n"
+        )
+        r = await backend.run(
+            RunSpec(language="python", code=daemon, run_limits=Limits(wall_time_s=20)),
+            Deadline.after(30),
+        )
+        assert r.run is not None and r.run.stdout == "parent done\n"
+        assert r.run.wall_time_s < 5
+        for _ in range(100):
+            if not any(
+                (d / "cgroup.procs").read_text().strip()
+                for base in backend.cgroups.bases.values()
+                for d in base.iterdir()
+                if d.is_dir()
+            ):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the daemon survived its run")
     finally:
         await backend.close()
     assert backend.root is not None and not backend.root.exists()
