@@ -15,6 +15,7 @@ from toolenv import __version__
 from .admission import RateLimits
 from .guard import Guard
 from .metrics import GatewayMetrics
+from .passthrough import PassThrough
 from .routes import router
 from .settings import GatewaySettings
 from .toolset import ToolSet
@@ -90,6 +91,7 @@ def create_app(settings: GatewaySettings | None = None, config_file: str | None 
         if settings.rate_limit_per_s
         else None
     )
+    app.add_middleware(PassThrough, state=app.state)  # inside the guard: keys and limits apply
     app.add_middleware(
         Guard,
         api_keys=[k.get_secret_value() for k in settings.api_keys],

@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from emulators.polytrace.records import ToolCallRecord
-from toolenv.deadline import DEADLINE_HEADER, DeadlineHeaderError, parse_deadline_ms
+from toolenv.deadline import DEADLINE_HEADER, DeadlineHeaderError
 
+from .calls import CallContext, failure_answer, run_call
 from .dispatch import Outcome, ToolRuntime
 from .schemas import (
     RetrieveBody,
@@ -25,13 +25,10 @@ from .schemas import (
     openai_function,
 )
 from .toolset import ToolSet
-from .trace import STEP_HEADER, TRAJECTORY_HEADER, TURN_HEADER, parse_int_header
-from .upstream import INJECTED_DELAY_HEADER
 
 log = logging.getLogger("toolenv.gateway")
 router = APIRouter()
 
-FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream_failed": 502}
 _FAILURES = {
     429: {"model": ToolFailureResponse, "description": "saturated (Retry-After) or rate limited"},
     502: {"model": ToolFailureResponse, "description": "the upstream failed mid-request"},
@@ -69,98 +66,21 @@ def _request_id(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id", "")
 
 
-def _header_deadline_ms(request: Request) -> float | None:
-    raw = request.headers.get(DEADLINE_HEADER)
-    if raw is None:
-        return None
-    try:
-        return parse_deadline_ms(raw) * 1000.0
-    except DeadlineHeaderError as exc:
-        raise HTTPException(400, str(exc)) from None
-
-
-async def _run(
-    request: Request, runtime: ToolRuntime, path: str, body: bytes, requested_ms: float | None
-) -> Outcome:
-    deadline, deadline_ms = runtime.deadline_for(requested_ms)
-    headers = {
-        "content-type": request.headers.get("content-type", "application/json"),
-        "x-request-id": _request_id(request),
-    }
-    outcome = await runtime.call("POST", path, body, headers, deadline, deadline_ms)
-    _after(request, runtime, outcome)
-    return outcome
-
-
-def _after(request: Request, runtime: ToolRuntime, outcome: Outcome) -> None:
-    """Trace capture and the call's log line."""
-    trace = request.app.state.trace
-    trajectory = request.headers.get(TRAJECTORY_HEADER)
-    if trace is not None and trajectory:
-        trace.record(
-            ToolCallRecord(
-                tool_name=runtime.name,
-                turn=parse_int_header(request.headers.get(TURN_HEADER)) or 0,
-                latency_s=outcome.elapsed_s,
-                status="success" if outcome.kind == "ok" else outcome.kind,
-                response_bytes=len(outcome.reply.body) if outcome.reply is not None else 0,
-                trajectory_id=trajectory[:256],
-                step=parse_int_header(request.headers.get(STEP_HEADER)),
-            )
-        )
-    # Successes and 429s are the bulk under load: logging each would cost more than the call.
-    level = logging.DEBUG if outcome.kind in ("ok", "rejected") else logging.INFO
-    if log.isEnabledFor(level):
-        log.log(
-            level,
-            "tool call",
-            extra={
-                "request_id": _request_id(request),
-                "tool": runtime.name,
-                "outcome": outcome.kind,
-                "status": outcome.reply.status if outcome.reply is not None else None,
-                "elapsed_ms": round(outcome.elapsed_s * 1000, 3),
-                "queue_wait_ms": round(outcome.queue_wait_s * 1000, 3),
-                "upstream": outcome.reply.endpoint if outcome.reply is not None else None,
-                "error": outcome.error,
-                "caller": request.scope.get("state", {}).get("caller"),
-            },
-        )
+def _context(request: Request) -> CallContext:
+    return CallContext.from_scope(request.scope, request.app.state.trace)
 
 
 def _failure(request: Request, runtime: ToolRuntime, outcome: Outcome) -> JSONResponse:
-    body: dict[str, Any] = {
-        "tool": runtime.name,
-        "status": outcome.kind,
-        "error": outcome.error,
-        "elapsed_s": round(outcome.elapsed_s, 6),
-        "request_id": _request_id(request),
-    }
-    if outcome.kind == "timeout":
-        body["deadline_ms"] = outcome.deadline_ms
-    headers = {"Retry-After": outcome.retry_after} if outcome.retry_after else None
-    return JSONResponse(body, FAILURE_STATUS[outcome.kind], headers=headers)
+    status, body, headers = failure_answer(runtime, outcome, _request_id(request))
+    return JSONResponse(body, status, headers=headers)
 
 
 async def _pass_through(request: Request, kind: str, path: str) -> Response:
+    """Reached only when the fast path (gateway.passthrough) declined: say why, clearly."""
     toolset = _toolset(request)
-    runtime = toolset.first_of_kind(kind)
-    if runtime is None:
+    if toolset.first_of_kind(kind) is None:
         raise HTTPException(404, f"no {kind} tool is configured in the gateway's tools table")
-    requested = _header_deadline_ms(request)
-    outcome = await _run(request, runtime, path, await request.body(), requested)
-    if outcome.reply is None:
-        return _failure(request, runtime, outcome)
-    reply = outcome.reply
-    headers = {}
-    if INJECTED_DELAY_HEADER in reply.headers:
-        headers[INJECTED_DELAY_HEADER] = reply.headers[INJECTED_DELAY_HEADER]
-    return Response(
-        reply.body,
-        reply.status,
-        headers=headers,
-        media_type=reply.headers.get("content-type", "application/json"),
-    )
+    raise HTTPException(503, "the gateway is starting")
 
 
 # ---------------------------------------------------------------- pass-through
@@ -223,9 +143,13 @@ async def call_tool(tool: str, body: ToolCallRequest, request: Request) -> Respo
     if runtime is None:
         known = ", ".join(sorted(toolset.tools)) or "none"
         raise HTTPException(404, f"unknown tool {tool!r}; known tools: {known}")
-    requested = body.deadline_ms if body.deadline_ms is not None else _header_deadline_ms(request)
+    ctx = _context(request)
+    try:
+        requested = body.deadline_ms if body.deadline_ms is not None else ctx.header_deadline_ms()
+    except DeadlineHeaderError as exc:
+        raise HTTPException(400, str(exc)) from None
     payload = json.dumps(body.arguments).encode()
-    outcome = await _run(request, runtime, runtime.config.native_path, payload, requested)
+    outcome = await run_call(ctx, runtime, runtime.config.native_path, payload, requested)
     if outcome.reply is None:
         return _failure(request, runtime, outcome)
     try:

@@ -1,0 +1,124 @@
+"""One tool call from the HTTP side, framework-free: context, deadline, trace capture, log line.
+
+Shared by the FastAPI routes (generic call) and the raw ASGI fast path (pass-through routes), so
+both answer, capture and log alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from emulators.polytrace.records import ToolCallRecord
+from toolenv.deadline import parse_deadline_ms
+
+from .dispatch import Outcome, ToolRuntime
+from .trace import STEP_HEADER, TRAJECTORY_HEADER, TURN_HEADER, TraceWriter, parse_int_header
+
+log = logging.getLogger("toolenv.gateway")
+
+FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream_failed": 502}
+_WANTED = {
+    b"content-type",
+    b"x-toolenv-deadline-ms",
+    TRAJECTORY_HEADER.encode(),
+    STEP_HEADER.encode(),
+    TURN_HEADER.encode(),
+}
+
+
+@dataclass(slots=True)
+class CallContext:
+    """What a call needs from its HTTP request (the few headers that matter, lower-cased)."""
+
+    request_id: str
+    caller: str | None
+    headers: dict[str, str]
+    trace: TraceWriter | None
+
+    @classmethod
+    def from_scope(cls, scope: dict[str, Any], trace: TraceWriter | None) -> CallContext:
+        state = scope.get("state") or {}
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in _WANTED
+        }
+        return cls(state.get("request_id", ""), state.get("caller"), headers, trace)
+
+    def header_deadline_ms(self) -> float | None:
+        """`X-Toolenv-Deadline-Ms` in ms; raises DeadlineHeaderError when malformed."""
+        raw = self.headers.get("x-toolenv-deadline-ms")
+        return None if raw is None else parse_deadline_ms(raw) * 1000.0
+
+
+async def run_call(
+    ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes, requested_ms: float | None
+) -> Outcome:
+    deadline, deadline_ms = runtime.deadline_for(requested_ms)
+    headers = {
+        "content-type": ctx.headers.get("content-type", "application/json"),
+        "x-request-id": ctx.request_id,
+    }
+    outcome = await runtime.call("POST", path, body, headers, deadline, deadline_ms)
+    _capture(ctx, runtime, outcome)
+    _log(ctx, runtime, outcome)
+    return outcome
+
+
+def failure_answer(
+    runtime: ToolRuntime, outcome: Outcome, request_id: str
+) -> tuple[int, dict[str, Any], dict[str, str] | None]:
+    """(status, JSON body, headers) of a call that got no answer from its tool."""
+    body: dict[str, Any] = {
+        "tool": runtime.name,
+        "status": outcome.kind,
+        "error": outcome.error,
+        "elapsed_s": round(outcome.elapsed_s, 6),
+        "request_id": request_id,
+    }
+    if outcome.kind == "timeout":
+        body["deadline_ms"] = outcome.deadline_ms
+    headers = {"Retry-After": outcome.retry_after} if outcome.retry_after else None
+    return FAILURE_STATUS[outcome.kind], body, headers
+
+
+def _capture(ctx: CallContext, runtime: ToolRuntime, outcome: Outcome) -> None:
+    trajectory = ctx.headers.get(TRAJECTORY_HEADER)
+    if ctx.trace is None or not trajectory:
+        return
+    ctx.trace.record(
+        ToolCallRecord(
+            tool_name=runtime.name,
+            turn=parse_int_header(ctx.headers.get(TURN_HEADER)) or 0,
+            latency_s=outcome.elapsed_s,
+            status="success" if outcome.kind == "ok" else outcome.kind,
+            response_bytes=len(outcome.reply.body) if outcome.reply is not None else 0,
+            trajectory_id=trajectory[:256],
+            step=parse_int_header(ctx.headers.get(STEP_HEADER)),
+        )
+    )
+
+
+def _log(ctx: CallContext, runtime: ToolRuntime, outcome: Outcome) -> None:
+    # Successes and 429s are the bulk under load: logging each would cost more than the call.
+    level = logging.DEBUG if outcome.kind in ("ok", "rejected") else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    reply = outcome.reply
+    log.log(
+        level,
+        "tool call",
+        extra={
+            "request_id": ctx.request_id,
+            "tool": runtime.name,
+            "outcome": outcome.kind,
+            "status": reply.status if reply is not None else None,
+            "elapsed_ms": round(outcome.elapsed_s * 1000, 3),
+            "queue_wait_ms": round(outcome.queue_wait_s * 1000, 3),
+            "upstream": reply.endpoint if reply is not None else None,
+            "error": outcome.error,
+            "caller": ctx.caller,
+        },
+    )
