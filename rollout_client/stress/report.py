@@ -106,7 +106,7 @@ def rates_line(summary: dict[str, Any]) -> str:
     return (
         f"requests {summary['requests']}  responses {summary['responses']}  "
         f"sent {summary['achieved_rate']:.1f} rps{target_text}, "
-        f"throughput {summary['throughput']:.1f} ok/s (until the last response)\n"
+        f"throughput {summary['throughput']:.1f} ok/s\n"
         f"errors {_pct(summary['error_rate'])}  timeouts {_pct(summary['timeout_rate'])}  "
         f"statuses {status}\n"
         f"send lag behind schedule: p50 {_ms(sched['p50'])} ms, p99 {_ms(sched['p99'])} ms"
