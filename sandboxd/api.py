@@ -9,6 +9,7 @@ app-level middleware and works the same mounted in the gateway or served alone.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -20,9 +21,17 @@ from toolenv.deadline import DEADLINE_HEADER, DeadlineHeaderError, deadline_from
 
 from .admission import Overloaded
 from .service import BadRequest, SandboxService
-from .wire import RunCodeRequest, RunCodeResponse, RunTestsRequest, RunTestsResponse
+from .wire import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunStatus,
+    RunTestsRequest,
+    RunTestsResponse,
+    Verdict,
+)
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("sandboxd")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "unknown language (the message lists the supported ones), bad deadline"},
@@ -75,6 +84,21 @@ async def _parse(request: Request, model: type[M], limit: int) -> M | JSONRespon
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
+def _run_code_failure(message: str) -> RunCodeResponse:
+    return RunCodeResponse(status=RunStatus.SANDBOX_ERROR, message=message)
+
+
+def _run_tests_failure(message: str) -> RunTestsResponse:
+    return RunTestsResponse(
+        verdict=Verdict.SANDBOX_ERROR,
+        passed=0,
+        total=0,
+        pass_fraction=0.0,
+        cases=[],
+        message=message,
+    )
+
+
 def build_router(service: SandboxService) -> APIRouter:
     """All sandboxd endpoints, bound to one service (the gateway mounts this in-process)."""
     router = APIRouter()
@@ -83,7 +107,7 @@ def build_router(service: SandboxService) -> APIRouter:
     def deadline_of(request: Request):
         return deadline_from_headers(request.headers, default_s=None, max_s=None)
 
-    async def handle(request: Request, model: type[M], call) -> Response:
+    async def handle(request: Request, model: type[M], call, fallback) -> Response:
         try:
             deadline = deadline_of(request)
         except DeadlineHeaderError as exc:
@@ -97,6 +121,9 @@ def build_router(service: SandboxService) -> APIRouter:
             return _error(exc.status, exc.message)
         except Overloaded as exc:
             return _error(429, str(exc), {"Retry-After": str(exc.retry_after_s)})
+        except Exception as exc:  # never a 500: the failure is reported in the body
+            log.exception("sandboxd request failed")
+            result = fallback(f"sandbox error: {type(exc).__name__}: {exc}")
         return Response(result.model_dump_json(), media_type="application/json")
 
     @router.post(
@@ -113,7 +140,7 @@ def build_router(service: SandboxService) -> APIRouter:
         description=f"Honours `{DEADLINE_HEADER}` (remaining ms) as a bound on the whole call.",
     )
     async def run_code(request: Request) -> Response:
-        return await handle(request, RunCodeRequest, service.run_code)
+        return await handle(request, RunCodeRequest, service.run_code, _run_code_failure)
 
     @router.post(
         "/v1/run_tests",
@@ -129,7 +156,7 @@ def build_router(service: SandboxService) -> APIRouter:
         description=f"Honours `{DEADLINE_HEADER}` (remaining ms) as a bound on the whole call.",
     )
     async def run_tests(request: Request) -> Response:
-        return await handle(request, RunTestsRequest, service.run_tests)
+        return await handle(request, RunTestsRequest, service.run_tests, _run_tests_failure)
 
     @router.get("/v1/ping", summary='Liveness: answers "pong" (as SandboxFusion does)')
     async def ping() -> str:

@@ -199,6 +199,24 @@ async def test_backend_failure_is_sandbox_error_not_500() -> None:
     assert "engine gone" in r.json()["message"]
 
 
+class NonsenseBackend(ExplodingBackend):
+    async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
+        return None  # type: ignore[return-value]  # a bug anywhere past the backend call
+
+
+async def test_any_failure_is_reported_in_the_body_not_500() -> None:
+    service = SandboxService(settings(), backend=NonsenseBackend())
+    await service.start()
+    app = FastAPI()
+    app.include_router(build_router(service))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        r = await c.post("/run_code", json={"code": "print(1)"})
+        t = await c.post("/v1/run_tests", json={"code": "print(1)", "cases": [{}]})
+    await service.close()
+    assert r.status_code == 200 and r.json()["status"] == "SandboxError"
+    assert t.status_code == 200 and t.json()["verdict"] == "sandbox_error"
+
+
 # ---------------------------------------------------------------- admission
 
 
