@@ -232,10 +232,14 @@ class LoadResult:
     @cached_property
     def outcomes(self) -> np.ndarray:
         """Outcome name per request ("ok", "http_503", "timeout", ...)."""
-        names = np.empty(len(self.status), dtype=object)
-        for i, (s, e) in enumerate(zip(self.status.tolist(), self.error.tolist(), strict=True)):
-            names[i] = outcome_name(s, ERROR_KINDS[e])
-        return names
+        # one name per distinct (status, error) pair, not per request: fast for millions
+        keys = self.status.astype(np.int64) * 256 + self.error.astype(np.int64)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        table = np.array(
+            [outcome_name(int(k) // 256, ERROR_KINDS[int(k) % 256]) for k in uniq.tolist()],
+            dtype=object,
+        )
+        return table[inverse.reshape(-1)] if len(keys) else np.empty(0, dtype=object)
 
     def captured_values(self, header: str) -> list[str | None]:
         """One captured header's value per request (None where the response lacked it)."""
