@@ -11,7 +11,9 @@ Reported per rate, realized against target (the trace's own latency distribution
 KS distance, realized/target ratio and relative error at p50/p90/p99/p99.9, timer error (realized
 latency minus the delay the server scheduled, from `X-Toolenv-Injected-Delay-Ms`) at p50/p99 as
 the client sees it and as the server measured its own sleep (`X-Toolenv-Timer-Error-Ms`), and
-dropped requests (errors, over the in-flight cap, or unanswered). A zero-delay run at the same
+dropped requests (errors, over the in-flight cap, or unanswered). Timer error is also
+given from the moment each request actually left the client, and the load side's own lag
+(actual minus planned send time) is reported, to tell a slow service from a starved client. A zero-delay run at the same
 rate gives the HTTP floor. The first 2 s of each run are warm-up (connections opening) and are
 left out of the statistics.
 """
@@ -111,6 +113,7 @@ async def _load(
     mine = list(range(index, n_total, nproc))
     planned = np.array([t0 + i / rate for i in mine])
     done = np.full(len(mine), np.nan)
+    sent = np.full(len(mine), np.nan)
     injected = np.full(len(mine), np.nan)
     server_err = np.full(len(mine), np.nan)
     status = np.zeros(len(mine), dtype=int)
@@ -126,17 +129,21 @@ async def _load(
     in_flight = 0
     max_in_flight = 0
     over_cap = 0
+    error_samples: list[str] = []
 
     async def one(j: int, i: int) -> None:
         nonlocal in_flight
         try:
             reply = await pool.request(requests[i % 997])
             done[j] = reply.done
+            sent[j] = reply.sent
             status[j] = reply.status
             injected[j] = reply.injected_ms / 1000
             server_err[j] = reply.timer_ms / 1000
-        except Exception:
+        except Exception as exc:
             status[j] = -1
+            if len(error_samples) < 5:
+                error_samples.append(repr(exc))
         finally:
             in_flight -= 1
 
@@ -159,12 +166,14 @@ async def _load(
     pool.close()
     return {
         "planned": planned,
+        "sent": sent,
         "done": done,
         "injected": injected,
         "server_err": server_err,
         "status": status,
         "max_in_flight": max_in_flight,
         "over_cap": over_cap,
+        "error_samples": error_samples,
     }
 
 
@@ -202,12 +211,13 @@ def run_rate(
         p.join()
     merged = {
         key: np.concatenate([part[key] for part in parts])
-        for key in ("planned", "done", "injected", "server_err", "status")
+        for key in ("planned", "sent", "done", "injected", "server_err", "status")
     }
     merged["t0"] = t0
     merged["max_in_flight"] = sum(part["max_in_flight"] for part in parts)
     merged["over_cap"] = sum(part["over_cap"] for part in parts)
     merged["processes"] = nproc
+    merged["error_samples"] = [e for part in parts for e in part["error_samples"]][:5]
     return merged
 
 
@@ -227,6 +237,9 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
     realized = raw["done"][sel] - raw["planned"][sel]
     scheduled = raw["injected"][sel]
     timer = realized - scheduled
+    # The same from the moment the request left the client (without the load side's own lag).
+    timer_from_send = raw["done"][sel] - raw["sent"][sel] - scheduled
+    send_lag = raw["sent"][sel] - raw["planned"][sel]
     server_timer = raw["server_err"][sel]
     dropped = int((~ok).sum())
     duration = np.nanmax(raw["done"]) - raw["t0"] if np.isfinite(raw["done"]).any() else math.nan
@@ -242,6 +255,7 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
         "max_in_flight": int(raw["max_in_flight"]),
         "load_processes": int(raw["processes"]),
         "measured": int(sel.sum()),
+        "error_samples": raw["error_samples"],
     }
     if realized.size:
         out["ks_realized_vs_target"] = float(stats.ks_2samp(realized, target).statistic)
@@ -260,6 +274,10 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
             "client_p50": _q(timer, 0.5) * 1000,
             "client_p99": _q(timer, 0.99) * 1000,
             "client_p99.9": _q(timer, 0.999) * 1000,
+            "from_send_p50": _q(timer_from_send, 0.5) * 1000,
+            "from_send_p99": _q(timer_from_send, 0.99) * 1000,
+            "load_side_send_lag_p50": _q(send_lag, 0.5) * 1000,
+            "load_side_send_lag_p99": _q(send_lag, 0.99) * 1000,
             "server_p50": _q(server_timer, 0.5) * 1000,
             "server_p99": _q(server_timer, 0.99) * 1000,
             "server_p99.9": _q(server_timer, 0.999) * 1000,

@@ -20,10 +20,13 @@ _TIMER = re.compile(rb"\r\nx-toolenv-timer-error-ms:\s*([-0-9.]+)", re.IGNORECAS
 
 
 class Reply:
-    __slots__ = ("done", "injected_ms", "status", "timer_ms")
+    __slots__ = ("done", "injected_ms", "sent", "status", "timer_ms")
 
-    def __init__(self, status: int, done: float, injected_ms: float, timer_ms: float) -> None:
+    def __init__(
+        self, status: int, sent: float, done: float, injected_ms: float, timer_ms: float
+    ) -> None:
         self.status = status
+        self.sent = sent
         self.done = done
         self.injected_ms = injected_ms
         self.timer_ms = timer_ms
@@ -34,6 +37,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.waiter: asyncio.Future[Reply] | None = None
+        self.sent = 0.0
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -47,6 +51,7 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes) -> asyncio.Future[Reply]:
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
+        self.sent = time.monotonic()
         self.transport.write(request)
         return self.waiter
 
@@ -66,6 +71,7 @@ class _Connection(asyncio.Protocol):
         timer = _TIMER.search(head)
         reply = Reply(
             int(head[9:12]),
+            self.sent,
             done,
             float(injected.group(1)) if injected else float("nan"),
             float(timer.group(1)) if timer else float("nan"),
