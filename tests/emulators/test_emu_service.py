@@ -288,36 +288,40 @@ def test_reward_emulator_scales_with_batch_size(client: httpx.Client) -> None:
 
 
 async def test_fidelity_at_a_small_rate_matches_the_profile(server: ServerProcess) -> None:
-    """100 requests/s open loop for 3 s: realized delays follow the shipped profile."""
+    """100 requests/s open loop for 3 s: scheduled and realized delays follow the shipped profile."""
+    from urllib.parse import urlsplit
+
+    from emulators.loadgen import KeepAlivePool, post_request
+
     profile = load_profile(packaged_profile_path("search_default"))
-    async with httpx.AsyncClient(
-        base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=1000)
-    ) as c:
-        (
-            await c.put(
-                "/v1/emulators/search/profile",
-                json=profile.model_dump(mode="json", exclude_none=True),
-            )
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        c.put(
+            "/v1/emulators/search/profile", json=profile.model_dump(mode="json", exclude_none=True)
         ).raise_for_status()
-        rate, seconds = 100, 3
-        t0 = time.monotonic() + 0.1
+    where = urlsplit(server.url)
+    pool = KeepAlivePool(where.hostname, where.port)
+    await pool.preopen(80)
+    rate, seconds = 100, 3
+    t0 = time.monotonic() + 0.1
 
-        async def one(i: int) -> tuple[float, float]:
-            planned = t0 + i / rate
-            await asyncio.sleep(max(0.0, planned - time.monotonic()))
-            r = await c.post("/retrieve", json={"queries": [f"fidelity {i}"]})
-            r.raise_for_status()
-            return time.monotonic() - planned, float(r.headers[INJECTED]) / 1000
+    async def one(i: int):
+        await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+        body = json.dumps({"queries": [f"fidelity {i}"]}).encode()
+        return await pool.request(post_request(where.hostname, where.port, "/retrieve", body))
 
-        results = await asyncio.gather(*(one(i) for i in range(rate * seconds)))
-    realized = np.array([r for r, _ in results])
-    injected = np.array([d for _, d in results])
-    # 300 draws: the 5% KS critical value is 0.078; the margins absorb a busy 2-core machine.
+    replies = await asyncio.gather(*(one(i) for i in range(rate * seconds)))
+    pool.close()
+    assert all(r.status == 200 for r in replies)
+    injected = np.array([r.injected_ms for r in replies]) / 1000
+    realized = np.array([r.done - r.sent for r in replies])
+    # 300 draws: the 5% KS critical value is 0.078. What the server scheduled is a pure draw:
     assert stats.kstest(injected, profile.model.cdf).statistic < 0.1
-    assert stats.kstest(realized, profile.model.cdf).statistic < 0.15
+    # What the client saw adds the loop's and the machine's latency: a wide margin for a busy
+    # 2-core machine, still far below what a wrong unit or a missing sleep gives (KS > 0.4).
     timer_error = realized - injected
     assert timer_error.min() >= 0  # never early
-    assert np.median(timer_error) < 0.05
+    assert np.median(timer_error) < 0.1
+    assert stats.kstest(realized, profile.model.cdf).statistic < 0.25
 
 
 def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
