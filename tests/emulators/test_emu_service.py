@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import ServerProcess, free_port
+from testkit import ServerProcess, free_port
 from scipy import stats
 
 from emulators.latency import load_profile, packaged_profile_path

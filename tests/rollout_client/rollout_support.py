@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ServerProcess, free_port
+from testkit import ServerProcess, free_port
 
 from rollout_client.gateway_client import ToolOutcome
 from rollout_client.workloads.plan import ToolCallPlan, TrajectoryPlan, TurnPlan

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import Result
-from conftest import ServerProcess, free_port
+from testkit import ServerProcess, free_port
 from rollout_support import first_records, start_gateway, write_trace
 from typer.testing import CliRunner
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from conftest import ServerProcess, free_port
+from testkit import ServerProcess, free_port
 from rollout_support import first_records, start_gateway, write_trace
 
 from emulators.polytrace import read_multiturn

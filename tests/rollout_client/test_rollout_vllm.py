@@ -4,16 +4,18 @@ through the real gateway and search emulator. One engine for the whole module (s
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import pytest_asyncio
-from conftest import ServerProcess
+from testkit import ServerProcess
 from rollout_support import first_records, start_gateway, write_trace
 
 from emulators.polytrace import read_multiturn
+from rollout_client.engines import Chunk, Engine
 from rollout_client.engines.vllm_engine import VllmEngine, VllmOptions
-from rollout_client.session import build_plans, run_rollout
+from rollout_client.session import build_live, build_plans, run_rollout
 from rollout_client.settings import RolloutSettings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
@@ -102,3 +104,77 @@ async def test_abort_frees_the_request_in_the_engine(engine) -> None:
     assert engine._llm.get_num_unfinished_requests() == 0
     assert 0 < sum(len(c) for c in chunks) < 3000
     assert engine.monitor.in_flight == 0
+
+
+class ScriptedEngine(Engine):
+    """Isolates the live loop: answers each turn with the next scripted text (tokenized)."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, texts: list[str]) -> None:
+        super().__init__(capacity=8)
+        self.tokenizer, self.texts, self.prompts = tokenizer, list(texts), []
+
+    async def _raw_stream(
+        self, request_id, prompt_ids, max_tokens, min_tokens, ignore_eos, route_key
+    ):
+        self.prompts.append(list(prompt_ids))
+        ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False)[:max_tokens]
+        yield Chunk(ids, finish_reason="stop")
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+
+async def test_live_mode_runs_the_tools_the_text_names_through_the_gateway(
+    gateway, tiny_model_dir, tmp_path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "prompt": "Who wrote Hamlet?"}) + "\n")
+    script = [
+        '<tool_call>{"name": "search", "arguments": {"query": "Hamlet author", "topk": 2}}</tool_call>',
+        "<tool_call>{not json}</tool_call>",
+        "Shakespeare.",
+    ]
+    engine = ScriptedEngine(tokenizer, script)
+    settings = RolloutSettings(
+        gateway_url=gateway.url, model=str(tiny_model_dir), batch=1, live_max_tokens=400
+    )
+    plans, driver = build_live(settings, prompts)
+    report = await run_rollout(
+        settings, iter(plans), engine=engine, out_dir=tmp_path / "o", live=driver
+    )
+    assert report["steps"][0]["completed"] == 1
+    [record] = list(read_multiturn(tmp_path / "o" / "trajectories.jsonl"))
+    assert [t.finish_reason for t in record.turns] == ["tool_calls", "tool_calls", "stop"]
+    assert [c.status for c in record.tool_calls] == ["success", "error"]
+    # The real search result, tokenized, is what the model saw on its next turn.
+    seen = tokenizer.decode(engine.prompts[1][len(engine.prompts[0]) :], skip_special_tokens=True)
+    assert "<tool_response>" in seen and '"contents"' in seen
+    assert "not valid JSON" in tokenizer.decode(engine.prompts[2], skip_special_tokens=True)
+
+
+async def test_live_mode_with_real_vllm_stops_when_the_text_calls_no_tool(
+    engine, gateway, tiny_model_dir, tmp_path
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(2)))
+    settings = RolloutSettings(
+        gateway_url=gateway.url,
+        model=str(tiny_model_dir),
+        batch=2,
+        live_max_turns=2,
+        live_max_tokens=12,
+    )
+    plans, driver = build_live(settings, prompts)
+    report = await run_rollout(
+        settings, iter(plans), engine=engine, out_dir=tmp_path / "o", live=driver
+    )
+    assert report["steps"][0]["completed"] == 2
+    for record in read_multiturn(tmp_path / "o" / "trajectories.jsonl"):
+        # Random weights write no tool call: one free-running turn of at most 12 tokens.
+        assert len(record.turns) == 1 and 1 <= record.turns[0].completion_tokens <= 12
+        assert record.turns[0].finish_reason == "stop" and not record.tool_calls

@@ -1,0 +1,71 @@
+"""Helpers the test modules import directly (fixtures live in conftest.py).
+
+Import them as `from testkit import ...`: every test folder has its own conftest.py, and a bare
+`from conftest import ...` resolves to whichever of those pytest happened to load first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A real server started as a subprocess on loopback, stopped with SIGINT."""
+
+    def __init__(self, argv: list[str], url: str, env: dict[str, str] | None = None) -> None:
+        self.argv = argv
+        self.url = url
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_path: str = "/readyz", timeout: float = 60.0) -> ServerProcess:
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                out = self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{out}")
+            try:
+                if httpx.get(self.url + ready_path, timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server at {self.url} not ready within {timeout} s")
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return (
+            self.proc.stdout.read().decode(errors="replace")
+            if self.proc and self.proc.stdout
+            else ""
+        )
