@@ -100,8 +100,10 @@ class ToolConfig(BaseModel):
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
         for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"upstream {url!r} must be an http:// or https:// URL")
+            if not url.startswith("http://"):
+                raise ValueError(
+                    f"upstream {url!r} must be an http:// URL (put TLS in front of the gateway, not behind it)"
+                )
         return [u.rstrip("/") for u in value]
 
     @model_validator(mode="after")
@@ -172,7 +174,9 @@ class GatewaySettings(ServiceSettings):
         gt=0,
         description="idle upstream connections closed after this (keep it below the upstream's own)",
     )
-    upstream_pool_size: int = Field(default=1024, ge=1)
+    upstream_pool_size: int = Field(
+        default=1024, ge=1, description="idle connections kept per upstream"
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

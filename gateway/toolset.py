@@ -1,15 +1,13 @@
 """The tools table at run time: builds each tool's backend and runtime, starts and stops them.
 
 Embedded tools that mount the same application (search and reward both live in the emulators)
-share one in-process app and one lifespan. Proxy tools share one aiohttp session: its connection
-pool is what keeps the per-call overhead well under a millisecond.
+share one in-process app and one lifespan. In proxy mode each
+upstream has its own keep-alive pool in the lean HTTP/1.1 client (`http1`).
 """
 
 from __future__ import annotations
 
 import logging
-
-import aiohttp
 
 from .dispatch import ToolRuntime
 from .metrics import GatewayMetrics
@@ -28,7 +26,6 @@ class ToolSet:
         self.config_file = config_file
         self.tools: dict[str, ToolRuntime] = {}
         self.embedded: dict[str, EmbeddedApp] = {}
-        self.session: aiohttp.ClientSession | None = None
         self.skipped: dict[str, str] = {}
 
     def first_of_kind(self, kind: str) -> ToolRuntime | None:
@@ -39,21 +36,6 @@ class ToolSet:
 
     async def start(self) -> None:
         table = self.settings.tool_table()
-        if any(t.mode == "proxy" for t in table):
-            self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.settings.upstream_pool_size,
-                    # below uvicorn's 5 s default: we close idle connections before the upstream
-                    # does, so a request is never written into a connection it is closing
-                    keepalive_timeout=self.settings.upstream_keepalive_s,
-                    ttl_dns_cache=300,
-                ),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self.settings.upstream_connect_timeout_s
-                ),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
         for tool in table:
             backend = self._backend(tool)
             if backend is not None:
@@ -65,8 +47,13 @@ class ToolSet:
 
     def _backend(self, tool: ToolConfig) -> LocalBackend | RemoteBackend | None:
         if tool.mode == "proxy":
-            assert self.session is not None
-            return RemoteBackend(tool, self.session)
+            # idle connections are dropped below uvicorn's 5 s keep-alive: we close first
+            return RemoteBackend(
+                tool,
+                self.settings.upstream_connect_timeout_s,
+                self.settings.upstream_keepalive_s,
+                self.settings.upstream_pool_size,
+            )
         ref = tool.app_ref
         if ref not in self.embedded:
             try:
@@ -96,5 +83,3 @@ class ToolSet:
                 log.error(
                     "embedded app shut-down failed", extra={"app": app.ref, "error": str(exc)}
                 )
-        if self.session is not None:
-            await self.session.close()

@@ -3,7 +3,8 @@
 Both expose the same small surface (`pick`, `send`, `not_ready`), so admission, deadlines,
 hedging, retries and metrics wrap either the same way. Proxy mode balances by least outstanding
 requests and keeps an active health check per upstream; a refused connection also marks an
-upstream down at once (a passive check), so callers stop paying connect errors.
+upstream down at once (a passive check), so callers stop paying connect errors. Upstream HTTP
+goes through the lean client in `http1` (one keep-alive pool per upstream).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
-
 from .asgi import ASGIApp, Lifespan, call_asgi
+from .http1 import ConnectFailed, ConnectionBroken, Pool
 from .settings import ToolConfig
 
 log = logging.getLogger("toolenv.gateway")
@@ -198,12 +198,15 @@ class LocalBackend:
 
 
 class RemoteBackend:
-    """A tool served by one or more upstream URLs."""
+    """A tool served by one or more upstream URLs (one keep-alive pool each)."""
 
-    def __init__(self, tool: ToolConfig, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, tool: ToolConfig, connect_timeout_s: float, keepalive_s: float, max_idle: int = 1024
+    ) -> None:
         self.tool = tool
-        self.session = session
         self.endpoints = [Endpoint(label=url) for url in tool.upstreams]
+        for endpoint in self.endpoints:
+            endpoint.extra["pool"] = Pool(endpoint.label, connect_timeout_s, keepalive_s, max_idle)
         self._health_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -219,6 +222,8 @@ class RemoteBackend:
                 await self._health_task
             except asyncio.CancelledError:
                 pass
+        for endpoint in self.endpoints:
+            endpoint.extra["pool"].close()
 
     def not_ready(self) -> str | None:
         if any(e.healthy for e in self.endpoints):
@@ -237,13 +242,12 @@ class RemoteBackend:
         await asyncio.gather(*(self._check(e) for e in self.endpoints))
 
     async def _check(self, endpoint: Endpoint) -> None:
-        timeout = aiohttp.ClientTimeout(total=min(2.0, self.tool.health_interval_s))
         try:
-            async with self.session.get(endpoint.label + self.tool.health, timeout=timeout) as resp:
-                await resp.read()
-                ok = resp.status < 500
-                error = None if ok else f"health check answered {resp.status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            async with asyncio.timeout(min(2.0, self.tool.health_interval_s)):
+                resp = await endpoint.extra["pool"].request("GET", self.tool.health, {}, b"")
+            ok = resp.status < 500
+            error = None if ok else f"health check answered {resp.status}"
+        except (ConnectFailed, ConnectionBroken, TimeoutError, OSError) as exc:
             ok, error = False, _describe(exc)
         if ok and not endpoint.healthy:
             log.info(
@@ -259,24 +263,17 @@ class RemoteBackend:
     async def send(
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamReply:
-        url = endpoint.label + path
         try:
-            async with self.session.request(method, url, data=body, headers=headers) as resp:
-                payload = await resp.read()
-                kept = {k: resp.headers[k] for k in _KEPT_HEADERS if k in resp.headers}
-                return UpstreamReply(resp.status, payload, kept, endpoint.label)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            endpoint.healthy, endpoint.last_error = False, _describe(exc)
-            raise UpstreamConnectError(f"{endpoint.label}: {_describe(exc)}") from exc
-        except (aiohttp.ClientError, OSError) as exc:
+            resp = await endpoint.extra["pool"].request(method, path, headers, body)
+        except ConnectFailed as exc:
+            endpoint.healthy, endpoint.last_error = False, str(exc)
+            raise UpstreamConnectError(f"{endpoint.label}: {exc}") from exc
+        except (ConnectionBroken, OSError) as exc:
             raise UpstreamBroken(f"{endpoint.label}: {_describe(exc)}") from exc
+        return UpstreamReply(resp.status, resp.body, resp.headers, endpoint.label)
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "closed the connection mid-request"
     if isinstance(exc, TimeoutError):
         return "timed out"
     return str(exc) or type(exc).__name__
