@@ -141,6 +141,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "sandboxd.docker_backend",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "pool_size": args.pool_size,
+        "load_average_at_end": os.getloadavg(),
         "pool_warm_up_s": round(warm_s, 2),
         "bare_python": {"c1": bare_c1, "c16": bare_c16},
         "docker_exec_floor": {"c1": exec_floor},
