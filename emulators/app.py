@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from toolenv import __version__
 
 from .base import ToolEmulator
+from .fastpath import FastPathMiddleware, fast_routes
 from .latency.profile import Profile, load_profile, packaged_profile_path
 from .profiles_router import build_profiles_router
 from .reward import RewardEmulator
@@ -42,9 +43,12 @@ def build_emulators(settings: EmulatorSettings) -> dict[str, ToolEmulator]:
 
 
 def mount_emulators(app: FastAPI, emulators: dict[str, ToolEmulator]) -> None:
-    app.include_router(build_search_router(emulators["search"]))  # type: ignore[arg-type]
-    app.include_router(build_reward_router(emulators["reward"]))  # type: ignore[arg-type]
-    app.include_router(build_profiles_router(emulators))
+    """Add the emulators' routes to `app` (and their direct lane past FastAPI's routing)."""
+    search = build_search_router(emulators["search"])  # type: ignore[arg-type]
+    reward = build_reward_router(emulators["reward"])  # type: ignore[arg-type]
+    for router in (search, reward, build_profiles_router(emulators)):
+        app.include_router(router)
+    app.add_middleware(FastPathMiddleware, routes={**fast_routes(search), **fast_routes(reward)})
 
 
 def create_app(settings: EmulatorSettings | None = None) -> FastAPI:

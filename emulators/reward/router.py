@@ -20,6 +20,7 @@ from ..base import (
     step_from_headers,
     unprocessable,
 )
+from ..fastpath import register
 from ..latency.samplers import Draw
 from .emulator import RewardEmulator
 
@@ -43,11 +44,6 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
     router = APIRouter(tags=["reward emulator"])
     settings = emulator.settings
 
-    @router.post(
-        "/v1/emulators/reward/call",
-        summary="Emulated code verification of a batch",
-        openapi_extra=json_body_schema(RewardCall),
-    )
     async def call(request: Request) -> Response:
         """Answers after the time a sandbox would take to verify the batch (no code runs)."""
         arrival = time.monotonic()
@@ -96,4 +92,12 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
 
         return await play(arrival, draw, deadline, settings, reply)
 
+    register(
+        router,
+        "POST",
+        "/v1/emulators/reward/call",
+        call,
+        summary="Emulated code verification of a batch",
+        openapi_extra=json_body_schema(RewardCall),
+    )
     return router

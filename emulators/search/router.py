@@ -20,6 +20,7 @@ from ..base import (
     step_from_headers,
     unprocessable,
 )
+from ..fastpath import register
 from ..latency.samplers import Draw
 from .emulator import SearchEmulator
 
@@ -114,11 +115,6 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
 
         return await play(arrival, draw, deadline, settings, body, min_delay)
 
-    @router.post(
-        "/retrieve",
-        summary="Search-R1 compatible retrieval",
-        openapi_extra=json_body_schema(RetrieveRequest),
-    )
     async def retrieve(request: Request) -> Response:
         """`{"queries": [...], "topk": 3, "return_scores": false}` -> `{"result": [[doc, ...], ...]}`."""
         arrival = time.monotonic()
@@ -138,11 +134,6 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
             deadline, call.queries, checked, call.return_scores, draw, arrival, None, False
         )
 
-    @router.post(
-        "/v1/emulators/search/call",
-        summary="Native search call",
-        openapi_extra=json_body_schema(SearchCall),
-    )
     async def call(request: Request) -> Response:
         """One query (`query`) or several (`queries`); `delay_s` replays a delay exactly,
         `response_tokens` sizes the response (whitespace words, split evenly over the queries)."""
@@ -184,4 +175,20 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
             True,
         )
 
+    register(
+        router,
+        "POST",
+        "/retrieve",
+        retrieve,
+        summary="Search-R1 compatible retrieval",
+        openapi_extra=json_body_schema(RetrieveRequest),
+    )
+    register(
+        router,
+        "POST",
+        "/v1/emulators/search/call",
+        call,
+        summary="Native search call",
+        openapi_extra=json_body_schema(SearchCall),
+    )
     return router
