@@ -39,6 +39,19 @@ def run(
             "--synthetic", help="intern_s1 fitted-parameters JSON: draw trajectories from it."
         ),
     ] = None,
+    live: Annotated[
+        Path | None,
+        typer.Option(
+            "--live",
+            help="JSONL of chat prompts: the model's text decides the tool calls (needs --model).",
+        ),
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option("--max-turns", help="live: turns per trajectory at most.")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help="live: tokens per turn at most.")
+    ] = None,
     gateway: Annotated[str | None, typer.Option("--gateway", help="Gateway base URL.")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="vllm | openai | sim")] = None,
     model: Annotated[
@@ -133,6 +146,8 @@ def run(
         "cost_profile": cost_profile,
         "time_scale": time_scale,
         "out_dir": str(out) if out else None,
+        "live_max_turns": max_turns,
+        "live_max_tokens": max_tokens,
     }
     try:
         settings = RolloutSettings.load(
@@ -156,7 +171,7 @@ def run(
             _fail(f"cannot read the vocabulary size from {settings.model}/config.json: {exc}")
     out_dir = Path(settings.out_dir)
     try:
-        report = asyncio.run(_run_with_progress(settings, trace or [], synthetic, out_dir))
+        report = asyncio.run(_run_with_progress(settings, trace or [], synthetic, out_dir, live))
     except TraceFormatError as exc:
         _fail(str(exc))
     except (GatewayUnreachable, EngineUnreachable) as exc:
@@ -181,15 +196,19 @@ def run(
 
 
 async def _run_with_progress(
-    settings, traces: list[Path], synthetic: Path | None, out_dir: Path
+    settings, traces: list[Path], synthetic: Path | None, out_dir: Path, live: Path | None = None
 ) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .session import build_plans, run_rollout
+    from .session import build_live, build_plans, run_rollout
 
-    # Parse the whole trace selection first: a malformed line fails before any engine starts.
-    plans = list(build_plans(settings, traces, synthetic))
+    driver = None
+    if live is not None:
+        plans, driver = build_live(settings, live)
+    else:
+        # Parse the whole trace selection first: a malformed line fails before any engine starts.
+        plans = list(build_plans(settings, traces, synthetic))
     if not plans:
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
     progress = Progress(

@@ -23,6 +23,7 @@ _ROWS: list[tuple[str, str]] = [
     ("tokens_per_s", "generated tokens/s"),
     ("engine_busy_fraction", "engine busy"),
     ("mean_batch_occupancy", "mean batch occupancy"),
+    ("mean_in_flight", "mean requests in flight"),
     ("share:generate", "time generating"),
     ("share:queue", "time queueing"),
     ("share:tool_wait", "time waiting on tools"),

@@ -18,9 +18,10 @@ from emulators.polytrace import ToolCallRecord, TurnRecord
 from toolenv.deadline import Deadline
 
 from .engines.base import Engine, Generation, PrefixCacheStats
-from .gateway_client import GatewayClient
+from .gateway_client import GatewayClient, ToolOutcome
 from .policies import Event, Policy
 from .trajectory import TrajectoryState
+from .workloads.live import LiveDriver
 from .workloads.plan import TokenSynth, TrajectoryPlan
 
 
@@ -55,7 +56,9 @@ class Runner:
         policy: Policy,
         options: RunnerOptions,
         on_event: Callable[[Event], None] | None = None,
+        live: LiveDriver | None = None,
     ) -> None:
+        self.live = live
         self.engine = engine
         self.gateway = gateway
         self.policy = policy
@@ -189,8 +192,8 @@ class Runner:
                 gen.request_id,
                 prompt,
                 max_tokens=remaining,
-                min_tokens=remaining,
-                ignore_eos=True,
+                min_tokens=remaining if plan.forced else 0,
+                ignore_eos=plan.forced,
                 route_key=st.trajectory_id,
                 generation=gen,
             ):
@@ -202,6 +205,8 @@ class Runner:
             st.times.queue_s += gen.queue_s
             st.times.generate_s += gen.decode_s
         turn_prompt = len(st.context)
+        if self.live is not None:
+            self.live.after_turn(st.plan, turn, st.partial)
         st.context.extend(st.partial)
         st.turns.append(
             TurnRecord(
@@ -227,15 +232,19 @@ class Runner:
         limit = self.policy.tool_deadline_s()
         deadline = Deadline.after(limit) if limit is not None else None
         started = time.monotonic()
+        malformed = getattr(call, "live_error", None)  # live mode: the model wrote a bad call
         try:
-            outcome = await self.gateway.call(
-                call.tool,
-                call.arguments,
-                deadline=deadline,
-                trajectory_id=st.trajectory_id,
-                step=step,
-                turn=turn,
-            )
+            if malformed:
+                outcome = ToolOutcome("error", 0.0, error=malformed)
+            else:
+                outcome = await self.gateway.call(
+                    call.tool,
+                    call.arguments,
+                    deadline=deadline,
+                    trajectory_id=st.trajectory_id,
+                    step=step,
+                    turn=turn,
+                )
         finally:
             st.times.tool_s += time.monotonic() - started
         if outcome.status == "ok":
@@ -249,7 +258,12 @@ class Runner:
             append, status = self.options.observation_tokens, "error"
             st.tool_errors += 1
             self._emit("tool_error", st, turn)
-        st.context.extend(self.synth.ids(f"{st.trajectory_id}/t{turn}/c{k}/{status}", append))
+        if self.live is not None:
+            observation = self.live.observation_ids(outcome.status, outcome.result, outcome.error)
+            append = len(observation)
+        else:
+            observation = self.synth.ids(f"{st.trajectory_id}/t{turn}/c{k}/{status}", append)
+        st.context.extend(observation)
         record = ToolCallRecord(
             turn=turn,
             tool_name=call.tool,

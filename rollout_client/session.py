@@ -19,6 +19,7 @@ from .metrics import step_metrics, summarize
 from .policies import Event, build_policy
 from .runner import Runner, RunnerOptions, StepOutcome
 from .settings import RolloutSettings
+from .workloads.live import LiveDriver, live_plans, load_prompts
 from .workloads.plan import TrajectoryPlan
 from .workloads.replay import LengthScale, replay_plans
 from .workloads.synthetic import synthetic_plans
@@ -85,15 +86,18 @@ async def run_rollout(
     out_dir: Path | None = None,
     on_event: Callable[[Event], None] | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    live: LiveDriver | None = None,
 ) -> dict[str, Any]:
     """Run the steps, write `trajectories.jsonl` and `report.json` under `out_dir`; return the report.
 
     Pass `engine` to reuse one that is already started (tests share one vLLM engine); otherwise
     one is built from `settings`, started and closed here.
     """
+    # With the simulator compressed in time, tool deadlines are compressed alike.
+    time_scale = settings.time_scale if settings.engine == "sim" else 1.0
     policy = build_policy(
         settings.policy,
-        tool_timeout_s=settings.tool_timeout_s,
+        tool_timeout_s=settings.tool_timeout_s / time_scale,
         over=settings.overlap_ratio,
         unfinished=settings.overlap_unfinished,
     )
@@ -115,6 +119,7 @@ async def run_rollout(
                 vocab_size=engine.vocab_size or settings.vocab_size,
             ),
             on_event=on_event,
+            live=live,
         )
         started = time.time()
         steps: list[dict[str, Any]] = []
@@ -123,6 +128,7 @@ async def run_rollout(
 
         def collect(outcome: StepOutcome) -> None:
             metrics = step_metrics(outcome, engine.monitor)
+            metrics["modeled_makespan_s"] = round(metrics["makespan_s"] * time_scale, 3)
             steps.append(metrics)
             timelines.append(engine.monitor.timeline(outcome.started, outcome.ended))
             records.extend(s.to_record(policy.name) for s in outcome.done if s.status == "done")
@@ -139,7 +145,7 @@ async def run_rollout(
         "engine": settings.engine,
         "started_at": started,
         "settings": settings.model_dump(mode="json"),
-        "time_scale": settings.time_scale if settings.engine == "sim" else 1.0,
+        "time_scale": time_scale,
         "summary": summarize(steps),
         "steps": steps,
     }
@@ -150,3 +156,18 @@ async def run_rollout(
         (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         report["_timelines"] = timelines
     return report
+
+
+def build_live(settings: RolloutSettings, prompts: Path) -> tuple[list[TrajectoryPlan], LiveDriver]:
+    """Live mode: chat prompts tokenized with the model's own tokenizer (needs --model)."""
+    if not settings.model:
+        raise ValueError("--live needs --model DIR (its tokenizer and chat template)")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(settings.model)
+    rows = list(load_prompts(prompts))
+    if settings.limit:
+        rows = rows[: settings.limit]
+    return live_plans(
+        rows, tokenizer, max_turns=settings.live_max_turns, max_tokens=settings.live_max_tokens
+    )

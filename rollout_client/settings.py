@@ -56,6 +56,13 @@ class RolloutSettings(ServiceSettings):
     sample: float | None = Field(default=None, gt=0, le=1)
     seed: int = 0
 
+    live_max_turns: int = Field(
+        default=4, ge=1, description="live mode: turns per trajectory at most"
+    )
+    live_max_tokens: int = Field(
+        default=256, ge=1, description="live mode: tokens per turn at most"
+    )
+
     vllm_max_num_seqs: int = Field(default=64, ge=1)
     vllm_block_size: int = Field(default=32, ge=16, description="multiple of 32 on CPU")
     vllm_max_model_len: int = Field(default=8192, ge=64)

@@ -56,6 +56,9 @@ class TrajectoryState:
         return self.plan.trajectory_id
 
     def plan_prompt(self) -> list[int]:
+        given = getattr(self.plan, "prompt_ids", None)  # live prompts are real text
+        if given is not None:
+            return list(given)
         return self.synth.ids(f"{self.trajectory_id}/prompt", self.plan.prompt_len)
 
     @property

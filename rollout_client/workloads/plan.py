@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 
-@dataclass(slots=True)
+@dataclass
 class ToolCallPlan:
     tool: str
     arguments: dict[str, Any]
@@ -28,9 +28,10 @@ class TurnPlan:
     output_tokens: int
     calls: list[ToolCallPlan] = field(default_factory=list)
     finish_reason: str = "stop"
+    forced: bool = True  # replay/synthetic: exactly output_tokens; live: up to it, EOS may stop it
 
 
-@dataclass(slots=True)
+@dataclass
 class TrajectoryPlan:
     trajectory_id: str
     prompt_len: int

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import Result
-from testkit import ServerProcess, free_port
 from rollout_support import first_records, start_gateway, write_trace
+from testkit import ServerProcess, free_port
 from typer.testing import CliRunner
 
 from emulators.polytrace import read_multiturn

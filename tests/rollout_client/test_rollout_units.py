@@ -157,3 +157,31 @@ async def test_calibrate_recovers_a_known_cost_model() -> None:
     assert fitted.decode_per_seq_s == pytest.approx(truth.decode_per_seq_s, rel=0.35)
     assert fitted.decode_base_s == pytest.approx(truth.decode_base_s, abs=0.003)
     assert fitted.prefill_per_token_s == pytest.approx(truth.prefill_per_token_s, rel=0.5)
+
+
+def test_live_parser_reads_tagged_calls_and_fenced_code() -> None:
+    from rollout_client.workloads.live import parse_tool_call, render_observation
+
+    call = parse_tool_call(
+        'think... <tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call> more'
+    )
+    assert (call.tool, call.arguments, call.error) == ("search", {"query": "x"}, None)
+    stringly = parse_tool_call(
+        '<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"y\\"}"}</tool_call>'
+    )
+    assert stringly.arguments == {"query": "y"}
+    code = parse_tool_call("Let me check:\n```python\nprint(1 + 1)\n```\n")
+    assert (code.tool, code.arguments) == (
+        "sandbox",
+        {"code": "print(1 + 1)\n", "language": "python"},
+    )
+    first = parse_tool_call(
+        '```sh\nls\n```\n<tool_call>{"name": "search", "arguments": {}}</tool_call>'
+    )
+    assert first.tool == "sandbox" and first.arguments["language"] == "bash"
+    broken = parse_tool_call("<tool_call>{name: search}</tool_call>")
+    assert broken.error and "not valid JSON" in broken.error
+    assert parse_tool_call("The answer is 42.") is None
+    assert render_observation("timeout", error="deadline") == (
+        '<tool_response>{"status": "timeout", "error": "deadline"}</tool_response>'
+    )

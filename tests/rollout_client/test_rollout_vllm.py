@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import pytest_asyncio
-from testkit import ServerProcess
 from rollout_support import first_records, start_gateway, write_trace
+from testkit import ServerProcess
 
 from emulators.polytrace import read_multiturn
 from rollout_client.engines import Chunk, Engine
