@@ -270,3 +270,21 @@ def test_profile_files_round_trip(tmp_path) -> None:
     )
     with pytest.raises(ProfileError, match=r"bad.yaml: field 'model.gamma.shape'"):
         load_profile(tmp_path / "bad.yaml")
+
+
+def test_config_value_and_profile_file_are_the_same_object(tmp_path) -> None:
+    from emulators.app import build_emulators
+    from emulators.settings import EmulatorSettings
+
+    inline = {"tool": "search", "model": {"kind": "lognormal", "median_s": 0.2, "sigma": 0.5}}
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text(yaml.safe_dump({"emulators": {"seed": 3, "search_profile": inline}}))
+    settings = EmulatorSettings.load(cfg)
+    emulators = build_emulators(settings)
+    assert emulators["search"].profile == parse_profile(inline)
+    assert emulators["reward"].profile.source.startswith(
+        "PolyTrace rllm_deepcoder/"
+    )  # shipped default
+    path = save_profile(parse_profile(inline), tmp_path / "p.yaml")
+    from_file = build_emulators(EmulatorSettings(search_profile_file=path))
+    assert from_file["search"].profile == emulators["search"].profile

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from testkit import ServerProcess, free_port
 from scipy import stats
+from testkit import ServerProcess, free_port
 
 from emulators.latency import load_profile, packaged_profile_path
 
