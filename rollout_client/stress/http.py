@@ -102,6 +102,8 @@ class _Connection(asyncio.Protocol):
         "headers_done",
         "framed",
         "closed",
+        "served",
+        "got_bytes",
     )
 
     def __init__(self, pool: LoadClient) -> None:
@@ -115,12 +117,15 @@ class _Connection(asyncio.Protocol):
         self.headers_done = False
         self.framed = False  # Content-Length or chunked: the end is known without EOF
         self.closed = False
+        self.served = 0  # responses completed on this connection
+        self.got_bytes = False  # any byte of the current response arrived
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -131,6 +136,10 @@ class _Connection(asyncio.Protocol):
         if self.rid >= 0:
             if self.headers_done and not self.framed:
                 self.pool._complete(self, keep_alive=False)  # body delimited by EOF
+            elif self.served and not self.got_bytes:
+                # the server closed a kept-alive connection as we reused it: not the request's
+                # fault; send it again once on a fresh connection (as browsers and httpx do)
+                self.pool._retry(self)
             else:
                 self.pool._fail(self, ERR_CLOSED)
         self.pool._lost(self)
@@ -157,6 +166,7 @@ class _Connection(asyncio.Protocol):
             self.framed = True
 
     def on_message_complete(self) -> None:
+        self.served += 1
         if self.rid >= 0:
             self.pool._complete(self, keep_alive=self.parser.should_keep_alive())
 
@@ -166,6 +176,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.captured = None
         self.headers_done = False
+        self.got_bytes = False
         self.transport.write(data)  # type: ignore[union-attr]
 
     def on_timeout(self) -> None:
@@ -221,6 +232,7 @@ class LoadClient:
         self.opening = 0
         self.in_flight = 0  # submitted and not yet done (queued + on the wire)
         self.connect_errors: list[str] = []
+        self.retried: set[int] = set()
         self._idle_event: asyncio.Event | None = None
 
     # -- public
@@ -310,6 +322,21 @@ class LoadClient:
         self._drop(conn)
         if rid >= 0:
             self._finish(rid, now, conn.status if error != ERR_TIMEOUT else 0, error)
+
+    def _retry(self, conn: _Connection) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        rid, conn.rid = conn.rid, -1
+        if rid in self.retried:
+            conn.rid = rid
+            self._fail(conn, ERR_CLOSED)
+            return
+        self.retried.add(rid)
+        self.waiting.appendleft(rid)
+        self._drop(conn)  # opens a fresh connection for it when the limit allows
+        if self.opening == 0 and self.idle:
+            self._release(self.idle.pop())
 
     def _release(self, conn: _Connection) -> None:
         """A free connection takes the next queued request, or goes idle."""
