@@ -6,9 +6,10 @@ A zero-delay endpoint (uvicorn + httptools, raw ASGI) runs in another process pi
 the generator runs here pinned to CPU 0. Open-loop steps at rising rates: a step is *sustained*
 when the achieved rate is >= 97% of the target, nothing failed or was dropped, and the
 generator's own scheduling error (actual send - scheduled send) has p99 <= 2 ms. The ceiling is
-the highest sustained rate. The baseline is an httpx AsyncClient driven open loop the same way
-in the same run (plus both clients' closed-loop maximum at 1, 8 and 64 callers, the baseline
-taking httpx's best); figures are ratios.
+the highest sustained rate (a step that misses is tried once more, best of two, because other
+load on a shared machine only ever makes it worse). The baseline is an httpx AsyncClient driven
+open loop the same way in the same run (plus both clients' closed-loop maximum and CPU cost per
+request at 1, 8 and 64 callers, the baseline taking httpx's best); figures are ratios.
 """
 
 from __future__ import annotations
@@ -174,6 +175,11 @@ def climb(
     steps, misses = [], 0
     for rate in rates:
         step = step_fn(url, rate, duration_s)
+        if not step["sustained"]:  # other load on the machine only ever hurts: best of two
+            again = step_fn(url, rate, duration_s)
+            again["attempt"] = 2
+            if again["sustained"] or again["sched_error_p99_ms"] < step["sched_error_p99_ms"]:
+                step = again
         steps.append(step)
         print(
             f"  {label:6s} {rate:>7.0f} rps: achieved {step['achieved_rps']:>8.1f}, "
