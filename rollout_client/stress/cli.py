@@ -62,7 +62,10 @@ def stress(
     ] = None,
     gateway: Annotated[str | None, typer.Option(help="Gateway base URL, with --tool.")] = None,
     tool: Annotated[
-        str | None, typer.Option(help="Gateway tool: POST {gateway}/v1/tools/{tool}/call.")
+        str | None,
+        typer.Option(
+            help="Gateway tool: POST {gateway}/v1/tools/{tool}/call (run_code = sandbox)."
+        ),
     ] = None,
     body: Annotated[
         str | None, typer.Option(help="JSON request body (--url) or tool arguments.")
@@ -100,6 +103,12 @@ def stress(
         int, typer.Option(help="Open loop: a request due while this many are out is 'dropped'.")
     ] = 10_000,
     connections: Annotated[int | None, typer.Option(help="Max keep-alive connections.")] = None,
+    preconnect: Annotated[
+        int | None,
+        typer.Option(
+            help="Connections to open before the clock starts (slow targets: rate x latency)."
+        ),
+    ] = None,
     timeout: Annotated[str, typer.Option(help="Per-request timeout.")] = "30s",
     seed: Annotated[int | None, typer.Option(help="Seed for Poisson arrivals.")] = None,
     workers: Annotated[
@@ -183,6 +192,7 @@ def stress(
             workers=workers,
             allow_remote=allow_remote,
             spin_s=0.001 if precise else 0.0,
+            preconnect=preconnect,
         )
         spec.validate()
         from .http import Endpoint
