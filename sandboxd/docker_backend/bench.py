@@ -117,6 +117,34 @@ async def docker_exec_floor(image: str, n: int) -> dict[str, float]:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
 
 
+def _proc_cpu(pid: int) -> tuple[float, float]:
+    """(own CPU, CPU of reaped children) of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+async def cpu_per_run(backend: DockerBackend, one, n: int) -> dict[str, float]:
+    """Where the CPU of a run goes: the program, the agent, this (host) process. Load-proof."""
+    pids = [
+        backend._client.api.inspect_container(c.id)["State"]["Pid"]
+        for c in backend.pool._live.values()
+    ]
+    before = [_proc_cpu(p) for p in pids]
+    host0 = os.times()
+    await closed_loop(one, n, 1)
+    host1 = os.times()
+    after = [_proc_cpu(p) for p in pids]
+    agent = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    program = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    host = (host1.user - host0.user) + (host1.system - host0.system)
+    return {
+        "program": round(program * 1000 / n, 2),
+        "agent": round(agent * 1000 / n, 2),
+        "host": round(host * 1000 / n, 2),
+    }
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     settings = SandboxSettings(docker_pool_size=args.pool_size)
     backend = DockerBackend(settings)
@@ -131,6 +159,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"unexpected result: {r}")
 
         await closed_loop(one, 20, 1)  # warm-up
+        cpu = await cpu_per_run(backend, one, args.n1)
         bare_c1, docker_c1 = await interleaved(bare_python, one, args.n1, 1)
         bare_c16, docker_c16 = await interleaved(bare_python, one, args.n16, 16)
         status = backend.status()
@@ -146,6 +175,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "bare_python": {"c1": bare_c1, "c16": bare_c16},
         "docker_exec_floor": {"c1": exec_floor},
         "docker_backend": {"c1": docker_c1, "c16": docker_c16},
+        "cpu_ms_per_run": cpu,
         "ratios": {
             "p50_c1_vs_bare": round(docker_c1["p50_ms"] / bare_c1["p50_ms"], 2),
             "p50_c1_vs_docker_exec": round(docker_c1["p50_ms"] / exec_floor["p50_ms"], 2),
@@ -175,6 +205,7 @@ def print_report(report: dict[str, Any]) -> None:
         table.add_row(what, conc, str(s["p50_ms"]), str(s["p99_ms"]), str(s["runs_per_s"]))
     console = Console(stderr=True)
     console.print(table)
+    console.print(f"CPU ms per run: {report['cpu_ms_per_run']}")
     console.print(f"ratios: {report['ratios']}  targets met: {report['targets']['met']}")
 
 
