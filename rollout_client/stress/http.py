@@ -234,6 +234,7 @@ class LoadClient:
         self.connect_errors: list[str] = []
         self.retried: set[int] = set()
         self._idle_event: asyncio.Event | None = None
+        self._closed = False
 
     # -- public
     def submit(self, rid: int) -> None:
@@ -270,6 +271,7 @@ class LoadClient:
             self._finish(self.waiting.popleft(), now, 0, ERR_UNFINISHED)
 
     def close(self) -> None:
+        self._closed = True
         for conn in list(self.connections):
             if conn.timer is not None:
                 conn.timer.cancel()
@@ -390,5 +392,8 @@ class LoadClient:
                     self._open()
             return
         self.opening -= 1
+        if self._closed:  # the run ended while this connect was under way
+            conn.transport.abort()  # type: ignore[union-attr]
+            return
         self.connections.add(conn)
         self._release(conn)
