@@ -193,6 +193,12 @@ def run(
             f"engine busy {s.get('engine_busy_fraction', 0):.0%}; wrote {out_dir}/report.json, "
             f"{out_dir}/trajectories.jsonl" + ("" if no_plots else " and PNG plots")
         )
+        if report.get("sim_lag_s", 0) > 0.05 * max(s.get("total_makespan_s", 0), 1e-9):
+            typer.echo(
+                f"note: the simulator fell {report['sim_lag_s']:.1f} s behind its cost model "
+                "(CPU starved); lower --time-scale for faithful timings",
+                err=True,
+            )
 
 
 async def _run_with_progress(

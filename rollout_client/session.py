@@ -147,6 +147,7 @@ async def run_rollout(
         "settings": settings.model_dump(mode="json"),
         "time_scale": time_scale,
         "summary": summarize(steps),
+        "sim_lag_s": round(getattr(engine, "lag_s", 0.0), 3),
         "steps": steps,
     }
     if out_dir is not None:

@@ -53,6 +53,7 @@ class SimEngine(Engine):
         self._last_len: dict[str, int] = {}
         self._cache = PrefixCacheStats(0.0, 0.0)
         self.iterations = 0
+        self.lag_s = 0.0  # wall time the simulation fell behind its cost model (CPU starvation)
         self.batch_samples: list[tuple[float, int]] = []
 
     async def start(self) -> None:
@@ -143,7 +144,10 @@ class SimEngine(Engine):
             batch = len(self._running)
             context = sum(r.prompt_len + r.produced for r in self._running)
             duration = self.cost.iteration_s(batch, context, prefill) / self.time_scale
-            clock = max(clock + duration, time.monotonic() - 0.05)  # catch up, but not forever
+            target, floor = clock + duration, time.monotonic() - 0.05
+            if target < floor:  # starved of CPU: catch up at most 50 ms, record the rest as lag
+                self.lag_s += floor - target
+            clock = max(target, floor)
             self.batch_samples.append((time.monotonic(), batch))
             delay = clock - time.monotonic()
             if delay > 0:
