@@ -44,6 +44,14 @@ NO_DEADLINE_SLACK_S = 30.0
 MEMORY_ERROR_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory")
 
 
+class _AgentLost(Exception):
+    """The agent's connection broke before it answered; carries the error result to report."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
 def _is_safe_relative(name: str) -> bool:
     path = posixpath.normpath(name)
     return bool(name) and "\0" not in name and not path.startswith(("/", "..")) and path != "."
@@ -125,12 +133,20 @@ class DockerBackend:
                 "workdir (use a relative path without '..')",
                 backend=self.name,
             )
-        job = self.build_job(spec, lang, deadline)
         self._runs += 1
         self._running += 1
         try:
-            container = await self.pool.acquire(deadline)
-            return await self._run_in(container, job, spec, lang, deadline)
+            for attempt in (1, 2):
+                container = await self.pool.acquire(deadline)
+                job = self.build_job(spec, lang, deadline)
+                try:
+                    return await self._run_in(container, job, spec, lang, deadline)
+                except _AgentLost as lost:
+                    # A container that died while idle (removed from outside, engine restart)
+                    # fails at once: one more try on another container, within the deadline.
+                    if attempt == 2 or deadline.expired:
+                        return lost.result
+            raise AssertionError("unreachable")
         finally:
             self._running -= 1
 
@@ -157,12 +173,15 @@ class DockerBackend:
             message = (
                 "deadline reached; sandbox destroyed" if timed_out else f"sandbox failed: {exc}"
             )
-            return RunResult(
+            result = RunResult(
                 run=ExecResult(status=status, message=message),
                 sandbox_id=container.name,
                 backend=self.name,
                 message=message,
             )
+            if timed_out:
+                return result
+            raise _AgentLost(result) from exc
         except asyncio.CancelledError:
             self.pool.discard(container, "run cancelled")
             raise

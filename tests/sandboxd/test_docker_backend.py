@@ -251,3 +251,18 @@ def test_cancelled_run_destroys_its_container(portal, backend) -> None:
     while backend.status()["live"] < 2 and time.monotonic() < end:
         time.sleep(0.1)
     assert backend.status()["live"] == 2  # replaced in the background
+
+
+def test_container_killed_from_outside_is_replaced_and_the_run_retried(portal, backend) -> None:
+    client = docker.from_env()
+    end = time.monotonic() + 20
+    while len(backend.pool._idle) < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    victim = backend.pool._idle[0]  # the next run takes this one
+    client.api.kill(victim.id)
+    r = run(portal, backend, RunSpec(language="python", code="print('still here')"))
+    assert r.run.status == ExecStatus.FINISHED and r.run.stdout == "still here\n"
+    assert r.sandbox_id != victim.name
+    while backend.status()["live"] < 2 and time.monotonic() < end:
+        time.sleep(0.1)
+    assert victim.id not in backend.pool._live and backend.status()["live"] == 2
