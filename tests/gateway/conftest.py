@@ -15,8 +15,8 @@ from gateway.settings import GatewaySettings, ToolConfig
 def upstream() -> Iterator[Any]:
     started: list[Upstream] = []
 
-    def start(name: str = "u", unhealthy: bool = False) -> Upstream:
-        up = Upstream(name, unhealthy)
+    def start(name: str = "u", unhealthy: bool = False, keep_alive_s: float = 5.0) -> Upstream:
+        up = Upstream(name, unhealthy, keep_alive_s=keep_alive_s)
         started.append(up)
         return up
 

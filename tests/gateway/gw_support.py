@@ -32,7 +32,9 @@ def free_port() -> int:
 
 
 class Upstream:
-    def __init__(self, name: str, unhealthy: bool = False, plain: bool = False) -> None:
+    def __init__(
+        self, name: str, unhealthy: bool = False, plain: bool = False, keep_alive_s: float = 5.0
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -48,6 +50,7 @@ class Upstream:
             argv.append("--unhealthy")
         if plain:
             argv.append("--plain")
+        argv += ["--keep-alive-s", str(keep_alive_s)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -105,6 +105,9 @@ def main() -> None:
     parser.add_argument("--name", default="upstream")
     parser.add_argument("--unhealthy", action="store_true")
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument(
+        "--keep-alive-s", type=float, default=5.0, help="idle connections closed after"
+    )
     args = parser.parse_args()
     uvicorn.run(
         make_app(args.name, args.unhealthy, args.plain),
@@ -114,6 +117,7 @@ def main() -> None:
         access_log=False,
         http="httptools",
         loop="uvloop",
+        timeout_keep_alive=args.keep_alive_s,
     )
 
 

@@ -320,3 +320,12 @@ def test_tools_list_is_openai_function_format(upstream, gateway) -> None:
         assert params["type"] == "object" and params["required"]
         assert set(params["required"]) <= set(params["properties"])
         assert entry["function"]["description"]
+
+
+def test_keep_alive_connections_the_upstream_closed_are_not_reused(upstream, gateway) -> None:
+    up = upstream("ka", keep_alive_s=0.3)  # the upstream drops idle connections sooner than we do
+    gw = gateway([proxy_tool("ka", up.url, health_interval_s=60)], upstream_keepalive_s=60)
+    for _ in range(3):
+        assert call(gw, "ka", {}).status_code == 200
+        time.sleep(0.6)  # the pooled connection is closed by the upstream meanwhile
+    assert up.stats()["finished"] == 3
