@@ -242,13 +242,20 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
     send_lag = raw["sent"][sel] - raw["planned"][sel]
     server_timer = raw["server_err"][sel]
     dropped = int((~ok).sum())
-    duration = np.nanmax(raw["done"]) - raw["t0"] if np.isfinite(raw["done"]).any() else math.nan
+    sent_at = raw["sent"][np.isfinite(raw["sent"])]
+    span = float(sent_at.max() - sent_at.min()) if sent_at.size > 1 else math.nan
+    window = raw["done"][ok & keep] if (ok & keep).any() else np.array([])
     out: dict[str, Any] = {
         "target_rps": rate,
         "seconds": seconds,
         "sent": int(raw["status"].size - raw["over_cap"]),
         "completed_ok": int(ok.sum()),
-        "achieved_rps": round(float(ok.sum()) / duration, 1) if duration else None,
+        # Requests that actually left the client per second (open loop: should equal the target).
+        "achieved_rps": round((sent_at.size - 1) / span, 1) if span and span > 0 else None,
+        # Answers per second over the measured window (falls behind when the service saturates).
+        "answered_rps": round(window.size / (window.max() - window.min()), 1)
+        if window.size > 1
+        else None,
         "dropped": dropped,
         "dropped_over_in_flight_cap": int(raw["over_cap"]),
         "errors": int(((raw["status"] != 200) & (raw["status"] != -2)).sum()),
