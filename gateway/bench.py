@@ -120,6 +120,12 @@ def _start(workdir: Path) -> tuple[_Server, _Server]:
     return emulator, gateway
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (load-independent cost)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _percentiles(latencies_ms: np.ndarray) -> dict[str, float]:
     if latencies_ms.size == 0:
         return {f"p{p:g}": float("nan") for p in PERCENTILES}
@@ -164,12 +170,22 @@ def measure(rates: list[float], duration_s: float, rounds: int) -> dict[str, Any
                 direct: list[np.ndarray] = []
                 through: list[np.ndarray] = []
                 runs: list[dict[str, Any]] = []
+                cpu = {"emulator_direct": 0.0, "emulator_via_gateway": 0.0, "gateway": 0.0}
+                calls = {"direct": 0, "gateway": 0}
                 for _ in range(rounds):
+                    e0 = _cpu_s(emulator.proc.pid)
                     d = _run(emulator.url, rate, duration_s)
+                    e1, g1 = _cpu_s(emulator.proc.pid), _cpu_s(gateway.proc.pid)
                     g = _run(gateway.url, rate, duration_s)
+                    e2, g2 = _cpu_s(emulator.proc.pid), _cpu_s(gateway.proc.pid)
+                    cpu["emulator_direct"] += e1 - e0
+                    cpu["emulator_via_gateway"] += e2 - e1
+                    cpu["gateway"] += g2 - g1
+                    calls["direct"] += d["sent"]
+                    calls["gateway"] += g["sent"]
                     direct.append(d.pop("_ok"))
                     through.append(g.pop("_ok"))
-                    runs.append({"direct": d, "gateway": g})
+                    runs.append({"direct": d, "gateway": g, "loadavg_1m": os.getloadavg()[0]})
                 dp = _percentiles(np.concatenate(direct))
                 gp = _percentiles(np.concatenate(through))
                 report[f"{rate:g}rps"] = {
@@ -177,6 +193,13 @@ def measure(rates: list[float], duration_s: float, rounds: int) -> dict[str, Any
                     "gateway_ms": gp,
                     "added_ms": {k: gp[k] - dp[k] for k in dp},
                     "ratio_gateway_over_direct": {k: gp[k] / dp[k] if dp[k] else None for k in dp},
+                    # CPU per call does not depend on how busy the machine is: the steadier figure
+                    "cpu_us_per_call": {
+                        "emulator (baseline)": 1e6
+                        * cpu["emulator_direct"]
+                        / max(1, calls["direct"]),
+                        "gateway": 1e6 * cpu["gateway"] / max(1, calls["gateway"]),
+                    },
                     "rounds": runs,
                 }
             return report
@@ -201,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s_per_run": duration,
         "rounds": rounds,
         "cpus": os.cpu_count(),
+        "loadavg_1m_at_start": os.getloadavg()[0],
         "target_500rps": {"added_p50_ms": 1.0, "added_p99_ms": 5.0},
         "results": results,
         "seconds": round(time.monotonic() - started, 1),
@@ -217,6 +241,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rate:>8} {k:>6} {r['direct_ms'][k]:>10.3f} {r['gateway_ms'][k]:>11.3f} "
                 f"{r['added_ms'][k]:>9.3f} {ratio if ratio is None else round(ratio, 2):>6}"
             )
+    for rate, r in results.items():
+        cpu = r["cpu_us_per_call"]
+        print(
+            f"{rate:>8} CPU per call: gateway {cpu['gateway']:.0f} us, emulator {cpu['emulator (baseline)']:.0f} us "
+            f"(ratio {cpu['gateway'] / max(cpu['emulator (baseline)'], 1e-9):.2f})"
+        )
+    print(
+        f"load average (1 min) at start: {report['loadavg_1m_at_start']:.1f} on {os.cpu_count()} CPUs"
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -45,7 +45,7 @@ def test_no_generated_request_causes_a_server_error(gateway_schema) -> None:
 
         @given(case=operation.as_strategy())
         @settings(
-            max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None
+            max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None
         )
         def check(case) -> None:
             response = case.call(timeout=10)
