@@ -2,7 +2,8 @@
 
 `POST {gateway}/v1/tools/{tool}/call` with `{"arguments": {...}}` and the headers
 `X-Toolenv-Deadline-Ms` (remaining budget), `X-Trajectory-Id`, `X-Step`, `X-Turn`. A 200 carries
-`status` "ok" or "error"; a 504 is a structured timeout; a 429 is backpressure, retried after
+`status` "ok" or "error"; a 504 is a structured timeout (and so is an "error" that
+carries the tool's own 504: the tool noticed the shared deadline a moment before the gateway); a 429 is backpressure, retried after
 `Retry-After` while the deadline allows. Transport failures become `status="error"` results so a
 trajectory goes on; only an unreachable gateway at start-up stops the run (`GatewayUnreachable`).
 """
@@ -147,14 +148,25 @@ class GatewayClient:
                     http_status=response.status_code,
                     retries_429=retries,
                 )
+            status = "ok" if body.get("status") == "ok" else "error"
+            if status == "error" and _upstream_timed_out(body):
+                status = "timeout"
             return ToolOutcome(
-                "ok" if body.get("status") == "ok" else "error",
+                status,
                 elapsed,
                 result=body.get("result"),
                 error=body.get("error"),
                 http_status=200,
                 retries_429=retries,
             )
+
+
+def _upstream_timed_out(body: dict[str, Any]) -> bool:
+    """The tool itself hit the deadline first (its own 504, passed through as an error)."""
+    result = body.get("result")
+    if isinstance(result, dict) and result.get("status") == "timeout":
+        return True
+    return "HTTP 504" in str(body.get("error") or "")
 
 
 def _retry_after(response: httpx.Response) -> float:

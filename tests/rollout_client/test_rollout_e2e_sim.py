@@ -170,3 +170,28 @@ async def test_timeout_policy_truncates_slow_calls_at_the_gateway(
     step = report["steps"][0]
     assert step["completed"] == 4 and step["tool_timeouts"] == 4
     assert step["makespan_s"] < 2.5
+
+
+async def test_synthetic_intern_s1_workload_runs_through_the_gateway(
+    gateway, polytrace_dir, tmp_path
+) -> None:
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    settings = RolloutSettings(
+        gateway_url=gateway.url,
+        engine="sim",
+        cost_profile="vllm-cpu-tiny",
+        batch=6,
+        limit=6,
+        length_scale=0.05,
+    )
+    report = await run_rollout(
+        settings, build_plans(settings, [], synthetic=params), out_dir=tmp_path / "o"
+    )
+    step = report["steps"][0]
+    assert step["completed"] == 6 and step["tool_errors"] == 0
+    written = list(read_multiturn(tmp_path / "o" / "trajectories.jsonl"))
+    assert (
+        sum(len(r.tool_calls) for r in written)
+        == step["tool_calls"]
+        == sum(len(r.turns) - 1 for r in written)
+    )

@@ -185,3 +185,19 @@ def test_live_parser_reads_tagged_calls_and_fenced_code() -> None:
     assert render_observation("timeout", error="deadline") == (
         '<tool_response>{"status": "timeout", "error": "deadline"}</tool_response>'
     )
+
+
+def test_openai_engine_pins_each_trajectory_to_one_server() -> None:
+    from rollout_client.engines import OpenAIEngine
+
+    engine = OpenAIEngine(["http://a", "http://b"], capacity=4)
+    assert engine.monitor.capacity == 8
+    first = engine.server_for("t1")
+    engine._load[first] += 1  # t1 is running there: the next new trajectory goes to the other one
+    second = engine.server_for("t2")
+    assert second != first
+    engine._load[first] -= 1
+    assert [engine.server_for("t1") for _ in range(3)] == [first] * 3
+    assert engine.server_for("t2") == second
+    with pytest.raises(ValueError, match="--openai-url"):
+        OpenAIEngine([])
