@@ -92,6 +92,16 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
             "authorization": headers.get("authorization"),
         }
         extra = [(b"x-toolenv-injected-delay-ms", str(sleep_s * 1000).encode())]
+        if body.get("chunked"):  # no content-length, several body messages: chunked encoding
+            data = json.dumps(payload).encode()
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json"), *extra]})  # fmt: skip
+            for i in range(0, len(data), 7):
+                await send(
+                    {"type": "http.response.body", "body": data[i : i + 7], "more_body": True}
+                )
+            await send({"type": "http.response.body", "body": b""})
+            return
         await reply(send, status, payload, extra)
 
     return app

@@ -31,6 +31,9 @@ def test_generic_call_forwards_arguments_and_answers_the_documented_shape(
     assert result["request_id"] == "rid-1"
     # the remaining budget travels downstream, below the default deadline
     assert 0 < float(result["deadline_ms"]) <= 5000
+    # a chunked answer is reassembled
+    chunked = call(gw, "echo", {"chunked": True, "pad": "x" * 100})
+    assert chunked.status_code == 200 and chunked.json()["result"]["body"]["pad"] == "x" * 100
     # an upstream HTTP error is a tool result, not a gateway failure
     r = call(gw, "echo", {"status": 422})
     assert r.status_code == 200
