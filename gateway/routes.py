@@ -43,12 +43,45 @@ _DEADLINE_DOC = (
 )
 
 
+_HEADER_PARAMETERS = [
+    {
+        "name": DEADLINE_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "this call's remaining budget in milliseconds (capped by the tool's maximum)",
+        "schema": {"type": "number", "minimum": 0},
+    },
+    {
+        "name": "X-Trajectory-Id",
+        "in": "header",
+        "required": False,
+        "description": "trace capture: the rollout this call belongs to",
+        "schema": {"type": "string", "maxLength": 256},
+    },
+    {
+        "name": "X-Step",
+        "in": "header",
+        "required": False,
+        "description": "trace capture: training step",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    {
+        "name": "X-Turn",
+        "in": "header",
+        "required": False,
+        "description": "trace capture: turn within the trajectory",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+]
+
+
 def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
     return {
+        "parameters": _HEADER_PARAMETERS,
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
+        },
     }
 
 
@@ -131,6 +164,7 @@ async def retrieve(request: Request) -> Response:
     response_model=ToolCallResponse,
     responses={404: {"description": "unknown tool"}, **_FAILURES},
     summary="Call any tool",
+    openapi_extra={"parameters": _HEADER_PARAMETERS},
 )
 async def call_tool(tool: str, body: ToolCallRequest, request: Request) -> Response:
     """Forward `arguments` to the tool's native endpoint, under one deadline.
