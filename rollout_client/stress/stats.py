@@ -21,14 +21,24 @@ PERCENTILES: tuple[tuple[str, float], ...] = (
 )
 
 
-def histogram_figures(hist: HdrHistogram) -> dict[str, float]:
-    """p50/p90/p99/p99.9/max/mean in ms from a histogram recorded in microseconds."""
+def histogram_figures(hist: HdrHistogram, mean_ms: float | None = None) -> dict[str, float]:
+    """p50/p90/p99/p99.9/max/mean in ms from a histogram recorded in microseconds.
+
+    `mean_ms` (the exact mean, when the raw values are at hand) spares the histogram's slow
+    pure-Python mean."""
     if hist.get_total_count() == 0:
         return {name: math.nan for name, _ in PERCENTILES} | {"max": math.nan, "mean": math.nan}
     out = {name: hist.get_value_at_percentile(q) / 1000.0 for name, q in PERCENTILES}
     out["max"] = hist.get_max_value() / 1000.0
-    out["mean"] = hist.get_mean_value() / 1000.0
+    out["mean"] = mean_ms if mean_ms is not None else hist.get_mean_value() / 1000.0
     return out
+
+
+def _figures(result: LoadResult, outcome: str, corrected: bool) -> dict[str, float]:
+    from .loadgen import make_histogram
+
+    lat = result.latencies_ms(outcome, corrected)
+    return histogram_figures(make_histogram(lat), float(lat.mean()) if len(lat) else None)
 
 
 def differs(
@@ -87,14 +97,14 @@ def summarize(result: LoadResult) -> dict[str, Any]:
     names, counts = np.unique(outcomes.astype(str), return_counts=True) if n else ([], [])
     per_outcome: dict[str, Any] = {}
     for name, count in sorted(zip(names, counts, strict=True), key=lambda x: (x[0] != "ok", x[0])):
-        corrected = histogram_figures(result.histogram(name, corrected=True))
+        corrected = _figures(result, name, corrected=True)
         entry: dict[str, Any] = {
             "count": int(count),
-            "share": count / n,
+            "share": float(count) / n,
             "corrected_ms": corrected,
         }
         if name not in ("dropped", "unfinished"):
-            uncorrected = histogram_figures(result.histogram(name, corrected=False))
+            uncorrected = _figures(result, name, corrected=False)
             entry["uncorrected_ms"] = uncorrected
             entry["differs"] = differs(corrected, uncorrected)
         per_outcome[str(name)] = entry
