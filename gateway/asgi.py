@@ -8,8 +8,11 @@ tool at its next await: the sandbox's own cleanup (kill and reap) runs from ther
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+log = logging.getLogger("toolenv.gateway")
 
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[
@@ -124,6 +127,13 @@ async def call_asgi(
 
     try:
         await app(scope, receive, send)
+    except Exception as exc:
+        if not complete:
+            raise ConnectionResetError(
+                f"in-process app failed on {method} {path}: {type(exc).__name__}"
+            ) from exc
+        # Starlette re-raises after it has answered 500 (for the server's log): log it likewise
+        log.error("in-process app error", exc_info=exc, extra={"path": path})
     finally:
         disconnected.set()
     if not complete:

@@ -28,6 +28,8 @@ def create_app() -> FastAPI:
     @app.post("/call")
     async def call(request: Request) -> dict[str, Any]:
         body = await request.json()
+        if body.get("raise"):
+            raise RuntimeError("a bug inside the tool")
         try:
             await asyncio.sleep(float(body.get("sleep_s", 0)))
         except asyncio.CancelledError:

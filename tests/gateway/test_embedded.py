@@ -26,6 +26,9 @@ def test_embedded_tool_lifespan_deadline_and_cancellation(gateway) -> None:
     assert r.status_code == 200 and r.json()["status"] == "ok"
     assert r.json()["result"]["echo"] == {"x": 1}
     assert 0 < float(r.json()["result"]["deadline_ms"]) <= 4000
+    # a bug inside the in-process tool is its 500 answer, not a gateway failure
+    r = httpx.post(gw.url + "/v1/tools/local/call", json={"arguments": {"raise": True}}, timeout=10)
+    assert r.status_code == 200 and r.json()["status"] == "error" and "500" in r.json()["error"]
     started = time.monotonic()
     r = httpx.post(gw.url + "/v1/tools/local/call", timeout=10,
                    json={"arguments": {"sleep_s": 30, "tag": "t1"}, "deadline_ms": 250})  # fmt: skip
