@@ -80,6 +80,8 @@ def backend(portal: BlockingPortal, base_image: str) -> Iterator[DockerBackend]:
             text=True,
         ).stdout.split()
         assert left == [], f"containers left after close: {left}"
+        if b.pool is not None:  # and no socket dir or lock file on the host
+            assert not b.pool.dir.exists() and not b.pool.lock_path.exists()
 
 
 def run(
