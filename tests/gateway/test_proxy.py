@@ -138,17 +138,26 @@ async def test_queue_wait_counts_against_the_deadline_and_overflow_gets_429(
 ) -> None:
     up = upstream("q")
     gw = gateway([proxy_tool("one", up.url, concurrency=1, queue=1)])
+    runtime = gw.toolset.tools["one"]
+
+    async def until(condition) -> None:  # waits on the gateway's own state, not on timing
+        for _ in range(400):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the gateway never reached the expected state")
+
     async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
         busy = asyncio.create_task(
             client.post(
-                "/v1/tools/one/call", json={"arguments": {"sleep_s": 1.0}, "deadline_ms": 5000}
+                "/v1/tools/one/call", json={"arguments": {"sleep_s": 2.0}, "deadline_ms": 9000}
             )
         )
-        await asyncio.sleep(0.3)
+        await until(lambda: runtime.admission.in_flight == 1)
         queued = asyncio.create_task(
-            client.post("/v1/tools/one/call", json={"arguments": {}, "deadline_ms": 300})
+            client.post("/v1/tools/one/call", json={"arguments": {}, "deadline_ms": 500})
         )
-        await asyncio.sleep(0.1)
+        await until(lambda: runtime.admission.waiting == 1)
         overflow = await client.post("/v1/tools/one/call", json={"arguments": {}})
         assert overflow.status_code == 429
         assert int(overflow.headers["retry-after"]) >= 1
@@ -209,9 +218,13 @@ def test_least_outstanding_balancing_and_health_checks(upstream, gateway) -> Non
     async def burst() -> list[str]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
             slow = asyncio.create_task(
-                client.post("/v1/tools/pool/call", json={"arguments": {"sleep_s": 1.0}})
+                client.post("/v1/tools/pool/call", json={"arguments": {"sleep_s": 1.5}})
             )
-            await asyncio.sleep(0.2)
+            endpoints = gw.toolset.tools["pool"].backend.endpoints
+            for _ in range(400):  # until the slow call is out at one upstream
+                if sum(e.outstanding for e in endpoints) == 1:
+                    break
+                await asyncio.sleep(0.01)
             fast = [
                 await client.post("/v1/tools/pool/call", json={"arguments": {}}) for _ in range(5)
             ]
