@@ -13,8 +13,11 @@ cache each iteration). Built-in profiles and where their numbers come from:
   2,048, which gives decode_per_seq_s = (0.551 - 0.015) / 2048 = 0.26 ms. The trace has no prefill
   timing: prefill_per_token_s = 30 us is an assumption (prefill is compute-bound, about 8x cheaper
   per token than a decode slot at that load); decode_per_ctx_token_s = 0 (folded into per-seq).
-- `vllm-cpu-tiny`: fitted by `toolenv rollout calibrate --engine vllm` on the 2-core CI machine
-  with the tiny test model (random-weight Llama, 2 layers, hidden 128), block size 32.
+- `vllm-cpu-tiny`: fitted by `toolenv rollout calibrate --engine vllm --model tiny-llama
+  --batches 1,4,16 --prompt-lens 64,512 --decode-tokens 32` on this project's 2-core machine
+  (shared with other work at the time, so on the slow side) with the tiny test model
+  (random-weight Llama, 2 layers, hidden 128), block size 32: prefill 10.5 us/token, decode
+  iteration 7.9 ms + 0.252 ms/sequence + 0.297 us/context token.
 `toolenv rollout calibrate` writes a profile of this shape to JSON; `--cost-profile FILE` loads it.
 """
 
@@ -63,11 +66,12 @@ BUILTIN_PROFILES: dict[str, CostModel] = {
     ),
     "vllm-cpu-tiny": CostModel(
         name="vllm-cpu-tiny",
-        source="toolenv rollout calibrate --engine vllm, tiny test model, 2-core CPU",
-        prefill_per_token_s=2.0e-5,
-        decode_base_s=0.006,
-        decode_per_seq_s=0.0004,
-        decode_per_ctx_token_s=1.0e-7,
+        source="toolenv rollout calibrate --engine vllm --batches 1,4,16 --prompt-lens 64,512 "
+        "--decode-tokens 32, tiny test model, vllm-cpu 0.32, 2 shared cores (2026-11-22)",
+        prefill_per_token_s=10.5e-6,
+        decode_base_s=0.0079,
+        decode_per_seq_s=0.000252,
+        decode_per_ctx_token_s=0.297e-6,
         max_batch=64,
         block_size=32,
     ),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,12 +86,13 @@ class VllmEngine(Engine):
 
         if self._llm is None:
             raise RuntimeError("VllmEngine.start() was not called")
+        # No per-request seed: on the CPU a seeded request that is prefilled in chunks crashes the
+        # engine ("CPU Generator does not use offset"); the engine-wide seed keeps runs repeatable.
         params = SamplingParams(
             max_tokens=max_tokens,
             min_tokens=min_tokens,
             ignore_eos=ignore_eos,
             temperature=1.0,
-            seed=zlib.crc32(request_id.encode()) & 0x7FFFFFFF,
             output_kind=RequestOutputKind.DELTA,
         )
         async for out in self._llm.generate(

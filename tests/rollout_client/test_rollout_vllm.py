@@ -178,3 +178,24 @@ async def test_live_mode_with_real_vllm_stops_when_the_text_calls_no_tool(
         # Random weights write no tool call: one free-running turn of at most 12 tokens.
         assert len(record.turns) == 1 and 1 <= record.turns[0].completion_tokens <= 12
         assert record.turns[0].finish_reason == "stop" and not record.tool_calls
+
+
+async def test_long_prompts_prefilled_in_chunks_keep_their_forced_lengths(engine) -> None:
+    # 12 x 600 prompt tokens at once exceed one scheduler step's token budget: vLLM prefills them
+    # in chunks (a per-request seed used to crash the CPU engine exactly here).
+    from rollout_client.workloads.plan import TokenSynth
+
+    synth = TokenSynth(vocab_size=engine.vocab_size)
+    gens = await asyncio.gather(
+        *(
+            engine.generate(
+                f"chunk-{i}",
+                synth.ids(f"chunk-{i}", 600),
+                max_tokens=9,
+                min_tokens=9,
+                ignore_eos=True,
+            )
+            for i in range(12)
+        )
+    )
+    assert [len(g.token_ids) for g in gens] == [9] * 12
