@@ -100,6 +100,7 @@ def run_gateway(
         log_level=settings.log_level,
         lifespan="on",
         access_log=False,
+        proxy_headers=False,  # X-Forwarded-* are not trusted: the caller is the socket's peer
         backlog=settings.backlog,
         timeout_graceful_shutdown=5,
     )
