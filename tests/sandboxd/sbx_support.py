@@ -127,7 +127,13 @@ class LeakProbe:
             descendants=sorted(descendants),
             cgroup_tasks=sorted(tasks),
             run_dirs=run_dirs,
-            mounts=len(Path(f"/proc/{self.pid}/mountinfo").read_text().splitlines()),
+            # Only mounts that could be the sandbox's: the host's table also changes whenever
+            # Docker (another test, the docker backend's pool) starts or removes a container.
+            mounts=sum(
+                1
+                for line in Path(f"/proc/{self.pid}/mountinfo").read_text().splitlines()
+                if f"toolenv-sandboxd-{self.pid}" in line or "bwrap" in line or "newroot" in line
+            ),
             fds=len(os.listdir(f"/proc/{self.pid}/fd")),
             orphan_zombies={
                 p for p, (comm, ppid, state) in procs.items() if state == "Z" and ppid == 1
