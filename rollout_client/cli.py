@@ -183,6 +183,7 @@ def run(
     timelines = report.pop("_timelines", [])
     if not no_plots and report["steps"]:
         plot(report, timelines, out_dir)
+    summary = report["summary"]
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -199,6 +200,10 @@ def run(
                 "(CPU starved); lower --time-scale for faithful timings",
                 err=True,
             )
+    if summary.get("failed"):
+        first = next(f for step in report["steps"] for f in step["failures"])
+        typer.echo(f"error: {summary['failed']} trajectories failed, e.g. {first}", err=True)
+        raise typer.Exit(1)
 
 
 async def _run_with_progress(

@@ -43,10 +43,13 @@ def step_metrics(outcome: StepOutcome, monitor: EngineMonitor) -> dict[str, Any]
         "launched": outcome.launched,
         "completed": len([s for s in outcome.done if s.status == "done"]),
         "failed": len([s for s in outcome.done if s.status == "failed"]),
+        "failures": sorted({s.error for s in outcome.done if s.status == "failed" and s.error})[:3],
         "carried": len(outcome.carried),
         "aborted": len(outcome.aborted),
         "makespan_s": round(makespan, 4),
-        "trajectories_per_s": round(len(outcome.done) / makespan, 4),
+        "trajectories_per_s": round(
+            len([s for s in outcome.done if s.status == "done"]) / makespan, 4
+        ),
         "generated_tokens": tokens,
         "tokens_per_s": round(tokens / makespan, 2),
         "engine_busy_fraction": round(busy, 4),
@@ -85,6 +88,7 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
         "total_makespan_s": round(makespan, 4),
         "mean_makespan_s": round(makespan / len(steps), 4),
         "completed": sum(s["completed"] for s in steps),
+        "failed": sum(s["failed"] for s in steps),
         "trajectories_per_s": round(sum(s["completed"] for s in steps) / makespan, 4)
         if makespan
         else 0.0,

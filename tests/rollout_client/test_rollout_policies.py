@@ -113,3 +113,28 @@ def test_policy_specs() -> None:
         build_policy("sync+async")
     with pytest.raises(ValueError):
         OverlapPolicy(over=0)
+
+
+async def test_a_failing_trajectory_is_reported_and_the_others_finish() -> None:
+    from rollout_client.metrics import step_metrics
+
+    class FailingSim(SimEngine):
+        def _raw_stream(self, request_id, *args):
+            if request_id.startswith("bad"):
+                raise RuntimeError("engine said 400: token id out of vocabulary")
+            return super()._raw_stream(request_id, *args)
+
+    engine = FailingSim(FAST)
+    await engine.start()
+    try:
+        plans = [
+            plan("bad", 8, [(3, None)]),
+            *(plan(f"ok{i}", 8, [(3, 0.01), (3, None)]) for i in range(3)),
+        ]
+        runner = Runner(engine, FakeTools(), build_policy("sync"), RunnerOptions(batch=4))
+        [out] = await runner.run(iter(plans))
+    finally:
+        await engine.close()
+    metrics = step_metrics(out, engine.monitor)
+    assert (metrics["completed"], metrics["failed"]) == (3, 1)
+    assert metrics["failures"] == ["RuntimeError: engine said 400: token id out of vocabulary"]
