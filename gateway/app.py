@@ -35,6 +35,12 @@ def create_app(settings: GatewaySettings | None = None, config_file: str | None 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         toolset = ToolSet(settings, app.state.metrics, config_file)
         app.state.toolset = toolset
+        app.state.metrics.track_admission(
+            lambda: [
+                (rt.name, rt.admission.in_flight, rt.admission.waiting)
+                for rt in toolset.tools.values()
+            ]
+        )
         trace = TraceWriter(settings.trace_path) if settings.trace_path else None
         app.state.trace = trace
         try:

@@ -20,7 +20,15 @@ from .admission import Admission, Rejected
 from .metrics import GatewayMetrics
 from .policies import LatencyWindow, RetryBudget
 from .settings import ToolConfig
-from .upstream import Backend, Endpoint, UpstreamBroken, UpstreamConnectError, UpstreamReply, pick
+from .upstream import (
+    Backend,
+    Endpoint,
+    RemoteBackend,
+    UpstreamBroken,
+    UpstreamConnectError,
+    UpstreamReply,
+    pick,
+)
 
 log = logging.getLogger("toolenv.gateway")
 
@@ -50,6 +58,9 @@ class ToolRuntime:
         self.hedging = config.hedge.enabled and config.is_idempotent
         self._tasks: set[asyncio.Task[UpstreamReply]] = set()
         self._turn = 0
+        # In-process handlers may take a while to unwind (a sandbox reaping its process): those
+        # calls run in their own task so the caller can be answered before the unwinding ends.
+        self.inline = isinstance(backend, RemoteBackend) and not self.hedging
 
     # ---------------------------------------------------------------- public
 
@@ -98,27 +109,34 @@ class ToolRuntime:
         started: float,
     ) -> Outcome:
         task: asyncio.Task[UpstreamReply] | None = None
+        admitted = False
         queue_wait = 0.0
         self.budget.record_call()
         try:
             async with asyncio.timeout(deadline.remaining()):
                 if not self.admission.try_acquire():
-                    self.m.queued.inc()
-                    try:
-                        await self.admission.acquire()
-                    finally:
-                        self.m.queued.dec()
+                    await self.admission.acquire()
+                admitted = True
                 queue_wait = time.perf_counter() - started
                 self.m.queue_wait.observe(queue_wait)
-                self.m.in_flight.inc()
-                task = asyncio.create_task(self._attempts(method, path, body, headers, deadline))
-                self._tasks.add(task)
-                task.add_done_callback(self._release_when_done(time.perf_counter()))
-                reply = await asyncio.shield(task)
+                if self.inline:
+                    # Proxy without hedging: cancelling aborts the connection synchronously, so
+                    # the call can run right here (no task) and still answer at once.
+                    try:
+                        reply = await self._attempts(method, path, body, headers, deadline)
+                    finally:
+                        self.admission.release(time.perf_counter() - started - queue_wait)
+                else:
+                    task = asyncio.create_task(
+                        self._attempts(method, path, body, headers, deadline)
+                    )
+                    self._tasks.add(task)
+                    task.add_done_callback(self._release_when_done(time.perf_counter()))
+                    reply = await asyncio.shield(task)
         except TimeoutError:
             if task is not None:
                 task.cancel()  # clean-up continues in the background; we answer now
-            where = "waiting for a slot" if task is None else "waiting for the upstream"
+            where = "waiting for the upstream" if admitted else "waiting for a slot"
             return Outcome(
                 "timeout",
                 error=f"tool {self.name!r} did not answer within the deadline ({where})",
@@ -158,7 +176,6 @@ class ToolRuntime:
 
         def done(task: asyncio.Task[UpstreamReply]) -> None:
             self._tasks.discard(task)
-            self.m.in_flight.dec()
             self.admission.release(time.perf_counter() - started)
             if not task.cancelled():
                 task.exception()  # retrieved: an answer nobody waits for any more is not an error

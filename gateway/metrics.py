@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # From 0.5 ms (the gateway's own overhead) to 5 minutes (a long sandbox run).
 LATENCY_BUCKETS = (
@@ -26,8 +29,6 @@ class ToolMetrics:
     outcomes: dict[str, object]
     hedged: object
     retried: object
-    in_flight: object
-    queued: object
 
 
 class GatewayMetrics:
@@ -61,12 +62,13 @@ class GatewayMetrics:
         self.retried = Counter(
             "toolenv_gateway_retried", "Retries after a connection error.", ["tool"], registry=r
         )
-        self.in_flight = Gauge(
-            "toolenv_gateway_in_flight", "Calls holding a concurrency slot.", ["tool"], registry=r
-        )
-        self.queued = Gauge(
-            "toolenv_gateway_queued", "Calls waiting for a concurrency slot.", ["tool"], registry=r
-        )
+
+    def track_admission(self, snapshot: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """In-flight and queued gauges, read from the admission state at scrape time.
+
+        (Cheaper than updating two gauges on every call, and never out of step with it.)
+        """
+        self.registry.register(_AdmissionCollector(snapshot))
 
     def for_tool(self, tool: str) -> ToolMetrics:
         return ToolMetrics(
@@ -77,6 +79,22 @@ class GatewayMetrics:
             outcomes={o: self.outcomes.labels(tool, o) for o in OUTCOMES},
             hedged=self.hedged.labels(tool),
             retried=self.retried.labels(tool),
-            in_flight=self.in_flight.labels(tool),
-            queued=self.queued.labels(tool),
         )
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self):
+        in_flight = GaugeMetricFamily(
+            "toolenv_gateway_in_flight", "Calls holding a concurrency slot.", labels=["tool"]
+        )
+        queued = GaugeMetricFamily(
+            "toolenv_gateway_queued", "Calls waiting for a concurrency slot.", labels=["tool"]
+        )
+        for tool, running, waiting in self.snapshot():
+            in_flight.add_metric([tool], running)
+            queued.add_metric([tool], waiting)
+        yield in_flight
+        yield queued
