@@ -1,0 +1,56 @@
+"""The fidelity bench's arithmetic, on records whose answers are known."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from emulators.bench import WARMUP_S, summarize, verdict
+
+
+def _raw(target: np.ndarray, lateness_s: float, t0: float = 100.0, rate: float = 1000.0) -> dict:
+    n = target.size
+    planned = t0 + np.arange(n) / rate
+    sent = planned + 0.0002
+    done = sent + target + lateness_s
+    return {
+        "planned": planned,
+        "sent": sent,
+        "done": done,
+        "injected": target.copy(),
+        "server_err": np.full(n, lateness_s / 2),
+        "status": np.full(n, 200),
+        "t0": t0,
+        "max_in_flight": 7,
+        "over_cap": 0,
+        "processes": 1,
+        "error_samples": [],
+    }
+
+
+def test_a_faithful_run_meets_the_targets_and_a_late_one_does_not() -> None:
+    rng = np.random.default_rng(0)
+    target = rng.lognormal(np.log(0.17), 1.0, 20_000)
+    good = summarize(_raw(target, 0.0005), target, 1000, 20)
+    assert good["measured"] == 20_000 - int(WARMUP_S * 1000)
+    assert good["ks_realized_vs_target"] < 0.01 and good["ks_scheduled_vs_target"] < 0.01
+    assert abs(good["timer_error_ms"]["client_p50"] - 0.7) < 0.01  # 0.2 ms send lag + 0.5 ms late
+    assert abs(good["timer_error_ms"]["from_send_p50"] - 0.5) < 0.01
+    assert abs(good["timer_error_ms"]["server_p99"] - 0.25) < 1e-6
+    assert all(verdict(good).values()) and good["dropped"] == 0
+    assert abs(good["achieved_rps"] - 1000) < 1
+
+    late = summarize(_raw(target, 0.05), target, 1000, 20)
+    checks = verdict(late)
+    assert not checks["ks<=0.01"] and not checks["timer_error_p99<=5ms"]
+    assert late["quantiles"]["p50"]["ratio"] > 1.2
+
+
+def test_drops_and_errors_are_counted() -> None:
+    target = np.full(5000, 0.1)
+    raw = _raw(target, 0.001)
+    raw["status"][3000:3010] = -1  # connection errors
+    raw["status"][3010:3015] = -2  # over the in-flight cap
+    raw["over_cap"] = 5
+    s = summarize(raw, target, 1000, 5)
+    assert s["dropped"] == 15 and s["errors"] == 10 and s["dropped_over_in_flight_cap"] == 5
+    assert not verdict(s)["nothing_dropped"]
