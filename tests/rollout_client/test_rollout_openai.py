@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from testkit import ServerProcess, free_port
 from rollout_support import first_records, start_gateway, write_trace
+from testkit import ServerProcess, free_port
 
 from emulators.polytrace import read_multiturn
 from rollout_client.engines import OpenAIEngine
