@@ -277,6 +277,11 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
             }
             for p in QUANTILES
         }
+        # Against the delays actually scheduled in this run (a short run replays only part of the
+        # shuffled trace, whose own quantiles differ from the whole trace's by a few percent).
+        out["quantile_ratio_realized_vs_scheduled"] = {
+            f"p{p * 100:g}": _q(realized, p) / _q(scheduled, p) for p in QUANTILES
+        }
         out["timer_error_ms"] = {
             "client_p50": _q(timer, 0.5) * 1000,
             "client_p99": _q(timer, 0.99) * 1000,
