@@ -34,6 +34,9 @@ ERROR_KINDS: tuple[str, ...] = (
     "unfinished",  # still queued for a connection when the run ended
 )
 ERR_TIMEOUT, ERR_CONNECT, ERR_CLOSED, ERR_PROTOCOL, ERR_DROPPED, ERR_UNFINISHED = range(1, 7)
+# Connects under way at once: more would only flood the loop (and the server's accept queue);
+# requests that find no free connection wait in order, and that wait counts in their latency.
+MAX_CONCURRENT_CONNECTS = 256
 
 
 class TargetURLError(ValueError):
@@ -193,6 +196,7 @@ class Recorder:
 
         self.scheduled = np.full(capacity, np.nan)
         self.sent = np.full(capacity, np.nan)
+        self.dispatched = np.full(capacity, np.nan)  # handed to the client by the scheduler
         self.done = np.full(capacity, np.nan)
         self.status = np.zeros(capacity, dtype=np.int16)
         self.error = np.zeros(capacity, dtype=np.int8)
@@ -235,6 +239,7 @@ class LoadClient:
         self.retried: set[int] = set()
         self._idle_event: asyncio.Event | None = None
         self._closed = False
+        self._connect_tasks: set[asyncio.Task[None]] = set()
 
     # -- public
     def submit(self, rid: int) -> None:
@@ -243,10 +248,7 @@ class LoadClient:
             self._send(self.idle.pop(), rid)
             return
         self.waiting.append(rid)
-        if (
-            self.opening < len(self.waiting)
-            and len(self.connections) + self.opening < self.max_connections
-        ):
+        if self.opening < len(self.waiting) and self._may_open():
             self._open()
 
     async def preconnect(self, count: int) -> None:
@@ -270,8 +272,16 @@ class LoadClient:
         while self.waiting:
             self._finish(self.waiting.popleft(), now, 0, ERR_UNFINISHED)
 
+    async def aclose(self) -> None:
+        """`close`, then wait for the cancelled connects (no task outlives the run)."""
+        self.close()
+        if self._connect_tasks:
+            await asyncio.gather(*self._connect_tasks, return_exceptions=True)
+
     def close(self) -> None:
         self._closed = True
+        for task in list(self._connect_tasks):
+            task.cancel()
         for conn in list(self.connections):
             if conn.timer is not None:
                 conn.timer.cancel()
@@ -359,7 +369,7 @@ class LoadClient:
             self.connections.discard(conn)
             if conn.transport is not None and not conn.closed:
                 conn.transport.abort()
-            if self.waiting and len(self.connections) + self.opening < self.max_connections:
+            if self.waiting and self._may_open():
                 self._open()
 
     def _lost(self, conn: _Connection) -> None:
@@ -367,12 +377,20 @@ class LoadClient:
             self.connections.discard(conn)
             if conn in self.idle:
                 self.idle.remove(conn)
-            if self.waiting and len(self.connections) + self.opening < self.max_connections:
+            if self.waiting and self._may_open():
                 self._open()
+
+    def _may_open(self) -> bool:
+        return (
+            self.opening < MAX_CONCURRENT_CONNECTS
+            and len(self.connections) + self.opening < self.max_connections
+        )
 
     def _open(self) -> None:
         self.opening += 1
-        self.loop.create_task(self._connect())
+        task = self.loop.create_task(self._connect())
+        self._connect_tasks.add(task)
+        task.add_done_callback(self._connect_tasks.discard)
 
     async def _connect(self) -> None:
         try:
@@ -388,7 +406,7 @@ class LoadClient:
                 self.connect_errors.append(f"{type(exc).__name__}: {exc}")
             if self.waiting:  # fail one queued request per failed connect, then try again
                 self._finish(self.waiting.popleft(), time.monotonic(), 0, ERR_CONNECT)
-                if self.waiting and len(self.connections) + self.opening < self.max_connections:
+                if self.waiting and self._may_open():
                     self._open()
             return
         self.opening -= 1
@@ -397,3 +415,5 @@ class LoadClient:
             return
         self.connections.add(conn)
         self._release(conn)
+        while self.opening < len(self.waiting) and self._may_open():  # connects were capped
+            self._open()

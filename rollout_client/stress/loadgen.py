@@ -210,6 +210,7 @@ class LoadResult:
     captured: dict[int, dict[str, str]]
     wall_s: float
     connect_errors: list[str] = field(default_factory=list)
+    dispatched: np.ndarray | None = None  # when the scheduler handed each request over
     _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     # ---- per request
@@ -262,7 +263,16 @@ class LoadResult:
 
     @property
     def scheduling_error_ms(self) -> np.ndarray:
-        """How late each request left compared with its schedule (generator + connection wait)."""
+        """The generator's own lateness: scheduler hand-over time minus scheduled time."""
+        if self.dispatched is None:
+            return self.send_lag_ms
+        lag = (self.dispatched - self.scheduled) * 1000.0
+        return lag[~np.isnan(lag)]
+
+    @property
+    def send_lag_ms(self) -> np.ndarray:
+        """Actual send time minus scheduled time: the generator's lateness plus any wait for a
+        free or newly opened connection."""
         lag = (self.sent - self.scheduled) * 1000.0
         return lag[~np.isnan(lag)]
 
@@ -465,6 +475,7 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
     ticker = _Ticker(spec, rec, [client], start)
     ticker.begin()
     sched = rec.scheduled
+    dispatched = rec.dispatched
     max_in_flight = spec.max_in_flight
     spin = spec.spin_s
     sleep = asyncio.sleep
@@ -478,6 +489,7 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
                     rec.done[i] = now
                     rec.error[i] = ERR_DROPPED
                 else:
+                    dispatched[i] = monotonic()
                     client.submit(i)
                 i += 1
             if i < n:
@@ -488,7 +500,7 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
                     await sleep(0)  # poll I/O and come straight back: sub-ms send precision
         await client.drain(spec.timeout_s + 1.0)
     finally:
-        client.close()
+        await client.aclose()
         await ticker.stop()
     return _result(spec, rec, start, client)
 
@@ -511,6 +523,7 @@ async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]
         rid = next_rid
         next_rid += 1
         rec.scheduled[rid] = now
+        rec.dispatched[rid] = now
         client.submit(rid)  # type: ignore[union-attr]
         return True
 
@@ -543,10 +556,11 @@ async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]
                 pass
         await client.drain(0.0)
     finally:
-        client.close()
+        await client.aclose()
         await ticker.stop()
     used = next_rid
     rec.scheduled, rec.sent, rec.done = rec.scheduled[:used], rec.sent[:used], rec.done[:used]
+    rec.dispatched = rec.dispatched[:used]
     rec.status, rec.error = rec.status[:used], rec.error[:used]
     return _result(spec, rec, start, client)
 
@@ -567,6 +581,7 @@ def _result(spec: LoadSpec, rec: Recorder, start: float, client: LoadClient) -> 
         captured=rec.captured,
         wall_s=wall,
         connect_errors=list(client.connect_errors),
+        dispatched=rec.dispatched - start,
     )
 
 
@@ -588,6 +603,7 @@ def _worker_main(spec: LoadSpec, index: int, conn: Any) -> None:
                 result.error,
                 result.captured,
                 result.connect_errors,
+                result.dispatched,
             )
         )
     except BaseException as exc:  # report, never hang the parent
@@ -643,6 +659,7 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
     arrays = [
         np.concatenate([p[j] + s for p, s in zip(parts, shifts, strict=True)]) for j in range(3)
     ]
+    dispatched = np.concatenate([p[7] + s for p, s in zip(parts, shifts, strict=True)])
     status = np.concatenate([p[3] for p in parts])
     error = np.concatenate([p[4] for p in parts])
     order = np.argsort(arrays[0], kind="stable")
@@ -668,6 +685,7 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
         captured=captured,
         wall_s=wall,
         connect_errors=[e for p in parts for e in p[6]][:5],
+        dispatched=dispatched[order],
     )
 
 

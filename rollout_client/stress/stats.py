@@ -81,6 +81,14 @@ def over_time(result: LoadResult, bins: int = 60) -> list[dict[str, float]]:
     return out
 
 
+def _lag_figures(lag: np.ndarray) -> dict[str, float]:
+    return {
+        "p50": float(np.percentile(lag, 50)) if len(lag) else math.nan,
+        "p99": float(np.percentile(lag, 99)) if len(lag) else math.nan,
+        "max": float(lag.max()) if len(lag) else math.nan,
+    }
+
+
 def _spec_dict(result: LoadResult) -> dict[str, Any]:
     spec = asdict(result.spec) if hasattr(result.spec, "__dataclass_fields__") else {}
     for key in ("body", "bodies", "progress", "start_at"):
@@ -111,7 +119,6 @@ def summarize(result: LoadResult) -> dict[str, Any]:
     status_values, status_counts = np.unique(result.status[result.status > 0], return_counts=True)
     not_ok = n - int(per_outcome.get("ok", {}).get("count", 0))
     timeouts = int(per_outcome.get("timeout", {}).get("count", 0))
-    sched_err = result.scheduling_error_ms
     return {
         "spec": _spec_dict(result),
         "requests": n,
@@ -128,11 +135,8 @@ def summarize(result: LoadResult) -> dict[str, Any]:
             str(int(s)): int(c) for s, c in zip(status_values, status_counts, strict=True)
         },
         "outcomes": per_outcome,
-        "scheduling_error_ms": {
-            "p50": float(np.percentile(sched_err, 50)) if len(sched_err) else math.nan,
-            "p99": float(np.percentile(sched_err, 99)) if len(sched_err) else math.nan,
-            "max": float(sched_err.max()) if len(sched_err) else math.nan,
-        },
+        "scheduling_error_ms": _lag_figures(result.scheduling_error_ms),
+        "send_lag_ms": _lag_figures(result.send_lag_ms),
         "over_time": over_time(result),
         "connect_errors": result.connect_errors,
     }
