@@ -384,3 +384,17 @@ def test_drifting_profile_follows_the_callers_step(client: httpx.Client) -> None
         ).status_code
         == 400
     )
+
+
+def test_documents_are_the_same_in_any_process_for_a_seed(client: httpx.Client) -> None:
+    from emulators.search.documents import synthetic_results
+
+    client.put("/v1/emulators/search/profile", json=FAST)
+    served = client.post(
+        "/v1/emulators/search/call",
+        json={"query": "cross process", "response_tokens": 500, "return_scores": True},
+    ).json()
+    assert served["result"][0] == synthetic_results(
+        7, "cross process", 3, 500
+    )  # the server runs --seed 7
+    assert served["result"][0] != synthetic_results(8, "cross process", 3, 500)
