@@ -183,7 +183,12 @@ class Engine(ABC):
             self.monitor.change(-1)
             if not done:
                 gen.aborted = True
+                gen.token_ids.extend(self._undelivered(request_id))
                 await self.abort(request_id)
+
+    def _undelivered(self, request_id: str) -> list[int]:
+        """Tokens made but not yet streamed (kept when a request is aborted); most engines: none."""
+        return []
 
     async def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The engine's own prefix-cache counters, when it exposes them."""
