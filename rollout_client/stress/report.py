@@ -109,8 +109,8 @@ def rates_line(summary: dict[str, Any]) -> str:
         f"throughput {summary['throughput']:.1f} ok/s\n"
         f"errors {_pct(summary['error_rate'])}  timeouts {_pct(summary['timeout_rate'])}  "
         f"statuses {status}\n"
-        f"generator lag behind schedule p50 {_ms(sched['p50'])} ms, p99 {_ms(sched['p99'])} ms; "
-        f"send lag (incl. waiting for a connection) p99 {_ms(summary['send_lag_ms']['p99'])} ms"
+        f"behind schedule: generator p50 {_ms(sched['p50'])} ms, p99 {_ms(sched['p99'])} ms; "
+        f"send (+ connection wait) p99 {_ms(summary['send_lag_ms']['p99'])} ms"
     )
 
 
