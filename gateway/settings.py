@@ -197,11 +197,18 @@ class GatewaySettings(ServiceSettings):
             raise ValueError(f"tool names must be unique, repeated: {', '.join(dupes)}")
         return tools
 
+    @model_validator(mode="after")
+    def _mode_override_fits(self) -> GatewaySettings:
+        self.tool_table()  # a forced mode must still make sense for every tool: say which not
+        return self
+
     def tool_table(self) -> list[ToolConfig]:
-        """The tools with the global `mode` override applied."""
+        """The tools with the global `mode` override applied (validated again)."""
         if self.mode is None:
             return list(self.tools)
-        return [t.model_copy(update={"mode": self.mode}) for t in self.tools]
+        return [
+            ToolConfig.model_validate({**t.model_dump(), "mode": self.mode}) for t in self.tools
+        ]
 
     def check_bind(self) -> None:
         """Refuse a non-loopback bind without keys unless explicitly allowed (why: open RCE)."""

@@ -156,3 +156,16 @@ def test_deadline_for_caps_and_defaults() -> None:
     assert rt.deadline_for(10_000)[1] == 200
     assert rt.deadline_for(0)[1] == 0
     assert time.monotonic() < rt.deadline_for(50)[0].at
+
+
+def test_tools_table_from_the_environment_and_forced_modes(monkeypatch) -> None:
+    monkeypatch.setenv(
+        "TOOLENV_GATEWAY_TOOLS",
+        '[{"name": "s", "kind": "search", "mode": "proxy", "upstreams": ["http://a:1"]}]',
+    )
+    (tool,) = GatewaySettings().tool_table()
+    assert tool.name == "s" and tool.upstreams == ["http://a:1"]
+    assert GatewaySettings(mode="embedded").tool_table()[0].mode == "embedded"
+    monkeypatch.delenv("TOOLENV_GATEWAY_TOOLS")
+    with pytest.raises(ValidationError, match="proxy mode needs at least one upstream"):
+        GatewaySettings(mode="proxy")  # the default tools are embedded and name no upstreams
