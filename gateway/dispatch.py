@@ -167,6 +167,14 @@ class ToolRuntime:
                 error=f"tool {self.name!r}: gateway error {type(exc).__name__}",
                 queue_wait_s=queue_wait,
             )
+        if reply.status == 504:
+            # The tool stopped at the deadline we forwarded, a moment before our own timer fired:
+            # the same outcome, so callers and metrics see one kind of timeout, not two.
+            return Outcome(
+                "timeout",
+                error=f"tool {self.name!r} did not answer within the deadline (the tool stopped at it)",
+                queue_wait_s=queue_wait,
+            )
         kind = "ok" if reply.status < 400 else "error"
         error = None if kind == "ok" else f"tool {self.name!r} answered HTTP {reply.status}"
         return Outcome(kind, reply=reply, error=error, queue_wait_s=queue_wait)

@@ -39,6 +39,11 @@ def test_generic_call_forwards_arguments_and_answers_the_documented_shape(
     assert r.status_code == 200
     assert r.json()["status"] == "error" and "422" in r.json()["error"]
     assert r.json()["result"]["upstream"] == "a"
+    # ...but a tool that stopped at the forwarded deadline (its own 504) is a timeout, as if
+    # the gateway's timer had fired first
+    r = call(gw, "echo", {"status": 504})
+    assert r.status_code == 504
+    assert r.json()["status"] == "timeout" and "deadline" in r.json()["error"]
 
 
 def test_pass_through_routes_keep_the_upstream_wire_format(upstream, gateway) -> None:
