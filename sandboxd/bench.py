@@ -179,6 +179,37 @@ async def closed_loop(url: str, concurrency: int, n: int) -> dict[str, Any]:
     return out
 
 
+async def interleaved_c1(url: str, n: int) -> dict[str, Any]:
+    """Concurrency 1, round-robin: bare python, bare bwrap, the service, so all see the same load.
+
+    On a shared machine the load changes from minute to minute; measuring the baselines and the
+    service in turn (rather than one after the other) keeps their ratio meaningful.
+    """
+    loop = asyncio.get_running_loop()
+    floor = bwrap_floor_argv()
+    body = json.dumps({"code": PROGRAM, "language": "python"}).encode()
+    headers = {"content-type": "application/json"}
+
+    def timed(argv: list[str]) -> float:
+        t = time.perf_counter()
+        subprocess.run(argv, capture_output=True, check=True)
+        return time.perf_counter() - t
+
+    samples: dict[str, list[float]] = {"service": [], "bare_python": [], "bwrap": []}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(n):
+            samples["bare_python"].append(
+                await loop.run_in_executor(None, timed, [PYTHON, "-c", PROGRAM])
+            )
+            if floor is not None:
+                samples["bwrap"].append(await loop.run_in_executor(None, timed, floor))
+            t = time.perf_counter()
+            async with session.post(url + "/run_code", data=body, headers=headers) as r:
+                await r.read()
+            samples["service"].append(time.perf_counter() - t)
+    return {k: summarize(v) for k, v in samples.items() if v}
+
+
 async def watch_admission(url: str, period_s: float = 0.05) -> dict[str, int]:
     """Until cancelled: the most programs seen running at once and requests seen waiting."""
     seen = {"max_running_seen": 0, "max_waiting_seen": 0}
@@ -219,6 +250,8 @@ async def measure_backend(
             if isinstance(seen[0], dict):
                 r.update(seen[0])
             result[label] = r
+        console.print(f"  c1 interleaved with the baselines: {sizes['c1']} rounds")
+        result["c1_interleaved"] = await interleaved_c1(server.url, sizes["c1"])
         status = httpx.get(server.url + "/v1/sandbox/status", timeout=5).json()
         result["capacity"] = status.get("admission", {}).get("capacity")
         if sizes["soak"]:
@@ -281,6 +314,16 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
         if "bwrap_c1" in base:
             entry["p50_over_bwrap_floor"] = round(c1["p50_ms"] / base["bwrap_c1"]["p50_ms"], 2)
             entry["rps_c16_over_bwrap_floor"] = round(c16["rps"] / base["bwrap_c16"]["rps"], 2)
+        if "c1_interleaved" in r:
+            il = r["c1_interleaved"]
+            entry["interleaved_p50_ms"] = il["service"]["p50_ms"]
+            entry["interleaved_p50_over_bare_python"] = round(
+                il["service"]["p50_ms"] / il["bare_python"]["p50_ms"], 2
+            )
+            if "bwrap" in il:
+                entry["interleaved_p50_over_bwrap_floor"] = round(
+                    il["service"]["p50_ms"] / il["bwrap"]["p50_ms"], 2
+                )
         if "soak" in r:
             s = r["soak"]
             entry["soak_ok"] = (
@@ -302,6 +345,16 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         if "error" in r:
             t.add_row(backend, "error", r["error"][:60], "", "", "")
             continue
+        if "c1_interleaved" in r:
+            for name, x in r["c1_interleaved"].items():
+                t.add_row(
+                    f"{backend} c1 interleaved: {name}",
+                    str(x["p50_ms"]),
+                    str(x["p99_ms"]),
+                    "",
+                    "",
+                    "",
+                )
         for label in ("c1", "c16", "c64"):
             x = r[label]
             t.add_row(
