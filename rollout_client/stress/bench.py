@@ -65,6 +65,9 @@ def ours_step(url: str, rate: float, duration_s: float) -> dict[str, Any]:
         duration_s=duration_s,
         timeout_s=5,
         spin_s=SPIN_S,
+        # a zero-delay endpoint needs a handful of connections; a cap keeps a server hiccup
+        # (from other load on the machine) from turning into a connect storm in the generator
+        connections=64,
         preconnect=32,
     )
     result = run_load(spec)
