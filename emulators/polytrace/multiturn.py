@@ -6,48 +6,17 @@ a malformed record raises `TraceFormatError` naming the file, the line and the f
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from pydantic import ValidationError
-
-from .errors import TraceFormatError
+from .jsonl import read_jsonl
 from .records import TrajectoryRecord
-
-
-def _field_of(exc: ValidationError) -> tuple[str, str]:
-    first = exc.errors()[0]
-    return ".".join(str(p) for p in first["loc"]), first["msg"]
 
 
 def read_multiturn(path: str | Path) -> Iterator[TrajectoryRecord]:
     """Yield each trajectory of a multi-turn JSONL file, in file order."""
-    p = Path(path)
-    try:
-        handle = p.open("r", encoding="utf-8")
-    except OSError as exc:
-        raise TraceFormatError(p, 0, "", f"cannot open: {exc.strerror or exc}") from exc
-    with handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(
-                    p, lineno, "", f"not valid JSON ({exc.msg} at column {exc.colno})"
-                ) from exc
-            if not isinstance(raw, dict):
-                raise TraceFormatError(
-                    p, lineno, "", f"expected a JSON object, got {type(raw).__name__}"
-                )
-            try:
-                yield TrajectoryRecord.model_validate(raw)
-            except ValidationError as exc:
-                field, msg = _field_of(exc)
-                raise TraceFormatError(p, lineno, field, msg) from exc
+    return read_jsonl(path, TrajectoryRecord)
 
 
 def read_multiturn_many(paths: Iterable[str | Path]) -> Iterator[TrajectoryRecord]:
