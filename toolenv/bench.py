@@ -15,7 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARK_MODULES = ["sandboxd.bench", "emulators.bench", "gateway.bench", "rollout_client.stress.bench"]
+BENCHMARK_MODULES = [
+    "sandboxd.bench",
+    "emulators.bench",
+    "gateway.bench",
+    "rollout_client.stress.bench",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,10 @@ def all_settings_classes() -> dict[str, type[ServiceSettings]]:
 @config_app.command("show")
 def config_show(
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG.")
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
@@ -76,7 +79,9 @@ def config_show(
         return
     console = Console()
     for section, values in effective.items():
-        table = Table(title=f"[{section}]  env prefix TOOLENV_{section.upper()}_", title_justify="left")
+        table = Table(
+            title=f"[{section}]  env prefix TOOLENV_{section.upper()}_", title_justify="left"
+        )
         table.add_column("setting")
         table.add_column("value")
         for key, value in values.items():

@@ -45,7 +45,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigFileError(f"config file {p} does not parse: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigFileError(f"config file {p} must hold a mapping of sections, got {type(data).__name__}")
+        raise ConfigFileError(
+            f"config file {p} must hold a mapping of sections, got {type(data).__name__}"
+        )
     return data
 
 

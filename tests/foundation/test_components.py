@@ -5,10 +5,24 @@ from __future__ import annotations
 import subprocess
 
 
-def test_docker_runs_a_container_from_the_local_base_image(docker_engine: str, base_image: str) -> None:
+def test_docker_runs_a_container_from_the_local_base_image(
+    docker_engine: str, base_image: str
+) -> None:
     out = subprocess.run(
-        [docker_engine, "run", "--rm", "--network", "none", base_image, "python3", "-c", "print(6*7)"],
-        capture_output=True, text=True, timeout=120,
+        [
+            docker_engine,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            base_image,
+            "python3",
+            "-c",
+            "print(6*7)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "42"
@@ -25,10 +39,33 @@ def test_bwrap_runs_a_command_without_network(bwrap_path: str) -> None:
         "print(len(socket.if_nameindex()))\n"
     )
     out = subprocess.run(
-        [bwrap_path, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-         "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-         "--proc", "/proc", "--dev", "/dev", "/usr/bin/python3", "-c", code],
-        capture_output=True, text=True, timeout=30,
+        [
+            bwrap_path,
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "/usr/bin/python3",
+            "-c",
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
@@ -45,7 +82,9 @@ def test_tiny_model_loads_with_its_chat_template(tiny_model_dir) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = tok.apply_chat_template([{"role": "user", "content": "search the title"}], add_generation_prompt=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "search the title"}], add_generation_prompt=True
+    )
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     assert len(ids) > 3
     assert "<|assistant|>" in tok.decode(ids)

@@ -15,8 +15,6 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-
-
 def test_make_run_serves_healthz_and_stops_cleanly(bwrap_path: str, port: int) -> None:
     if shutil.which("make") is None:
         pytest.skip("missing component: make (apt-get install make)")
@@ -37,9 +35,13 @@ def test_make_run_serves_healthz_and_stops_cleanly(bwrap_path: str, port: int) -
                 break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        assert body == {"status": "ok"}, proc.stdout.read().decode() if proc.poll() is not None else body
+        assert body == {"status": "ok"}, (
+            proc.stdout.read().decode() if proc.poll() is not None else body
+        )
     finally:
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground group
+        os.killpg(
+            proc.pid, signal.SIGINT
+        )  # what Ctrl-C in a terminal sends to the foreground group
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:

@@ -20,7 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> None:
     # Copy the tree without the venv so the build sees only the project.
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "__pycache__"))
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "__pycache__"),
+    )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next((venv / "lib").glob("python3*/site-packages"))
@@ -28,19 +32,36 @@ def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> No
     # pip runs *as* the fresh venv (--python), so it leaves alone what lies outside that environment.
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-         "--no-deps", "--no-build-isolation", str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(src),
+        ],
         check=True,
     )
     exe = venv / "bin" / "toolenv"
     assert exe.exists(), "the toolenv console script was not installed"
-    out = subprocess.run([str(venv / "bin" / "python"), str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), str(exe), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "serve" in out.stdout and "sandboxd" in out.stdout
     # The installed copy is the one that ran, not the source tree's.
     where = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import toolenv; print(toolenv.__file__)"],
-        capture_output=True, text=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert str(venv) in where.stdout
 
