@@ -252,6 +252,11 @@ class SandboxService:
                 return await backend.run(spec, deadline)
             except asyncio.CancelledError:
                 raise
+            except SandboxUnavailable as exc:  # expected under load: no traceback in the log
+                log.warning("sandbox unavailable: %s", exc)
+                return RunResult(
+                    message=f"sandbox unavailable: {exc}", backend=getattr(backend, "name", None)
+                )
             except Exception as exc:  # never a 500: report it in the body
                 log.exception("sandbox backend failed")
                 return RunResult(
