@@ -3,9 +3,12 @@
 `python -m emulators.bench --out FILE [--quick]` (run by `make bench`). The service runs as its own
 uvicorn process with a trace-replay profile: the PolyTrace search_r1 latencies in a seeded random
 order (so that any window of the run, not only whole passes over the trace, has the trace's
-distribution), looping; load processes (a lean keep-alive HTTP/1.1 client on uvloop, `emulators/loadgen.py`) send `POST /retrieve` on a fixed schedule at 200, 1,000
-and 2,000 requests/s for 30 s each, with at most 10,000 requests in flight. Latency is measured
-from each request's *planned* send time (no coordinated omission).
+distribution), looping; the project's load generator (`rollout_client.stress`, imported by the
+bench only: the emulator runtime does not depend on it; one load process per 1,000 rps, at most
+two) sends `POST /retrieve` on a fixed schedule at 200, 1,000 and 2,000 requests/s for 30 s each,
+with at most 10,000 requests in flight, capturing `X-Toolenv-Injected-Delay-Ms` and
+`X-Toolenv-Timer-Error-Ms` per response. Latency is measured from each request's *planned* send
+time (no coordinated omission).
 
 Reported per rate, realized against target (the trace's own latency distribution, the baseline):
 KS distance, realized/target ratio and relative error at p50/p90/p99/p99.9, timer error (realized
@@ -13,18 +16,16 @@ latency minus the delay the server scheduled, from `X-Toolenv-Injected-Delay-Ms`
 the client sees it and as the server measured its own sleep (`X-Toolenv-Timer-Error-Ms`), and
 dropped requests (errors, over the in-flight cap, or unanswered). Timer error is also
 given from the moment each request actually left the client, and the load side's own lag
-(actual minus planned send time) is reported, to tell a slow service from a starved client. A zero-delay run at the same
-rate gives the HTTP floor. The first 2 s of each run are warm-up (connections opening) and are
+(actual minus planned send time) is reported, to tell a slow service from a starved client.
+A zero-delay run at 1,000 rps gives the HTTP floor. The first 2 s of each run are warm-up (connections opening) and are
 left out of the statistics.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -98,127 +99,64 @@ def stop_service(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-# ------------------------------------------------------------------ load side (one process each)
+# ------------------------------------------------------------------ load side (rollout_client.stress)
+
+INJECTED_HEADER = "X-Toolenv-Injected-Delay-Ms"
+TIMER_HEADER = "X-Toolenv-Timer-Error-Ms"
 
 
-async def _load(
-    url: str, rate: float, n_total: int, t0: float, index: int, nproc: int, cap: int
-) -> dict[str, Any]:
-    from urllib.parse import urlsplit
+def _header_s(values: list[str | None]) -> np.ndarray:
+    """Captured header values in ms -> seconds (NaN where a response lacked the header)."""
+    return np.array([float(v) / 1000 if v is not None else math.nan for v in values])
 
-    from .loadgen import KeepAlivePool, post_request
 
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    mine = list(range(index, n_total, nproc))
-    planned = np.array([t0 + i / rate for i in mine])
-    done = np.full(len(mine), np.nan)
-    sent = np.full(len(mine), np.nan)
-    injected = np.full(len(mine), np.nan)
-    server_err = np.full(len(mine), np.nan)
-    status = np.zeros(len(mine), dtype=int)
-    requests = [
-        post_request(
-            host, port, "/retrieve", json.dumps({"queries": [f"bench query {i}"]}).encode()
+def _max_in_flight(dispatched: np.ndarray, done: np.ndarray) -> int:
+    """Most requests outstanding at once (handed to the client and not yet ended)."""
+    sel = np.isfinite(dispatched) & np.isfinite(done)
+    times = np.concatenate([dispatched[sel], done[sel]])
+    steps = np.concatenate([np.ones(int(sel.sum())), -np.ones(int(sel.sum()))])
+    order = np.lexsort((steps, times))  # at equal times, ends before starts
+    return int(np.cumsum(steps[order]).max()) if times.size else 0
+
+
+def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[str, Any]:
+    """Drive the service at `rate` for `seconds` (open loop, constant rate) from 1-2 load
+    processes; per-request arrays, times in seconds from the run's start."""
+    from rollout_client.stress import LoadSpec, run_load
+
+    workers = max(1, min(2, math.ceil(rate / 1000)))
+    result = run_load(
+        LoadSpec(
+            url=url + "/retrieve",
+            bodies=[{"queries": [f"bench query {i}"]} for i in range(997)],
+            arrival="constant",
+            rate=rate,
+            duration_s=seconds,
+            max_requests=math.ceil(rate * seconds),
+            max_in_flight=max_in_flight,
+            timeout_s=30.0,
+            capture_headers=[INJECTED_HEADER, TIMER_HEADER],
+            workers=workers,
+            # connections for the expected concurrency, opened before the clock starts
+            preconnect=min(max_in_flight // workers, int(rate / workers * 0.6) + 16),
         )
-        for i in range(997)
-    ]
-    pool = KeepAlivePool(host, port)
-    # Connections for the expected concurrency, opened before the clock starts.
-    await pool.preopen(min(cap, int(rate / nproc * 0.6) + 16))
-    in_flight = 0
-    max_in_flight = 0
-    over_cap = 0
-    error_samples: list[str] = []
-
-    async def one(j: int, i: int) -> None:
-        nonlocal in_flight
-        try:
-            reply = await pool.request(requests[i % 997])
-            done[j] = reply.done
-            sent[j] = reply.sent
-            status[j] = reply.status
-            injected[j] = reply.injected_ms / 1000
-            server_err[j] = reply.timer_ms / 1000
-        except Exception as exc:
-            status[j] = -1
-            if len(error_samples) < 5:
-                error_samples.append(repr(exc))
-        finally:
-            in_flight -= 1
-
-    tasks: set[asyncio.Task] = set()
-    for j, i in enumerate(mine):
-        wait = planned[j] - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        if in_flight >= cap:
-            over_cap += 1
-            status[j] = -2
-            continue
-        in_flight += 1
-        max_in_flight = max(max_in_flight, in_flight)
-        task = asyncio.ensure_future(one(j, i))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks, timeout=30)
-    pool.close()
+    )
+    outcomes = result.outcomes
+    not_ok = outcomes[outcomes != "ok"]
+    kinds, counts = np.unique(not_ok.astype(str), return_counts=True)
     return {
-        "planned": planned,
-        "sent": sent,
-        "done": done,
-        "injected": injected,
-        "server_err": server_err,
-        "status": status,
-        "max_in_flight": max_in_flight,
-        "over_cap": over_cap,
-        "error_samples": error_samples,
+        "planned": result.scheduled,
+        "sent": result.sent,
+        "done": result.done,
+        "ok": (outcomes == "ok") & (result.status == 200),
+        "injected": _header_s(result.captured_values(INJECTED_HEADER)),
+        "server_err": _header_s(result.captured_values(TIMER_HEADER)),
+        "over_cap": int(np.count_nonzero(outcomes == "dropped")),
+        "max_in_flight": _max_in_flight(result.dispatched, result.done),
+        "processes": workers,
+        "not_ok": {str(k): int(c) for k, c in zip(kinds, counts, strict=True)},
+        "error_samples": list(result.connect_errors)[:5],
     }
-
-
-def _load_process(args: tuple, out: Any) -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    out.send(asyncio.run(_load(*args)))
-    out.close()
-
-
-def run_rate(
-    url: str, rate: float, seconds: float, max_in_flight: int
-) -> dict[str, np.ndarray | int]:
-    """Drive the service at `rate` for `seconds` from several load processes; merge their records."""
-    nproc = max(1, min(2, math.ceil(rate / 1000)))
-    n_total = int(rate * seconds)
-    t0 = time.monotonic() + 1.5  # time for the processes to start
-    ctx = mp.get_context("fork")
-    pipes, procs = [], []
-    for k in range(nproc):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(
-            target=_load_process,
-            args=((url, rate, n_total, t0, k, nproc, max_in_flight // nproc), child),
-        )
-        p.start()
-        pipes.append(parent)
-        procs.append(p)
-    parts = [pipe.recv() for pipe in pipes]
-    for p in procs:
-        p.join()
-    merged = {
-        key: np.concatenate([part[key] for part in parts])
-        for key in ("planned", "sent", "done", "injected", "server_err", "status")
-    }
-    merged["t0"] = t0
-    merged["max_in_flight"] = sum(part["max_in_flight"] for part in parts)
-    merged["over_cap"] = sum(part["over_cap"] for part in parts)
-    merged["processes"] = nproc
-    merged["error_samples"] = [e for part in parts for e in part["error_samples"]][:5]
-    return merged
 
 
 # ------------------------------------------------------------------ statistics
@@ -231,8 +169,8 @@ def _q(values: np.ndarray, p: float) -> float:
 def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dict[str, Any]:
     from scipy import stats
 
-    ok = raw["status"] == 200
-    keep = raw["planned"] >= raw["t0"] + WARMUP_S
+    ok = raw["ok"]
+    keep = raw["planned"] >= WARMUP_S
     sel = ok & keep
     realized = raw["done"][sel] - raw["planned"][sel]
     scheduled = raw["injected"][sel]
@@ -248,7 +186,7 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
     out: dict[str, Any] = {
         "target_rps": rate,
         "seconds": seconds,
-        "sent": int(raw["status"].size - raw["over_cap"]),
+        "sent": int(raw["ok"].size - raw["over_cap"]),
         "completed_ok": int(ok.sum()),
         # Requests that actually left the client per second (open loop: should equal the target).
         "achieved_rps": round((sent_at.size - 1) / span, 1) if span and span > 0 else None,
@@ -258,7 +196,8 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
         else None,
         "dropped": dropped,
         "dropped_over_in_flight_cap": int(raw["over_cap"]),
-        "errors": int(((raw["status"] != 200) & (raw["status"] != -2)).sum()),
+        "errors": int((~ok).sum() - raw["over_cap"]),
+        "not_ok_by_outcome": raw["not_ok"],
         "max_in_flight": int(raw["max_in_flight"]),
         "load_processes": int(raw["processes"]),
         "measured": int(sel.sum()),
@@ -322,7 +261,7 @@ def plot(results: list[dict], target: np.ndarray, raws: list[dict], out: Path) -
     t = np.sort(target)
     ax.plot(t, np.arange(1, t.size + 1) / t.size, color="black", lw=2, label="trace (target)")
     for s, raw in zip(results, raws, strict=True):
-        sel = (raw["status"] == 200) & (raw["planned"] >= raw["t0"] + WARMUP_S)
+        sel = raw["ok"] & (raw["planned"] >= WARMUP_S)
         r = np.sort(raw["done"][sel] - raw["planned"][sel])
         if r.size:
             ax.plot(
@@ -394,12 +333,12 @@ def main(argv: list[str] | None = None) -> int:
             base = run_rate(url, 1000, min(seconds, 5.0) + WARMUP_S, args.max_in_flight)
         finally:
             stop_service(proc)
-        sel = (base["status"] == 200) & (base["planned"] >= base["t0"] + WARMUP_S)
+        sel = base["ok"] & (base["planned"] >= WARMUP_S)
         floor = base["done"][sel] - base["planned"][sel]
         report["baseline_zero_delay_1000rps_ms"] = {
             "p50": _q(floor, 0.5) * 1000,
             "p99": _q(floor, 0.99) * 1000,
-            "dropped": int((base["status"] != 200).sum()),
+            "dropped": int((~base["ok"]).sum()),
         }
         print(
             f"baseline (zero delay, 1000 rps): p50 {report['baseline_zero_delay_1000rps_ms']['p50']:.2f} ms, p99 {report['baseline_zero_delay_1000rps_ms']['p99']:.2f} ms",

@@ -7,9 +7,10 @@ import numpy as np
 from emulators.bench import WARMUP_S, summarize, verdict
 
 
-def _raw(target: np.ndarray, lateness_s: float, t0: float = 100.0, rate: float = 1000.0) -> dict:
+def _raw(target: np.ndarray, lateness_s: float, rate: float = 1000.0) -> dict:
+    """What `run_rate` returns: per-request arrays, times in s from the run's start."""
     n = target.size
-    planned = t0 + np.arange(n) / rate
+    planned = np.arange(n) / rate
     sent = planned + 0.0002
     done = sent + target + lateness_s
     return {
@@ -18,11 +19,11 @@ def _raw(target: np.ndarray, lateness_s: float, t0: float = 100.0, rate: float =
         "done": done,
         "injected": target.copy(),
         "server_err": np.full(n, lateness_s / 2),
-        "status": np.full(n, 200),
-        "t0": t0,
+        "ok": np.full(n, True),
         "max_in_flight": 7,
         "over_cap": 0,
         "processes": 1,
+        "not_ok": {},
         "error_samples": [],
     }
 
@@ -48,9 +49,23 @@ def test_a_faithful_run_meets_the_targets_and_a_late_one_does_not() -> None:
 def test_drops_and_errors_are_counted() -> None:
     target = np.full(5000, 0.1)
     raw = _raw(target, 0.001)
-    raw["status"][3000:3010] = -1  # connection errors
-    raw["status"][3010:3015] = -2  # over the in-flight cap
+    raw["ok"][3000:3015] = False
+    raw["sent"][3010:3015] = np.nan  # over the in-flight cap: never sent
     raw["over_cap"] = 5
+    raw["not_ok"] = {"connection_closed": 10, "dropped": 5}
     s = summarize(raw, target, 1000, 5)
     assert s["dropped"] == 15 and s["errors"] == 10 and s["dropped_over_in_flight_cap"] == 5
+    assert s["sent"] == 4995 and s["measured"] == 5000 - int(WARMUP_S * 1000) - 15
     assert not verdict(s)["nothing_dropped"]
+
+
+def test_in_flight_peak_and_header_values_from_the_load_records() -> None:
+    from emulators.bench import _header_s, _max_in_flight
+
+    dispatched = np.array([0.0, 1.0, 2.0, 2.4, np.nan])  # the last one was never sent
+    done = np.array([1.5, 2.5, 3.0, 2.6, 0.1])
+    assert _max_in_flight(dispatched, done) == 3  # requests 1, 2 and 3 from 2.4 to 2.5
+    assert _max_in_flight(np.array([0.0, 1.0]), np.array([1.0, 2.0])) == 1  # end, then start
+    assert _max_in_flight(np.array([]), np.array([])) == 0
+    got = _header_s(["12.5", None, "0.000"])
+    assert got[0] == 0.0125 and np.isnan(got[1]) and got[2] == 0.0

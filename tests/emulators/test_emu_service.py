@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -289,31 +288,30 @@ def test_reward_emulator_scales_with_batch_size(client: httpx.Client) -> None:
 
 async def test_fidelity_at_a_small_rate_matches_the_profile(server: ServerProcess) -> None:
     """100 requests/s open loop for 3 s: scheduled and realized delays follow the shipped profile."""
-    from urllib.parse import urlsplit
-
-    from emulators.loadgen import KeepAlivePool, post_request
+    from rollout_client.stress import LoadSpec, arun_load
 
     profile = load_profile(packaged_profile_path("search_default"))
     with httpx.Client(base_url=server.url, timeout=30) as c:
         c.put(
             "/v1/emulators/search/profile", json=profile.model_dump(mode="json", exclude_none=True)
         ).raise_for_status()
-    where = urlsplit(server.url)
-    pool = KeepAlivePool(where.hostname, where.port)
-    await pool.preopen(80)
     rate, seconds = 100, 3
-    t0 = time.monotonic() + 0.1
-
-    async def one(i: int):
-        await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
-        body = json.dumps({"queries": [f"fidelity {i}"]}).encode()
-        return await pool.request(post_request(where.hostname, where.port, "/retrieve", body))
-
-    replies = await asyncio.gather(*(one(i) for i in range(rate * seconds)))
-    pool.close()
-    assert all(r.status == 200 for r in replies)
-    injected = np.array([r.injected_ms for r in replies]) / 1000
-    realized = np.array([r.done - r.sent for r in replies])
+    result = await arun_load(
+        LoadSpec(
+            url=server.url + "/retrieve",
+            bodies=[{"queries": [f"fidelity {i}"]} for i in range(rate * seconds)],
+            arrival="constant",
+            rate=rate,
+            duration_s=seconds,
+            timeout_s=30,
+            preconnect=80,
+            capture_headers=[INJECTED],
+        )
+    )
+    assert result.n == rate * seconds
+    assert list(result.outcomes) == ["ok"] * result.n and set(result.status.tolist()) == {200}
+    injected = np.array([float(v) for v in result.captured_values(INJECTED)]) / 1000
+    realized = result.done - result.sent  # from the moment each request left the client
     # 300 draws: the 5% KS critical value is 0.078. What the server scheduled is a pure draw:
     assert stats.kstest(injected, profile.model.cdf).statistic < 0.1
     # What the client saw adds the loop's and the machine's latency: a wide margin for a busy
