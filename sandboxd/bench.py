@@ -3,7 +3,8 @@
 What it measures, for `print(1)` in python:
 - baselines: a bare `/usr/bin/python3 -c` subprocess and a bare `bwrap --unshare-all` around it
   (p50/p99 sequentially, throughput at concurrency 16 from a thread pool);
-- per backend (a real `toolenv sandboxd serve` on loopback, driven by aiohttp with keep-alive):
+- per backend (a real `toolenv sandboxd serve` on loopback, driven by the project's load generator
+  `rollout_client.stress` in closed loop, callers = concurrency, keep-alive connections):
   p50/p99 at concurrency 1, throughput and p99 at concurrency 16 and 64 (and how many 429s);
 - a soak of consecutive runs: p50 of the last 1,000 against the first 1,000, and the growth of the
   service's open fds and resident memory.
@@ -29,7 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import numpy as np
 from rich.console import Console
@@ -139,41 +139,51 @@ class Server:
                 self.proc.wait()
 
 
+BODY = {"code": PROGRAM, "language": "python"}
+
+
+def run_succeeded(status: int, body: str | None) -> bool:
+    """A 200 whose JSON says the program ran to success (sandboxd answers 200 for failed runs)."""
+    if status != 200 or not body:
+        return False
+    try:
+        return json.loads(body).get("status") == "Success"
+    except ValueError:  # a prefix cut short: the status field comes first
+        return '"status":"Success"' in body
+
+
 async def closed_loop(url: str, concurrency: int, n: int) -> dict[str, Any]:
-    """`concurrency` clients, each sending its next request when the previous one answers."""
-    body = json.dumps({"code": PROGRAM, "language": "python"}).encode()
-    headers = {"content-type": "application/json"}
+    """`concurrency` callers, each sending its next request when the previous one answers.
+
+    Driven by `rollout_client.stress` (imported here: the sandboxd runtime must not depend on the
+    rollout client). 429s are counted and left out of the latencies, as are their callers' turns.
+    """
+    from rollout_client.stress import BODY_KEY, LoadSpec, arun_load
+
+    result = await arun_load(
+        LoadSpec(
+            url=url + "/run_code",
+            body=BODY,
+            arrival="closed",
+            concurrency=concurrency,
+            max_requests=n,
+            duration_s=3600.0,
+            timeout_s=120.0,
+            capture_body_bytes=4096,
+            preconnect=concurrency,  # keep-alive connections open before the clock starts
+        )
+    )
     latencies: list[float] = []
-    rejected = 0
-    failed = 0
-    remaining = n
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
-    ) as session:
-
-        async def client() -> None:
-            nonlocal remaining, rejected, failed
-            while remaining > 0:
-                remaining -= 1
-                t = time.perf_counter()
-                async with session.post(url + "/run_code", data=body, headers=headers) as r:
-                    payload = await r.read()
-                    status = r.status
-                elapsed = time.perf_counter() - t
-                if status == 429:
-                    rejected += 1
-                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
-                    continue
-                ok = status == 200 and json.loads(payload).get("status") == "Success"
-                if not ok:
-                    failed += 1
-                latencies.append(elapsed)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        wall = time.perf_counter() - started
-    out: dict[str, Any] = summarize(latencies, wall)
+    rejected = failed = 0
+    for r in result.records:
+        if r.status == 429:
+            rejected += 1
+            continue
+        if not run_succeeded(r.status, r.headers.get(BODY_KEY)):
+            failed += 1
+        if r.done_s == r.done_s:  # not NaN: the request got an end
+            latencies.append(r.done_s - r.scheduled_s)
+    out: dict[str, Any] = summarize(latencies, result.wall_s)
     out.update({"concurrency": concurrency, "rejected_429": rejected, "failed": failed})
     out["_latencies"] = latencies
     return out
@@ -187,8 +197,6 @@ async def interleaved_c1(url: str, n: int) -> dict[str, Any]:
     """
     loop = asyncio.get_running_loop()
     floor = bwrap_floor_argv()
-    body = json.dumps({"code": PROGRAM, "language": "python"}).encode()
-    headers = {"content-type": "application/json"}
 
     def timed(argv: list[str]) -> float:
         t = time.perf_counter()
@@ -196,17 +204,14 @@ async def interleaved_c1(url: str, n: int) -> dict[str, Any]:
         return time.perf_counter() - t
 
     samples: dict[str, list[float]] = {"service": [], "bare_python": [], "bwrap": []}
-    async with aiohttp.ClientSession() as session:
-        for _ in range(n):
-            samples["bare_python"].append(
-                await loop.run_in_executor(None, timed, [PYTHON, "-c", PROGRAM])
-            )
-            if floor is not None:
-                samples["bwrap"].append(await loop.run_in_executor(None, timed, floor))
-            t = time.perf_counter()
-            async with session.post(url + "/run_code", data=body, headers=headers) as r:
-                await r.read()
-            samples["service"].append(time.perf_counter() - t)
+    for _ in range(n):
+        samples["bare_python"].append(
+            await loop.run_in_executor(None, timed, [PYTHON, "-c", PROGRAM])
+        )
+        if floor is not None:
+            samples["bwrap"].append(await loop.run_in_executor(None, timed, floor))
+        one = await closed_loop(url, 1, 1)
+        samples["service"].extend(one["_latencies"])
     return {k: summarize(v) for k, v in samples.items() if v}
 
 
@@ -214,10 +219,9 @@ async def watch_admission(url: str, period_s: float = 0.05) -> dict[str, int]:
     """Until cancelled: the most programs seen running at once and requests seen waiting."""
     seen = {"max_running_seen": 0, "max_waiting_seen": 0}
     try:
-        async with aiohttp.ClientSession() as session:
+        async with httpx.AsyncClient(timeout=10) as client:
             while True:
-                async with session.get(url + "/v1/sandbox/status") as r:
-                    adm = (await r.json()).get("admission", {})
+                adm = (await client.get(url + "/v1/sandbox/status")).json().get("admission", {})
                 seen["max_running_seen"] = max(seen["max_running_seen"], adm.get("running", 0))
                 seen["max_waiting_seen"] = max(seen["max_waiting_seen"], adm.get("waiting", 0))
                 await asyncio.sleep(period_s)

@@ -8,7 +8,7 @@ Python API (stable; other benchmarks build on it)::
 See `rollout_client.stress.loadgen` for the full description.
 """
 
-from .http import ERROR_KINDS
+from .http import BODY_KEY, ERROR_KINDS
 from .loadgen import (
     LoadResult,
     LoadSpec,
@@ -22,6 +22,7 @@ from .loadgen import (
 from .targets import RemoteTargetError, check_loopback
 
 __all__ = [
+    "BODY_KEY",
     "ERROR_KINDS",
     "LoadResult",
     "LoadSpec",

@@ -7,7 +7,7 @@ and never creates a task per request, so one core drives several thousand reques
 
 Scope: plain `http://` only, one request at a time per connection (no pipelining), keep-alive
 unless the server says `Connection: close`. Content-Length, chunked and read-until-close bodies
-are all parsed (bodies are counted, never kept).
+are all parsed (bodies are counted, never kept, unless `capture_body_bytes` asks for a prefix).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ ERROR_KINDS: tuple[str, ...] = (
     "unfinished",  # still queued for a connection when the run ended
 )
 ERR_TIMEOUT, ERR_CONNECT, ERR_CLOSED, ERR_PROTOCOL, ERR_DROPPED, ERR_UNFINISHED = range(1, 7)
+# Key under which a kept response-body prefix is stored among a request's captured headers
+# (a header name cannot contain ":", so it never collides with one).
+BODY_KEY = ":body"
 # Connects under way at once: more would only flood the loop (and the server's accept queue);
 # requests that find no free connection wait in order, and that wait counts in their latency.
 MAX_CONCURRENT_CONNECTS = 256
@@ -188,6 +191,33 @@ class _Connection(asyncio.Protocol):
             self.pool._fail(self, ERR_TIMEOUT)
 
 
+class _BodyConnection(_Connection):
+    """A connection that also keeps the first `pool.capture_body_bytes` of each response body
+    (only used when asked for: httptools calls `on_body` per chunk once the method exists)."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, pool: LoadClient) -> None:
+        self.body = bytearray()
+        super().__init__(pool)
+
+    def on_body(self, body: bytes) -> None:
+        room = self.pool.capture_body_bytes - len(self.body)
+        if room > 0:
+            self.body += body[:room]
+
+    def on_message_complete(self) -> None:
+        if self.rid >= 0:
+            if self.captured is None:
+                self.captured = {}
+            self.captured[BODY_KEY] = self.body.decode("utf-8", errors="replace")
+        super().on_message_complete()
+
+    def send(self, rid: int, data: bytes) -> None:
+        self.body = bytearray()
+        super().send(rid, data)
+
+
 class Recorder:
     """Per-request arrays, preallocated for the request cap (times are time.monotonic())."""
 
@@ -221,6 +251,7 @@ class LoadClient:
         timeout_s: float,
         capture_headers: Sequence[str] = (),
         on_done: Callable[[int], None] | None = None,
+        capture_body_bytes: int = 0,
     ) -> None:
         self.endpoint = endpoint
         self.requests = requests
@@ -229,6 +260,8 @@ class LoadClient:
         self.timeout_s = timeout_s
         self.capture = {h.lower().encode("latin-1"): h for h in capture_headers}
         self.on_done = on_done
+        self.capture_body_bytes = capture_body_bytes
+        self._protocol = _BodyConnection if capture_body_bytes > 0 else _Connection
         self.loop = asyncio.get_running_loop()
         self.idle: list[_Connection] = []
         self.waiting: deque[int] = deque()
@@ -396,7 +429,7 @@ class LoadClient:
         try:
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(
-                    lambda: _Connection(self), self.endpoint.host, self.endpoint.port
+                    lambda: self._protocol(self), self.endpoint.host, self.endpoint.port
                 ),
                 self.timeout_s,
             )

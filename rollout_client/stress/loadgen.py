@@ -80,8 +80,11 @@ class LoadSpec:
       loop, else `max_in_flight`, so every in-flight request is on the wire); requests beyond
       them wait for a free one, and that wait counts in their latency.
     - `capture_headers`: response header values kept per request (case-insensitive names).
+    - `capture_body_bytes`: keep the first this many bytes of each response body, decoded as
+      UTF-8, among the request's captured values under `http.BODY_KEY` (":body"); 0: none.
     - `start_at`: a `time.monotonic()` instant to start at (used to align worker processes).
-    - `preconnect`: connections opened before the clock starts (default: rate/250, 2..64).
+    - `preconnect`: connections opened before the clock starts (open loop default: rate/250,
+      2..64; closed loop default: none, each caller connects on its first request).
     - `spin_s`: poll the loop instead of sleeping for the last `spin_s` before each send
       (0.001 gives sub-ms send precision at the price of a busy core; default 0: timers, ~1 ms).
     """
@@ -108,6 +111,7 @@ class LoadSpec:
     start_at: float | None = None
     preconnect: int | None = None
     spin_s: float = 0.0
+    capture_body_bytes: int = 0
 
     def validate(self) -> None:
         if not (0 < self.duration_s <= HARD_MAX_DURATION_S):
@@ -130,6 +134,8 @@ class LoadSpec:
             raise LoadSpecError(f"concurrency must be in [1, 10000], got {self.concurrency}")
         if self.max_in_flight < 1 or (self.connections is not None and self.connections < 1):
             raise LoadSpecError("max_in_flight and connections must be at least 1")
+        if self.capture_body_bytes < 0:
+            raise LoadSpecError(f"capture_body_bytes must be >= 0, got {self.capture_body_bytes}")
         if self.timeout_s <= 0:
             raise LoadSpecError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.workers < 1 or (self.workers > 1 and self.arrival == "closed"):
@@ -463,6 +469,7 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
         max_connections=spec.max_connections(),
         timeout_s=spec.timeout_s,
         capture_headers=spec.capture_headers,
+        capture_body_bytes=spec.capture_body_bytes,
     )
     warm = (
         spec.preconnect
@@ -539,7 +546,13 @@ async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]
         timeout_s=spec.timeout_s,
         capture_headers=spec.capture_headers,
         on_done=on_done,
+        capture_body_bytes=spec.capture_body_bytes,
     )
+    if spec.preconnect:  # closed loop: only when asked (connect time then stays off the clock)
+        await client.preconnect(spec.preconnect)
+        if spec.start_at is None:
+            start = time.monotonic()
+            end = start + spec.duration_s
     delay = start - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)

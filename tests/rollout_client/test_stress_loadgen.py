@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rollout_client.stress import (
+    BODY_KEY,
     LoadSpec,
     LoadSpecError,
     RemoteTargetError,
@@ -57,6 +58,27 @@ def test_captured_header_per_request(zero_server: str) -> None:
     values = result.captured_values("X-Toolenv-Injected-Delay-Ms")
     assert len(values) == 30 and all(v == "0.000" for v in values)
     assert result.records[0].headers == {"X-Toolenv-Injected-Delay-Ms": "0.000"}
+
+
+@pytest.mark.parametrize(
+    ("path", "limit", "want"),
+    [
+        ("/plain", 4096, '{"ok":true}'),
+        ("/chunked", 4096, '{"parts":[1,2,3]}'),
+        ("/chunked", 12, '{"parts":[1,'),
+    ],
+)
+def test_body_prefix_is_kept_only_when_asked(
+    zero_server: str, path: str, limit: int, want: str
+) -> None:
+    spec = LoadSpec(
+        url=zero_server + path, arrival="closed", concurrency=2, max_requests=20, duration_s=5
+    )
+    assert all(r.headers == {} for r in run_load(spec).records)
+    spec.capture_body_bytes = limit
+    result = run_load(spec)
+    assert result.n == 20
+    assert result.captured_values(BODY_KEY) == [want] * 20
 
 
 def test_connection_refused_is_an_error_not_a_hang() -> None:
