@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from fastapi import Request
@@ -246,6 +246,31 @@ async def parse_body(request: Request, model: type[M]) -> M | JSONResponse:
             for e in exc.errors(include_url=False, include_input=False)
         ]
         return JSONResponse({"detail": detail}, status_code=422)
+
+
+class CallStart(NamedTuple):
+    """What every emulator call reads before its own logic."""
+
+    arrival: float  # the caller's budget starts when the request arrives
+    deadline: Deadline
+    header_step: int | None
+    body: Any
+
+
+async def begin_call(
+    request: Request, settings: EmulatorSettings, model: type[BaseModel]
+) -> CallStart | JSONResponse:
+    """Arrival time, deadline, `X-Toolenv-Step` and the parsed body, or the 400/422 to answer."""
+    arrival = time.monotonic()
+    try:
+        deadline = request_deadline(request, settings)
+        header_step = step_from_headers(request)
+    except DeadlineHeaderError as exc:
+        return bad_request(str(exc))
+    body = await parse_body(request, model)
+    if isinstance(body, JSONResponse):
+        return body
+    return CallStart(arrival, deadline, header_step, body)
 
 
 def json_body_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv.deadline import DeadlineHeaderError
-
 from ..base import (
-    bad_request,
+    begin_call,
     json_body_schema,
-    parse_body,
     play,
-    request_deadline,
-    step_from_headers,
     unprocessable,
 )
 from ..fastpath import register
@@ -46,15 +40,10 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
 
     async def call(request: Request) -> Response:
         """Answers after the time a sandbox would take to verify the batch (no code runs)."""
-        arrival = time.monotonic()
-        try:  # the caller's budget starts when the request arrives
-            deadline = request_deadline(request, settings)
-            header_step = step_from_headers(request)
-        except DeadlineHeaderError as exc:
-            return bad_request(str(exc))
-        body = await parse_body(request, RewardCall)
-        if isinstance(body, Response):
-            return body
+        start = await begin_call(request, settings, RewardCall)
+        if isinstance(start, Response):
+            return start
+        arrival, deadline, header_step, body = start
         lengths = body.response_lengths
         if lengths is not None and (not lengths or any(n < 0 for n in lengths)):
             return unprocessable(

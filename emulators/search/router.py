@@ -9,15 +9,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv.deadline import Deadline, DeadlineHeaderError
+from toolenv.deadline import Deadline
 
 from ..base import (
-    bad_request,
+    begin_call,
     json_body_schema,
-    parse_body,
     play,
-    request_deadline,
-    step_from_headers,
     unprocessable,
 )
 from ..fastpath import register
@@ -117,15 +114,10 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
 
     async def retrieve(request: Request) -> Response:
         """`{"queries": [...], "topk": 3, "return_scores": false}` -> `{"result": [[doc, ...], ...]}`."""
-        arrival = time.monotonic()
-        try:  # the caller's budget starts when the request arrives
-            deadline = request_deadline(request, settings)
-            step = step_from_headers(request)
-        except DeadlineHeaderError as exc:
-            return bad_request(str(exc))
-        call = await parse_body(request, RetrieveRequest)
-        if isinstance(call, Response):
-            return call
+        start = await begin_call(request, settings, RetrieveRequest)
+        if isinstance(start, Response):
+            return start
+        arrival, deadline, step, call = start
         checked = _check(emulator, call.queries, call.topk)
         if isinstance(checked, Response):
             return checked
@@ -137,15 +129,10 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
     async def call(request: Request) -> Response:
         """One query (`query`) or several (`queries`); `delay_s` replays a delay exactly,
         `response_tokens` sizes the response (whitespace words, split evenly over the queries)."""
-        arrival = time.monotonic()
-        try:
-            deadline = request_deadline(request, settings)
-            header_step = step_from_headers(request)
-        except DeadlineHeaderError as exc:
-            return bad_request(str(exc))
-        body = await parse_body(request, SearchCall)
-        if isinstance(body, Response):
-            return body
+        start = await begin_call(request, settings, SearchCall)
+        if isinstance(start, Response):
+            return start
+        arrival, deadline, header_step, body = start
         if (body.query is None) == (body.queries is None):
             return unprocessable(["query"], "give exactly one of query or queries")
         queries = [body.query] if body.query is not None else list(body.queries or [])
