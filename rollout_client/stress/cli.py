@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -262,10 +264,13 @@ def _fields(spec: LoadSpec) -> dict[str, Any]:
     return {f: getattr(spec, f) for f in LoadSpec.__dataclass_fields__}
 
 
-def _run_single(spec: LoadSpec, console: Console, quiet: bool) -> LoadResult:
+@contextmanager
+def _live_progress(spec: LoadSpec, console: Console, quiet: bool, title: str) -> Iterator[None]:
+    """Show the run's progress live (terminal only), wired through `spec.progress`."""
     if quiet or not console.is_terminal:
-        return run_load(spec)
-    view = LiveView("stress")
+        yield
+        return
+    view = LiveView(title)
     with Live(view, console=console, auto_refresh=False, transient=True) as live:
 
         def on_progress(p: Progress) -> None:
@@ -274,9 +279,14 @@ def _run_single(spec: LoadSpec, console: Console, quiet: bool) -> LoadResult:
 
         spec.progress = on_progress
         try:
-            return run_load(spec)
+            yield
         finally:
             spec.progress = None
+
+
+def _run_single(spec: LoadSpec, console: Console, quiet: bool) -> LoadResult:
+    with _live_progress(spec, console, quiet, "stress"):
+        return run_load(spec)
 
 
 def _run_ramp(
@@ -291,20 +301,8 @@ def _run_ramp(
         if not quiet:
             console.print(ramp_step_line(step))
 
-    if not quiet and console.is_terminal:
-        view = LiveView("ramp step")
-        with Live(view, console=console, auto_refresh=False, transient=True) as live:
-
-            def on_progress(p: Progress) -> None:
-                view.update(p)
-                live.refresh()
-
-            spec.progress = on_progress
-            try:
-                return run_ramp(spec, rates, slos, step_duration_s=step_s, on_step=on_step)
-            finally:
-                spec.progress = None
-    return run_ramp(spec, rates, slos, step_duration_s=step_s, on_step=on_step)
+    with _live_progress(spec, console, quiet, "ramp step"):
+        return run_ramp(spec, rates, slos, step_duration_s=step_s, on_step=on_step)
 
 
 def _json_ready(value: Any) -> Any:
