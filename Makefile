@@ -11,7 +11,7 @@ help:
 	@echo "make run    - create .venv, install, start the embedded service on $(HOST):$(PORT)"
 	@echo "make test   - install every system component the tests need, then run the whole suite"
 	@echo "make bench  - run the benchmarks (figures as ratios against a baseline of the same run)"
-	@echo "make lint   - ruff"
+	@echo "make lint   - ruff and import-linter (the layering contracts in pyproject.toml)"
 	@echo "make compose-up / compose-down - the whole environment under docker compose"
 
 run: venv
@@ -34,11 +34,12 @@ model: venv-test
 	@$(PY) scripts/make_test_model.py
 
 bench: setup-system venv-test
-	$(PY) -m toolenv.bench
+	$(PY) -m benchmarks.run
 
 lint: venv-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 fmt: venv-test
 	$(VENV)/bin/ruff check --fix .

@@ -12,11 +12,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from toolenv import __version__
+from toolenv_core import __version__
+from toolenv_core.latency.profile import Profile, load_profile
 
 from .base import ToolEmulator
 from .fastpath import FastPathMiddleware, fast_routes
-from .latency.profile import Profile, load_profile, packaged_profile_path
+from .profiles import packaged_profile_path
 from .profiles_router import build_profiles_router
 from .reward import RewardEmulator
 from .reward import build_router as build_reward_router

@@ -23,11 +23,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from toolenv.deadline import Deadline, DeadlineHeaderError, deadline_from_headers
+from toolenv_core.deadline import Deadline, DeadlineHeaderError, deadline_from_headers
+from toolenv_core.latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
+from toolenv_core.latency.profile import Profile, error_field
+from toolenv_core.latency.samplers import Draw, Sampler
 
-from .latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
-from .latency.profile import Profile, error_field
-from .latency.samplers import Draw, Sampler
 from .settings import EmulatorSettings
 from .timing import sleep_until
 

@@ -51,11 +51,11 @@ def fit_command(
     from rich.console import Console
     from rich.table import Table
 
-    from emulators.polytrace import TraceFormatError, iter_latencies
-    from emulators.polytrace.latencies import expand_paths
+    from toolenv_core.latency.profile import save_profile
+    from toolenv_core.polytrace import TraceFormatError, iter_latencies
+    from toolenv_core.polytrace.latencies import expand_paths
 
     from .fit import build_profile, fit
-    from .latency.profile import save_profile
 
     console = Console(stderr=as_json)
     try:
@@ -70,7 +70,7 @@ def fit_command(
             report = fit(data, tool)
     except (TraceFormatError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
-    from emulators.polytrace import detect_format
+    from toolenv_core.polytrace import detect_format
 
     wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
     used = [p for p in expand_paths(traces) if p.is_file() and detect_format(p) in wanted]
@@ -127,10 +127,10 @@ def describe_command(
     from rich.console import Console
     from rich.table import Table
 
-    from emulators.polytrace import TraceFormatError, tool_latencies
+    from toolenv_core.latency.profile import ProfileError, load_profile
+    from toolenv_core.polytrace import TraceFormatError, tool_latencies
 
     from .describe import describe, plot_cdf
-    from .latency.profile import ProfileError, load_profile
 
     try:
         profile = load_profile(profile_path)

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from toolenv_core.latency.profile import Profile
+
 from .fit import REPORT_QUANTILES, qname
-from .latency.profile import Profile
 
 
 def sample_profile(profile: Profile, n: int, seed: int) -> np.ndarray:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .latency.profile import Profile
-from .latency.specs import (
+from toolenv_core.latency.profile import Profile
+from toolenv_core.latency.specs import (
     Drift,
     DriftStage,
     Empirical,

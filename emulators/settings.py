@@ -8,9 +8,8 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from toolenv.config import ServiceSettings
-
-from .latency.profile import Profile
+from toolenv_core.config import ServiceSettings
+from toolenv_core.latency.profile import Profile
 
 
 class EmulatorSettings(ServiceSettings):

@@ -11,9 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from toolenv import __version__
+from toolenv_core import __version__
+from toolenv_core.admission import RateLimits
 
-from .admission import RateLimits
 from .guard import Guard
 from .metrics import GatewayMetrics
 from .passthrough import PassThrough

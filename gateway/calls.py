@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from emulators.polytrace.records import ToolCallRecord
-from toolenv.deadline import parse_deadline_ms
+from toolenv_core.deadline import parse_deadline_ms
+from toolenv_core.polytrace.records import ToolCallRecord
 
 from .dispatch import Outcome, ToolRuntime
 from .trace import STEP_HEADER, TRAJECTORY_HEADER, TURN_HEADER, TraceWriter, parse_int_header

@@ -73,7 +73,7 @@ def run_gateway(
     import uvicorn
     from pydantic import ValidationError
 
-    from toolenv.config import ConfigFileError
+    from toolenv_core.config import ConfigFileError
 
     from .app import create_app
     from .logs import setup_logging

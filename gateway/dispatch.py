@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from toolenv.deadline import Deadline
+from toolenv_core.admission import Admission, Rejected
+from toolenv_core.deadline import Deadline
 
-from .admission import Admission, Rejected
 from .metrics import GatewayMetrics
 from .policies import LatencyWindow, RetryBudget
 from .settings import ToolConfig

@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from .admission import RateLimits, Rejected
+from toolenv_core.admission import RateLimits, Rejected
+
 from .asgi import ASGIApp, Message
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toolenv.deadline import DeadlineHeaderError
+from toolenv_core.deadline import DeadlineHeaderError
 
 from .asgi import ASGIApp
 from .calls import CallContext, failure_answer, run_call

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from toolenv.deadline import DEADLINE_HEADER, DeadlineHeaderError
+from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError
 
 from .calls import CallContext, failure_answer, run_call
 from .dispatch import Outcome, ToolRuntime

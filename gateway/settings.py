@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from toolenv.config import ServiceSettings
+from toolenv_core.config import ServiceSettings
 
 ToolKind = Literal["sandbox", "search", "reward", "http"]
 

@@ -1,9 +1,9 @@
 """Trace capture: every call that carries `X-Trajectory-Id` becomes one PolyTrace tool-call line.
 
-Each line is an `emulators.polytrace.records.ToolCallRecord` (the multi-turn `tool_calls[]`
+Each line is an `toolenv_core.polytrace.records.ToolCallRecord` (the multi-turn `tool_calls[]`
 shape: tool_name, turn, latency_s, status, response_bytes, trajectory_id, step), so a workload
 recorded through the gateway replays with the emulators: `to_multiturn` groups the calls of each
-trajectory into one multi-turn `TrajectoryRecord` line, which `emulators.polytrace` reads like a
+trajectory into one multi-turn `TrajectoryRecord` line, which `toolenv_core.polytrace` reads like a
 published trace (`toolenv gateway trace-to-multiturn CAPTURE OUT`). Lines are queued in memory and written by a worker thread in batches:
 the event loop never waits on the disk.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from emulators.polytrace.records import ToolCallRecord, TrajectoryRecord, TurnRecord
+from toolenv_core.polytrace.records import ToolCallRecord, TrajectoryRecord, TurnRecord
 
 log = logging.getLogger("toolenv.gateway")
 

@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from toolenv_core.http1 import ConnectFailed, ConnectionBroken, Pool
+
 from .asgi import ASGIApp, Lifespan, call_asgi
-from .http1 import ConnectFailed, ConnectionBroken, Pool
 from .settings import ToolConfig
 
 log = logging.getLogger("toolenv.gateway")
@@ -118,7 +119,7 @@ def _package_settings(module_name: str, config_file: str | None) -> Any:
         settings_module = importlib.import_module(f"{package}.settings")
     except ImportError:
         return None
-    from toolenv.config import ServiceSettings
+    from toolenv_core.config import ServiceSettings
 
     for value in vars(settings_module).values():
         if (

@@ -117,7 +117,7 @@ def run(
 
     from pydantic import ValidationError
 
-    from emulators.polytrace import TraceFormatError
+    from toolenv_core.polytrace import TraceFormatError
 
     from .engines.openai_engine import EngineUnreachable
     from .gateway_client import GatewayUnreachable
@@ -330,10 +330,3 @@ def _one_line(exc: Exception) -> str:
         first = exc.errors()[0]
         return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def register_stress(root: typer.Typer) -> None:
-    """`toolenv stress` lives with the rollout client (it drives tool endpoints the same way)."""
-    from rollout_client.stress.cli import stress
-
-    root.command("stress")(stress)

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from toolenv.deadline import DEADLINE_HEADER, Deadline
+from toolenv_core.deadline import Deadline
 
 
 class GatewayUnreachable(RuntimeError):
@@ -88,10 +88,9 @@ class GatewayClient:
                         error="deadline expired",
                         retries_429=retries,
                     )
-                headers[DEADLINE_HEADER] = deadline.to_header_value()
-                timeout = (
-                    deadline.remaining() + 1.0
-                )  # the gateway answers 504 at the deadline; this is a backstop
+                headers.update(deadline.headers())
+                if deadline.bounded:  # the gateway answers 504 at the deadline; this is a backstop
+                    timeout = deadline.remaining() + 1.0
             try:
                 response = await self._client.post(
                     f"/v1/tools/{tool}/call",

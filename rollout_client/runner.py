@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from emulators.polytrace import ToolCallRecord, TurnRecord
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
+from toolenv_core.polytrace import ToolCallRecord, TurnRecord
 
 from .engines.base import Engine, Generation, PrefixCacheStats
 from .gateway_client import GatewayClient, ToolOutcome

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from emulators.polytrace import write_multiturn
+from toolenv_core.polytrace import write_multiturn
 
 from .engines.base import Engine
 from .gateway_client import GatewayClient

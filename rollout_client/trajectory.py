@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from emulators.polytrace import ToolCallRecord, TrajectoryRecord, TurnRecord
+from toolenv_core.polytrace import ToolCallRecord, TrajectoryRecord, TurnRecord
 
 from .workloads.plan import TokenSynth, TrajectoryPlan
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 
 class Overloaded(Exception):

@@ -17,7 +17,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from toolenv.deadline import DEADLINE_HEADER, DeadlineHeaderError, deadline_from_headers
+from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError, deadline_from_headers
 
 from .admission import Overloaded
 from .service import BadRequest, SandboxService

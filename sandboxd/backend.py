@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 from .models import RunResult, RunSpec
 

@@ -43,7 +43,7 @@ def serve(
     """Serve the sandbox API alone (`/run_code`, `/v1/run_tests`, `/v1/ping`, ...)."""
     import uvicorn
 
-    from toolenv.config import ConfigFileError
+    from toolenv_core.config import ConfigFileError
 
     from .app import create_app
     from .settings import SandboxSettings

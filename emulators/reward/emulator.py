@@ -13,8 +13,9 @@ negative), so by default lengths do not scale the delay.
 
 from __future__ import annotations
 
+from toolenv_core.latency.profile import Profile
+
 from ..base import ToolEmulator
-from ..latency.profile import Profile
 from ..settings import EmulatorSettings
 
 

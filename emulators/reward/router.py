@@ -8,6 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolenv_core.latency.samplers import Draw
+
 from ..base import (
     begin_call,
     json_body_schema,
@@ -15,7 +17,6 @@ from ..base import (
     unprocessable,
 )
 from ..fastpath import register
-from ..latency.samplers import Draw
 from .emulator import RewardEmulator
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emulators.polytrace.errors import TraceFormatError
+from toolenv_core.polytrace.errors import TraceFormatError
 
 
 def _contents(raw: dict, path: Path, lineno: int) -> str:

@@ -7,8 +7,9 @@ import json
 import anyio
 import numpy as np
 
+from toolenv_core.latency.profile import Profile
+
 from ..base import ToolEmulator
-from ..latency.profile import Profile
 from ..settings import EmulatorSettings
 from .corpus import Bm25Corpus
 from .documents import TOKENS_PER_DOC_FALLBACK, DocumentCache, query_rng

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
+from toolenv_core.latency.samplers import Draw
 
 from ..base import (
     begin_call,
@@ -18,7 +19,6 @@ from ..base import (
     unprocessable,
 )
 from ..fastpath import register
-from ..latency.samplers import Draw
 from .emulator import SearchEmulator
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulators.polytrace import TrajectoryRecord, read_multiturn
+from toolenv_core.polytrace import TrajectoryRecord, read_multiturn
 
 from .plan import ToolCallPlan, TrajectoryPlan, TurnPlan
 

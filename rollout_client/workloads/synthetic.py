@@ -1,7 +1,7 @@
 """Synthetic trajectories drawn from the intern_s1 fitted parameters.
 
 The document (`enhanced_task_distribution_parameters.json`, read by
-`emulators.polytrace.read_fitted_parameters`) gives the distribution of the number of calls per
+`toolenv_core.polytrace.read_fitted_parameters`) gives the distribution of the number of calls per
 tool-calling session and, per call count k, a Gaussian over the per-call lengths
 `input_1..k` and `output_1..k`. We read a session of k calls as k model turns: turn i generates
 `output_i` tokens; the prompt is `input_1`; after every turn but the last a tool call appends
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emulators.polytrace.fitted import read_fitted_parameters
+from toolenv_core.polytrace.fitted import read_fitted_parameters
 
 from .plan import ToolCallPlan, TrajectoryPlan, TurnPlan
 from .replay import LengthScale

@@ -20,7 +20,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 from ..backend import SandboxUnavailable
 from ..languages import Language, UnknownLanguage, get_language

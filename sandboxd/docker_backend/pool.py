@@ -24,7 +24,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 from ..backend import SandboxUnavailable
 from ..settings import SandboxSettings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulators.bench import WARMUP_S, summarize, verdict
+from benchmarks.emulators_bench import WARMUP_S, summarize, verdict
 
 
 def _raw(target: np.ndarray, lateness_s: float, rate: float = 1000.0) -> dict:
@@ -60,7 +60,7 @@ def test_drops_and_errors_are_counted() -> None:
 
 
 def test_in_flight_peak_and_header_values_from_the_load_records() -> None:
-    from emulators.bench import _header_s, _max_in_flight
+    from benchmarks.emulators_bench import _header_s, _max_in_flight
 
     dispatched = np.array([0.0, 1.0, 2.0, 2.4, np.nan])  # the last one was never sent
     done = np.array([1.5, 2.5, 3.0, 2.6, 0.1])

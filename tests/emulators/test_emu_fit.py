@@ -10,9 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from emulators.fit import fit
-from emulators.latency import load_profile, packaged_profile_path
-from emulators.polytrace import tool_latencies
-from toolenv.cli import app
+from emulators.profiles import packaged_profile_path
+from toolenv.cli import build_app
+from toolenv_core.latency import load_profile
+from toolenv_core.polytrace import tool_latencies
+
+app = build_app()
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 from scipy import stats
 
-from emulators.latency import (
+from toolenv_core.latency import (
     LATENCY_MODEL,
     Drift,
     Profile,
@@ -20,7 +20,7 @@ from emulators.latency import (
     parse_profile,
     save_profile,
 )
-from emulators.latency.samplers import DriftSampler, FunctionSampler
+from toolenv_core.latency.samplers import DriftSampler, FunctionSampler
 
 SPECS = [
     {"kind": "uniform", "low_s": 0.1, "high_s": 0.4},

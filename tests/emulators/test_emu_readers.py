@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emulators.polytrace import (
+from toolenv_core.polytrace import (
     CallLogRecord,
     TraceFormatError,
     detect_format,

@@ -14,7 +14,8 @@ import pytest
 from scipy import stats
 from testkit import ServerProcess, free_port
 
-from emulators.latency import load_profile, packaged_profile_path
+from emulators.profiles import packaged_profile_path
+from toolenv_core.latency import load_profile
 
 INJECTED = "x-toolenv-injected-delay-ms"
 TIMER = "x-toolenv-timer-error-ms"
@@ -288,7 +289,7 @@ def test_reward_emulator_scales_with_batch_size(client: httpx.Client) -> None:
 
 async def test_fidelity_at_a_small_rate_matches_the_profile(server: ServerProcess) -> None:
     """100 requests/s open loop for 3 s: scheduled and realized delays follow the shipped profile."""
-    from rollout_client.stress import LoadSpec, arun_load
+    from stress import LoadSpec, arun_load
 
     profile = load_profile(packaged_profile_path("search_default"))
     with httpx.Client(base_url=server.url, timeout=30) as c:

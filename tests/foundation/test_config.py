@@ -7,7 +7,12 @@ import time
 import pytest
 
 from gateway.settings import GatewaySettings
-from toolenv.deadline import DEADLINE_HEADER, Deadline, DeadlineHeaderError, deadline_from_headers
+from toolenv_core.deadline import (
+    DEADLINE_HEADER,
+    Deadline,
+    DeadlineHeaderError,
+    deadline_from_headers,
+)
 
 
 def test_settings_precedence_overrides_env_file(tmp_path, monkeypatch) -> None:

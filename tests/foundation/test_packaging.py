@@ -11,8 +11,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from toolenv import __version__
-from toolenv.cli import app
+from toolenv.cli import build_app
+from toolenv_core import __version__
+
+app = build_app()
 
 REPO = Path(__file__).resolve().parents[2]
 

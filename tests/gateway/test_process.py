@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import yaml
 
-from rollout_client.stress import LoadSpec, run_load
+from stress import LoadSpec, run_load
 
 
 def rss_mb(pid: int) -> float:

@@ -10,7 +10,9 @@ from gw_support import proxy_tool
 from typer.testing import CliRunner
 
 from gateway.settings import GatewaySettings
-from toolenv.cli import app as toolenv_app
+from toolenv.cli import build_app
+
+toolenv_app = build_app()
 
 KEY = "s3cret-key-0123456789"
 

@@ -8,10 +8,12 @@ import httpx
 from gw_support import proxy_tool
 from typer.testing import CliRunner
 
-from emulators.polytrace.latencies import tool_latencies
-from emulators.polytrace.multiturn import read_multiturn
 from gateway.trace import read_captured_calls
-from toolenv.cli import app as toolenv_app
+from toolenv.cli import build_app
+from toolenv_core.polytrace.latencies import tool_latencies
+from toolenv_core.polytrace.multiturn import read_multiturn
+
+toolenv_app = build_app()
 
 
 def test_capture_writes_tool_call_records_and_they_replay(upstream, gateway, tmp_path) -> None:

@@ -8,10 +8,10 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from gateway.admission import Admission, RateLimits, Rejected, TokenBucket
 from gateway.policies import LatencyWindow, RetryBudget
 from gateway.settings import GatewaySettings, HedgePolicy, RetryPolicy, ToolConfig
 from gateway.upstream import Endpoint, pick
+from toolenv_core.admission import Admission, RateLimits, Rejected, TokenBucket
 
 
 async def test_admission_is_fifo_bounded_and_survives_cancellation() -> None:

@@ -14,10 +14,12 @@ from rollout_support import first_records, start_gateway, write_trace
 from testkit import ServerProcess, free_port
 from typer.testing import CliRunner
 
-from emulators.polytrace import read_multiturn
 from rollout_client.session import build_plans, run_rollout
 from rollout_client.settings import RolloutSettings
-from toolenv.cli import app
+from toolenv.cli import build_app
+from toolenv_core.polytrace import read_multiturn
+
+app = build_app()
 
 
 @pytest.fixture(scope="module")

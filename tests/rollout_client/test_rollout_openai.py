@@ -15,9 +15,9 @@ import pytest_asyncio
 from rollout_support import first_records, start_gateway, write_trace
 from testkit import ServerProcess, free_port
 
-from emulators.polytrace import read_multiturn
 from rollout_client.engines import OpenAIEngine
 from rollout_client.workloads.plan import TokenSynth
+from toolenv_core.polytrace import read_multiturn
 
 pytestmark = pytest.mark.vllm
 in_module_loop = pytest.mark.asyncio(loop_scope="module")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from emulators.polytrace import TraceFormatError, read_multiturn
 from rollout_client.calibrate import CalibrationPlan, calibrate_engine
 from rollout_client.engines import (
     BUILTIN_PROFILES,
@@ -20,6 +19,7 @@ from rollout_client.engines import (
 from rollout_client.workloads.plan import TokenSynth
 from rollout_client.workloads.replay import LengthScale, replay_plans
 from rollout_client.workloads.synthetic import synthetic_plans
+from toolenv_core.polytrace import TraceFormatError, read_multiturn
 
 
 async def test_sim_forces_lengths_counts_prefix_hits_in_blocks_and_aborts() -> None:

@@ -12,11 +12,11 @@ import pytest_asyncio
 from rollout_support import first_records, start_gateway, write_trace
 from testkit import ServerProcess
 
-from emulators.polytrace import read_multiturn
 from rollout_client.engines import Chunk, Engine
 from rollout_client.engines.vllm_engine import VllmEngine, VllmOptions
 from rollout_client.session import build_live, build_plans, run_rollout
 from rollout_client.settings import RolloutSettings
+from toolenv_core.polytrace import read_multiturn
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 

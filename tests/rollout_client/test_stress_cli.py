@@ -10,16 +10,16 @@ import pytest
 from hdrh.log import HistogramLogReader
 from typer.testing import CliRunner
 
-from rollout_client.stress.cli import (
+from stress.cli import (
     EXIT_NO_RESPONSE,
     EXIT_OK,
     EXIT_SLO_BROKEN,
     EXIT_USAGE,
     build_app,
 )
-from rollout_client.stress.slo import SLO, SLOError
-from rollout_client.stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
-from rollout_client.stress.testing import free_port, serve
+from stress.slo import SLO, SLOError
+from stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
+from stress.testing import free_port, serve
 
 runner = CliRunner()
 app = build_app()

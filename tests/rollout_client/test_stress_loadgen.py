@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from rollout_client.stress import (
+from stress import (
     BODY_KEY,
     LoadSpec,
     LoadSpecError,
@@ -17,7 +17,7 @@ from rollout_client.stress import (
     check_loopback,
     run_load,
 )
-from rollout_client.stress.testing import serve
+from stress.testing import serve
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def fastapi_server() -> str:
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
-    from rollout_client.stress.testing import free_port
+    from stress.testing import free_port
 
     app = FastAPI()
 

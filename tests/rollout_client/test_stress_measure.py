@@ -22,8 +22,8 @@ import httpx
 import numpy as np
 import pytest
 
-from rollout_client.stress import LoadSpec, run_load
-from rollout_client.stress.testing import serve
+from stress import LoadSpec, run_load
+from stress.testing import serve
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from sandboxd.docker_backend import DockerBackend
 from sandboxd.docker_backend.container import AGENT_CAPABILITIES
 from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
 from sandboxd.settings import SandboxSettings
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 from sandboxd.backend import SandboxUnavailable
 from sandboxd.docker_backend.pool import ContainerPool
 from sandboxd.settings import SandboxSettings
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 
 @dataclass

@@ -21,7 +21,7 @@ from sandboxd.docker_backend.image import HASH_LABEL, ensure_image, image_is_cur
 from sandboxd.docker_backend.pool import default_state_dir
 from sandboxd.models import RunSpec
 from sandboxd.settings import SandboxSettings
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[2]

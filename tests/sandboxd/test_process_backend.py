@@ -19,7 +19,7 @@ from sandboxd.models import Limits, RunResult, RunSpec
 from sandboxd.process_backend import ProcessBackend
 from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
-from toolenv.deadline import Deadline
+from toolenv_core.deadline import Deadline
 
 
 def settings(**kw: object) -> SandboxSettings:

@@ -10,7 +10,7 @@ Every run is bounded: `duration_s` and `max_requests` are both required to be fi
 
 Example (a search emulator on loopback, 200 rps for 10 s, capturing a response header)::
 
-    from rollout_client.stress import LoadSpec, run_load
+    from stress import LoadSpec, run_load
 
     result = run_load(LoadSpec(
         url="http://127.0.0.1:8081/retrieve",

@@ -1,6 +1,6 @@
 """Benchmark of the docker backend itself (no HTTP): `print(1)` in python, latency and throughput.
 
-    python -m sandboxd.docker_backend.bench [--out FILE] [--json] [--pool-size N]
+    python -m benchmarks.docker_exec_bench [--out FILE] [--json] [--pool-size N]
 
 Baselines measured in the same run: a bare `/usr/bin/python3 -c 'print(1)'` subprocess on the
 host, and `docker exec` of the same command into a running container of the sandbox image (the
@@ -24,11 +24,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from sandboxd.docker_backend.backend import DockerBackend
 from sandboxd.models import RunSpec
 from sandboxd.settings import SandboxSettings
-from toolenv.deadline import Deadline
-
-from .backend import DockerBackend
+from toolenv_core.deadline import Deadline
 
 PRINT1 = RunSpec(language="python", code="print(1)")
 

@@ -6,7 +6,6 @@ from .profile import (
     Profile,
     ProfileError,
     load_profile,
-    packaged_profile_path,
     parse_profile,
     save_profile,
 )
@@ -58,7 +57,6 @@ __all__ = [
     "TruncNormal",
     "Uniform",
     "load_profile",
-    "packaged_profile_path",
     "parse_profile",
     "save_profile",
 ]

@@ -1,9 +1,9 @@
 """Fidelity bench: replay the search trace's latencies through the HTTP service, open loop.
 
-`python -m emulators.bench --out FILE [--quick]` (run by `make bench`). The service runs as its own
+`python -m benchmarks.emulators_bench --out FILE [--quick]` (run by `make bench`). The service runs as its own
 uvicorn process with a trace-replay profile: the PolyTrace search_r1 latencies in a seeded random
 order (so that any window of the run, not only whole passes over the trace, has the trace's
-distribution), looping; the project's load generator (`rollout_client.stress`, imported by the
+distribution), looping; the project's load generator (`stress`, imported by the
 bench only: the emulator runtime does not depend on it; one load process per 1,000 rps, at most
 two) sends `POST /retrieve` on a fixed schedule at 200, 1,000 and 2,000 requests/s for 30 s each,
 with at most 10,000 requests in flight, capturing `X-Toolenv-Injected-Delay-Ms` and
@@ -99,7 +99,7 @@ def stop_service(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-# ------------------------------------------------------------------ load side (rollout_client.stress)
+# ------------------------------------------------------------------ load side (stress)
 
 INJECTED_HEADER = "X-Toolenv-Injected-Delay-Ms"
 TIMER_HEADER = "X-Toolenv-Timer-Error-Ms"
@@ -122,7 +122,7 @@ def _max_in_flight(dispatched: np.ndarray, done: np.ndarray) -> int:
 def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[str, Any]:
     """Drive the service at `rate` for `seconds` (open loop, constant rate) from 1-2 load
     processes; per-request arrays, times in seconds from the run's start."""
-    from rollout_client.stress import LoadSpec, run_load
+    from stress import LoadSpec, run_load
 
     workers = max(1, min(2, math.ceil(rate / 1000)))
     result = run_load(
@@ -296,14 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seconds = args.seconds or (5.0 if args.quick else 30.0)
 
-    from emulators.latency import Profile, save_profile
-    from emulators.latency.specs import Constant, TraceReplay
-    from emulators.polytrace import tool_latencies
+    from toolenv_core.latency import Profile, save_profile
+    from toolenv_core.latency.specs import Constant, TraceReplay
+    from toolenv_core.polytrace import tool_latencies
 
     target = tool_latencies([args.trace], "search")
     report: dict[str, Any] = {
         "bench": "emulators.fidelity",
-        "command": "python -m emulators.bench --out FILE" + (" --quick" if args.quick else ""),
+        "command": "python -m benchmarks.emulators_bench --out FILE"
+        + (" --quick" if args.quick else ""),
         "trace": str(args.trace),
         "trace_calls": int(target.size),
         "cpus": os.cpu_count(),

@@ -334,7 +334,7 @@ def _files(result: LoadResult, plot: Path | None, hdr: Path | None) -> None:
 
 
 def build_app() -> typer.Typer:
-    """A standalone app (`python -m rollout_client.stress`), same command as `toolenv stress`."""
+    """A standalone app (`python -m stress`), same command as `toolenv stress`."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command("stress")(stress)
     return app

@@ -3,7 +3,7 @@
 Run one as a separate process (uvicorn, httptools, uvloop) so it never shares a core or an event
 loop with the generator:
 
-    python -m rollout_client.stress.testing --kind uniform --low-ms 200 --high-ms 300 --port 9000
+    python -m stress.testing --kind uniform --low-ms 200 --high-ms 300 --port 9000
 
 Kinds:
 - `zero`: answers at once (the bench's zero-delay endpoint);
@@ -142,7 +142,7 @@ def serve(
     argv = [
         sys.executable,
         "-m",
-        "rollout_client.stress.testing",
+        "stress.testing",
         "--kind",
         kind,
         "--port",

@@ -1,6 +1,6 @@
 """Bench: how fast can the generator drive load on ONE core, and how honestly does it keep time?
 
-    python -m rollout_client.stress.bench --out FILE [--quick]
+    python -m benchmarks.stress_bench --out FILE [--quick]
 
 A zero-delay endpoint (uvicorn + httptools, raw ASGI) runs in another process pinned to CPU 1;
 the generator runs here pinned to CPU 0. Open-loop steps at rising rates: a step is *sustained*
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .loadgen import LoadSpec, run_load
-from .testing import serve
+from stress.loadgen import LoadSpec, run_load
+from stress.testing import serve
 
 SCHED_P99_LIMIT_MS = 2.0
 SPIN_S = 0.001  # the CLI's --precise: poll for the last 1 ms before a send instead of a timer

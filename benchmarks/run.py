@@ -1,14 +1,14 @@
 """`make bench`: run every package's benchmark module and collect their JSON reports.
 
-Each package owns its benchmark (`<package>/bench.py`, runnable as `python -m <package>.bench
---out FILE`), which prints its figures as ratios against a baseline measured in the same run.
-This runner only finds them, runs them one after another (they would disturb each other's
-timings), and writes a summary under `bench-results/`.
+Each benchmark is a module here (`benchmarks/<what>_bench.py`, runnable as
+`python -m benchmarks.<what>_bench --out FILE`) that prints its figures as ratios against a
+baseline measured in the same run. This runner runs them one after another (they would disturb
+each other's timings) and writes a summary under `bench-results/`. `make bench ARGS=sandboxd`
+runs only the benchmarks whose name starts with one of the words given.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 BENCHMARK_MODULES = [
-    "sandboxd.bench",
-    "emulators.bench",
-    "gateway.bench",
-    "rollout_client.stress.bench",
+    "benchmarks.sandboxd_bench",
+    "benchmarks.emulators_bench",
+    "benchmarks.gateway_bench",
+    "benchmarks.stress_bench",
 ]
 
 
@@ -31,11 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, object] = {}
     failed = []
     for module in BENCHMARK_MODULES:
-        package = module.split(".")[0]
-        if only and package not in only:
-            continue
-        if importlib.util.find_spec(module) is None:
-            print(f"== {module}: not present, skipped", flush=True)
+        name = module.split(".")[-1]
+        if only and not any(name.startswith(word) for word in only):
             continue
         out = out_dir / f"{module}.json"
         print(f"== {module}", flush=True)

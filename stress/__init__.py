@@ -2,10 +2,10 @@
 
 Python API (stable; other benchmarks build on it)::
 
-    from rollout_client.stress import LoadSpec, run_load
+    from stress import LoadSpec, run_load
     result = run_load(LoadSpec(url="http://127.0.0.1:8081/retrieve", body={...}, rate=200, duration_s=10))
 
-See `rollout_client.stress.loadgen` for the full description.
+See `stress.loadgen` for the full description.
 """
 
 from .http import BODY_KEY, ERROR_KINDS

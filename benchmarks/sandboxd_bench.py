@@ -1,10 +1,10 @@
-"""`python -m sandboxd.bench --out FILE`: sandboxd against its floors, measured in the same run.
+"""`python -m benchmarks.sandboxd_bench --out FILE`: sandboxd against its floors, measured in the same run.
 
 What it measures, for `print(1)` in python:
 - baselines: a bare `/usr/bin/python3 -c` subprocess and a bare `bwrap --unshare-all` around it
   (p50/p99 sequentially, throughput at concurrency 16 from a thread pool);
 - per backend (a real `toolenv sandboxd serve` on loopback, driven by the project's load generator
-  `rollout_client.stress` in closed loop, callers = concurrency, keep-alive connections):
+  `stress` in closed loop, callers = concurrency, keep-alive connections):
   p50/p99 at concurrency 1, throughput and p99 at concurrency 16 and 64 (and how many 429s);
 - a soak of consecutive runs: p50 of the last 1,000 against the first 1,000, and the growth of the
   service's open fds and resident memory.
@@ -155,10 +155,10 @@ def run_succeeded(status: int, body: str | None) -> bool:
 async def closed_loop(url: str, concurrency: int, n: int) -> dict[str, Any]:
     """`concurrency` callers, each sending its next request when the previous one answers.
 
-    Driven by `rollout_client.stress` (imported here: the sandboxd runtime must not depend on the
+    Driven by `stress` (imported here: the sandboxd runtime must not depend on the
     rollout client). 429s are counted and left out of the latencies, as are their callers' turns.
     """
-    from rollout_client.stress import BODY_KEY, LoadSpec, arun_load
+    from stress import BODY_KEY, LoadSpec, arun_load
 
     result = await arun_load(
         LoadSpec(
@@ -423,7 +423,9 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench-results/sandboxd.bench.json"))
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-results/benchmarks.sandboxd_bench.json")
+    )
     parser.add_argument("--quick", action="store_true", help="small counts (about a minute)")
     parser.add_argument(
         "--backends", help="comma-separated (default: process, plus docker if usable)"

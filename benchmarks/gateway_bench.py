@@ -1,10 +1,10 @@
 """Gateway overhead: the same zero-delay search emulator called directly and through the gateway.
 
-    python -m gateway.bench --out bench-results/gateway.bench.json [--quick]
+    python -m benchmarks.gateway_bench --out bench-results/benchmarks.gateway_bench.json [--quick]
 
 Three processes on loopback: the emulator (`toolenv emulators serve`, a constant 0 s profile),
 the gateway in proxy mode in front of it (`toolenv gateway serve --mode proxy`), and the open-loop
-load generator (`rollout_client.stress`, latency measured from each request's scheduled send
+load generator (`stress`, latency measured from each request's scheduled send
 time, so stalls are not hidden). Rounds alternate direct and gateway at each rate, so drift on a
 shared machine hits both alike. The added latency is gateway minus direct at each percentile;
 the ratio is gateway over direct (the baseline measured in the same run).
@@ -133,7 +133,7 @@ def _percentiles(latencies_ms: np.ndarray) -> dict[str, float]:
 
 
 def _run(url: str, rate: float, duration_s: float) -> dict[str, Any]:
-    from rollout_client.stress import LoadSpec, run_load
+    from stress import LoadSpec, run_load
 
     result = run_load(
         LoadSpec(
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(rates, duration, rounds)
     report = {
         "benchmark": "gateway overhead (proxy mode, zero-delay search emulator, /retrieve)",
-        "command": "python -m gateway.bench --out FILE"
+        "command": "python -m benchmarks.gateway_bench --out FILE"
         + (" --quick" if args.quick else "")
         + (f" --nice {args.nice}" if args.nice else ""),
         "duration_s_per_run": duration,

@@ -265,7 +265,7 @@ class TraceReplay(_Spec):
     def values(self) -> np.ndarray:
         if self.values_s is not None:
             return np.asarray(self.values_s, dtype=float)
-        from emulators.polytrace.latencies import tool_latencies
+        from toolenv_core.polytrace.latencies import tool_latencies
 
         return tool_latencies([Path(p) for p in self.paths or []], self.tool)
 

@@ -82,8 +82,3 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
     else:
         p.write_text(profile.to_yaml())
     return p
-
-
-def packaged_profile_path(name: str) -> Path:
-    """A profile shipped with the package (`emulators/profiles/<name>.yaml`)."""
-    return Path(__file__).resolve().parent.parent / "profiles" / f"{name}.yaml"

@@ -1,0 +1,1 @@
+"""Benchmarks, outside the installed packages: `make bench` runs `python -m benchmarks.run`."""

@@ -1,5 +1,0 @@
-"""`python -m rollout_client.stress ...`: the same command as `toolenv stress`."""
-
-from .cli import build_app
-
-build_app()(prog_name="toolenv stress")

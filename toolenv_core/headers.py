@@ -1,0 +1,54 @@
+"""Every HTTP header toolenv speaks, named once.
+
+Receivers compare case-insensitively (HTTP says so); the spellings here are what senders send.
+`FORWARDED_CALL_HEADERS` are the call-context headers the gateway passes on to every tool, embedded
+or proxied, so that a drifting latency profile sees the training step it drifts by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+DEADLINE = "X-Toolenv-Deadline-Ms"
+"""Remaining budget of the call in milliseconds, re-based on each hop's own clock."""
+
+INJECTED_DELAY = "X-Toolenv-Injected-Delay-Ms"
+"""What an emulator scheduled for this call (its draw from the latency profile)."""
+
+TIMER_ERROR = "X-Toolenv-Timer-Error-Ms"
+"""Realized minus scheduled delay, measured by the emulator around its own sleep."""
+
+FAULT = "X-Toolenv-Fault"
+"""Which injected fault (error, hang, throttle, slow body) shaped this reply, if any."""
+
+TRAJECTORY = "X-Trajectory-Id"
+"""The rollout trajectory a call belongs to: what trace capture groups by."""
+
+STEP = "X-Step"
+"""The training step of the call: what drifting latency profiles drift by."""
+
+TURN = "X-Turn"
+"""The turn within the trajectory."""
+
+REQUEST_ID = "X-Request-Id"
+"""The gateway's id for one call, echoed in logs and error bodies."""
+
+FORWARDED_CALL_HEADERS: tuple[str, ...] = (TRAJECTORY, STEP, TURN)
+
+
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value from a mapping whose keys may be any case (ASGI lowers them)."""
+    value = headers.get(name)
+    if value is None:
+        value = headers.get(name.lower())
+    return value
+
+
+def forwarded_call_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The call-context headers present in `headers`, spelled as senders spell them."""
+    out: dict[str, str] = {}
+    for name in FORWARDED_CALL_HEADERS:
+        value = header(headers, name)
+        if value is not None:
+            out[name] = value
+    return out
