@@ -2,6 +2,7 @@
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PYTEST_ARGS ?=
+ARGS        ?=
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 
@@ -34,7 +35,7 @@ model: venv-test
 	@$(PY) scripts/make_test_model.py
 
 bench: setup-system venv-test
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(ARGS)
 
 lint: venv-test
 	$(VENV)/bin/ruff check .
