@@ -162,6 +162,16 @@ def run(
         _fail(
             "give at least one --trace PATH (PolyTrace multi-turn JSONL) or --synthetic PARAMS.json"
         )
+    if (
+        settings.engine == "sim"
+        and settings.time_scale != 1
+        and not (trace and settings.exact and not live)
+    ):
+        _fail(
+            "--time-scale compresses the simulated engine, the tool timeouts and the recorded delays "
+            "that --trace ... --exact replays; without them the emulator draws tool latencies in "
+            "real time, so tools would run time-scale times too slow: add --exact or drop --time-scale"
+        )
     if settings.model:
         from .session import model_vocab_size
 

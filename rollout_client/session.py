@@ -59,6 +59,14 @@ def build_engine(settings: RolloutSettings) -> Engine:
     )
 
 
+def sim_time_scale(settings: RolloutSettings) -> float:
+    """How many times faster than modelled time a run goes: the sim engine's `time_scale`, else 1.
+
+    Generation, tool deadlines and exact-mode tool delays are all compressed by this one factor.
+    """
+    return settings.time_scale if settings.engine == "sim" else 1.0
+
+
 def build_plans(
     settings: RolloutSettings, traces: list[Path], synthetic: Path | None = None
 ) -> Iterator[TrajectoryPlan]:
@@ -75,6 +83,7 @@ def build_plans(
         limit=settings.limit,
         sample=settings.sample,
         seed=settings.seed,
+        delay_scale=1.0 / sim_time_scale(settings),
     )
 
 
@@ -94,7 +103,7 @@ async def run_rollout(
     one is built from `settings`, started and closed here.
     """
     # With the simulator compressed in time, tool deadlines are compressed alike.
-    time_scale = settings.time_scale if settings.engine == "sim" else 1.0
+    time_scale = sim_time_scale(settings)
     policy = build_policy(
         settings.policy,
         tool_timeout_s=settings.tool_timeout_s / time_scale,

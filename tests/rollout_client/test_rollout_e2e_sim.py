@@ -197,3 +197,55 @@ async def test_synthetic_intern_s1_workload_runs_through_the_gateway(
         == step["tool_calls"]
         == sum(len(r.turns) - 1 for r in written)
     )
+
+
+def test_time_scale_compresses_exact_tool_delays_like_the_timeouts(polytrace_dir) -> None:
+    """`--engine sim --time-scale X --exact`: the recorded delay sent to the emulator is divided by
+    X, as the tool timeout is (regression: the delays used to go out uncompressed)."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    record = next(read_multiturn(trace))
+    settings = RolloutSettings(engine="sim", time_scale=10, exact=True, limit=1)
+    [plan] = list(build_plans(settings, [trace]))
+    sent = [c.arguments["delay_s"] for t in plan.turns for c in t.calls]
+    recorded = [c.latency_s for c in sorted(record.tool_calls, key=lambda c: c.turn)]
+    assert sent == pytest.approx([r / 10 for r in recorded])
+    # A real engine runs in real time: the recorded delays go out as recorded.
+    real = RolloutSettings(engine="openai", time_scale=10, exact=True, limit=1)
+    [plan] = list(build_plans(real, [trace]))
+    assert [c.arguments["delay_s"] for t in plan.turns for c in t.calls] == recorded
+
+
+async def test_time_scale_keeps_tools_and_timeouts_in_proportion(
+    gateway, polytrace_dir, tmp_path
+) -> None:
+    """End to end at 10x: a 2 s recorded call under a 5 s (modelled) timeout is never cut; with
+    the delays left uncompressed every call overran its 0.5 s wall-clock deadline."""
+    records = first_records(polytrace_dir, 4)
+    for r in records:
+        for call in r["tool_calls"]:
+            call["latency_s"] = 2.0
+    path = write_trace(records, tmp_path / "slowish.jsonl")
+    settings = RolloutSettings(
+        gateway_url=gateway.url,
+        engine="sim",
+        cost_profile="vllm-cpu-tiny",
+        batch=4,
+        length_scale=0.1,
+        exact=True,
+        time_scale=10,
+        policy="async+timeout",
+        tool_timeout_s=5.0,
+    )
+    report = await run_rollout(settings, build_plans(settings, [path]), out_dir=tmp_path / "o")
+    step = report["steps"][0]
+    assert step["completed"] == 4 and step["tool_timeouts"] == 0 and step["tool_errors"] == 0
+    for written in read_multiturn(tmp_path / "o" / "trajectories.jsonl"):
+        for call in written.tool_calls:  # 2 s / 10, in wall time
+            assert call.status == "success" and 0.19 <= call.latency_s < 1.0
+
+
+def test_time_scale_without_exact_replay_is_refused(polytrace_dir, tmp_path) -> None:
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    done = rollout_inproc("--trace", str(trace), "--time-scale", "4", "--out", str(tmp_path))
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit)
+    assert "--time-scale" in done.stderr and "--exact" in done.stderr
