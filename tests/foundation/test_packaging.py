@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,12 +59,14 @@ def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> No
     )
     assert out.returncode == 0, out.stderr
     assert "serve" in out.stdout and "sandboxd" in out.stdout
-    # The installed copy is the one that ran, not the source tree's.
+    # The installed copy is the one that ran, not the source tree's (nor one on PYTHONPATH).
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import toolenv; print(toolenv.__file__)"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=clean_env,
     )
     assert str(venv) in where.stdout
 
