@@ -20,6 +20,7 @@ BENCHMARK_MODULES = [
     "benchmarks.emulators_bench",
     "benchmarks.gateway_bench",
     "benchmarks.stress_bench",
+    "benchmarks.rollout_virtual_bench",
 ]
 
 

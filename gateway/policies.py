@@ -8,37 +8,23 @@ that a caller did not ask for.
 from __future__ import annotations
 
 import time
-from collections import deque
 
-import numpy as np
+from toolenv_core.hedging import LatencyWindow as CoreLatencyWindow
 
 from .settings import HedgePolicy, RetryPolicy
 
 
-class LatencyWindow:
-    """The last `size` successful upstream latencies, and a cached quantile of them."""
+class LatencyWindow(CoreLatencyWindow):
+    """The shared window (`toolenv_core.hedging`), configured from this gateway's settings."""
 
     def __init__(self, policy: HedgePolicy) -> None:
+        super().__init__(
+            policy.quantile,
+            window=policy.window,
+            min_samples=policy.min_samples,
+            min_delay_s=policy.min_delay_ms / 1000.0,
+        )
         self.policy = policy
-        self._samples: deque[float] = deque(maxlen=policy.window)
-        self._cached: float | None = None
-        self._since_cache = 0
-
-    def add(self, seconds: float) -> None:
-        self._samples.append(seconds)
-        self._since_cache += 1
-
-    def hedge_delay(self) -> float | None:
-        """Seconds after which to send a hedge; None while there are too few samples."""
-        if len(self._samples) < self.policy.min_samples:
-            return None
-        # Recompute at most every 16 samples: the quantile moves slowly and numpy is not free.
-        if self._cached is None or self._since_cache >= 16:
-            self._cached = float(
-                np.quantile(np.fromiter(self._samples, float), self.policy.quantile)
-            )
-            self._since_cache = 0
-        return max(self._cached, self.policy.min_delay_ms / 1000.0)
 
 
 class RetryBudget:

@@ -103,6 +103,29 @@ def run(
     time_scale: Annotated[
         float | None, typer.Option("--time-scale", help="sim: run this many times faster.")
     ] = None,
+    clock: Annotated[
+        str | None,
+        typer.Option(
+            "--clock",
+            help="sim: wall (real time, tools through the gateway) or virtual (a simulated clock: "
+            "no sleeping, no HTTP, deterministic for a seed).",
+        ),
+    ] = None,
+    tool_profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tool-profile",
+            help="virtual: TOOL=FILE latency profile (e.g. search=emulators/profiles/"
+            "search_default.yaml); without one a tool replays recorded latencies (--exact).",
+        ),
+    ] = None,
+    tool_scale: Annotated[
+        float | None, typer.Option("--tool-scale", help="virtual: multiply every tool latency.")
+    ] = None,
+    hedge_quantile: Annotated[
+        float | None,
+        typer.Option("--hedge-quantile", help="hedge policy: second attempt after this quantile."),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output directory.")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the JSON report instead of the table.")
@@ -119,6 +142,7 @@ def run(
 
     from toolenv_core.polytrace import TraceFormatError
 
+    from .clock import run_virtual
     from .engines.openai_engine import EngineUnreachable
     from .gateway_client import GatewayUnreachable
     from .policies import build_policy
@@ -145,6 +169,10 @@ def run(
         "seed": seed,
         "cost_profile": cost_profile,
         "time_scale": time_scale,
+        "clock": clock,
+        "tool_profiles": _pairs(tool_profile, "--tool-profile") if tool_profile else None,
+        "tool_scale": tool_scale,
+        "hedge_quantile": hedge_quantile,
         "out_dir": str(out) if out else None,
         "live_max_turns": max_turns,
         "live_max_tokens": max_tokens,
@@ -153,6 +181,8 @@ def run(
         settings = RolloutSettings.load(
             config, **{k: v for k, v in overrides.items() if v is not None}
         )
+        if settings.clock == "virtual" and settings.engine != "sim":
+            raise ValueError("--clock virtual needs --engine sim (a real engine runs in real time)")
         build_policy(
             settings.policy, tool_timeout_s=settings.tool_timeout_s, over=settings.overlap_ratio
         )
@@ -164,6 +194,7 @@ def run(
         )
     if (
         settings.engine == "sim"
+        and settings.clock == "wall"
         and settings.time_scale != 1
         and not (trace and settings.exact and not live)
     ):
@@ -181,7 +212,8 @@ def run(
             _fail(f"cannot read the vocabulary size from {settings.model}/config.json: {exc}")
     out_dir = Path(settings.out_dir)
     try:
-        report = asyncio.run(_run_with_progress(settings, trace or [], synthetic, out_dir, live))
+        main = _run_with_progress(settings, trace or [], synthetic, out_dir, live)
+        report = run_virtual(main) if settings.clock == "virtual" else asyncio.run(main)
     except TraceFormatError as exc:
         _fail(str(exc))
     except (GatewayUnreachable, EngineUnreachable) as exc:
@@ -331,6 +363,17 @@ def calibrate(
             f"{profile.decode_base_s * 1e3:.2f} ms + {profile.decode_per_seq_s * 1e3:.3f} ms/seq + "
             f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token; wrote {out}"
         )
+
+
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    """`["search=a.yaml"]` -> `{"search": "a.yaml"}`, with a clear error for a malformed pair."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise typer.BadParameter(f"{option} takes TOOL=FILE, got {value!r}")
+        pairs[name] = path
+    return pairs
 
 
 def _one_line(exc: Exception) -> str:

@@ -8,6 +8,9 @@ answers the questions it cares about and `PolicySet` merges the answers.
   waits until every live trajectory of the step has finished its previous turn and tool calls.
 - `async`: trajectory-level: each trajectory proceeds on its own (the default).
 - `timeout`: a per-tool-call deadline; at expiry the trajectory goes on with a timeout observation.
+- `hedge`: the gateway's hedging of idempotent tools (a second attempt after a latency quantile
+  of recent calls; the first answer wins). A live gateway hedges per its own tool settings; in
+  virtual time this part turns the simulated gateway's hedging on.
 - `overlap`: APRIL-style over-sampling: launch ceil(N * (1 + over)) trajectories, close the step
   when N are done; the rest carry over to the next step as partial rollouts (their staleness is
   recorded) or are aborted (their tokens are wasted), as configured.
@@ -92,6 +95,10 @@ class Policy:
     def tool_deadline_s(self) -> float | None:
         return None
 
+    def hedge_quantile(self) -> float | None:
+        """Hedge idempotent tool calls after this quantile of their recent latency (None: never)."""
+        return None
+
     def begin_step(self, step: int) -> None:
         """A step starts."""
 
@@ -151,6 +158,19 @@ class TimeoutPolicy(Policy):
 
 
 @dataclass
+class HedgePolicy(Policy):
+    quantile: float = 0.95
+    name: str = "hedge"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.quantile < 1:
+            raise ValueError("the hedge quantile must be in (0, 1)")
+
+    def hedge_quantile(self) -> float | None:
+        return self.quantile
+
+
+@dataclass
 class OverlapPolicy(Policy):
     over: float = 0.25
     mode: Unfinished = "carry"
@@ -194,6 +214,10 @@ class PolicySet(Policy):
         values = [s for p in self.parts if (s := p.tool_deadline_s()) is not None]
         return min(values) if values else None
 
+    def hedge_quantile(self) -> float | None:
+        values = [q for p in self.parts if (q := p.hedge_quantile()) is not None]
+        return min(values) if values else None
+
     def begin_step(self, step: int) -> None:
         for p in self.parts:
             p.begin_step(step)
@@ -215,11 +239,16 @@ class PolicySet(Policy):
             p.on_event(event)
 
 
-POLICY_NAMES = ("sync", "async", "timeout", "overlap")
+POLICY_NAMES = ("sync", "async", "timeout", "hedge", "overlap")
 
 
 def build_policy(
-    spec: str, *, tool_timeout_s: float = 1.0, over: float = 0.25, unfinished: Unfinished = "carry"
+    spec: str,
+    *,
+    tool_timeout_s: float = 1.0,
+    over: float = 0.25,
+    unfinished: Unfinished = "carry",
+    hedge_quantile: float = 0.95,
 ) -> PolicySet:
     """`"async+timeout"` -> a PolicySet of those parts. `sync` and `async` exclude each other."""
     names = [n.strip() for n in spec.split("+") if n.strip()]
@@ -240,6 +269,8 @@ def build_policy(
             parts.append(AsyncPolicy())
         elif n == "timeout":
             parts.append(TimeoutPolicy(tool_timeout_s))
+        elif n == "hedge":
+            parts.append(HedgePolicy(hedge_quantile))
         else:
             parts.append(OverlapPolicy(over, unfinished))
     if "sync" not in names and "async" not in names:

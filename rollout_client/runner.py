@@ -10,13 +10,13 @@ to the next step, resuming where they stopped, or aborted.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from toolenv_core.deadline import Deadline
 from toolenv_core.polytrace import ToolCallRecord, TurnRecord
 
+from .clock import now
 from .engines.base import Engine, Generation, PrefixCacheStats
 from .gateway_client import GatewayClient, ToolOutcome
 from .policies import Event, Policy
@@ -31,6 +31,7 @@ class RunnerOptions:
     steps: int = 1
     observation_tokens: int = 16  # what a timeout or error appends to the context
     vocab_size: int = 1024
+    lengths_only: bool = False  # token ids carry no information (simulated engine)
 
 
 @dataclass
@@ -63,12 +64,12 @@ class Runner:
         self.gateway = gateway
         self.policy = policy
         self.options = options
-        self.synth = TokenSynth(vocab_size=options.vocab_size)
+        self.synth = TokenSynth(vocab_size=options.vocab_size, lengths_only=options.lengths_only)
         self._on_event = on_event
         self._step_start = 0.0
 
     def _emit(self, kind: str, st: TrajectoryState, turn: int) -> None:
-        event = Event(kind, st.trajectory_id, turn, time.monotonic() - self._step_start)  # type: ignore[arg-type]
+        event = Event(kind, st.trajectory_id, turn, now() - self._step_start)  # type: ignore[arg-type]
         self.policy.on_event(event)
         if self._on_event is not None:
             self._on_event(event)
@@ -103,28 +104,38 @@ class Runner:
             st.status = "running"
         self.policy.begin_step(step)
         cache_before = await self.engine.prefix_cache_stats()
-        self._step_start = started = time.monotonic()
+        self._step_start = started = now()
         tasks = {
             asyncio.create_task(self._trajectory(st, step), name=st.trajectory_id): st
             for st in states
         }
+        # Finished tasks arrive in completion order (deterministic, and O(1) per completion:
+        # `asyncio.wait` over thousands of pending tasks would cost O(n) each time).
+        finished: asyncio.Queue[asyncio.Task[None]] = asyncio.Queue()
+        for task in tasks:
+            task.add_done_callback(finished.put_nowait)
         close_after = self.policy.close_when_done(self.options.batch)
         done: list[TrajectoryState] = []
-        pending = set(tasks)
+        seen: set[asyncio.Task[None]] = set()
+
+        def record(task: asyncio.Task[None]) -> None:
+            seen.add(task)
+            st = tasks[task]
+            st.finished_at = now() - started
+            if not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                st.status, st.error = "failed", f"{type(exc).__name__}: {exc}"
+            done.append(st)
+
         try:
-            while pending and len(done) < close_after:
-                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in finished:
-                    st = tasks[task]
-                    st.finished_at = time.monotonic() - started
-                    if task.exception() is not None:
-                        st.status, st.error = (
-                            "failed",
-                            f"{type(task.exception()).__name__}: {task.exception()}",
-                        )
-                    done.append(st)
+            while len(done) < min(close_after, len(tasks)):
+                record(await finished.get())
         finally:
-            ended = time.monotonic()
+            ended = now()
+            for task in tasks:  # finished at this same instant, not dequeued yet
+                if task.done() and task not in seen and not task.cancelled():
+                    record(task)
+            pending = [t for t in tasks if not t.done()]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -178,15 +189,13 @@ class Runner:
 
     async def _generate(self, st: TrajectoryState, turn: int, step: int) -> None:
         plan = st.plan.turns[turn]
-        waited = time.monotonic()
+        waited = now()
         await self.policy.before_turn(st, turn)
-        st.times.barrier_s += time.monotonic() - waited
+        st.times.barrier_s += now() - waited
         remaining = plan.output_tokens - len(st.partial)
         prompt = st.context + st.partial
         st.attempts += 1
-        gen = Generation(
-            f"{st.trajectory_id}-t{turn}-a{st.attempts}", [], len(prompt), time.monotonic()
-        )
+        gen = Generation(f"{st.trajectory_id}-t{turn}-a{st.attempts}", [], len(prompt), now())
         try:
             async for _ in self.engine.stream(
                 gen.request_id,
@@ -230,8 +239,8 @@ class Runner:
     async def _tool_call(self, st: TrajectoryState, turn: int, k: int, step: int) -> None:
         call = st.plan.turns[turn].calls[k]
         limit = self.policy.tool_deadline_s()
-        deadline = Deadline.after(limit) if limit is not None else None
-        started = time.monotonic()
+        deadline = Deadline(now() + limit) if limit is not None else None
+        started = now()
         malformed = getattr(call, "live_error", None)  # live mode: the model wrote a bad call
         try:
             if malformed:
@@ -246,7 +255,7 @@ class Runner:
                     turn=turn,
                 )
         finally:
-            st.times.tool_s += time.monotonic() - started
+            st.times.tool_s += now() - started
         if outcome.status == "ok":
             append, status = call.append_tokens, "success"
             self._emit("tool_done", st, turn)

@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from toolenv_core.hedging import LatencyWindow
 from toolenv_core.polytrace import write_multiturn
 
 from .engines.base import Engine
+from .engines.sim import SimEngine
 from .gateway_client import GatewayClient
 from .metrics import step_metrics, summarize
 from .policies import Event, build_policy
 from .runner import Runner, RunnerOptions, StepOutcome
 from .settings import RolloutSettings
+from .simtools import SimTools, ToolModel
 from .workloads.live import LiveDriver, live_plans, load_prompts
 from .workloads.plan import TrajectoryPlan
 from .workloads.replay import LengthScale, replay_plans
@@ -52,10 +56,31 @@ def build_engine(settings: RolloutSettings) -> Engine:
             raise ValueError("--engine openai needs at least one --openai-url URL")
         return OpenAIEngine(settings.openai_urls, capacity=settings.openai_capacity)
     from .engines.costmodel import load_cost_model
-    from .engines.sim import SimEngine
 
-    return SimEngine(
-        load_cost_model(settings.cost_profile), settings.time_scale, settings.vocab_size
+    cost = load_cost_model(settings.cost_profile)
+    if settings.clock == "virtual":
+        from .engines.eventsim import EventSimEngine
+
+        return EventSimEngine(cost)
+    return SimEngine(cost, settings.time_scale, settings.vocab_size)
+
+
+def build_tools(settings: RolloutSettings, hedge_quantile: float | None) -> SimTools:
+    """The in-process gateway of a virtual-clock run: recorded latencies or profile draws."""
+    from toolenv_core.latency import load_profile
+
+    tools: dict[str, ToolModel] = {}
+    for tool, path in settings.tool_profiles.items():
+        tools[tool] = ToolModel(load_profile(path).model.build(), scale=settings.tool_scale)
+    hedge = None
+    if hedge_quantile is not None:
+        q = hedge_quantile
+
+        def hedge() -> LatencyWindow:
+            return LatencyWindow(q)
+
+    return SimTools(
+        tools, default=ToolModel(scale=settings.tool_scale), seed=settings.seed, hedge=hedge
     )
 
 
@@ -64,7 +89,9 @@ def sim_time_scale(settings: RolloutSettings) -> float:
 
     Generation, tool deadlines and exact-mode tool delays are all compressed by this one factor.
     """
-    return settings.time_scale if settings.engine == "sim" else 1.0
+    if settings.engine != "sim" or settings.clock == "virtual":
+        return 1.0
+    return settings.time_scale
 
 
 def build_plans(
@@ -102,6 +129,9 @@ async def run_rollout(
     Pass `engine` to reuse one that is already started (tests share one vLLM engine); otherwise
     one is built from `settings`, started and closed here.
     """
+    virtual = settings.clock == "virtual"
+    if virtual and settings.engine != "sim":
+        raise ValueError("--clock virtual needs --engine sim (a real engine runs in real time)")
     # With the simulator compressed in time, tool deadlines are compressed alike.
     time_scale = sim_time_scale(settings)
     policy = build_policy(
@@ -109,8 +139,19 @@ async def run_rollout(
         tool_timeout_s=settings.tool_timeout_s / time_scale,
         over=settings.overlap_ratio,
         unfinished=settings.overlap_unfinished,
+        hedge_quantile=settings.hedge_quantile,
     )
-    gateway = GatewayClient(settings.gateway_url)
+    if virtual:
+        gateway: GatewayClient | SimTools = build_tools(settings, policy.hedge_quantile())
+    elif policy.hedge_quantile() is not None:
+        raise ValueError(
+            "a live gateway hedges per its own tool settings (tools.<name>.hedge); "
+            "the hedge policy part is for --clock virtual"
+        )
+    else:
+        gateway = GatewayClient(settings.gateway_url)
+    wall_started = time.time()
+    wall_clock = time.perf_counter()
     owned = engine is None
     try:
         await gateway.check()
@@ -126,11 +167,11 @@ async def run_rollout(
                 steps=settings.steps,
                 observation_tokens=settings.observation_tokens,
                 vocab_size=engine.vocab_size or settings.vocab_size,
+                lengths_only=settings.engine == "sim",
             ),
             on_event=on_event,
             live=live,
         )
-        started = time.time()
         steps: list[dict[str, Any]] = []
         timelines: list[list[tuple[float, int]]] = []
         records: list = []
@@ -152,13 +193,19 @@ async def run_rollout(
     report = {
         "policy": policy.name,
         "engine": settings.engine,
-        "started_at": started,
+        "clock": settings.clock,
+        "wall": {
+            "started_at": wall_started,
+            "elapsed_s": round(time.perf_counter() - wall_clock, 3),
+        },
         "settings": settings.model_dump(mode="json"),
         "time_scale": time_scale,
         "summary": summarize(steps),
-        "sim_lag_s": round(getattr(engine, "lag_s", 0.0), 3),
+        "sim_lag_s": round(engine.lag_s, 3) if isinstance(engine, SimEngine) else 0.0,
         "steps": steps,
     }
+    if isinstance(gateway, SimTools):
+        report["tools"] = asdict(gateway.stats)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         with (out_dir / "trajectories.jsonl").open("w") as f:

@@ -30,6 +30,21 @@ class RolloutSettings(ServiceSettings):
     cost_profile: str = Field(
         default="searchr1-qwen7b", description="sim cost model: built-in name or JSON file"
     )
+    clock: Literal["wall", "virtual"] = Field(
+        default="wall",
+        description="sim: wall (real time, real tools via the gateway) or virtual (simulated clock, "
+        "tools in process)",
+    )
+    tool_profiles: dict[str, str] = Field(
+        default_factory=dict,
+        description="virtual clock: latency profile file per tool (else recorded latencies, --exact)",
+    )
+    tool_scale: float = Field(
+        default=1.0, gt=0, description="virtual clock: multiply every tool latency"
+    )
+    hedge_quantile: float = Field(
+        default=0.95, gt=0, lt=1, description="hedge policy: second attempt after this quantile"
+    )
     time_scale: float = Field(
         default=1.0, gt=0, description="sim runs this many times faster than its cost model"
     )
@@ -37,7 +52,9 @@ class RolloutSettings(ServiceSettings):
         default=1024, ge=32, description="token ids are synthesized in [16, vocab_size)"
     )
 
-    policy: str = Field(default="async", description="sync|async, plus +timeout and/or +overlap")
+    policy: str = Field(
+        default="async", description="sync|async, plus +timeout, +hedge and/or +overlap"
+    )
     tool_timeout_s: float = Field(default=1.0, gt=0)
     overlap_ratio: float = Field(default=0.25, gt=0, description="overlap launches N * (1 + ratio)")
     overlap_unfinished: Literal["carry", "abort"] = "carry"

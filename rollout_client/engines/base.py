@@ -8,10 +8,11 @@ proxy) the same way for vLLM, an OpenAI server and the simulator.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+from ..clock import now
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class Chunk:
     token_ids: list[int]
     finish_reason: str | None = None
     cached_tokens: int | None = None
+    first_token_at: float | None = None  # when a chunk carries tokens made earlier (simulators)
 
 
 @dataclass(slots=True)
@@ -76,7 +78,7 @@ class EngineMonitor:
 
     def change(self, delta: int, at: float | None = None) -> None:
         self.in_flight += delta
-        self.events.append((time.monotonic() if at is None else at, self.in_flight))
+        self.events.append((now() if at is None else at, self.in_flight))
 
     def window(self, start: float, end: float) -> tuple[float, float]:
         """(busy fraction, mean batch occupancy as a fraction of capacity) over [start, end]."""
@@ -160,7 +162,7 @@ class Engine(ABC):
 
         If the consumer stops early or is cancelled, the request is aborted in the engine.
         """
-        gen = generation or Generation(request_id, [], len(prompt_ids), time.monotonic())
+        gen = generation or Generation(request_id, [], len(prompt_ids), now())
         self.monitor.change(+1)
         done = False
         try:
@@ -169,7 +171,9 @@ class Engine(ABC):
             ):
                 if chunk.token_ids:
                     if gen.first_token_at is None:
-                        gen.first_token_at = time.monotonic()
+                        gen.first_token_at = (
+                            now() if chunk.first_token_at is None else chunk.first_token_at
+                        )
                     gen.token_ids.extend(chunk.token_ids)
                 if chunk.cached_tokens is not None:
                     gen.cached_tokens = chunk.cached_tokens
@@ -179,7 +183,7 @@ class Engine(ABC):
                     yield chunk.token_ids
             done = True
         finally:
-            gen.finished_at = time.monotonic()
+            gen.finished_at = now()
             self.monitor.change(-1)
             if not done:
                 gen.aborted = True
@@ -208,7 +212,7 @@ class Engine(ABC):
 
         To keep partial output when cancelled, call `stream` with your own `Generation`.
         """
-        gen = Generation(request_id, [], len(prompt_ids), time.monotonic())
+        gen = Generation(request_id, [], len(prompt_ids), now())
         async for _ in self.stream(
             request_id,
             prompt_ids,

@@ -38,6 +38,12 @@ class CostModel(BaseModel):
     decode_per_ctx_token_s: float = Field(default=0.0, ge=0)
     max_batch: int = Field(default=256, ge=1, description="sequences decoded together at most")
     block_size: int = Field(default=16, ge=1, description="prefix-cache granularity (tokens)")
+    kv_capacity_tokens: int | None = Field(
+        default=None, ge=1, description="KV-cache size in tokens (None: never full)"
+    )
+    prefill_budget_tokens: int = Field(
+        default=8192, ge=1, description="prompt tokens prefilled per iteration at most"
+    )
 
     def iteration_s(self, batch: int, context_tokens: int, prefill_tokens: int) -> float:
         decode = 0.0

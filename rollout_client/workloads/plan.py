@@ -54,9 +54,12 @@ class TokenSynth:
 
     vocab_size: int = 1024
     low: int = 16
+    lengths_only: bool = False  # simulated engines read only lengths: one repeated id, no RNG
 
     def ids(self, key: str, n: int) -> list[int]:
         if n <= 0:
             return []
+        if self.lengths_only:
+            return [self.low] * n
         rng = np.random.default_rng(zlib.crc32(key.encode()))
         return rng.integers(self.low, self.vocab_size, size=n).tolist()

@@ -1,0 +1,117 @@
+"""Bench: one full Search-R1 step in virtual time (2,048 trajectories, all turns, recorded latencies).
+
+    python -m benchmarks.rollout_virtual_bench --out FILE [--trace FILE] [--policies sync,async]
+
+Each policy runs `toolenv rollout run --engine sim --clock virtual --exact` in its own process
+(so the peak RSS is that run's alone). Targets: <= 10 s of wall time per step, i.e. >= 40x faster
+than the time it models, and < 1 GB of memory. The baseline measured in the same run is reading
+and planning the same step without running it (the part no simulator can skip), so the ratio
+says how much the simulation itself costs on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TRACE = (
+    Path(
+        os.environ.get(
+            "TOOLENV_POLYTRACE_DIR", Path(__file__).resolve().parents[2] / "shared/polytrace"
+        )
+    )
+    / "search_r1"
+    / "multiturn_workload_step_0.jsonl"
+)
+
+
+def _child(cmd: list[str]) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS (KB) of the child alone, and its stdout."""
+    started = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert child.stdout is not None
+    stdout = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {child.returncode}")
+    return wall, usage.ru_maxrss, stdout
+
+
+def run_policy(trace: Path, policy: str, out: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock", "virtual",
+        "--exact", "--trace", str(trace), "--batch", "2048", "--policy", policy,
+        "--out", str(out), "--json", "--no-plots",
+    ]  # fmt: skip
+    wall, peak_kb, stdout = _child(cmd)
+    report = json.loads(stdout)
+    modelled = report["summary"]["total_makespan_s"]
+    return {
+        "policy": policy,
+        "trajectories": report["summary"]["completed"],
+        "modelled_makespan_s": modelled,
+        "wall_s": round(wall, 2),
+        "in_process_s": report["wall"]["elapsed_s"],
+        "speed_over_modelled_time": round(modelled / wall, 1),
+        "peak_rss_mb": round(peak_kb / 1024, 1),
+    }
+
+
+def baseline(trace: Path) -> float:
+    """Reading the trace and building the plans only, in a fresh process."""
+    code = (
+        "from rollout_client.workloads.replay import replay_plans;"
+        f"n = sum(1 for _ in replay_plans([{str(trace)!r}], exact=True)); assert n == 2048"
+    )
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/rollout_virtual.json"))
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--policies", default="sync,async,async+timeout+overlap")
+    args = parser.parse_args()
+    if not args.trace.is_file():
+        print(f"no trace at {args.trace} (set TOOLENV_POLYTRACE_DIR)", file=sys.stderr)
+        return 2
+    parse_s = baseline(args.trace)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for policy in args.policies.split(","):
+            row = run_policy(args.trace, policy, Path(tmp) / policy.replace("+", "_"))
+            row["wall_over_parse_baseline"] = round(row["wall_s"] / parse_s, 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    worst = max(r["wall_s"] for r in rows)
+    result = {
+        "bench": "rollout_virtual",
+        "trace": str(args.trace),
+        "cpus": os.cpu_count(),
+        "parse_baseline_s": round(parse_s, 2),
+        "runs": rows,
+        "targets": {
+            "wall_s_per_step_max": 10.0,
+            "peak_rss_mb_max": 1024,
+            "met": worst <= 10.0 and max(r["peak_rss_mb"] for r in rows) < 1024,
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["targets"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""The rollout's clock: the running event loop's `time()`, wall or virtual.
+
+Every timing in the runner, the engines' monitor and the simulated tools reads `now()`, the
+running loop's clock. Under the default loop that is `time.monotonic()` (live rollouts); under
+`VirtualEventLoop` it is a simulated clock that jumps to the next timer whenever every task
+waits, so a rollout that models minutes of GPU and tool time runs as fast as the CPU allows and
+is deterministic: nothing sleeps, nothing depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def now() -> float:
+    """Seconds on the running loop's clock (monotonic outside a loop)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+class VirtualTimeDeadlock(RuntimeError):
+    """Every task waits, no timer is set and nothing else can wake them: the run can never end."""
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    """A selector that never blocks: a wait of `timeout` seconds moves the virtual clock instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = 0.0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if ready:
+            return ready
+        if timeout is None:
+            raise VirtualTimeDeadlock(
+                "virtual time: every task waits and no timer is set (a wait that nothing ends)"
+            )
+        if timeout > 0:
+            self.clock += timeout
+        return []
+
+
+class VirtualEventLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop on a simulated clock that starts at 0 and advances only between events."""
+
+    def __init__(self) -> None:
+        self._virtual = _VirtualSelector()
+        super().__init__(self._virtual)
+
+    def time(self) -> float:
+        return self._virtual.clock
+
+
+def run_virtual(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` on a `VirtualEventLoop` (a fresh loop per run, closed at the end)."""
+    with asyncio.Runner(loop_factory=VirtualEventLoop) as runner:
+        return runner.run(main)

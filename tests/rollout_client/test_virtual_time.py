@@ -1,0 +1,252 @@
+"""Virtual time: the simulated clock, the event-driven engine model and the in-process tools.
+
+Engine timings are checked against an iteration-by-iteration sum of `CostModel.iteration_s`
+written out here, the definition the closed form must agree with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rollout_client.clock import VirtualTimeDeadlock, now, run_virtual
+from rollout_client.engines.costmodel import CostModel
+from rollout_client.engines.eventsim import EventSimEngine
+from rollout_client.simtools import SimTools, ToolModel
+from toolenv_core.deadline import Deadline
+from toolenv_core.hedging import LatencyWindow
+from toolenv_core.latency import HangFault
+
+COST = CostModel(
+    prefill_per_token_s=1e-4,
+    decode_base_s=0.01,
+    decode_per_seq_s=0.002,
+    decode_per_ctx_token_s=1e-5,
+    max_batch=8,
+    block_size=16,
+)
+
+
+def test_virtual_clock_jumps_to_timers_and_refuses_a_wait_nothing_ends() -> None:
+    async def main() -> tuple[float, float]:
+        async def nap(s: float) -> float:
+            await asyncio.sleep(s)
+            return now()
+
+        ends = await asyncio.gather(nap(30.0), nap(3600.0))
+        return ends[0], ends[1]
+
+    assert run_virtual(main()) == (30.0, 3600.0)
+
+    async def stuck() -> None:
+        await asyncio.Event().wait()
+
+    with pytest.raises(VirtualTimeDeadlock):
+        run_virtual(stuck())
+
+
+def reference_finish(prompts: list[int], outputs: list[int], cost: CostModel) -> list[float]:
+    """Iteration by iteration: all prefilled in iteration 1 (one token each), then decode."""
+    t = cost.iteration_s(0, 0, sum(prompts))
+    made = [1] * len(prompts)
+    finish = [t if m >= o else 0.0 for m, o in zip(made, outputs, strict=True)]
+    while any(m < o for m, o in zip(made, outputs, strict=True)):
+        live = [i for i in range(len(prompts)) if made[i] < outputs[i]]
+        ctx = sum(prompts[i] + made[i] for i in live)
+        t += cost.iteration_s(len(live), ctx, 0)
+        for i in live:
+            made[i] += 1
+            if made[i] == outputs[i]:
+                finish[i] = t
+    return finish
+
+
+def test_event_engine_matches_an_iteration_by_iteration_sum() -> None:
+    prompts, outputs = [100, 40, 70], [50, 7, 200]
+
+    async def main() -> list[tuple[float, int, float]]:
+        engine = EventSimEngine(COST)
+        await engine.start()
+        gens = await asyncio.gather(
+            *(
+                engine.generate(f"r{i}", [1] * p, max_tokens=o)
+                for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+            )
+        )
+        assert engine.counters.events < 10  # event to event, not 250 iterations
+        return [(g.finished_at, len(g.token_ids), g.first_token_at) for g in gens]
+
+    got = run_virtual(main())
+    want = reference_finish(prompts, outputs, COST)
+    assert [n for _, n, _ in got] == outputs
+    assert [f for f, _, _ in got] == pytest.approx(want, rel=1e-9)
+    first = COST.iteration_s(0, 0, sum(prompts))
+    assert [ft for _, _, ft in got] == pytest.approx([first] * 3)
+
+
+def test_an_arrival_joins_at_the_next_iteration_boundary() -> None:
+    cost = CostModel(prefill_per_token_s=0, decode_base_s=1.0, decode_per_seq_s=0, max_batch=4)
+
+    async def main() -> tuple[float, float]:
+        engine = EventSimEngine(cost)
+        await engine.start()
+        long = asyncio.create_task(engine.generate("long", [1] * 10, max_tokens=100))
+        await asyncio.sleep(10.5)  # mid-iteration 11 of the long request
+        late = await engine.generate("late", [1] * 10, max_tokens=5)
+        return late.first_token_at, (await long).finished_at
+
+    first, long_end = run_virtual(main())
+    # Prefill-only first iteration of "long" ends at 0 (no prefill cost); decode iterations take
+    # 1 s: the late request joins at t=11, its prefill iteration also decodes "long" (1 s).
+    assert first == pytest.approx(12.0)
+    assert long_end == pytest.approx(99.0)
+
+
+def test_kv_capacity_preempts_the_newest_and_recomputes_it() -> None:
+    cost = COST.model_copy(update={"kv_capacity_tokens": 400, "max_batch": 8})
+
+    async def main() -> tuple[list[int], EventSimEngine]:
+        engine = EventSimEngine(cost)
+        await engine.start()
+        gens = await asyncio.gather(
+            *(engine.generate(f"r{i}", [1] * 100, max_tokens=150) for i in range(3))
+        )
+        return [len(g.token_ids) for g in gens], engine
+
+    lengths, engine = run_virtual(main())
+    assert lengths == [150, 150, 150]  # every request still gets all its tokens
+    assert engine.counters.preemptions >= 1
+    assert engine.counters.recomputed_tokens > 100  # the victim's prompt and output again
+
+
+def test_prefill_budget_spreads_a_burst_over_iterations() -> None:
+    cost = CostModel(
+        prefill_per_token_s=0.001,
+        decode_base_s=0.0,
+        decode_per_seq_s=0.0,
+        max_batch=8,
+        prefill_budget_tokens=1000,
+    )
+
+    async def main() -> list[float]:
+        engine = EventSimEngine(cost)
+        await engine.start()
+        gens = await asyncio.gather(
+            *(engine.generate(f"r{i}", [1] * 1000, max_tokens=2) for i in range(3))
+        )
+        return [g.first_token_at for g in gens]
+
+    assert run_virtual(main()) == pytest.approx([1.0, 2.0, 3.0])
+
+
+def test_prefix_cache_hits_whole_blocks_of_the_previous_turn_and_abort_keeps_tokens() -> None:
+    async def main() -> tuple[int | None, int | None, int]:
+        engine = EventSimEngine(COST)
+        await engine.start()
+        g1 = await engine.generate("a", [1] * 40, max_tokens=7, route_key="t")
+        g2 = await engine.generate("b", [1] * 60, max_tokens=3, route_key="t")
+        from rollout_client.engines.base import Generation
+
+        gen = Generation("c", [], 10, now())
+        task = asyncio.create_task(_drain(engine, gen))
+        await asyncio.sleep(COST.iteration_s(1, 10, 0) * 20)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert engine.monitor.in_flight == 0
+        return g1.cached_tokens, g2.cached_tokens, len(gen.token_ids)
+
+    first, second, partial = run_virtual(main())
+    assert (first, second) == (0, 32)  # 47 tokens of context: 2 whole blocks of 16
+    assert 10 <= partial <= 20
+
+
+async def _drain(engine: EventSimEngine, gen) -> None:
+    async for _ in engine.stream("c", [1] * 10, max_tokens=10_000, generation=gen):
+        pass
+
+
+def test_sim_tools_deadline_hang_and_hedging() -> None:
+    async def main() -> dict:
+        tools = SimTools({}, default=ToolModel(faults=[HangFault(rate=1.0)]), seed=1)
+        hung = await tools.call("search", {"delay_s": 0.2}, deadline=Deadline(now() + 2.0))
+        slow = SimTools({}, default=ToolModel(), seed=1)
+        late = await slow.call("search", {"delay_s": 5.0}, deadline=Deadline(now() + 1.5))
+        quick = await slow.call("search", {"delay_s": 0.3}, deadline=Deadline(now() + 1.5))
+        # Hedging: after 20 fast calls the p50 is 0.1 s; a slow call gets a second attempt.
+        hedged = SimTools(
+            {}, default=ToolModel(), seed=1, hedge=lambda: LatencyWindow(0.5, min_samples=20)
+        )
+        for i in range(20):
+            await hedged.call("search", {"delay_s": 0.1, "query": str(i)})
+        started = now()
+        outcome = await hedged.call("search", {"delay_s": 9.0, "query": "x"})
+        return {
+            "hung": (hung.status, hung.elapsed_s),
+            "late": (late.status, late.elapsed_s),
+            "quick": (quick.status, quick.elapsed_s),
+            "hedged": (outcome.status, now() - started, hedged.stats.hedges),
+        }
+
+    got = run_virtual(main())
+    assert got["hung"] == ("timeout", pytest.approx(2.0))
+    assert got["late"] == ("timeout", pytest.approx(1.5))
+    assert got["quick"] == ("ok", pytest.approx(0.3))
+    status, elapsed, hedges = got["hedged"]
+    # The hedge (same recorded latency in exact mode) cannot win; it is sent and counted once.
+    assert (status, hedges) == ("ok", 1) and elapsed == pytest.approx(9.0)
+
+
+def test_sim_tools_draw_from_a_profile_with_common_random_numbers() -> None:
+    from toolenv_core.latency import LogNormal
+
+    sampler = LogNormal(median_s=0.2, sigma=1.0).build()
+
+    async def main(seed: int) -> list[float]:
+        tools = SimTools({"search": ToolModel(sampler, scale=10.0)}, seed=seed)
+        out = []
+        for i in range(200):
+            o = await tools.call("search", {"query": f"q{i}"}, trajectory_id="t")
+            out.append(o.elapsed_s)
+        return out
+
+    a, b, c = run_virtual(main(0)), run_virtual(main(0)), run_virtual(main(1))
+    assert a == b and a != c
+    assert float(np.median(a)) == pytest.approx(2.0, rel=0.25)  # the x10 scale applies
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_cli(polytrace_dir: Path, out: Path, *extra: str) -> dict:
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--exact", "--batch", "128", "--limit", "400",
+        "--steps", "2", "--out", str(out), "--json", "--no-plots", *extra,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    report.pop("wall")
+    report["settings"].pop("out_dir")
+    return report
+
+
+def test_virtual_run_is_deterministic_for_a_seed(polytrace_dir: Path, tmp_path: Path) -> None:
+    policy = ("--policy", "async+timeout+overlap", "--tool-timeout", "1.0")
+    first = _run_cli(polytrace_dir, tmp_path / "a", *policy)
+    second = _run_cli(polytrace_dir, tmp_path / "b", *policy)
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+    assert (tmp_path / "a" / "trajectories.jsonl").read_bytes() == (
+        tmp_path / "b" / "trajectories.jsonl"
+    ).read_bytes()
+    assert first["clock"] == "virtual" and first["summary"]["completed"] == 256
+    assert first["summary"]["tool_timeouts"] > 0  # recorded latencies over 1 s are cut
+    # modelled minutes, not wall seconds: far more modelled time than the run took
+    assert first["summary"]["total_makespan_s"] > 20
