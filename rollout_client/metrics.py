@@ -38,6 +38,7 @@ def step_metrics(outcome: StepOutcome, monitor: EngineMonitor) -> dict[str, Any]
         p90 = float(np.percentile(completions, 90, method="lower"))
         tail_share = (makespan - p90) / makespan
     staleness = Counter(s.staleness for s in outcome.done)
+    calls = [c for s in outcome.states for c in s.calls if c.step == outcome.step]
     return {
         "step": outcome.step,
         "launched": outcome.launched,
@@ -59,11 +60,11 @@ def step_metrics(outcome: StepOutcome, monitor: EngineMonitor) -> dict[str, Any]
         "time_split_s": {k: round(v, 3) for k, v in split.items()},
         "time_share": {k.removesuffix("_s"): round(v / total, 4) for k, v in split.items()},
         "tail_share": round(tail_share, 4),
-        "tool_calls": sum(
-            len([c for c in s.calls if c.step == outcome.step]) for s in outcome.states
-        ),
-        "tool_timeouts": sum(s.timeouts for s in outcome.done),
-        "tool_errors": sum(s.tool_errors for s in outcome.done),
+        # Calls, timeouts and errors over the same set: every call made in this step, by
+        # trajectories finished, carried over or aborted alike (what the progress bar counts).
+        "tool_calls": len(calls),
+        "tool_timeouts": sum(1 for c in calls if c.status == "timeout"),
+        "tool_errors": sum(1 for c in calls if c.status == "error"),
         "wasted_tokens": outcome.wasted_tokens,
         "staleness": {str(k): v for k, v in sorted(staleness.items())},
         "completion_times_s": [round(t, 4) for t in completions],

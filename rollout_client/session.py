@@ -123,6 +123,7 @@ async def run_rollout(
     on_event: Callable[[Event], None] | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     live: LiveDriver | None = None,
+    tools: SimTools | None = None,
 ) -> dict[str, Any]:
     """Run the steps, write `trajectories.jsonl` and `report.json` under `out_dir`; return the report.
 
@@ -142,7 +143,7 @@ async def run_rollout(
         hedge_quantile=settings.hedge_quantile,
     )
     if virtual:
-        gateway: GatewayClient | SimTools = build_tools(settings, policy.hedge_quantile())
+        gateway: GatewayClient | SimTools = tools or build_tools(settings, policy.hedge_quantile())
     elif policy.hedge_quantile() is not None:
         raise ValueError(
             "a live gateway hedges per its own tool settings (tools.<name>.hedge); "
@@ -200,6 +201,7 @@ async def run_rollout(
         },
         "settings": settings.model_dump(mode="json"),
         "time_scale": time_scale,
+        "engine_capacity": engine.monitor.capacity,
         "summary": summarize(steps),
         "sim_lag_s": round(engine.lag_s, 3) if isinstance(engine, SimEngine) else 0.0,
         "steps": steps,
@@ -211,7 +213,7 @@ async def run_rollout(
         with (out_dir / "trajectories.jsonl").open("w") as f:
             write_multiturn(records, f)
         (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        report["_timelines"] = timelines
+    report["_timelines"] = timelines
     return report
 
 

@@ -43,8 +43,9 @@ from .gateway_client import ToolOutcome
 class ToolModel:
     """How one tool answers: a latency sampler (None: exact recorded latencies only), scaled."""
 
-    sampler: Sampler | None = None
+    sampler: Sampler | None = None  # draws; with recorded latencies, for hedge attempts only
     scale: float = 1.0  # every delay is multiplied by this (slower tools: x10, x100)
+    use_recorded: bool = True  # a call's recorded delay_s wins over the sampler
     faults: Sequence[Fault] = ()  # drawn on top of exact latencies (a sampler carries its own)
     idempotent: bool = True  # may be hedged
 
@@ -103,24 +104,30 @@ class SimTools:
         return model
 
     def _draw(
-        self, tool: str, model: ToolModel, arguments: dict[str, Any], rng: np.random.Generator
+        self,
+        tool: str,
+        model: ToolModel,
+        arguments: dict[str, Any],
+        rng: np.random.Generator,
+        hedge: bool = False,
     ) -> Draw:
-        recorded = arguments.get("delay_s")
-        if recorded is not None:
-            fault = None
-            if model.faults:
-                if tool not in self._fault_draws:
-                    zero = FaultySampler(_Zero(), model.faults)
-                    self._fault_draws[tool] = zero
-                fault = self._fault_draws[tool].draw(rng).fault
-            return Draw(float(recorded) * model.scale, fault)
-        if model.sampler is None:
+        """A first attempt replays the recorded latency; a hedge draws a fresh one if it can."""
+        recorded = arguments.get("delay_s") if model.use_recorded else None
+        if recorded is not None and not (hedge and model.sampler is not None):
+            draw = Draw(float(recorded))
+        elif model.sampler is not None:
+            draw = model.sampler.draw(rng)
+        else:
             raise ValueError(
                 f"tool {tool!r} has no latency profile and the call carries no recorded delay_s "
                 "(replay with --exact, or give --tool-profile)"
             )
-        draw = model.sampler.draw(rng)
-        return Draw(draw.delay_s * model.scale, draw.fault)
+        fault = draw.fault
+        if model.faults and fault is None:
+            if tool not in self._fault_draws:
+                self._fault_draws[tool] = FaultySampler(_Zero(), model.faults)
+            fault = self._fault_draws[tool].draw(rng).fault
+        return Draw(draw.delay_s * model.scale, fault)
 
     def _attempt(self, draw: Draw) -> _Attempt:
         fault = draw.fault
@@ -163,7 +170,7 @@ class SimTools:
             delay = window.hedge_delay() if window is not None else None
             if delay is not None and first.after_s > delay and now() + delay < limit:
                 self.stats.hedges += 1
-                second = self._attempt(self._draw(tool, model, arguments, rng))
+                second = self._attempt(self._draw(tool, model, arguments, rng, hedge=True))
                 if delay + second.after_s < first.after_s:
                     answer, after = second, delay + second.after_s
             if answer.status == "timeout" and deadline is None:

@@ -1,0 +1,310 @@
+"""`toolenv rollout study`: every straggler policy against every tool scenario, in virtual time.
+
+A cell is one policy under one tool scenario: full rollout steps of the recorded Search-R1
+trajectories (their turn structure, lengths and tool calls) through the same runner, policies and
+metrics as a live run, on the virtual clock with the event-driven engine and in-process tools.
+Every cell replays the same trajectories with the same per-call random draws, so cells differ
+by policy and scenario only.
+
+Scenarios (the tool's latency, everything else as recorded):
+- `recorded`: each call's recorded latency (the dense retriever Search-R1 called);
+- `x10`, `x100`: the same, ten and a hundred times slower (slower real tools: web search, code
+  execution, an LLM judge);
+- `hangs`: recorded, plus 1% of calls that never answer (until the deadline, else `hang_s`);
+- `reward`: code verification: each call takes the time rllm_deepcoder's sandbox took per
+  response (a recorded batch's `reward_time_s` / its batch size, the reward emulator's linear
+  rule), drawn from the recorded batches.
+
+Deadlines at a quantile use the scenario's own latency distribution (the recorded calls of the
+steps studied, scaled), as an operator would set them from a latency histogram. A hedge's second
+attempt draws a fresh latency from that distribution (a recorded latency belongs to one attempt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toolenv_core.hedging import LatencyWindow
+from toolenv_core.latency import HangFault
+from toolenv_core.latency.samplers import InterpolatedSampler
+from toolenv_core.polytrace.rewards import read_reward_timings
+
+from .clock import run_virtual
+from .session import run_rollout
+from .settings import RolloutSettings
+from .simtools import SimTools, ToolModel
+from .workloads.plan import TrajectoryPlan
+from .workloads.replay import replay_plans
+
+HANG_S = 60.0  # a hang without a deadline lasts as long as the emulators' default
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    scale: float = 1.0
+    hang_rate: float = 0.0
+    reward: bool = False
+
+
+SCENARIOS = [
+    Scenario("recorded", "recorded search latency"),
+    Scenario("x10", "search latency x10", scale=10.0),
+    Scenario("x100", "search latency x100", scale=100.0),
+    Scenario("hangs", "recorded + 1% hangs", hang_rate=0.01),
+    Scenario("reward", "code-verification latency (rllm_deepcoder)", reward=True),
+]
+
+
+@dataclass(frozen=True)
+class PolicyCell:
+    """One policy of the matrix: a spec for `build_policy` and how its knobs are set."""
+
+    label: str
+    spec: str
+    timeout: str | None = None  # "2s" (fixed) or "p99" (a quantile of the scenario's latency)
+    hedge_q: float | None = None
+    over: float | None = None
+    unfinished: str = "carry"
+
+
+FULL_POLICIES = [
+    PolicyCell("sync", "sync"),
+    PolicyCell("async", "async"),
+    PolicyCell("timeout 2s", "async+timeout", timeout="2s"),
+    PolicyCell("timeout p95", "async+timeout", timeout="p95"),
+    PolicyCell("timeout p99", "async+timeout", timeout="p99"),
+    PolicyCell("hedge p95", "async+hedge", hedge_q=0.95),
+    PolicyCell("overlap 10% carry", "async+overlap", over=0.1),
+    PolicyCell("overlap 25% carry", "async+overlap", over=0.25),
+    PolicyCell("overlap 50% carry", "async+overlap", over=0.5),
+    PolicyCell("overlap 25% abort", "async+overlap", over=0.25, unfinished="abort"),
+    PolicyCell("overlap 50% abort", "async+overlap", over=0.5, unfinished="abort"),
+    PolicyCell("timeout p99 + overlap 25%", "async+timeout+overlap", timeout="p99", over=0.25),
+    PolicyCell("hedge p95 + overlap 25%", "async+hedge+overlap", hedge_q=0.95, over=0.25),
+    PolicyCell(
+        "timeout p99 + hedge p95 + overlap 50%",
+        "async+timeout+hedge+overlap",
+        timeout="p99",
+        hedge_q=0.95,
+        over=0.5,
+    ),
+]
+QUICK_POLICIES = [
+    p
+    for p in FULL_POLICIES
+    if p.label
+    in {
+        "sync",
+        "async",
+        "timeout p99",
+        "hedge p95",
+        "overlap 25% carry",
+        "overlap 25% abort",
+        "timeout p99 + hedge p95 + overlap 50%",
+    }
+]
+
+
+@dataclass
+class StudyPlan:
+    traces: list[Path]
+    reward_traces: list[Path]
+    batch: int = 2048
+    steps: int = 2
+    seed: int = 0
+    cost_profile: str = "searchr1-qwen7b"
+    scenarios: list[Scenario] = field(default_factory=lambda: list(SCENARIOS))
+    policies: list[PolicyCell] = field(default_factory=lambda: list(FULL_POLICIES))
+
+    @classmethod
+    def quick(cls, traces: list[Path], reward_traces: list[Path], seed: int = 0) -> StudyPlan:
+        return cls(traces, reward_traces, batch=256, steps=2, seed=seed, policies=QUICK_POLICIES)
+
+
+def _quantile_sampler(values: np.ndarray) -> InterpolatedSampler:
+    probabilities = np.linspace(0.0, 1.0, 1001)
+    return InterpolatedSampler(probabilities, np.quantile(values, probabilities))
+
+
+def reward_latencies(paths: Iterable[Path]) -> np.ndarray:
+    """Seconds per verified response: each recorded batch's time over its batch size."""
+    values = [r.reward_time_s / r.batch_size for p in paths for r in read_reward_timings(p)]
+    if not values:
+        raise ValueError("no reward timings in --reward-trace (rllm_deepcoder/reward_timings_*)")
+    return np.asarray(values, dtype=float)
+
+
+class ScenarioTools:
+    """Builds the in-process tools and the latency quantiles of one scenario."""
+
+    def __init__(self, scenario: Scenario, recorded: np.ndarray, reward: np.ndarray | None) -> None:
+        self.scenario = scenario
+        if scenario.reward:
+            if reward is None:
+                raise ValueError("the reward scenario needs --reward-trace")
+            self.latencies = reward
+        else:
+            self.latencies = recorded * scenario.scale
+        self._sampler = _quantile_sampler(reward if scenario.reward else recorded)
+
+    def quantile(self, q: float) -> float:
+        return float(np.quantile(self.latencies, q))
+
+    def build(self, seed: int, hedge_q: float | None) -> SimTools:
+        s = self.scenario
+        faults = [HangFault(rate=s.hang_rate)] if s.hang_rate else []
+        model = ToolModel(
+            sampler=self._sampler, scale=1.0 if s.reward else s.scale, faults=faults,
+            use_recorded=not s.reward,
+        )  # fmt: skip
+        hedge: Callable[[], LatencyWindow] | None = None
+        if hedge_q is not None:
+            q = hedge_q
+
+            def hedge() -> LatencyWindow:
+                return LatencyWindow(q)
+
+        return SimTools({}, default=model, seed=seed, hedge=hedge, hang_s=HANG_S)
+
+
+def cell_settings(plan: StudyPlan, cell: PolicyCell, tools: ScenarioTools) -> RolloutSettings:
+    timeout = 1.0
+    if cell.timeout is not None:
+        if cell.timeout.endswith("s"):
+            timeout = float(cell.timeout[:-1])
+        else:
+            timeout = tools.quantile(float(cell.timeout[1:]) / 100)
+    return RolloutSettings(
+        engine="sim",
+        clock="virtual",
+        cost_profile=plan.cost_profile,
+        policy=cell.spec,
+        tool_timeout_s=timeout,
+        overlap_ratio=cell.over or 0.25,
+        overlap_unfinished=cell.unfinished,  # type: ignore[arg-type]
+        hedge_quantile=cell.hedge_q or 0.95,
+        batch=plan.batch,
+        steps=plan.steps,
+        exact=True,
+        seed=plan.seed,
+    )
+
+
+def run_cell(
+    plan: StudyPlan, cell: PolicyCell, tools: ScenarioTools, plans: list[TrajectoryPlan]
+) -> dict[str, Any]:
+    settings = cell_settings(plan, cell, tools)
+    sim_tools = tools.build(plan.seed, cell.hedge_q)
+    report = run_virtual(run_rollout(settings, iter(plans), tools=sim_tools))
+    steps = report["steps"]
+    timelines = report.pop("_timelines")
+    calls = sum(s["tool_calls"] for s in steps)
+    cut = sum(s["tool_timeouts"] for s in steps)
+    completed = [s for s in steps if s["completed"]]
+    staleness = [int(k) for s in steps for k, n in s["staleness"].items() for _ in range(n)]
+    makespan = float(np.mean([s["makespan_s"] for s in steps]))
+    return {
+        "scenario": tools.scenario.name,
+        "policy": cell.label,
+        "spec": report["policy"],
+        "tool_timeout_s": round(settings.tool_timeout_s, 3) if cell.timeout else None,
+        "makespan_s": round(makespan, 2),
+        "trajectories_per_s": round(sum(s["completed"] for s in steps) / sum(s["makespan_s"] for s in steps), 3),
+        "mean_batch_occupancy": round(float(np.mean([s["mean_batch_occupancy"] for s in steps])), 4),
+        "mean_in_flight": round(float(np.mean([s["mean_in_flight"] for s in steps])), 1),
+        "capacity": report["engine_capacity"],
+        "tail_share": round(float(np.mean([s["tail_share"] for s in completed])), 4) if completed else None,
+        "tool_calls": calls,
+        "calls_cut": cut,
+        "calls_cut_share": round(cut / calls, 4) if calls else 0.0,
+        "duplicate_calls": report["tools"]["hedges"],
+        "mean_staleness": round(float(np.mean(staleness)), 3) if staleness else 0.0,
+        "wasted_tokens": sum(s["wasted_tokens"] for s in steps),
+        "generated_tokens": sum(s["generated_tokens"] for s in steps),
+        "wall_s": report["wall"]["elapsed_s"],
+        "occupancy_timeline": _thin(timelines[0], report["engine_capacity"]) if timelines else [],
+    }  # fmt: skip
+
+
+def _thin(points: list[tuple[float, int]], capacity: int, n: int = 200) -> list[list[float]]:
+    """The first step's in-flight timeline as (seconds, in flight / capacity), at most ~n points."""
+    if len(points) <= n:
+        return [[round(t, 3), round(k / capacity, 4)] for t, k in points]
+    keep = np.linspace(0, len(points) - 1, n).astype(int)
+    return [[round(points[i][0], 3), round(points[i][1] / capacity, 4)] for i in keep]
+
+
+def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
+    """Every trajectory the cells may need (exact mode), and the recorded call latencies."""
+    want = int(plan.batch * plan.steps * 1.6) + plan.batch
+    plans = list(replay_plans(plan.traces, exact=True, limit=want))
+    if len(plans) < plan.batch * plan.steps:
+        raise ValueError(
+            f"the traces hold {len(plans)} trajectories; {plan.steps} steps of {plan.batch} need "
+            f"{plan.batch * plan.steps} (give more --trace files or a smaller --batch/--steps)"
+        )
+    # The latency histogram of the trajectories every policy runs (the first steps x batch).
+    base = plans[: plan.batch * plan.steps]
+    recorded = np.asarray(
+        [c.recorded_latency_s for p in base for t in p.turns for c in t.calls], dtype=float
+    )
+    return plans, recorded
+
+
+def run_study(
+    plan: StudyPlan, on_cell: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    plans, recorded = load_plans(plan)
+    reward = reward_latencies(plan.reward_traces) if plan.reward_traces else None
+    cells: list[dict[str, Any]] = []
+    scenarios = [s for s in plan.scenarios if not s.reward or reward is not None]
+    for scenario in scenarios:
+        tools = ScenarioTools(scenario, recorded, reward)
+        base: float | None = None
+        for cell in plan.policies:
+            row = run_cell(plan, cell, tools, plans)
+            if cell.spec == "sync":
+                base = row["trajectories_per_s"]
+            row["speedup_over_sync"] = round(row["trajectories_per_s"] / base, 3) if base else None
+            cells.append(row)
+            if on_cell is not None:
+                on_cell(row)
+    return {
+        "study": {
+            "traces": [str(p) for p in plan.traces],
+            "reward_traces": [str(p) for p in plan.reward_traces],
+            "batch": plan.batch,
+            "steps": plan.steps,
+            "seed": plan.seed,
+            "cost_profile": plan.cost_profile,
+            "scenarios": {s.name: s.title for s in scenarios},
+            "skipped": [s.name for s in plan.scenarios if s not in scenarios],
+        },
+        "cells": cells,
+        "recommendations": recommend(cells),
+    }
+
+
+def recommend(cells: list[dict[str, Any]], max_cut: float = 0.01) -> dict[str, dict[str, Any]]:
+    """Per scenario: the fastest policy that cuts at most `max_cut` of the calls."""
+    out: dict[str, dict[str, Any]] = {}
+    for scenario in dict.fromkeys(c["scenario"] for c in cells):
+        rows = [c for c in cells if c["scenario"] == scenario]
+        ok = [c for c in rows if c["calls_cut_share"] <= max_cut]
+        best = max(ok or rows, key=lambda c: c["speedup_over_sync"] or 0.0)
+        out[scenario] = {
+            "policy": best["policy"],
+            "speedup_over_sync": best["speedup_over_sync"],
+            "calls_cut_share": best["calls_cut_share"],
+            "mean_staleness": best["mean_staleness"],
+            "wasted_tokens": best["wasted_tokens"],
+            "within_cut_budget": bool(ok),
+        }
+    return out

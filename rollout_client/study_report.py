@@ -1,0 +1,148 @@
+"""The study's report: `study.json`, `study.md` (one table per scenario) and PNG plots.
+
+Plots: the Pareto front of speed-up over turn-synchronous against the share of tool calls cut
+(one panel per scenario), speed-up per policy side by side across scenarios, and batch occupancy
+(requests in flight over engine capacity) over the first step for sync, async and the
+recommended policy. Every time is modelled seconds (the rollout's own clock); the wall time each
+cell took to simulate is beside it in the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+_COLUMNS = [
+    ("policy", "policy", "{}"),
+    ("makespan_s", "step makespan (s)", "{:.1f}"),
+    ("trajectories_per_s", "traj/s", "{:.2f}"),
+    ("speedup_over_sync", "speed-up", "{:.2f}x"),
+    ("mean_batch_occupancy", "occupancy", "{:.0%}"),
+    ("tail_share", "tail share", "{:.0%}"),
+    ("calls_cut_share", "calls cut", "{:.1%}"),
+    ("duplicate_calls", "hedges sent", "{}"),
+    ("mean_staleness", "staleness", "{:.2f}"),
+    ("wasted_tokens", "wasted tokens", "{}"),
+]
+
+
+def _fmt(template: str, value: Any) -> str:
+    return "-" if value is None else template.format(value)
+
+
+def markdown(study: dict[str, Any], command: str) -> str:
+    meta = study["study"]
+    lines = [
+        "# Rollout straggler study (virtual time)",
+        "",
+        f"`{command}`",
+        "",
+        f"{meta['steps']} steps of {meta['batch']} trajectories per cell, cost profile "
+        f"`{meta['cost_profile']}`, seed {meta['seed']}. Times are modelled seconds; occupancy is "
+        "requests in flight over engine capacity; speed-up is trajectories/s over turn-synchronous "
+        "(sync) in the same scenario; calls cut are tool calls ended by a deadline.",
+        "",
+    ]
+    for name, title in meta["scenarios"].items():
+        rows = [c for c in study["cells"] if c["scenario"] == name]
+        rec = study["recommendations"][name]
+        lines += [f"## {title}", ""]
+        lines.append("| " + " | ".join(label for _, label, _ in _COLUMNS) + " |")
+        lines.append("|" + "---|" * len(_COLUMNS))
+        for row in rows:
+            lines.append("| " + " | ".join(_fmt(t, row[k]) for k, _, t in _COLUMNS) + " |")
+        budget = "" if rec["within_cut_budget"] else " (no policy stays within 1% of calls cut)"
+        lines += [
+            "",
+            f"Recommendation: **{rec['policy']}**: {rec['speedup_over_sync']:.2f}x over sync, "
+            f"{rec['calls_cut_share']:.1%} of calls cut, mean staleness "
+            f"{rec['mean_staleness']:.2f} steps{budget}.",
+            "",
+        ]
+    if meta.get("skipped"):
+        lines.append(f"Skipped (no data given): {', '.join(meta['skipped'])}.")
+    return "\n".join(lines) + "\n"
+
+
+def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
+    (out / "study.md").write_text(markdown(study, command))
+    paths = [out / "study.json", out / "study.md"]
+    if plots:
+        paths += plot(study, out)
+    return paths
+
+
+def plot(study: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = study["cells"]
+    scenarios = list(study["study"]["scenarios"])
+    titles = study["study"]["scenarios"]
+    policies = list(dict.fromkeys(c["policy"] for c in cells))
+    paths: list[Path] = []
+
+    cols = min(3, len(scenarios))
+    rows = -(-len(scenarios) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, scenarios, strict=False):
+        pts = [c for c in cells if c["scenario"] == name]
+        for c in pts:
+            ax.scatter(100 * c["calls_cut_share"], c["speedup_over_sync"] or 0, s=18)
+            ax.annotate(c["policy"], (100 * c["calls_cut_share"], c["speedup_over_sync"] or 0),
+                        fontsize=6, xytext=(3, 2), textcoords="offset points")  # fmt: skip
+        ax.axvline(1.0, color="grey", lw=0.6, ls="--")
+        ax.axhline(1.0, color="grey", lw=0.6)
+        ax.set_title(titles[name], fontsize=9)
+        ax.set_xlabel("tool calls cut (%)")
+        ax.set_ylabel("speed-up over sync")
+    for ax in list(axes.flat)[len(scenarios) :]:
+        ax.axis("off")
+    fig.suptitle("speed-up against calls cut (dashed: the 1% budget)")
+    fig.tight_layout()
+    paths.append(out / "pareto.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(policies)), 4.5))
+    width = 0.8 / max(1, len(scenarios))
+    for i, name in enumerate(scenarios):
+        by = {c["policy"]: c["speedup_over_sync"] or 0 for c in cells if c["scenario"] == name}
+        xs = [j + i * width for j in range(len(policies))]
+        ax.bar(xs, [by.get(p, 0) for p in policies], width, label=titles[name])
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(policies))])
+    ax.set_xticklabels(policies, rotation=35, ha="right", fontsize=7)
+    ax.axhline(1.0, color="grey", lw=0.6)
+    ax.set_ylabel("speed-up over sync (trajectories/s)")
+    ax.set_title("policies side by side, per tool scenario")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "speedup.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, scenarios, strict=False):
+        best = study["recommendations"][name]["policy"]
+        for label in dict.fromkeys(["sync", "async", best]):
+            row = next((c for c in cells if c["scenario"] == name and c["policy"] == label), None)
+            if row and row["occupancy_timeline"]:
+                t, y = zip(*row["occupancy_timeline"], strict=True)
+                ax.step(t, [100 * v for v in y], where="post", label=label, lw=1)
+        ax.set_title(titles[name], fontsize=9)
+        ax.set_xlabel("modelled seconds (first step)")
+        ax.set_ylabel("in flight / capacity (%)")
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(scenarios) :]:
+        ax.axis("off")
+    fig.suptitle("batch occupancy over time (the GPU-idle proxy)")
+    fig.tight_layout()
+    paths.append(out / "occupancy.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
