@@ -53,7 +53,7 @@ def fit_command(
 
     from toolenv_core.latency.profile import save_profile
     from toolenv_core.polytrace import TraceFormatError, iter_latencies
-    from toolenv_core.polytrace.latencies import expand_paths
+    from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 
     from .fit import build_profile, fit
 
@@ -62,7 +62,7 @@ def fit_command(
         with console.status(f"reading {tool} calls from {len(traces)} path(s)..."):
             observations = list(iter_latencies(traces, tool))
         if not observations:
-            raise _fail(f"no calls of tool {tool!r} in {', '.join(map(str, traces))}")
+            raise _fail(no_calls_message(traces, tool))
         import numpy as np
 
         data = np.asarray([o.latency_s for o in observations])

@@ -14,6 +14,7 @@ from typing import Any
 
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.polytrace import write_multiturn
+from toolenv_core.polytrace.kinds import files_of_kind
 
 from .engines.base import Engine
 from .engines.sim import SimEngine
@@ -102,9 +103,10 @@ def build_plans(
     )
     if synthetic is not None:
         n = settings.limit or settings.batch * settings.steps * 2
-        return synthetic_plans(synthetic, n, scale=scale, seed=settings.seed)
+        [params] = files_of_kind([synthetic], "fitted_parameters")
+        return synthetic_plans(params, n, scale=scale, seed=settings.seed)
     return replay_plans(
-        traces,
+        files_of_kind(traces, "multiturn"),
         scale=scale,
         exact=settings.exact,
         limit=settings.limit,

@@ -23,6 +23,9 @@ from sandboxd.settings import SandboxSettings
 from stress.cli import stress
 from toolenv_core import __version__
 from toolenv_core.config import ConfigFileError, ServiceSettings
+from toolenv_core.polytrace.cache import TracesSettings
+
+from .traces import app as traces_app
 
 
 def _version(value: bool) -> None:
@@ -46,6 +49,7 @@ def all_settings_classes() -> dict[str, type[ServiceSettings]]:
         SandboxSettings,
         EmulatorSettings,
         RolloutSettings,
+        TracesSettings,
     ]
     return {cls.section: cls for cls in classes}
 
@@ -101,6 +105,7 @@ def build_app() -> typer.Typer:
     app.add_typer(emulators_app, name="emulators")
     app.add_typer(rollout_app, name="rollout")
     app.command("stress")(stress)
+    app.add_typer(traces_app, name="traces")
     return app
 
 

@@ -69,6 +69,16 @@ def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> No
         env=clean_env,
     )
     assert str(venv) in where.stdout
+    # The PolyTrace manifest ships inside the package (the traces themselves never do).
+    listed = subprocess.run(
+        [str(venv / "bin" / "python"), str(exe), "traces", "list", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)["files"]) == 45
 
 
 def _command_paths(cmd, prefix=()):  # every command path in the click tree

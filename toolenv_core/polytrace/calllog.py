@@ -16,7 +16,7 @@ from typing import IO
 from pydantic import BaseModel, Field
 
 from .errors import TraceFormatError
-from .jsonl import open_trace
+from .jsonl import numbered_lines, open_trace
 
 MARKER = "Request ID:"
 _LINE = re.compile(
@@ -85,7 +85,7 @@ def read_call_log(path: str | Path) -> Iterator[CallLogRecord]:
     """Stream every call record of a log file, skipping unrelated log lines."""
     p = Path(path)
     with open_trace(p) as handle:
-        for lineno, line in enumerate(handle, start=1):
+        for lineno, line in numbered_lines(handle, p):
             if MARKER in line:
                 yield parse_call_log_line(line, p, lineno)
 

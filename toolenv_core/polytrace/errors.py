@@ -11,5 +11,5 @@ class TraceFormatError(ValueError):
         self.line = line
         self.field = field
         self.problem = problem
-        where = f"{self.path}:{line}"
+        where = f"{self.path}:{line}" if line > 0 else self.path
         super().__init__(f"{where}: field {field!r}: {problem}" if field else f"{where}: {problem}")

@@ -15,7 +15,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .errors import TraceFormatError
-from .jsonl import field_of, open_trace
+from .jsonl import field_of, not_text, open_trace
+from .kinds import kind_error
 
 
 class _Doc(BaseModel):
@@ -140,11 +141,14 @@ def read_fitted_parameters(path: str | Path) -> FittedParameters:
     """Read and validate the fitted-parameters document."""
     p = Path(path)
     with open_trace(p) as handle:
-        text = handle.read()
+        try:
+            text = handle.read()
+        except UnicodeDecodeError as exc:
+            raise not_text(p, 1, exc) from exc
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceFormatError(
+        raise kind_error(p, "fitted_parameters") or TraceFormatError(
             p, exc.lineno, "", f"not valid JSON ({exc.msg} at column {exc.colno})"
         ) from exc
     if not isinstance(raw, dict):
@@ -153,4 +157,6 @@ def read_fitted_parameters(path: str | Path) -> FittedParameters:
         return FittedParameters.model_validate(raw)
     except ValidationError as exc:
         field, msg = field_of(exc)
-        raise TraceFormatError(p, _line_of(text, field), field, msg) from exc
+        raise kind_error(p, "fitted_parameters") or TraceFormatError(
+            p, _line_of(text, field), field, msg
+        ) from exc

@@ -28,11 +28,37 @@ def open_trace(path: str | Path) -> IO[str]:
         raise TraceFormatError(p, 0, "", f"cannot open: {exc.strerror or exc}") from exc
 
 
+def not_text(path: str | Path, lineno: int, exc: UnicodeDecodeError) -> TraceFormatError:
+    """A file that does not decode as UTF-8: name it, the line, and the likely cause."""
+    p = Path(path)
+    hint = "PolyTrace files are UTF-8 JSONL text"
+    try:
+        with p.open("rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                hint = "it is gzip-compressed: decompress it first (gunzip)"
+    except OSError:
+        pass
+    byte = exc.object[exc.start] if exc.start < len(exc.object) else 0
+    return TraceFormatError(
+        p, lineno, "", f"not UTF-8 text (byte 0x{byte:02x} cannot be decoded): {hint}"
+    )
+
+
+def numbered_lines(handle: IO[str], path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of an open trace; a decode error names the file and the line."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(handle, start=1):  # noqa: B007 (read in the handler)
+            yield lineno, line
+    except UnicodeDecodeError as exc:
+        raise not_text(path, lineno + 1, exc) from exc
+
+
 def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
     """Yield each line of a JSONL file as `model`, one line in memory at a time."""
     p = Path(path)
     with open_trace(p) as handle:
-        for lineno, line in enumerate(handle, start=1):
+        for lineno, line in numbered_lines(handle, p):
             if not line.strip():
                 continue
             try:

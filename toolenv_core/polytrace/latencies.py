@@ -6,27 +6,19 @@ want one tool's latencies; this module finds the format of each file and streams
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .calllog import MARKER, read_call_log
-from .errors import TraceFormatError
-from .jsonl import open_trace, sorted_by_step
+from .calllog import read_call_log
+from .jsonl import sorted_by_step
+from .kinds import FORMATS, detect_format, expand_paths, holdings
 from .multiturn import read_multiturn
 from .rewards import read_reward_timings
 
-FORMATS = (
-    "multiturn",
-    "reward_timings",
-    "packed_lengths",
-    "dapo_filter",
-    "fitted_parameters",
-    "call_log",
-)
+__all__ = ["FORMATS", "LatencyObservation", "detect_format", "expand_paths", "iter_latencies"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,55 +33,6 @@ class LatencyObservation:
     query_count: int | None = None
     batch_size: int | None = None
     response_sum: int | None = None
-
-
-def detect_format(path: str | Path) -> str:
-    """Look at the first non-empty line and name the PolyTrace format of the file."""
-    p = Path(path)
-    with open_trace(p) as handle:
-        for scanned, line in enumerate(handle):
-            text = line.strip()
-            if MARKER in text:
-                return "call_log"
-            if not text or scanned > 1000:
-                if scanned > 1000:
-                    break
-                continue
-            if text == "{":
-                return "fitted_parameters"
-            if not text.startswith("{"):
-                continue  # other log output before the first call record
-            try:
-                raw = json.loads(text)
-            except json.JSONDecodeError:
-                break
-            if isinstance(raw, dict):
-                if "turns" in raw:
-                    return "multiturn"
-                if "reward_time_s" in raw:
-                    return "reward_timings"
-                if "kept_prompt_indices" in raw:
-                    return "dapo_filter"
-                if "output" in raw and "input" in raw:
-                    return "packed_lengths"
-                if "math_task" in raw or "tool_calling_task" in raw:
-                    return "fitted_parameters"
-            break
-    raise TraceFormatError(
-        p, 1, "", f"not a PolyTrace file this project reads (one of: {', '.join(FORMATS)})"
-    )
-
-
-def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files as given; a directory stands for its `*.jsonl` and `*.log` files."""
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            out.extend(sorted([*p.glob("*.jsonl"), *p.glob("*.log")]))
-        else:
-            out.append(p)
-    return out
 
 
 def iter_latencies(
@@ -138,6 +81,14 @@ def tool_latencies(paths: Iterable[str | Path], tool: str = "search") -> np.ndar
     paths = list(paths)
     values = np.fromiter((o.latency_s for o in iter_latencies(paths, tool)), dtype=float)
     if values.size == 0:
-        names = ", ".join(str(p) for p in expand_paths(paths))
-        raise ValueError(f"no calls of tool {tool!r} in {names}")
+        raise ValueError(no_calls_message(paths, tool))
     return values
+
+
+def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
+    """Why a trace selection gave no calls of a tool: what the files hold and who reads it."""
+    files = expand_paths(paths)
+    names = ", ".join(str(p) for p in files[:3]) + (
+        f" and {len(files) - 3} more" if len(files) > 3 else ""
+    )
+    return f"no calls of tool {tool!r} in {names}: {holdings(files) or 'no files'}"

@@ -10,13 +10,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from .jsonl import read_jsonl
+from .kinds import read_kind
 from .records import TrajectoryRecord
 
 
 def read_multiturn(path: str | Path) -> Iterator[TrajectoryRecord]:
     """Yield each trajectory of a multi-turn JSONL file, in file order."""
-    return read_jsonl(path, TrajectoryRecord)
+    return read_kind(path, TrajectoryRecord, "multiturn")
 
 
 def read_multiturn_many(paths: Iterable[str | Path]) -> Iterator[TrajectoryRecord]:

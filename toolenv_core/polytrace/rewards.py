@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .jsonl import read_jsonl
+from .kinds import read_kind
 
 
 class RewardTimingRecord(BaseModel):
@@ -27,4 +27,4 @@ class RewardTimingRecord(BaseModel):
 
 def read_reward_timings(path: str | Path) -> Iterator[RewardTimingRecord]:
     """Stream one reward-timings file, in file order."""
-    return read_jsonl(path, RewardTimingRecord)
+    return read_kind(path, RewardTimingRecord, "reward_timings")

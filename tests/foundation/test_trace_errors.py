@@ -1,0 +1,94 @@
+"""Trace arguments a user gets wrong: a file that is not text, a directory, the wrong kind of
+trace. Each is one clear line naming the file (and, for a wrong kind, what it looks like and which
+option reads it), exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from rollout_client.session import build_plans
+from rollout_client.settings import RolloutSettings
+from toolenv.cli import build_app
+
+app = build_app()
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_undecodable_file_is_named(polytrace_dir: Path, tmp_path: Path) -> None:
+    binary = tmp_path / "weights.jsonl"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    packed = tmp_path / "step_0.jsonl.gz"
+    packed.write_bytes(
+        gzip.compress((polytrace_dir / "search_r1/multiturn_workload_step_0.jsonl").read_bytes())
+    )
+    for command in (
+        ["emulators", "fit", str(binary)],
+        ["rollout", "run", "--trace", str(binary)],
+        ["rollout", "run", "--synthetic", str(binary)],
+        ["emulators", "describe", "emulators/profiles/search_default.yaml", "--data", str(binary)],
+    ):
+        line = one_line_error(cli(*command))
+        assert f"{binary}:1: not UTF-8 text" in line, command
+    line = one_line_error(cli("rollout", "run", "--trace", str(packed)))
+    assert f"{packed}:1" in line and "gzip-compressed" in line and "gunzip" in line
+
+
+def test_rollout_trace_accepts_a_directory(polytrace_dir: Path) -> None:
+    """`--trace DIR` replays the directory's multi-turn files in step order, as `fit` reads them."""
+    settings = RolloutSettings(limit=3000)
+    steps = polytrace_dir / "search_r1"
+    from_dir = [p.trajectory_id for p in build_plans(settings, [steps])]
+    files = sorted(steps.glob("multiturn_workload_step_*.jsonl"))
+    from_files = [p.trajectory_id for p in build_plans(settings, files)]
+    assert from_dir == from_files and len(from_dir) == 3000  # step 0 (2,048), then step 1
+    assert {p.source["step"] for p in build_plans(settings, [steps])} == {0, 1}
+
+
+def test_directory_without_that_kind_says_what_it_holds(polytrace_dir: Path) -> None:
+    line = one_line_error(cli("rollout", "run", "--trace", str(polytrace_dir / "rllm_deepcoder")))
+    assert "holds no multi-turn trace" in line
+    assert "reward timings" in line and "emulators fit --tool reward" in line
+    assert "packed lengths" in line
+
+
+def test_wrong_kind_says_what_it_looks_like_and_which_option_reads_it(polytrace_dir: Path) -> None:
+    packed = polytrace_dir / "verl_dapo" / "packed_lengths_step_0.jsonl"
+    line = one_line_error(cli("rollout", "run", "--trace", str(packed)))
+    assert f"{packed}:1: this is not a multi-turn trace" in line
+    assert "single-turn packed lengths" in line and "no command replays it" in line
+    multiturn = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    line = one_line_error(cli("rollout", "run", "--synthetic", str(multiturn)))
+    assert "this is not fitted intern_s1 parameters" in line and "rollout run --trace" in line
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    line = one_line_error(cli("rollout", "run", "--trace", str(params)))
+    assert "fitted intern_s1 parameters" in line and "rollout run --synthetic" in line
+    timings = polytrace_dir / "rllm_deepcoder" / "reward_timings_step_0.jsonl"
+    line = one_line_error(cli("emulators", "fit", str(timings)))  # --tool search by default
+    assert "no calls of tool 'search'" in line and "--tool reward" in line
+
+
+def test_a_broken_first_record_of_the_right_kind_names_its_field(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    first = json.loads(
+        (polytrace_dir / "search_r1/multiturn_workload_step_0.jsonl").open().readline()
+    )
+    del first["prompt_len"]
+    path = tmp_path / "broken.jsonl"
+    path.write_text(json.dumps(first) + "\n")
+    line = one_line_error(cli("rollout", "run", "--trace", str(path)))
+    assert f"{path}:1: field 'prompt_len'" in line and "looks like" not in line

@@ -1,0 +1,226 @@
+"""`toolenv traces fetch`: download the published PolyTrace files from a real HTTP server on
+127.0.0.1 (or a directory), verify size and sha256, write atomically into the cache; the other
+commands find cached traces by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from testkit import ServerProcess, free_port
+
+from toolenv_core.polytrace.fetch import Fetcher
+from toolenv_core.polytrace.manifest import load_manifest
+
+# Small files for most tests; one search_r1 step (3.4 MB) where a real trace is needed.
+SMALL = ["rllm_deepcoder/reward_timings_step_*", "intern_s1"]
+STEP0 = "search_r1/multiturn_workload_step_0.jsonl"
+
+
+def serve_dir(root: Path) -> ServerProcess:
+    """Python's own http.server, a real server on loopback, serving `root`."""
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    argv += ["--directory", str(root)]
+    return ServerProcess(argv, f"http://127.0.0.1:{port}").start("/", timeout=30)
+
+
+@pytest.fixture(scope="module")
+def mirror(polytrace_dir: Path) -> Iterator[str]:
+    server = serve_dir(polytrace_dir)
+    yield server.url
+    server.stop()
+
+
+def traces(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    if cache is not None:
+        env["TOOLENV_TRACES_CACHE_DIR"] = str(cache)
+    argv = [sys.executable, "-m", "toolenv", "traces", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(".part")]
+
+
+def test_shipped_manifest_is_the_upstream_list(polytrace_dir: Path) -> None:
+    """The manifest inside the package carries every row of UPSTREAM.tsv and its pinned commit."""
+    text = (polytrace_dir / "UPSTREAM.tsv").read_text()
+    rows = [line.split("\t") for line in text.splitlines() if line and not line.startswith("#")]
+    manifest = load_manifest()
+    assert [(e.name, e.upstream, str(e.bytes), e.sha256) for e in manifest.files] == [
+        tuple(r) for r in rows[1:]
+    ]
+    assert manifest.commit in text and manifest.base_url.endswith(f"/{manifest.commit}/")
+    for entry in manifest.files:  # the local copies verify against it too
+        local = polytrace_dir / entry.name
+        if local.exists():
+            assert local.stat().st_size == entry.bytes and sha256(local) == entry.sha256
+
+
+def test_fetch_over_http_verifies_caches_and_is_found_by_name(mirror: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    done = traces("fetch", *SMALL, STEP0, "--from", mirror, "--json", cache=cache)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["cache_dir"] == str(cache) and report["failed"] == 0
+    assert report["fetched"] == len(report["files"]) == 7
+    for f in report["files"]:
+        entry = next(e for e in load_manifest().files if e.name == f["name"])
+        path = cache / entry.name
+        assert path.stat().st_size == entry.bytes and sha256(path) == entry.sha256
+        assert f["source"] == f"{mirror}/{entry.name}"
+    assert leftovers(cache) == []
+    # A second run verifies what is there and downloads nothing.
+    again = json.loads(
+        traces("fetch", *SMALL, STEP0, "--from", mirror, "--json", cache=cache).stdout
+    )
+    assert again["cached"] == 7 and again["fetched"] == 0
+    # Human output: one summary line; `list` marks the cached files.
+    human = traces("fetch", "intern_s1", "--from", mirror, cache=cache)
+    assert human.returncode == 0 and "0 fetched, 1 already cached, 0 failed" in human.stdout
+    listed = json.loads(traces("list", "--json", cache=cache).stdout)
+    assert {f["name"] for f in listed["files"] if f["cached"]} == {
+        f["name"] for f in report["files"]
+    }
+    # Other commands resolve a bare file name and a directory name against the cache.
+    env = {**os.environ, "TOOLENV_TRACES_CACHE_DIR": str(cache)}
+    fit = subprocess.run(
+        [sys.executable, "-m", "toolenv", "emulators", "fit", "multiturn_workload_step_0.jsonl", "--json"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert fit.returncode == 0, fit.stderr
+    assert json.loads(fit.stdout)["n"] == 3469  # step 0's search calls
+    reward = subprocess.run(
+        [sys.executable, "-m", "toolenv", "emulators", "fit", "rllm_deepcoder", "--tool", "reward", "--json"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert reward.returncode == 0 and json.loads(reward.stdout)["n"] == 10  # 2 batches per step
+
+
+def test_fetch_from_directories_in_either_layout(polytrace_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    done = traces("fetch", *SMALL, "--from", str(polytrace_dir), "--json", cache=cache)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fetched"] == 6
+    # A clone of the upstream repository: files under their upstream paths.
+    clone = tmp_path / "PolyTrace"
+    for entry in load_manifest().select(["rllm_deepcoder/reward_timings_step_*"]):
+        (clone / entry.upstream).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(polytrace_dir / entry.name, clone / entry.upstream)
+    other = tmp_path / "other"
+    done = traces("fetch", "rllm_deepcoder/reward_*", "--from", str(clone), "--json", cache=other)
+    assert done.returncode == 0, done.stderr
+    files = json.loads(done.stdout)["files"]
+    assert len(files) == 5 and all(f["source"].startswith(str(clone / "rllm")) for f in files)
+
+
+def test_corrupted_mirror_is_refused_and_the_good_cache_stays(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    assert traces("fetch", *SMALL, "--from", str(polytrace_dir), cache=cache).returncode == 0
+    good = {p: p.read_bytes() for p in cache.rglob("*.json*")}
+    # A mirror with one byte flipped in one file, one file cut short, one with bytes added.
+    bad = tmp_path / "bad"
+    shutil.copytree(polytrace_dir / "rllm_deepcoder", bad / "rllm_deepcoder")
+    shutil.copytree(polytrace_dir / "intern_s1", bad / "intern_s1")
+    flipped = bad / "rllm_deepcoder" / "reward_timings_step_0.jsonl"
+    data = bytearray(flipped.read_bytes())
+    data[10] ^= 0x01
+    flipped.write_bytes(bytes(data))
+    short = bad / "rllm_deepcoder" / "reward_timings_step_1.jsonl"
+    short.write_bytes(short.read_bytes()[:-7])
+    longer = bad / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    longer.write_bytes(longer.read_bytes() + b"\n" * 100)
+    server = serve_dir(bad)
+    try:
+        done = traces("fetch", *SMALL, "--from", server.url, "--force", "--json", cache=cache)
+    finally:
+        server.stop()
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert report["failed"] == 3 and report["fetched"] == 3  # the intact files still land
+    errors = {f["name"]: f["error"] for f in report["files"] if f["status"] == "failed"}
+    step0 = errors["rllm_deepcoder/reward_timings_step_0.jsonl"]
+    assert step0.startswith("rllm_deepcoder/reward_timings_step_0.jsonl: sha256 mismatch")
+    assert load_manifest().select(["reward_timings_step_0.jsonl"])[0].sha256 in step0
+    assert (
+        "size mismatch: expected 401 bytes, got 394"
+        in errors["rllm_deepcoder/reward_timings_step_1.jsonl"]
+    )
+    assert (
+        "size mismatch: more than the expected 173273 bytes"
+        in errors["intern_s1/enhanced_task_distribution_parameters.json"]
+    )
+    assert "sha256 mismatch" in done.stderr  # each failure also on stderr, one line each
+    # Nothing half-written, and the verified copies are byte for byte what they were.
+    assert leftovers(cache) == []
+    assert {p: p.read_bytes() for p in cache.rglob("*.json*")} == good
+    # Into an empty cache, a bad file leaves no file at all.
+    empty = tmp_path / "empty"
+    done = traces("fetch", "reward_timings_step_0.jsonl", "--from", str(bad), cache=empty)
+    assert done.returncode == 1 and "sha256 mismatch" in done.stderr
+    assert [p for p in empty.rglob("*") if p.is_file()] == []
+
+
+def test_interrupted_download_leaves_nothing(polytrace_dir: Path, tmp_path: Path) -> None:
+    manifest = load_manifest()
+    [entry] = manifest.select([STEP0])
+
+    def interrupt(_entry, _n: int) -> None:
+        raise KeyboardInterrupt
+
+    fetcher = Fetcher(manifest, tmp_path, polytrace_dir, progress=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        fetcher.fetch(entry)
+    fetcher.close()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_fetch_bad_input_is_a_clear_error(mirror: str, tmp_path: Path) -> None:
+    done = traces("fetch", "no_such_workload", "--dest", str(tmp_path))
+    assert done.returncode == 2 and "matches no published PolyTrace file" in done.stderr
+    assert "search_r1" in done.stderr  # says which names exist
+    done = traces(
+        "fetch", "intern_s1", "--from", str(tmp_path / "nowhere"), "--dest", str(tmp_path)
+    )
+    assert done.returncode == 2 and "not a URL" in done.stderr
+    # A file the mirror does not hold: named, with the URL and the status.
+    done = traces(
+        "fetch",
+        "search_r1/multiturn_workload_step_5.jsonl",
+        "--from",
+        mirror,
+        "--dest",
+        str(tmp_path),
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "search_r1/multiturn_workload_step_5.jsonl: HTTP 404" in done.stderr
+    # An unreachable server (a closed port on loopback): one line, no traceback.
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = traces("fetch", "intern_s1", "--from", dead, "--dest", str(tmp_path))
+    assert done.returncode == 1 and "cannot download" in done.stderr and dead in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_trace_points_at_the_cache_and_fetch(tmp_path: Path) -> None:
+    env = {**os.environ, "TOOLENV_TRACES_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "toolenv", "emulators", "fit", "multiturn_workload_step_9.jsonl"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert str(tmp_path) in done.stderr and "toolenv traces fetch" in done.stderr

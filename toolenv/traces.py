@@ -1,0 +1,177 @@
+"""`toolenv traces ...`: fetch the published PolyTrace files into the trace cache, list them.
+
+The data is downloaded, never shipped: the package carries only the manifest (names, sizes,
+sha256 and the pinned upstream commit). Every command that takes a trace finds these files by
+name in the cache (`toolenv_core.polytrace.cache`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from toolenv_core.polytrace.cache import TracesSettings
+from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached
+from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
+
+app = typer.Typer(help="The published PolyTrace files: fetch them into the cache, list them.")
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _settings(dest: Path | None, source: str | None) -> TracesSettings:
+    overrides = {"cache_dir": dest, "source": source}
+    return TracesSettings.load(None, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _select(names: list[str] | None) -> list[ManifestEntry]:
+    try:
+        return load_manifest().select(names)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+
+
+@app.command("fetch")
+def fetch_command(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Files to fetch: directories (search_r1), globs or file names. Default: all."
+        ),
+    ] = None,
+    dest: Annotated[
+        Path | None,
+        typer.Option(
+            "--dest",
+            help="Cache directory (default: TOOLENV_TRACES_CACHE_DIR or ~/.cache/toolenv/polytrace).",
+        ),
+    ] = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="A mirror URL or directory (laid out like the cache or the upstream repo). "
+            "Default: the pinned upstream commit.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Download again even when the cached copy verifies.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Download the published PolyTrace files, verify size and sha256, keep them in the cache."""
+    entries = _select(names)
+    settings = _settings(dest, source)
+    where = settings.source
+    if where and not where.startswith(("http://", "https://")) and not Path(where).is_dir():
+        raise _fail(f"--from {where}: not a URL (http:// or https://) nor a directory")
+    cache_dir = Path(settings.cache_dir).expanduser()
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail(f"cannot create the cache directory {cache_dir}: {exc}") from exc
+    manifest = load_manifest()
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=as_json,
+    )
+    total = progress.add_task("PolyTrace", total=sum(e.bytes for e in entries))
+    fetcher = Fetcher(
+        manifest,
+        cache_dir,
+        where,
+        progress=lambda entry, n: progress.update(total, advance=n, description=entry.name),
+    )
+    results: list[FetchResult] = []
+    settled = 0  # bytes of the files already handled (a failed file's partial bytes drop out)
+    try:
+        with progress:
+            for entry in entries:
+                result = fetcher.fetch(entry, force=force)
+                results.append(result)
+                settled += entry.bytes if result.status != "failed" else 0
+                wanted = progress.tasks[0].total - (entry.bytes if result.status == "failed" else 0)
+                progress.update(total, completed=settled, total=wanted)
+    finally:
+        fetcher.close()
+    failed = [r for r in results if r.status == "failed"]
+    report = {
+        "cache_dir": str(cache_dir),
+        "source": where or manifest.base_url,
+        "commit": manifest.commit,
+        "fetched": sum(r.status == "fetched" for r in results),
+        "cached": sum(r.status == "cached" for r in results),
+        "failed": len(failed),
+        "files": [
+            {
+                "name": r.name,
+                "status": r.status,
+                "path": str(r.path),
+                "bytes": r.bytes,
+                **({"source": r.source} if r.source else {}),
+                **({"error": r.error} if r.error else {}),
+            }
+            for r in results
+        ],
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        console = Console()
+        console.print(
+            f"{report['fetched']} fetched, {report['cached']} already cached, "
+            f"{report['failed']} failed; cache: {cache_dir}"
+        )
+    for r in failed:
+        typer.echo(f"error: {r.error}", err=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_command(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Directories, globs or file names.")
+    ] = None,
+    dest: Annotated[Path | None, typer.Option("--dest", help="Cache directory.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The published files, their sizes, and whether the cache holds a verified copy."""
+    entries = _select(names)
+    cache_dir = Path(_settings(dest, None).cache_dir).expanduser()
+    rows = [
+        {"name": e.name, "bytes": e.bytes, "cached": is_cached(e, cache_dir / e.name)}
+        for e in entries
+    ]
+    if as_json:
+        typer.echo(json.dumps({"cache_dir": str(cache_dir), "files": rows}, indent=2))
+        return
+    table = Table(title=f"PolyTrace files (cache: {cache_dir})", title_justify="left")
+    table.add_column("file")
+    table.add_column("bytes", justify="right")
+    table.add_column("cached")
+    for row in rows:
+        table.add_row(row["name"], f"{row['bytes']:,}", "yes" if row["cached"] else "-")
+    Console().print(table)

@@ -1,0 +1,91 @@
+"""Where fetched PolyTrace files live, and how a trace named on a command line is found there.
+
+`toolenv traces fetch` fills the cache (default: the platform's user cache directory, e.g.
+`~/.cache/toolenv/polytrace`; `TOOLENV_TRACES_CACHE_DIR` or the `traces.cache_dir` setting move it).
+Every command that takes a trace resolves it here: a path that exists is used as given; otherwise a
+relative name (`search_r1`, `search_r1/multiturn_workload_step_0.jsonl`) or a bare file name
+(`multiturn_workload_step_0.jsonl`) is looked up in the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import ClassVar
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from toolenv_core.config import ServiceSettings
+
+from .errors import TraceFormatError
+
+
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("toolenv")) / "polytrace"
+
+
+class TracesSettings(ServiceSettings):
+    """Trace cache settings (env prefix `TOOLENV_TRACES_`, config-file section `traces`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLENV_TRACES_", extra="ignore", env_nested_delimiter="__"
+    )
+    section: ClassVar[str] = "traces"
+
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="where `toolenv traces fetch` keeps the PolyTrace files",
+    )
+    source: str | None = Field(
+        default=None,
+        description="where fetch downloads from: a URL or a directory (default: the pinned upstream)",
+    )
+
+
+def trace_cache_dir() -> Path:
+    """The cache directory in force (settings < `TOOLENV_CONFIG` file < env var)."""
+    return Path(TracesSettings.load().cache_dir).expanduser()
+
+
+def resolve_trace(path: str | Path, cache_dir: Path | None = None) -> Path:
+    """The file or directory a trace argument names: as given when it exists, else in the cache."""
+    p = Path(path).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    root = cache_dir if cache_dir is not None else trace_cache_dir()
+    cached = root / p
+    if cached.exists():
+        return cached
+    if len(p.parts) == 1 and root.is_dir():
+        hits = sorted(root.glob(f"*/{p.name}"))
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            names = ", ".join(str(h.relative_to(root)) for h in hits)
+            raise TraceFormatError(p, 0, "", f"ambiguous in the trace cache {root}: {names}")
+    return p
+
+
+def missing_trace_error(path: str | Path, cache_dir: Path | None = None) -> TraceFormatError:
+    """A trace that is neither on disk nor in the cache: say where we looked and how to fetch."""
+    root = cache_dir if cache_dir is not None else trace_cache_dir()
+    return TraceFormatError(
+        path,
+        0,
+        "",
+        f"no such file or directory (nor in the trace cache {root}; "
+        "`toolenv traces fetch` downloads the published PolyTrace files there)",
+    )
+
+
+def resolve_traces(paths: Iterable[str | Path], cache_dir: Path | None = None) -> list[Path]:
+    """Each argument resolved; one that exists nowhere raises `TraceFormatError`."""
+    out = []
+    for raw in paths:
+        p = resolve_trace(raw, cache_dir)
+        if not p.exists():
+            raise missing_trace_error(raw, cache_dir)
+        out.append(p)
+    return out

@@ -1,0 +1,196 @@
+"""Download the published PolyTrace files into the trace cache, verified, never half-written.
+
+Each file streams into a temporary file beside its target while its sha256 is computed; only a
+file whose size and sha256 match the shipped manifest is renamed into place (an atomic rename on
+one file system). A failed or interrupted download leaves the cache as it was: a good cached
+copy is never replaced by a bad one.
+
+Sources: the pinned upstream (default; `base_url` + upstream path), or a mirror: a URL or a
+directory laid out either like the cache (local names) or like the upstream repository.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from .manifest import Manifest, ManifestEntry
+
+CHUNK = 1 << 16
+Progress = Callable[[ManifestEntry, int], None]  # (file, bytes just received)
+
+
+class FetchError(Exception):
+    """One file could not be fetched or did not verify; the message names the file and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    name: str
+    status: Literal["fetched", "cached", "failed"]
+    path: Path
+    bytes: int
+    source: str = ""
+    error: str = ""
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """Size and sha256 of a file on disk."""
+    h = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def is_cached(entry: ManifestEntry, target: Path) -> bool:
+    """The target holds exactly the manifest's bytes (size checked first: cheap)."""
+    if not target.is_file() or target.stat().st_size != entry.bytes:
+        return False
+    return file_digest(target) == (entry.bytes, entry.sha256)
+
+
+def _is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+class _Sink:
+    """The temporary file a download streams into, hashed and bounded as it is written."""
+
+    def __init__(self, entry: ManifestEntry, target: Path, progress: Progress | None) -> None:
+        self.entry = entry
+        self.progress = progress
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        self.path = Path(name)
+        self.file = os.fdopen(fd, "wb")
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.entry.bytes:
+            raise FetchError(
+                f"{self.entry.name}: size mismatch: more than the expected {self.entry.bytes} bytes"
+            )
+        self.hash.update(chunk)
+        self.file.write(chunk)
+        if self.progress is not None:
+            self.progress(self.entry, len(chunk))
+
+    def commit(self, target: Path, source: str) -> None:
+        """Verify, flush to disk and rename into place."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        e = self.entry
+        if self.size != e.bytes:
+            raise FetchError(
+                f"{e.name}: size mismatch: expected {e.bytes} bytes, got {self.size} (from {source})"
+            )
+        got = self.hash.hexdigest()
+        if got != e.sha256:
+            raise FetchError(
+                f"{e.name}: sha256 mismatch: expected {e.sha256}, got {got} (from {source})"
+            )
+        os.replace(self.path, target)
+
+    def discard(self) -> None:
+        self.file.close()
+        self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _sink(entry: ManifestEntry, target: Path, progress: Progress | None) -> Iterator[_Sink]:
+    sink = _Sink(entry, target, progress)
+    try:
+        yield sink
+    except BaseException:
+        sink.discard()  # failed, mismatched or interrupted: nothing half-written stays
+        raise
+
+
+class Fetcher:
+    """Fetches manifest entries from one source into one cache directory."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        dest: Path,
+        source: str | Path | None = None,
+        *,
+        client: httpx.Client | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.dest = Path(dest)
+        self.source = str(source) if source is not None else None
+        self.progress = progress
+        self.client = client or httpx.Client(
+            follow_redirects=True, timeout=httpx.Timeout(60.0, connect=10.0)
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    def fetch(self, entry: ManifestEntry, *, force: bool = False) -> FetchResult:
+        target = self.dest / entry.name
+        if not force and is_cached(entry, target):
+            return FetchResult(entry.name, "cached", target, entry.bytes)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with _sink(entry, target, self.progress) as sink:
+                where = self._download(entry, sink)
+                sink.commit(target, where)
+        except FetchError as exc:
+            return FetchResult(entry.name, "failed", target, 0, self.source or "", str(exc))
+        return FetchResult(entry.name, "fetched", target, entry.bytes, where)
+
+    def _download(self, entry: ManifestEntry, sink: _Sink) -> str:
+        """Stream the entry into the sink; return where it came from."""
+        if self.source is None:
+            url = self.manifest.base_url.rstrip("/") + "/" + entry.upstream
+            self._get(entry, url, sink, fallback=False)
+            return url
+        if _is_url(self.source):
+            base = self.source.rstrip("/") + "/"
+            if self._get(entry, base + entry.name, sink, fallback=True):
+                return base + entry.name
+            self._get(entry, base + entry.upstream, sink, fallback=False)
+            return base + entry.upstream
+        root = Path(self.source).expanduser()
+        for candidate in (root / entry.name, root / entry.upstream):
+            if candidate.is_file():
+                try:
+                    with candidate.open("rb") as f:
+                        while chunk := f.read(CHUNK):
+                            sink.write(chunk)
+                except OSError as exc:
+                    raise FetchError(f"{entry.name}: cannot read {candidate}: {exc}") from exc
+                return str(candidate)
+        raise FetchError(
+            f"{entry.name}: not in {root} (looked for {entry.name} and {entry.upstream})"
+        )
+
+    def _get(self, entry: ManifestEntry, url: str, sink: _Sink, *, fallback: bool) -> bool:
+        """Stream one URL into the sink. False on a 404 when another layout may be tried."""
+        try:
+            with self.client.stream("GET", url) as response:
+                if response.status_code == 404 and fallback:
+                    return False
+                if response.status_code != 200:
+                    raise FetchError(f"{entry.name}: HTTP {response.status_code} from {url}")
+                for chunk in response.iter_bytes(CHUNK):
+                    sink.write(chunk)
+        except httpx.HTTPError as exc:
+            raise FetchError(f"{entry.name}: cannot download {url}: {exc}") from exc
+        return True
