@@ -17,10 +17,11 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError, deadline_from_headers
+from toolenv_core.admission import Rejected
+from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError
 
-from .admission import Overloaded
-from .service import BadRequest, SandboxService
+from .requests import BadRequest
+from .service import SandboxService
 from .wire import (
     RunCodeRequest,
     RunCodeResponse,
@@ -104,12 +105,9 @@ def build_router(service: SandboxService) -> APIRouter:
     router = APIRouter()
     limit = service.settings.max_body_bytes
 
-    def deadline_of(request: Request):
-        return deadline_from_headers(request.headers, default_s=None, max_s=None)
-
     async def handle(request: Request, model: type[M], call, fallback) -> Response:
         try:
-            deadline = deadline_of(request)
+            deadline = service.deadlines.from_headers(request.headers)
         except DeadlineHeaderError as exc:
             return _error(400, str(exc))
         parsed = await _parse(request, model, limit)
@@ -119,8 +117,8 @@ def build_router(service: SandboxService) -> APIRouter:
             result = await call(parsed, deadline)
         except BadRequest as exc:
             return _error(exc.status, exc.message)
-        except Overloaded as exc:
-            return _error(429, str(exc), {"Retry-After": str(exc.retry_after_s)})
+        except Rejected as exc:
+            return _error(429, str(exc), {"Retry-After": exc.retry_after_header})
         except Exception as exc:  # never a 500: the failure is reported in the body
             log.exception("sandboxd request failed")
             result = fallback(f"sandbox error: {type(exc).__name__}: {exc}")

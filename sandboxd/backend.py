@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 from toolenv_core.deadline import Deadline
 
-from .models import RunResult, RunSpec
+from .models import ExecResult, RunResult, RunSpec
 
 
 class SandboxUnavailable(RuntimeError):
@@ -24,6 +24,14 @@ class SandboxBackend(Protocol):
 
     async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
         """Compile (if needed) and run `spec`; never outlive `deadline`: kill and reap at expiry."""
+
+    async def compile(
+        self, spec: RunSpec, deadline: Deadline
+    ) -> tuple[ExecResult, bytes | None] | None:
+        """Compile once for many runs: the result and the artifact (None when the compile failed).
+
+        None: this backend compiles as part of every `run` (run_tests then just runs each case).
+        """
 
     def status(self) -> dict[str, Any]:
         """Pool size, busy, refilling, and whatever else helps an operator."""

@@ -67,7 +67,7 @@ def serve(
     if settings.backend == "process" and not settings.insecure_no_isolation:
         import shutil
 
-        from .process_backend import BWRAP_INSTALL_HINT
+        from .process import BWRAP_INSTALL_HINT
 
         if not shutil.which(settings.bwrap_path or "bwrap"):
             typer.echo(f"error: bwrap not found. {BWRAP_INSTALL_HINT}", err=True)

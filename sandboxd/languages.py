@@ -10,6 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The whole environment a sandboxed program starts with, on every backend.
+CHILD_ENV: dict[str, str] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",  # partial output survives a kill at the time limit
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Language:

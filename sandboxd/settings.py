@@ -33,6 +33,12 @@ class SandboxSettings(ServiceSettings):
     )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After sent with a 429")
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="else 413")
+    default_deadline_s: float | None = Field(
+        default=None, gt=0, description="a call's deadline when it sends none (None: none)"
+    )
+    max_deadline_s: float | None = Field(
+        default=None, gt=0, description="cap on the deadline a caller sends (None: no cap)"
+    )
 
     # ---- limits (per step); requests may ask for less, never more than the max_* values
     default_compile_timeout_s: float = Field(default=10.0, gt=0)

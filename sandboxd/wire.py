@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .models import ExecResult
+
 
 class RunCodeRequest(BaseModel):
     """SandboxFusion `POST /run_code`. Unknown fields are ignored, as SandboxFusion does."""
@@ -128,3 +130,23 @@ class RunTestsResponse(BaseModel):
     cases: list[CaseResult]
     message: str = ""
     executor_pod_name: str | None = None
+
+
+def exec_to_wire(e: ExecResult | None) -> CommandRunResult | None:
+    """A backend's step result in SandboxFusion's shape."""
+    if e is None:
+        return None
+    return CommandRunResult(
+        status=e.status.value,
+        execution_time=e.wall_time_s,
+        return_code=e.exit_code,
+        stdout=e.stdout,
+        stderr=e.stderr,
+        signal=e.signal,
+        cpu_time=e.cpu_time_s,
+        peak_memory_kb=e.peak_memory_kb,
+        stdout_truncated=e.stdout_truncated,
+        stderr_truncated=e.stderr_truncated,
+        truncated=e.truncated,
+        message=e.message,
+    )

@@ -1,8 +1,9 @@
 """Admission control: a concurrency limit with a bounded FIFO queue, and token-bucket rate limits.
 
 Why not an unbounded semaphore: a silent queue turns overload into timeouts for everyone. Here a
-caller either gets a slot, waits in a queue of known length (the wait counts against its
-deadline), or is refused at once with a Retry-After estimate.
+caller either gets a slot, waits in a queue of known length (the wait bounded by the queue
+timeout and by its own deadline), or is refused at once with a Retry-After estimate. The gateway
+(one queue per tool) and sandboxd (one queue for all programs) use the same class.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from .deadline import Deadline
 
 
 class Rejected(Exception):
-    """No slot and the queue is full (or a rate limit is exhausted)."""
+    """No slot and the queue is full, the wait ran out (or a rate limit is exhausted)."""
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
@@ -26,13 +32,29 @@ class Rejected(Exception):
 
 
 class Admission:
-    """`limit` calls at once, up to `queue_bound` more waiting in FIFO order."""
+    """`limit` calls at once, up to `queue_bound` more waiting in FIFO order.
 
-    def __init__(self, name: str, limit: int, queue_bound: int) -> None:
+    `queue_timeout_s` bounds a wait (None: only the caller's deadline does); `retry_after_s`
+    fixes the Retry-After sent with a refusal (None: estimated from the recent service time).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        limit: int,
+        queue_bound: int,
+        *,
+        queue_timeout_s: float | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         self.name = name
         self.limit = limit
         self.queue_bound = queue_bound
+        self.queue_timeout_s = queue_timeout_s
+        self.retry_after_s = retry_after_s
         self.in_flight = 0
+        self.admitted_total = 0
+        self.rejected_total = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._mean_service_s = 0.05  # exponentially weighted, for Retry-After
 
@@ -43,32 +65,57 @@ class Admission:
     def try_acquire(self) -> bool:
         if self.in_flight < self.limit and not self._waiters:
             self.in_flight += 1
+            self.admitted_total += 1
             return True
         return False
 
-    async def acquire(self) -> None:
-        """Take a slot, waiting in the queue if needed; raises `Rejected` when the queue is full."""
+    def _reject(self, why: str) -> Rejected:
+        self.rejected_total += 1
+        return Rejected(why, self.retry_after_estimate())
+
+    async def acquire(self, deadline: Deadline | None = None) -> None:
+        """Take a slot, waiting in the queue if needed; `Rejected` when full or the wait ran out."""
         if self.try_acquire():
             return
         if len(self._waiters) >= self.queue_bound:
-            raise Rejected(
-                f"tool {self.name!r} is saturated: {self.in_flight} calls in flight and "
-                f"{len(self._waiters)} queued (limits {self.limit} and {self.queue_bound}); retry later",
-                self.retry_after_estimate(),
+            raise self._reject(
+                f"{self.name} is saturated: {self.in_flight} in flight and "
+                f"{len(self._waiters)} queued (limits {self.limit} and {self.queue_bound}); "
+                "retry later"
             )
+        wait = self.queue_timeout_s if self.queue_timeout_s is not None else math.inf
+        if deadline is not None:
+            wait = min(wait, deadline.remaining())
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await waiter
+            if math.isinf(wait):
+                await waiter
+            else:
+                await asyncio.wait_for(asyncio.shield(waiter), wait)
+        except TimeoutError:
+            if waiter.done():  # granted at the last moment: keep it
+                self.admitted_total += 1
+                return
+            self._forget(waiter)
+            raise self._reject(
+                f"{self.name}: no slot within {wait:.3g} s ({self.in_flight} in flight, "
+                f"{len(self._waiters)} queued)"
+            ) from None
         except BaseException:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # the slot was handed to us just as we were cancelled: pass it on
             else:
-                try:
-                    self._waiters.remove(waiter)
-                except ValueError:
-                    pass
+                self._forget(waiter)
             raise
+        self.admitted_total += 1
+
+    def _forget(self, waiter: asyncio.Future[None]) -> None:
+        waiter.cancel()
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
 
     def release(self, service_s: float | None = None) -> None:
         if service_s is not None:
@@ -80,8 +127,28 @@ class Admission:
                 return
         self.in_flight -= 1
 
+    @asynccontextmanager
+    async def slot(self, deadline: Deadline | None = None) -> AsyncIterator[None]:
+        await self.acquire(deadline)
+        try:
+            yield
+        finally:
+            self.release()
+
     def retry_after_estimate(self) -> float:
+        if self.retry_after_s is not None:
+            return self.retry_after_s
         return self._mean_service_s * (len(self._waiters) + 1) / self.limit
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "capacity": self.limit,
+            "running": self.in_flight,
+            "waiting": self.waiting,
+            "queue_size": self.queue_bound,
+            "admitted_total": self.admitted_total,
+            "rejected_total": self.rejected_total,
+        }
 
 
 class TokenBucket:

@@ -23,7 +23,7 @@ import docker.errors
 from toolenv_core.deadline import Deadline
 
 from ..backend import SandboxUnavailable
-from ..languages import Language, UnknownLanguage, get_language
+from ..languages import CHILD_ENV, Language, UnknownLanguage, get_language
 from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
 from ..settings import SandboxSettings
 from .agent_client import AgentError
@@ -31,12 +31,6 @@ from .container import SandboxContainer
 from .image import ensure_image
 from .pool import ContainerPool
 
-CHILD_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": "/tmp",
-    "LANG": "C.UTF-8",
-    "PYTHONUNBUFFERED": "1",  # partial output survives a kill at the time limit
-}
 # The agent answers this much before the host's deadline, so the answer (with partial output)
 # still arrives in time; the host kills the container when even that does not come.
 ANSWER_MARGIN_S = 0.15
@@ -118,6 +112,12 @@ class DockerBackend:
         }
 
     # ------------------------------------------------------------ one program
+
+    async def compile(
+        self, spec: RunSpec, deadline: Deadline
+    ) -> tuple[ExecResult, bytes | None] | None:
+        """None: a container compiles as part of each run (its artifact never leaves it)."""
+        return None
 
     async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
         if self.pool is None:

@@ -21,7 +21,7 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from sandboxd.docker_backend import DockerBackend
-from sandboxd.docker_backend.backend import CHILD_ENV
+from sandboxd.languages import CHILD_ENV
 from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
 from sandboxd.settings import SandboxSettings
 from toolenv_core.deadline import Deadline

@@ -12,11 +12,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from sandboxd.admission import Admission, Overloaded
 from sandboxd.api import build_router
 from sandboxd.backend import SandboxUnavailable
 from sandboxd.models import Limits, RunResult, RunSpec
-from sandboxd.process_backend import ProcessBackend
+from sandboxd.process import ProcessBackend
 from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
 from toolenv_core.deadline import Deadline
@@ -182,6 +181,9 @@ class ExplodingBackend:
     async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
         raise RuntimeError("engine gone")
 
+    async def compile(self, spec: RunSpec, deadline: Deadline) -> None:
+        return None
+
     def status(self) -> dict:
         return {}
 
@@ -215,50 +217,3 @@ async def test_any_failure_is_reported_in_the_body_not_500() -> None:
     await service.close()
     assert r.status_code == 200 and r.json()["status"] == "SandboxError"
     assert t.status_code == 200 and t.json()["verdict"] == "sandbox_error"
-
-
-# ---------------------------------------------------------------- admission
-
-
-async def test_admission_bounds_running_and_queue_fifo() -> None:
-    adm = Admission(capacity=2, queue_size=2, queue_timeout_s=5, retry_after_s=3)
-    forever = Deadline.never()
-    await adm.acquire(forever)
-    await adm.acquire(forever)
-    order: list[int] = []
-
-    async def waiter(i: int) -> None:
-        await adm.acquire(forever)
-        order.append(i)
-
-    w1 = asyncio.create_task(waiter(1))
-    await asyncio.sleep(0)
-    w2 = asyncio.create_task(waiter(2))
-    await asyncio.sleep(0)
-    assert adm.waiting == 2 and adm.running == 2
-    with pytest.raises(Overloaded) as err:
-        await adm.acquire(forever)
-    assert err.value.retry_after_s == 3
-    adm.release()
-    adm.release()
-    await asyncio.gather(w1, w2)
-    assert order == [1, 2] and adm.running == 2 and adm.waiting == 0
-    with pytest.raises(Overloaded):
-        await adm.acquire(Deadline.after(0.05))  # the wait is bounded by the deadline
-    assert adm.waiting == 0 and adm.rejected_total == 2
-    adm.release()
-    adm.release()
-    assert adm.running == 0
-
-
-async def test_admission_cancelled_waiter_passes_its_slot_on() -> None:
-    adm = Admission(capacity=1, queue_size=4, queue_timeout_s=5, retry_after_s=1)
-    await adm.acquire(Deadline.never())
-    cancelled = asyncio.create_task(adm.acquire(Deadline.never()))
-    other = asyncio.create_task(adm.acquire(Deadline.never()))
-    await asyncio.sleep(0)
-    cancelled.cancel()
-    await asyncio.sleep(0)
-    adm.release()
-    await asyncio.wait_for(other, 1)
-    assert adm.running == 1 and adm.waiting == 0

@@ -1,0 +1,13 @@
+"""The `process` sandbox backend: bubblewrap sandboxes, pooled cgroups, warm sandboxes.
+
+Modules: `backend` (life cycle, one program's steps), `warm` (sandboxes made ahead of time),
+`execution` (one sandboxed process, given an explicit `ExecContext`), `bwrap` (the argv and the
+blocked-start handshake), `limits` (rlimits and cgroup confinement), `cgroups` (the slot pool),
+`paths` (working dirs and the files that go in and out).
+"""
+
+from .backend import ProcessBackend
+from .bwrap import BWRAP_INSTALL_HINT
+from .paths import InvalidPath, safe_relative_path
+
+__all__ = ["BWRAP_INSTALL_HINT", "InvalidPath", "ProcessBackend", "safe_relative_path"]

@@ -1,0 +1,265 @@
+"""The `process` backend's life cycle: every run in a fresh working dir under bubblewrap.
+
+Per step (compile or run) one `bwrap` sandbox (no shell, no helper process) is built and blocked
+before exec (`bwrap.spawn_blocked`); the service moves it into the run's pooled cgroup (pids.max,
+memory limit and peak, CPU quota when asked), sets its rlimits, then lets it go. Python runs take
+a sandbox made ahead of time (`warm.WarmPool`). One `Execution` supervises each step.
+
+Working dirs live under /dev/shm (a tmpfs) by default: the pages a program writes there are
+charged to its memory cgroup, so filling "the disk" ends at the run's memory limit, not the
+host's disk; the dir is removed after the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from toolenv_core.deadline import Deadline
+
+from ..backend import SandboxUnavailable
+from ..languages import Language, UnknownLanguage, get_language
+from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
+from ..settings import SandboxSettings
+from . import bwrap
+from .cgroups import PREFIX, CgroupPool, CgroupSlot
+from .execution import ExecContext, Execution, Step
+from .limits import StepLimits
+from .paths import (
+    InvalidPath,
+    default_workdir_root,
+    fetch_files,
+    new_workdir,
+    reap_stale_workdirs,
+    stdin_file,
+    write_inputs,
+)
+from .warm import WARM_STDIN_MAX, Warm, WarmPool
+
+
+class ProcessBackend:
+    """Runs programs under bubblewrap with per-run cgroups and rlimits (see module docstring)."""
+
+    name = "process"
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        self.settings = settings
+        self.isolated = not settings.insecure_no_isolation
+        self.bwrap: str | None = None
+        self.root: Path | None = None
+        self.cgroups = CgroupPool(settings.cgroup_pool_size or settings.concurrency * 2)
+        self.warm: WarmPool | None = None
+        self._ctx: ExecContext | None = None
+        self._devnull = -1
+        self._ids = itertools.count(1)
+        self._running = 0
+        self._runs = 0
+        self._compiles = 0
+        self._started = False
+        self._reaping: set[asyncio.Task[None]] = set()
+        self._cgroup_writer = ThreadPoolExecutor(1, thread_name_prefix="sandboxd-cgroup")
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        s = self.settings
+        self.bwrap = s.bwrap_path or shutil.which("bwrap")
+        prefix: list[str] | None = None
+        if self.isolated:
+            if self.bwrap is None or not os.access(self.bwrap, os.X_OK):
+                raise SandboxUnavailable(f"bwrap not found. {bwrap.BWRAP_INSTALL_HINT}")
+            prefix = bwrap.sandbox_prefix(self.bwrap)
+            bwrap.probe(prefix)
+        root_parent = Path(s.workdir_root) if s.workdir_root else default_workdir_root()
+        root_parent.mkdir(parents=True, exist_ok=True)
+        reap_stale_workdirs(root_parent)
+        self.root = root_parent / f"{PREFIX}{os.getpid()}"
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        self.cgroups.start()
+        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self._ctx = ExecContext(prefix, self._cgroup_writer, self._track)
+        self._started = True
+        target = s.concurrency if s.warm_sandboxes < 0 else s.warm_sandboxes
+        if prefix is not None and target:  # warm sandboxes are bwrap sandboxes
+            self.warm = WarmPool(target, prefix, self.root, self.cgroups, self._cgroup_writer)
+            for name in s.warm_languages:
+                lang = get_language(name)
+                if not lang.compiled:
+                    self.warm.kick(lang.run_argv)
+
+    async def close(self) -> None:
+        self._started = False
+        if self.warm is not None:
+            await self.warm.close()
+        if self._reaping:
+            await asyncio.gather(*self._reaping, return_exceptions=True)
+        await self.cgroups.close()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        if self._devnull >= 0:
+            os.close(self._devnull)
+            self._devnull = -1
+        self._cgroup_writer.shutdown(wait=True)
+
+    def status(self) -> dict[str, Any]:
+        warm: dict[str, Any] = {"warm": {}, "warm_target": 0, "warm_hits": 0}
+        warm |= {"warm_pids": [], "warm_workdirs": []}
+        return {
+            "backend": self.name,
+            "isolation": "bubblewrap" if self.isolated else "none (insecure_no_isolation)",
+            "bwrap": self.bwrap,
+            "running": self._running,
+            "runs_total": self._runs,
+            "compiles_total": self._compiles,
+            "cgroups": self.cgroups.controllers or self.cgroups.unavailable_reason,
+            "cgroups_draining": self.cgroups.draining,
+            "workdir_root": str(self.root) if self.root else None,
+            **(self.warm.status() if self.warm is not None else warm),
+        }
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run background clean-up that `close()` waits for."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+    def _require_started(self) -> tuple[Path, ExecContext]:
+        if not self._started or self.root is None or self._ctx is None:
+            raise SandboxUnavailable("process backend is not started")
+        return self.root, self._ctx
+
+    # ------------------------------------------------------------------ one program
+
+    async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
+        root, _ = self._require_started()
+        try:
+            lang = get_language(spec.language)
+        except UnknownLanguage as exc:
+            return RunResult(message=str(exc), backend=self.name)
+        run_id = f"proc-{os.getpid()}-{next(self._ids)}"
+        self._runs += 1
+        self._running += 1
+        warm = None
+        if (
+            self.warm is not None
+            and lang.name in self.settings.warm_languages
+            and not lang.compiled
+            and len(spec.stdin) <= WARM_STDIN_MAX
+        ):
+            warm = self.warm.take(lang.run_argv)
+        if warm is not None:
+            workdir, slot = warm.workdir, warm.slot
+        else:
+            workdir, slot = new_workdir(root), self.cgroups.acquire()
+        try:
+            return await self._run_in(spec, lang, workdir, slot, deadline, run_id, warm)
+        finally:
+            self._running -= 1
+            if warm is not None and not warm.used and self.warm is not None:
+                warm.sandbox.kill_child()  # never started: kill it, reap in the background
+                self._track(self.warm.dispose_later(warm))
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+                if slot is not None:
+                    self.cgroups.release(slot)
+
+    async def _run_in(
+        self,
+        spec: RunSpec,
+        lang: Language,
+        workdir: Path,
+        slot: CgroupSlot | None,
+        deadline: Deadline,
+        run_id: str,
+        warm: Warm | None = None,
+    ) -> RunResult:
+        result = RunResult(sandbox_id=run_id, backend=self.name)
+        try:
+            write_inputs(workdir, spec, lang)
+            if spec.prebuilt is not None and lang.artifact is not None:
+                artifact = workdir / lang.artifact
+                artifact.write_bytes(spec.prebuilt)
+                artifact.chmod(0o755)
+        except (InvalidPath, OSError) as exc:
+            result.message = f"could not prepare the working dir: {exc}"
+            return result
+        if spec.prebuilt is None and lang.compile_argv is not None:
+            self._compiles += 1
+            result.compile = await self._exec(
+                lang.compile_argv, workdir, spec.compile_limits, b"", deadline, slot
+            )
+            if result.compile.status != ExecStatus.FINISHED or result.compile.exit_code != 0:
+                result.message = "compilation failed"
+                return result
+            if slot is not None:
+                slot.reset()
+        result.run = await self._exec(
+            lang.run_argv, workdir, spec.run_limits, spec.stdin.encode(), deadline, slot, warm
+        )
+        cap = spec.run_limits.max_output_bytes or self.settings.max_output_bytes
+        result.files = fetch_files(workdir, spec.fetch_files, cap)
+        return result
+
+    async def compile(self, spec: RunSpec, deadline: Deadline) -> tuple[ExecResult, bytes | None]:
+        """Compile once (for many runs of the same program): the result and the artifact."""
+        root, _ = self._require_started()
+        lang = get_language(spec.language)
+        if lang.compile_argv is None or lang.artifact is None:
+            raise ValueError(f"{lang.name} has no compile step")
+        workdir = new_workdir(root)
+        slot = self.cgroups.acquire()
+        self._running += 1
+        self._compiles += 1
+        try:
+            write_inputs(workdir, spec, lang)
+            result = await self._exec(
+                lang.compile_argv, workdir, spec.compile_limits, b"", deadline, slot
+            )
+            artifact = None
+            if result.status == ExecStatus.FINISHED and result.exit_code == 0:
+                cap = Limits().max_output_bytes or self.settings.max_output_bytes
+                artifact = fetch_files(workdir, [lang.artifact], cap).get(lang.artifact)
+            return result, artifact
+        finally:
+            self._running -= 1
+            shutil.rmtree(workdir, ignore_errors=True)
+            if slot is not None:
+                self.cgroups.release(slot)
+
+    async def _exec(
+        self,
+        argv: tuple[str, ...],
+        workdir: Path,
+        limits: Limits,
+        stdin: bytes,
+        deadline: Deadline,
+        slot: CgroupSlot | None,
+        warm: Warm | None = None,
+    ) -> ExecResult:
+        root, ctx = self._require_started()
+        lim = StepLimits.resolve(self.settings, limits, deadline)
+        if lim.wall_s <= 0:
+            return ExecResult(
+                status=ExecStatus.TIME_LIMIT, message="the request deadline expired before start"
+            )
+        if slot is not None:
+            try:
+                slot.configure(
+                    memory_bytes=lim.memory_bytes, pids_max=lim.pids, cpu_cores=lim.cpu_cores
+                )
+            except OSError as exc:
+                return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
+        stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(root, stdin)
+        execution = Execution(ctx, Step(argv, workdir, lim, slot, stdin_fd, stdin, warm))
+        try:
+            return await execution.run()
+        finally:
+            if stdin_fd != self._devnull:
+                os.close(stdin_fd)
+            execution.cleanup()

@@ -1,0 +1,224 @@
+"""The bubblewrap sandbox: its argv, and the one blocked-start handshake warm and cold runs share.
+
+    bwrap --unshare-all --as-pid-1 --die-with-parent ... --block-fd B --json-status-fd S -- ARGV
+
+bwrap reports the sandboxed child's pid on S and then waits on B, so before any user code runs
+the service moves that child into the run's cgroup and sets its rlimits; then it writes one byte
+to B (`Blocked.unblock`). A warm sandbox is the same `Blocked` made ahead of time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..backend import SandboxUnavailable
+from ..languages import CHILD_ENV
+
+BWRAP_INSTALL_HINT = (
+    "bubblewrap (bwrap) is required by the process backend for isolation: install it with "
+    "`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` (Fedora), or run "
+    "`make run`, which installs it. To run programs WITHOUT any isolation (trusted code only), "
+    "pass --insecure-no-isolation or set TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=1."
+)
+SANDBOX_DIR = "/sandbox"  # where the run's working dir appears inside the sandbox
+SANDBOX_UID = 65534
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def system_binds() -> list[str]:
+    """Read-only /usr plus the /lib, /lib64, /bin, /sbin links (or dirs) of the host."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("lib", "lib64", "lib32", "bin", "sbin"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
+        args += ["--ro-bind-try", etc, etc]
+    return args
+
+
+def sandbox_prefix(bwrap: str) -> list[str]:
+    """The argv every sandbox starts with: all namespaces new, uid 65534, no capabilities."""
+    return [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--uid", str(SANDBOX_UID),
+        "--gid", str(SANDBOX_UID),
+        "--cap-drop", "ALL",
+        "--hostname", "sandbox",
+        *system_binds(),
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--tmpfs", "/tmp",
+        "--clearenv",
+        *itertools.chain.from_iterable(("--setenv", k, v) for k, v in CHILD_ENV.items()),
+    ]  # fmt: skip
+
+
+def probe(prefix: list[str]) -> None:
+    """Raise SandboxUnavailable when bwrap cannot build a sandbox on this host."""
+    result = subprocess.run([*prefix, "--", "/usr/bin/true"], capture_output=True, timeout=30)
+    if result.returncode != 0:
+        raise SandboxUnavailable(
+            f"bwrap at {prefix[0]} cannot create a sandbox here: "
+            f"{result.stderr.decode(errors='replace').strip()} (it needs user/PID/network "
+            "namespaces; in a container run it privileged, or use the docker backend)"
+        )
+
+
+@dataclass
+class Blocked:
+    """A bwrap sandbox built and waiting on its block fd: the program has not started yet.
+
+    `child_pid` is None when bwrap failed before reporting it (its stderr says why).
+    `stdin_w` is the write end of the program's stdin pipe when the spawn made one.
+    """
+
+    proc: subprocess.Popen[bytes]
+    child_pid: int | None
+    out_r: int
+    err_r: int
+    blk_w: int
+    st_r: int
+    stdin_w: int | None = None
+    closed: set[int] = field(default_factory=set)
+
+    def parent_fds(self) -> list[int]:
+        return [self.out_r, self.err_r, self.blk_w, self.st_r]
+
+    def feed_stdin(self, data: bytes) -> None:
+        """Write the whole stdin into the pipe (callers keep it within the pipe buffer)."""
+        if self.stdin_w is None:
+            return
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.stdin_w, view) :]
+        self.close_fd(self.stdin_w)
+
+    def unblock(self) -> None:
+        """Let bwrap exec the program."""
+        os.write(self.blk_w, b"x")
+
+    def kill_child(self) -> None:
+        if self.child_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child_pid, signal.SIGKILL)
+
+    def close_fd(self, fd: int | None) -> None:
+        if fd is not None and fd not in self.closed:
+            self.closed.add(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in (self.stdin_w, *self.parent_fds()):
+            self.close_fd(fd)
+
+
+async def read_child_pid(fd: int, timeout: float = HANDSHAKE_TIMEOUT_S) -> int | None:
+    """bwrap's first JSON status document names the sandboxed child's pid."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[int | None] = loop.create_future()
+    buf = bytearray()
+
+    def on_readable() -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            fut.done() or fut.set_result(None)
+            return
+        buf.extend(chunk)
+        if b"\n" in buf:
+            try:
+                pid = json.loads(buf.split(b"\n", 1)[0])["child-pid"]
+            except (ValueError, KeyError, TypeError):
+                pid = None
+            fut.done() or fut.set_result(pid)
+
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, on_readable)
+    try:
+        return await asyncio.wait_for(fut, timeout)
+    except TimeoutError:
+        return None
+    finally:
+        loop.remove_reader(fd)
+
+
+async def spawn_blocked(
+    prefix: list[str], workdir: Path, argv: tuple[str, ...] | list[str], stdin_fd: int | None
+) -> Blocked:
+    """Start bwrap with `workdir` bound at /sandbox and wait until it reports the child's pid.
+
+    `stdin_fd` None: the program's stdin is a new pipe (`Blocked.stdin_w`). Raises OSError when
+    bwrap cannot be started at all; a bwrap that dies early gives `child_pid` None.
+    """
+    stdin_w = None
+    if stdin_fd is None:
+        stdin_fd, stdin_w = os.pipe2(os.O_CLOEXEC)
+        ours = [stdin_fd]
+    else:
+        ours = []
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    blk_r, blk_w = os.pipe2(os.O_CLOEXEC)
+    st_r, st_w = os.pipe2(os.O_CLOEXEC)
+    child_ends = [*ours, out_w, err_w, blk_r, st_w]
+    try:
+        proc = subprocess.Popen(
+            [
+                *prefix,
+                "--bind",
+                str(workdir),
+                SANDBOX_DIR,
+                "--chdir",
+                SANDBOX_DIR,
+                "--block-fd",
+                str(blk_r),
+                "--json-status-fd",
+                str(st_w),
+                "--",
+                *argv,
+            ],  # fmt: skip
+            stdin=stdin_fd,
+            stdout=out_w,
+            stderr=err_w,
+            pass_fds=(blk_r, st_w),
+            env={},
+            close_fds=True,
+        )
+    except OSError:
+        for fd in (out_r, err_r, blk_w, st_r, stdin_w):
+            if fd is not None:
+                os.close(fd)
+        raise
+    finally:
+        for fd in child_ends:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    blocked = Blocked(proc, None, out_r, err_r, blk_w, st_r, stdin_w)
+    try:
+        blocked.child_pid = await read_child_pid(st_r)
+    except BaseException:  # cancelled mid-handshake: nothing may outlive it
+        proc.kill()
+        proc.wait()
+        blocked.close_all()
+        raise
+    return blocked

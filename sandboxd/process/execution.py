@@ -1,0 +1,412 @@
+"""One sandboxed process: spawn (or take a warm sandbox), confine, read output, enforce limits, reap.
+
+With `--as-pid-1` the program is the init of its own PID namespace: when it exits or is killed,
+the kernel kills and reaps everything else in the namespace (so a setsid + double-fork daemon
+dies with it), and bwrap itself reaps the program, so no zombie is left for anybody. A deadline,
+an output flood or a cancelled request SIGKILLs the program (the namespace follows) and, as a
+backstop, every task still in the run's cgroup. stdout and stderr are read on the event loop (no
+thread per run) up to `max_output_bytes` each; a program that writes more is killed at once
+(`OutputLimitExceeded`), so a 1 GB flood costs a few milliseconds and a bounded buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..languages import CHILD_ENV
+from ..models import ExecResult, ExecStatus
+from .bwrap import Blocked, spawn_blocked
+from .cgroups import CgroupSlot, CgroupStats
+from .limits import StepLimits, confine, has_memory_cgroup
+from .warm import Warm
+
+READ_CHUNK = 65536
+EXIT_GRACE_S = 2.0  # after a kill: how long bwrap may take to report before it is killed too
+
+
+@dataclass(frozen=True, slots=True)
+class ExecContext:
+    """What an execution needs from the backend, and nothing more."""
+
+    bwrap_prefix: list[str] | None  # None: insecure_no_isolation (a plain child process)
+    cgroup_writer: Executor  # cgroup task migrations run here, off the event loop
+    track: Callable[[Coroutine[Any, Any, None]], None]  # background reaping awaited at close
+
+    @property
+    def isolated(self) -> bool:
+        return self.bwrap_prefix is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What to run for one step, where, and under which limits."""
+
+    argv: tuple[str, ...]
+    workdir: Path
+    lim: StepLimits
+    slot: CgroupSlot | None
+    stdin_fd: int  # a cold spawn's stdin (a file or /dev/null)
+    stdin: bytes = b""  # a warm sandbox's stdin (written into its pipe)
+    warm: Warm | None = None
+
+
+class Execution:
+    """Runs one `Step` to its end; `cleanup()` leaves nothing of it behind."""
+
+    def __init__(self, ctx: ExecContext, step: Step) -> None:
+        self.ctx = ctx
+        self.step = step
+        self.lim = step.lim
+        self.slot = step.slot
+        self.loop = asyncio.get_running_loop()
+        self.sandbox: Blocked | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.child_pid: int | None = None
+        self.pidfd = -1
+        self.fds: list[int] = []
+        self.buffers = {"stdout": bytearray(), "stderr": bytearray()}
+        self.truncated = {"stdout": False, "stderr": False}
+        self.readers: dict[int, str] = {}
+        self.exited = False
+        self.kill_reason: ExecStatus | None = None
+        self.kill_message = ""
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.timer: asyncio.TimerHandle | None = None
+        self.started_at = 0.0
+        self.ended_at = 0.0
+        self.cpu_time_s: float | None = None
+
+    # -------------------------------------------------------------- spawn
+
+    async def run(self) -> ExecResult:
+        step = self.step
+        if self.ctx.bwrap_prefix is None:
+            return await self._run_direct()
+        try:
+            if step.warm is not None:
+                step.warm.used = True
+                sandbox = step.warm.sandbox
+                controllers: tuple[str, ...] | None = ("cpu",) if self.lim.cpu_cores else ()
+            else:
+                sandbox = await spawn_blocked(
+                    self.ctx.bwrap_prefix, step.workdir, step.argv, step.stdin_fd
+                )
+                controllers = None  # every controller: a cold sandbox has joined none yet
+        except OSError as exc:
+            return ExecResult(
+                status=ExecStatus.ERROR, message=f"could not start the program: {exc}"
+            )
+        self.sandbox, self.proc, self.child_pid = sandbox, sandbox.proc, sandbox.child_pid
+        if not await self._arm(sandbox, controllers):
+            await self._wait_exit(EXIT_GRACE_S)
+            return ExecResult(
+                status=ExecStatus.ERROR,
+                stderr=self.buffers["stderr"].decode(errors="replace"),
+                message=self.kill_message or "the sandbox failed to start",
+            )
+        return await self._supervise(sandbox.out_r, sandbox.err_r)
+
+    async def _arm(self, sandbox: Blocked, controllers: tuple[str, ...] | None) -> bool:
+        """Give the blocked sandbox this step's cgroup, limits and stdin, then let it exec."""
+        if sandbox.child_pid is None:
+            self.kill_message = "bwrap did not start the sandbox"
+            return False
+        try:
+            await confine(
+                sandbox.child_pid, self.slot, self.lim, self.ctx.cgroup_writer, controllers
+            )
+            if self.step.warm is not None and self.slot is not None:
+                self.slot.reset()  # measure from here: the warm child's own charge is baseline
+            sandbox.feed_stdin(self.step.stdin)  # a warm one's pipe: never blocks (size-checked)
+            sandbox.unblock()
+            return True
+        except (OSError, ValueError) as exc:
+            self.kill_message = f"could not apply limits: {exc}"
+            sandbox.kill_child()
+            return False
+
+    async def _run_direct(self) -> ExecResult:
+        """insecure_no_isolation: the program runs as a plain child (cgroup + rlimits only)."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        self.fds += [out_r, err_r]
+        slot = self.slot
+        procs_files = [str(d / "cgroup.procs") for d in slot.dirs.values()] if slot else []
+        rlimits = self.lim.rlimits(has_memory_cgroup(slot))
+
+        def enter_limits() -> None:  # runs in the child between fork and exec
+            for path in procs_files:
+                with open(path, "w") as f:
+                    f.write("0")
+            for res, value in rlimits:
+                resource.setrlimit(res, (value, value))
+
+        try:
+            self.proc = subprocess.Popen(
+                self.step.argv,
+                stdin=self.step.stdin_fd,
+                stdout=out_w,
+                stderr=err_w,
+                cwd=self.step.workdir,
+                env=dict(CHILD_ENV),
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=enter_limits,
+            )
+        except OSError as exc:
+            return ExecResult(
+                status=ExecStatus.ERROR, message=f"could not start the program: {exc}"
+            )
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.child_pid = self.proc.pid
+        return await self._supervise(out_r, err_r)
+
+    async def _supervise(self, out_r: int, err_r: int) -> ExecResult:
+        assert self.proc is not None
+        self.started_at = time.monotonic()
+        for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
+            os.set_blocking(fd, False)
+            self.readers[fd] = stream
+            self.loop.add_reader(fd, self._on_output, fd)
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.loop.add_reader(self.pidfd, self._on_exit)
+        self.timer = self.loop.call_later(self.lim.wall_s, self._on_timeout)
+        try:
+            await self.done
+        except asyncio.CancelledError:
+            self.kill(ExecStatus.ERROR, "the request was cancelled")
+            raise
+        return self._result()
+
+    # -------------------------------------------------------------- events
+
+    def _on_output(self, fd: int) -> None:
+        stream = self.readers.get(fd)
+        if stream is None:
+            return
+        try:
+            chunk = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close_reader(fd)
+            self._maybe_done()
+            return
+        self._take(stream, chunk)
+
+    def _take(self, stream: str, chunk: bytes) -> None:
+        """Keep output up to the cap; past it, kill the program (OutputLimitExceeded)."""
+        buf = self.buffers[stream]
+        room = self.lim.output_bytes - len(buf)
+        if len(chunk) > room:
+            buf.extend(chunk[: max(room, 0)])
+            self.truncated[stream] = True
+            if self.kill_reason is None:
+                self.kill(
+                    ExecStatus.OUTPUT_LIMIT,
+                    f"{stream} exceeded {self.lim.output_bytes} bytes; the program was killed",
+                )
+            return
+        buf.extend(chunk)
+
+    def _close_reader(self, fd: int) -> None:
+        if self.readers.pop(fd, None) is not None:
+            self.loop.remove_reader(fd)
+
+    def _on_exit(self) -> None:
+        self.loop.remove_reader(self.pidfd)
+        self.ended_at = time.monotonic()
+        assert self.proc is not None
+        # wait4 rather than Popen.wait: the rusage carries the CPU time of the program and of
+        # every descendant it (or, at namespace teardown, the kernel) reaped.
+        try:
+            _, status, usage = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.cpu_time_s = usage.ru_utime + usage.ru_stime
+        except ChildProcessError:  # reaped elsewhere: keep what Popen knows
+            self.proc.poll()
+        self.exited = True
+        if self.slot is not None and self.slot.task_count():
+            self.slot.kill_all()  # backstop (insecure mode: daemons; bwrap: nothing should be left)
+        if self.kill_reason is not None:
+            # Everything is dead: do not wait for EOF from a pipe someone leaked.
+            for fd in list(self.readers):
+                self._drain_nonblocking(fd)
+        elif self.readers:
+            # The program is gone but a pipe is still open (without isolation, a daemon may
+            # hold it): take what is there shortly, then stop waiting.
+            self.loop.call_later(0.5, self._stop_reading)
+        self._maybe_done()
+
+    def _stop_reading(self) -> None:
+        for fd in list(self.readers):
+            self._drain_nonblocking(fd)
+        self._maybe_done()
+
+    def _drain_nonblocking(self, fd: int) -> None:
+        """Take whatever is buffered in the pipe now, then stop reading it."""
+        stream = self.readers.get(fd)
+        while stream is not None and not self.truncated[stream]:
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._take(stream, chunk)
+        self._close_reader(fd)
+
+    def _on_timeout(self) -> None:
+        self.timer = None
+        if not self.exited:
+            self.kill(
+                ExecStatus.TIME_LIMIT, f"wall-clock limit of {self.lim.wall_s:.3g} s exceeded"
+            )
+
+    def _maybe_done(self) -> None:
+        if self.exited and not self.readers and not self.done.done():
+            self.done.set_result(None)
+
+    def kill(self, reason: ExecStatus, message: str) -> None:
+        """SIGKILL the program (its PID namespace follows) and every task left in its cgroup."""
+        if self.kill_reason is None:
+            self.kill_reason = reason
+            self.kill_message = message
+        if self.exited:
+            return
+        if self.child_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                if self.ctx.isolated:
+                    os.kill(self.child_pid, signal.SIGKILL)
+                else:
+                    os.killpg(self.child_pid, signal.SIGKILL)
+        if self.slot is not None:
+            with contextlib.suppress(OSError):
+                self.slot.kill_all()
+        # bwrap reaps the program and exits by itself; if it has not within the grace, kill it.
+        self.loop.call_later(EXIT_GRACE_S, self._kill_bwrap)
+
+    def _kill_bwrap(self) -> None:
+        if not self.exited and self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def _wait_exit(self, timeout: float) -> None:
+        """After a failed start: reap bwrap and keep what it said on stderr."""
+        if self.proc is None or self.sandbox is None:
+            return
+        end = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < end:
+            await asyncio.sleep(0.005)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.exited = True
+        with contextlib.suppress(OSError):
+            os.set_blocking(self.sandbox.err_r, False)
+            self.buffers["stderr"].extend(os.read(self.sandbox.err_r, READ_CHUNK))
+
+    # -------------------------------------------------------------- results
+
+    def _result(self) -> ExecResult:
+        assert self.proc is not None
+        rc = self.proc.returncode
+        stats = self.slot.stats() if self.slot is not None else None
+        exit_code: int | None = rc
+        sig: int | None = None
+        if rc is not None and rc < 0:  # bwrap (or a direct child) itself killed
+            sig = -rc
+        elif self.ctx.isolated and rc is not None and 128 < rc <= 128 + 64:
+            sig = rc - 128  # bwrap reports a signal death of the program as 128 + signal
+        if sig is not None:
+            exit_code = -sig
+        status = ExecStatus.FINISHED
+        message = ""
+        if self.kill_reason is not None:
+            status, message = self.kill_reason, self.kill_message
+        elif stats is not None and (
+            stats.oom_killed
+            or (stats.hit_memory_limit and rc != 0 and self._near_memory_limit(stats))
+        ):
+            status = ExecStatus.MEMORY_LIMIT
+            message = f"memory limit of {self.lim.memory_bytes // (1 << 20)} MB exceeded"
+        elif (
+            sig == signal.SIGKILL
+            and stats is not None
+            and self.cpu_time_s is not None
+            and (self.cpu_time_s >= self.lim.cpu_s - 1.5)
+        ):
+            status = ExecStatus.TIME_LIMIT
+            message = f"CPU-time limit of {self.lim.cpu_s} s exceeded"
+        elif sig == signal.SIGXFSZ:
+            message = "file size limit exceeded"
+        return ExecResult(
+            status=status,
+            exit_code=exit_code,
+            signal=sig,
+            stdout=self.buffers["stdout"].decode(errors="replace"),
+            stderr=self.buffers["stderr"].decode(errors="replace"),
+            stdout_truncated=self.truncated["stdout"],
+            stderr_truncated=self.truncated["stderr"],
+            wall_time_s=round((self.ended_at or time.monotonic()) - self.started_at, 6),
+            cpu_time_s=round(self.cpu_time_s, 6) if self.cpu_time_s is not None else None,
+            peak_memory_kb=stats.peak_memory_kb if stats else None,
+            message=message,
+        )
+
+    def _near_memory_limit(self, stats: CgroupStats) -> bool:
+        """A failing program that pushed against its memory limit (not just page-cache reclaim)."""
+        if self.lim.memory_bytes is None or stats.peak_memory_kb is None:
+            return False
+        return stats.peak_memory_kb * 1024 >= 0.8 * self.lim.memory_bytes
+
+    def cleanup(self) -> None:
+        """Synchronous and idempotent: nothing of this execution survives it, even on cancel."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.exited and self.proc is not None:
+            self.kill(self.kill_reason or ExecStatus.ERROR, self.kill_message or "cancelled")
+            self.ctx.track(self._reap_later(self.proc))
+        for fd in list(self.readers):
+            self.loop.remove_reader(fd)
+        self.readers.clear()
+        if self.pidfd >= 0 and not self.exited:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.pidfd)
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+        if self.sandbox is not None:
+            self.sandbox.close_all()
+        if self.pidfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = -1
+
+    @staticmethod
+    async def _reap_later(proc: subprocess.Popen[bytes]) -> None:
+        end = time.monotonic() + 10.0
+        while proc.poll() is None and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)

@@ -1,0 +1,81 @@
+"""One step's limits, and how they are put on a sandboxed process: its cgroup and rlimits."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import resource
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from toolenv_core.deadline import Deadline
+
+from ..models import Limits
+from ..settings import SandboxSettings
+from .cgroups import CgroupSlot
+
+
+@dataclass(frozen=True, slots=True)
+class StepLimits:
+    """A step's limits resolved against the settings and the request's deadline."""
+
+    wall_s: float
+    cpu_s: int
+    memory_bytes: int
+    pids: int
+    nofile: int
+    fsize_bytes: int
+    output_bytes: int
+    cpu_cores: float | None
+
+    @classmethod
+    def resolve(cls, settings: SandboxSettings, limits: Limits, deadline: Deadline) -> StepLimits:
+        s = settings
+        mem_mb = limits.memory_mb or s.default_memory_mb
+        return cls(
+            wall_s=min(limits.wall_time_s, deadline.remaining()),
+            cpu_s=math.ceil(limits.cpu_time_s or limits.wall_time_s) + 1,
+            memory_bytes=mem_mb * 1024 * 1024,
+            pids=limits.max_processes or s.max_processes,
+            nofile=limits.max_open_files or s.max_open_files,
+            fsize_bytes=(limits.max_file_size_mb or s.max_file_size_mb) * 1024 * 1024,
+            output_bytes=limits.max_output_bytes or s.default_output_bytes,
+            cpu_cores=limits.cpu_limit,
+        )
+
+    def rlimits(self, with_cgroup_memory: bool) -> list[tuple[int, int]]:
+        """With the memory cgroup bounding resident memory, the address-space limit only has to
+        stop absurd allocations early; without it, it is the memory limit."""
+        address_space = (
+            self.memory_bytes * 2 + (512 << 20) if with_cgroup_memory else self.memory_bytes
+        )
+        return [
+            (resource.RLIMIT_CPU, self.cpu_s),
+            (resource.RLIMIT_AS, address_space),
+            (resource.RLIMIT_FSIZE, self.fsize_bytes),
+            (resource.RLIMIT_NOFILE, self.nofile),
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_STACK, min(self.memory_bytes, 256 << 20)),
+        ]
+
+
+def has_memory_cgroup(slot: CgroupSlot | None) -> bool:
+    return slot is not None and "memory" in slot.dirs
+
+
+async def confine(
+    pid: int,
+    slot: CgroupSlot | None,
+    lim: StepLimits,
+    writer: Executor,
+    controllers: tuple[str, ...] | None,
+) -> None:
+    """Move `pid` into `slot` (the given controllers; None: all) and set its rlimits.
+
+    A task migration can wait on an RCU grace period: it runs on `writer`, off the event loop.
+    Raises OSError / ValueError when the process is gone or a limit cannot be set.
+    """
+    if slot is not None and controllers != ():
+        await asyncio.get_running_loop().run_in_executor(writer, slot.attach, pid, controllers)
+    for res, value in lim.rlimits(has_memory_cgroup(slot)):
+        resource.prlimit(pid, res, (value, value))

@@ -1,0 +1,91 @@
+"""The run's working dir on the host: safe names, where dirs live, inputs in, requested files out."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..languages import Language
+from ..models import RunSpec
+from .cgroups import PREFIX
+
+
+class InvalidPath(ValueError):
+    """A file name in `files` / `fetch_files` that would leave the working dir."""
+
+
+def safe_relative_path(name: str) -> Path:
+    """A workdir-relative path with no `..`, no absolute part, no NUL; else `InvalidPath`."""
+    p = Path(name)
+    if not name or "\0" in name or p.is_absolute() or ".." in p.parts or name.strip() in (".", ""):
+        raise InvalidPath(f"file path {name!r} must be relative to the working dir, without '..'")
+    return p
+
+
+def default_workdir_root() -> Path:
+    """/dev/shm (a tmpfs: what a program writes is charged to its memory cgroup), else tmp."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+def reap_stale_workdirs(parent: Path) -> None:
+    """Remove the run dirs of an earlier instance (named with a pid that no longer runs)."""
+    with contextlib.suppress(OSError):
+        for d in parent.glob(f"{PREFIX}*"):
+            pid = d.name.removeprefix(PREFIX)
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def new_workdir(root: Path) -> Path:
+    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
+
+
+def write_inputs(workdir: Path, spec: RunSpec, lang: Language) -> None:
+    """The request's files and the source file; raises InvalidPath or OSError."""
+    for name, content in spec.files.items():
+        target = workdir / safe_relative_path(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    (workdir / lang.source_file).write_text(spec.code)
+
+
+def fetch_files(workdir: Path, names: list[str], cap: int) -> dict[str, bytes]:
+    """Read requested files, refusing symlinks and anything outside the working dir."""
+    out: dict[str, bytes] = {}
+    real_root = os.path.realpath(workdir)
+    for name in names:
+        try:
+            rel = safe_relative_path(name)
+        except InvalidPath:
+            continue
+        path = workdir / rel
+        if not os.path.realpath(path.parent).startswith(real_root):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if (st.st_mode & 0o170000) == 0o100000 and st.st_size <= cap:
+                out[name] = os.read(fd, st.st_size) if st.st_size else b""
+        finally:
+            os.close(fd)
+    return out
+
+
+def stdin_file(root: Path, data: bytes) -> int:
+    """An unlinked file holding `data`, positioned at 0: a stdin of any size that never blocks."""
+    fd, path = tempfile.mkstemp(prefix="stdin-", dir=root)
+    os.unlink(path)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -1,0 +1,132 @@
+"""Turning a request's fields into a `RunSpec` within the configured bounds (or a `BadRequest`)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+
+from .languages import UnknownLanguage, get_language
+from .models import Limits, RunSpec
+from .process.paths import InvalidPath, safe_relative_path
+from .settings import SandboxSettings
+
+
+class BadRequest(ValueError):
+    """A request the client must fix: `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class RequestBounds:
+    """Validates request fields against one service's settings."""
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        self.settings = settings
+
+    def timeout(self, value: float | None, default: float, field: str) -> float:
+        if value is None:
+            return default
+        if not 0 < value <= self.settings.max_timeout_s:
+            raise BadRequest(
+                422, f"{field} must be > 0 and <= {self.settings.max_timeout_s} s, got {value}"
+            )
+        return float(value)
+
+    def limits(
+        self,
+        *,
+        wall: float,
+        memory_mb: int | None,
+        cpu_limit: float | None,
+        max_output_bytes: int | None,
+    ) -> Limits:
+        s = self.settings
+        if memory_mb is None or memory_mb in (-1, 0):
+            memory_mb = s.default_memory_mb
+        elif not 0 < memory_mb <= s.max_memory_mb:
+            raise BadRequest(
+                422,
+                f"memory_limit_MB must be -1 (default) or 1..{s.max_memory_mb}, got {memory_mb}",
+            )
+        cores = os.cpu_count() or 1
+        if cpu_limit is not None and not 0 < cpu_limit <= cores:
+            raise BadRequest(422, f"cpu_limit must be > 0 and <= {cores} cores, got {cpu_limit}")
+        if max_output_bytes is not None and not 0 < max_output_bytes <= s.max_output_bytes:
+            raise BadRequest(
+                422, f"max_output_bytes must be 1..{s.max_output_bytes}, got {max_output_bytes}"
+            )
+        return Limits(
+            wall_time_s=wall,
+            memory_mb=memory_mb,
+            cpu_limit=cpu_limit,
+            max_output_bytes=max_output_bytes or s.default_output_bytes,
+            max_processes=s.max_processes,
+            max_open_files=s.max_open_files,
+            max_file_size_mb=s.max_file_size_mb,
+        )
+
+    @staticmethod
+    def decode_files(files: dict[str, str | None]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for name, b64 in files.items():
+            try:
+                safe_relative_path(name)
+            except InvalidPath as exc:
+                raise BadRequest(422, str(exc)) from exc
+            try:
+                out[name] = base64.b64decode(b64 or "", validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise BadRequest(422, f"files[{name!r}] is not valid base64: {exc}") from exc
+        return out
+
+    def spec(
+        self,
+        *,
+        code: str,
+        language: str,
+        stdin: str,
+        files: dict[str, bytes],
+        fetch_files: list[str],
+        compile_timeout: float | None,
+        run_timeout: float | None,
+        memory_mb: int | None,
+        cpu_limit: float | None,
+        max_output_bytes: int | None,
+    ) -> RunSpec:
+        s = self.settings
+        try:
+            lang = get_language(language)
+        except UnknownLanguage as exc:
+            raise BadRequest(400, str(exc)) from exc
+        for name in fetch_files:
+            try:
+                safe_relative_path(name)
+            except InvalidPath as exc:
+                raise BadRequest(422, str(exc)) from exc
+        run_wall = self.timeout(run_timeout, s.default_run_timeout_s, "run_timeout")
+        compile_wall = self.timeout(compile_timeout, s.default_compile_timeout_s, "compile_timeout")
+        run_limits = self.limits(
+            wall=run_wall,
+            memory_mb=memory_mb,
+            cpu_limit=cpu_limit,
+            max_output_bytes=max_output_bytes,
+        )
+        compile_limits = self.limits(
+            wall=compile_wall,
+            memory_mb=max(run_limits.memory_mb or 0, s.default_memory_mb),
+            cpu_limit=None,
+            max_output_bytes=max_output_bytes,
+        )
+        return RunSpec(
+            language=lang.name,
+            code=code,
+            stdin=stdin,
+            files=files,
+            fetch_files=fetch_files,
+            compile_limits=compile_limits,
+            run_limits=run_limits,
+        )

@@ -1,0 +1,206 @@
+"""`/v1/run_tests`: one program against many cases, a verdict per case and the pass fraction.
+
+The program is compiled once when the backend can (`SandboxBackend.compile`), then every case
+runs `concurrency` at a time, each within admission like any `/run_code`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from toolenv_core.deadline import Deadline
+
+from .models import ExecResult, ExecStatus, RunResult, RunSpec
+from .requests import BadRequest, RequestBounds
+from .wire import (
+    CaseResult,
+    CommandRunResult,
+    RunTestsRequest,
+    RunTestsResponse,
+    Verdict,
+    exec_to_wire,
+)
+
+_VERDICT_OF_STATUS = {
+    ExecStatus.TIME_LIMIT: Verdict.TIME_LIMIT,
+    ExecStatus.MEMORY_LIMIT: Verdict.MEMORY_LIMIT,
+    ExecStatus.OUTPUT_LIMIT: Verdict.OUTPUT_LIMIT,
+    ExecStatus.ERROR: Verdict.SANDBOX_ERROR,
+}
+
+
+class CaseRunner(Protocol):
+    """What run_tests needs from the service: admitted runs and an admitted compile."""
+
+    async def run_admitted(self, spec: RunSpec, deadline: Deadline) -> RunResult: ...
+
+    async def compile_once(
+        self, spec: RunSpec, deadline: Deadline
+    ) -> tuple[ExecResult, bytes | None] | None: ...
+
+
+def outputs_equal(actual: str, expected: str, how: str) -> bool:
+    if how == "exact":
+        return actual == expected
+    if how == "tokens":
+        return actual.split() == expected.split()
+    a = [line.rstrip() for line in actual.rstrip().splitlines()]
+    b = [line.rstrip() for line in expected.rstrip().splitlines()]
+    return a == b
+
+
+def _case_specs(bounds: RequestBounds, req: RunTestsRequest) -> list[RunSpec]:
+    s = bounds.settings
+    if len(req.cases) > s.max_tests_per_request:
+        raise BadRequest(
+            422, f"at most {s.max_tests_per_request} cases per request, got {len(req.cases)}"
+        )
+    files = bounds.decode_files(req.files)
+    run_timeout = bounds.timeout(req.timeout, s.default_run_timeout_s, "timeout")
+    case_timeouts = [
+        bounds.timeout(c.timeout, run_timeout, f"cases[{i}].timeout")
+        for i, c in enumerate(req.cases)
+    ]
+    return [
+        bounds.spec(
+            code=req.code,
+            language=req.language,
+            stdin=case.stdin,
+            files=files,
+            fetch_files=[],
+            compile_timeout=req.compile_timeout,
+            run_timeout=t,
+            memory_mb=req.memory_limit_MB,
+            cpu_limit=req.cpu_limit,
+            max_output_bytes=req.max_output_bytes,
+        )
+        for case, t in zip(req.cases, case_timeouts, strict=True)
+    ]
+
+
+class _Cases:
+    """The state of one run_tests call while its cases run."""
+
+    def __init__(self, req: RunTestsRequest, specs: list[RunSpec]) -> None:
+        self.req = req
+        self.specs = specs
+        self.results: list[CaseResult | None] = [None] * len(specs)
+        self.compile_result: CommandRunResult | None = None
+        self.stop = asyncio.Event()
+
+    def verdict_of(self, i: int, r: RunResult) -> Verdict:
+        if r.compile is not None and self.compile_result is None:
+            self.compile_result = exec_to_wire(r.compile)
+        if r.run is None:
+            if r.compile is not None and r.compile.status != ExecStatus.ERROR:
+                return Verdict.COMPILE_ERROR
+            return Verdict.SANDBOX_ERROR
+        e = r.run
+        if e.status in _VERDICT_OF_STATUS:
+            return _VERDICT_OF_STATUS[e.status]
+        if e.exit_code != 0:
+            return Verdict.RUNTIME_ERROR
+        expected = self.req.cases[i].expected_stdout
+        if expected is not None and not outputs_equal(e.stdout, expected, self.req.comparison):
+            return Verdict.WRONG_ANSWER
+        return Verdict.ACCEPTED
+
+    async def run_all(self, runner: CaseRunner, deadline: Deadline, workers: int) -> None:
+        next_index = iter(range(len(self.specs)))
+
+        async def worker() -> None:
+            for i in next_index:
+                if self.stop.is_set():
+                    return
+                r = await runner.run_admitted(self.specs[i], deadline)
+                v = self.verdict_of(i, r)
+                self.results[i] = CaseResult(index=i, verdict=v, run_result=exec_to_wire(r.run))
+                if v != Verdict.ACCEPTED and (
+                    self.req.stop_on_first_failure or v == Verdict.COMPILE_ERROR
+                ):
+                    self.stop.set()
+
+        tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+        stopper = asyncio.create_task(self.stop.wait())
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending | {stopper}, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(stopper)
+                for t in done:
+                    error = None if t is stopper else t.exception()
+                    if error is not None:
+                        raise error
+                if self.stop.is_set() and self.req.stop_on_first_failure:
+                    for t in pending:
+                        t.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    break
+        finally:
+            stopper.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def response(self, pod_name: str) -> RunTestsResponse:
+        cases = [
+            r or CaseResult(index=i, verdict=Verdict.SKIPPED) for i, r in enumerate(self.results)
+        ]
+        passed = sum(c.verdict == Verdict.ACCEPTED for c in cases)
+        first_failure = next((c.verdict for c in cases if c.verdict != Verdict.ACCEPTED), None)
+        if first_failure == Verdict.SKIPPED:
+            first_failure = next(
+                c.verdict for c in cases if c.verdict not in (Verdict.ACCEPTED, Verdict.SKIPPED)
+            )
+        return RunTestsResponse(
+            verdict=first_failure or Verdict.ACCEPTED,
+            passed=passed,
+            total=len(cases),
+            pass_fraction=passed / len(cases),
+            compile_result=self.compile_result,
+            cases=cases,
+            executor_pod_name=pod_name,
+        )
+
+
+async def run_tests(
+    runner: CaseRunner,
+    bounds: RequestBounds,
+    req: RunTestsRequest,
+    deadline: Deadline,
+    pod_name: str,
+) -> RunTestsResponse:
+    """Run one program against every case, `concurrency` at a time within admission."""
+    specs = _case_specs(bounds, req)
+    prebuilt = await runner.compile_once(specs[0], deadline)
+    compile_result: CommandRunResult | None = None
+    if prebuilt is not None:
+        compiled, artifact = prebuilt
+        compile_result = exec_to_wire(compiled)
+        if artifact is None:
+            verdict = (
+                Verdict.SANDBOX_ERROR
+                if compiled.status == ExecStatus.ERROR
+                else Verdict.COMPILE_ERROR
+            )
+            return RunTestsResponse(
+                verdict=verdict,
+                passed=0,
+                total=len(specs),
+                pass_fraction=0.0,
+                compile_result=compile_result,
+                cases=[CaseResult(index=i, verdict=verdict) for i in range(len(specs))],
+                message=compiled.message or "compilation failed",
+                executor_pod_name=pod_name,
+            )
+        specs = [spec.model_copy(update={"prebuilt": artifact}) for spec in specs]
+    state = _Cases(req, specs)
+    state.compile_result = compile_result
+    s = bounds.settings
+    await state.run_all(
+        runner, deadline, min(len(specs), req.concurrency or s.concurrency, s.concurrency)
+    )
+    return state.response(pod_name)

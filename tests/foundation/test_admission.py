@@ -1,0 +1,55 @@
+"""The one admission queue (toolenv_core.admission) with a queue timeout and caller deadlines,
+as sandboxd uses it (the gateway's use is tested in tests/gateway/test_units.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from toolenv_core.admission import Admission, Rejected
+from toolenv_core.deadline import Deadline
+
+
+async def test_admission_bounds_running_and_queue_fifo() -> None:
+    adm = Admission("sandbox", 2, 2, queue_timeout_s=5, retry_after_s=3)
+    forever = Deadline.never()
+    await adm.acquire(forever)
+    await adm.acquire(forever)
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await adm.acquire(forever)
+        order.append(i)
+
+    w1 = asyncio.create_task(waiter(1))
+    await asyncio.sleep(0)
+    w2 = asyncio.create_task(waiter(2))
+    await asyncio.sleep(0)
+    assert adm.waiting == 2 and adm.in_flight == 2
+    with pytest.raises(Rejected) as err:
+        await adm.acquire(forever)
+    assert err.value.retry_after_s == 3
+    adm.release()
+    adm.release()
+    await asyncio.gather(w1, w2)
+    assert order == [1, 2] and adm.in_flight == 2 and adm.waiting == 0
+    with pytest.raises(Rejected):
+        await adm.acquire(Deadline.after(0.05))  # the wait is bounded by the deadline
+    assert adm.waiting == 0 and adm.rejected_total == 2
+    adm.release()
+    adm.release()
+    assert adm.in_flight == 0
+
+
+async def test_admission_cancelled_waiter_passes_its_slot_on() -> None:
+    adm = Admission("sandbox", 1, 4, queue_timeout_s=5, retry_after_s=1)
+    await adm.acquire(Deadline.never())
+    cancelled = asyncio.create_task(adm.acquire(Deadline.never()))
+    other = asyncio.create_task(adm.acquire(Deadline.never()))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    adm.release()
+    await asyncio.wait_for(other, 1)
+    assert adm.in_flight == 1 and adm.waiting == 0
