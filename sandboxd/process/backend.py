@@ -108,8 +108,6 @@ class ProcessBackend:
         self._cgroup_writer.shutdown(wait=True)
 
     def status(self) -> dict[str, Any]:
-        warm: dict[str, Any] = {"warm": {}, "warm_target": 0, "warm_hits": 0}
-        warm |= {"warm_pids": [], "warm_workdirs": []}
         return {
             "backend": self.name,
             "isolation": "bubblewrap" if self.isolated else "none (insecure_no_isolation)",
@@ -120,7 +118,7 @@ class ProcessBackend:
             "cgroups": self.cgroups.controllers or self.cgroups.unavailable_reason,
             "cgroups_draining": self.cgroups.draining,
             "workdir_root": str(self.root) if self.root else None,
-            **(self.warm.status() if self.warm is not None else warm),
+            **(self.warm.status() if self.warm is not None else WarmPool.off_status()),
         }
 
     def _track(self, work: Coroutine[Any, Any, None]) -> None:
@@ -223,7 +221,7 @@ class ProcessBackend:
             )
             artifact = None
             if result.status == ExecStatus.FINISHED and result.exit_code == 0:
-                cap = Limits().max_output_bytes or self.settings.max_output_bytes
+                cap = self.settings.max_output_bytes
                 artifact = fetch_files(workdir, [lang.artifact], cap).get(lang.artifact)
             return result, artifact
         finally:

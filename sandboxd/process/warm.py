@@ -146,6 +146,10 @@ class WarmPool:
         for w in idle:
             self.dispose(w)
 
+    @staticmethod
+    def off_status() -> dict[str, Any]:
+        return {"warm": {}, "warm_target": 0, "warm_hits": 0, "warm_pids": [], "warm_workdirs": []}
+
     def status(self) -> dict[str, Any]:
         idle = [w for ws in self._idle.values() for w in ws]
         return {
