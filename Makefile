@@ -11,12 +11,14 @@ PORT        ?= 8080
 help:
 	@echo "make run    - create .venv, install, start the embedded service on $(HOST):$(PORT)"
 	@echo "make test   - install every system component the tests need, then run the whole suite"
+	@echo "             (a subset: make test PYTEST_ARGS=\"tests/gateway -k trace\")"
 	@echo "make bench  - run the benchmarks (figures as ratios against a baseline of the same run)"
 	@echo "make lint   - ruff and import-linter (the layering contracts in pyproject.toml)"
 	@echo "make compose-up / compose-down - the whole environment under docker compose"
 
 run: venv
 	@scripts/ensure_bwrap.sh
+	@echo "[run] the toolenv command is in $(VENV)/bin: 'source $(VENV)/bin/activate' puts it on your PATH (or: export PATH=\"$(abspath $(VENV))/bin:\$$PATH\")"
 	exec $(VENV)/bin/toolenv serve --host $(HOST) --port $(PORT)
 
 test: setup-system venv-test model

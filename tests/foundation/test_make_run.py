@@ -18,13 +18,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def test_make_run_serves_healthz_and_stops_cleanly(bwrap_path: str, port: int) -> None:
     if shutil.which("make") is None:
         pytest.skip("missing component: make (apt-get install make)")
+    venv = os.environ.get("VIRTUAL_ENV", str(REPO_ROOT / ".venv"))
     proc = subprocess.Popen(
         ["make", "--no-print-directory", "run", f"PORT={port}"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, "VENV": os.environ.get("VIRTUAL_ENV", str(REPO_ROOT / ".venv"))},
+        env={**os.environ, "VENV": venv},
     )
     try:
         deadline = time.monotonic() + 120
@@ -52,3 +53,6 @@ def test_make_run_serves_healthz_and_stops_cleanly(bwrap_path: str, port: int) -
         os.killpg(proc.pid, 0)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+    # It said how to get the `toolenv` command on PATH.
+    out = proc.stdout.read().decode()
+    assert f"'source {venv}/bin/activate' puts it on your PATH" in out, out
