@@ -32,6 +32,7 @@ import numpy as np
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.latency import HangFault
 from toolenv_core.latency.samplers import InterpolatedSampler
+from toolenv_core.polytrace.kinds import files_of_kind
 from toolenv_core.polytrace.rewards import read_reward_timings
 
 from .clock import run_virtual
@@ -135,7 +136,8 @@ def _quantile_sampler(values: np.ndarray) -> InterpolatedSampler:
 
 def reward_latencies(paths: Iterable[Path]) -> np.ndarray:
     """Seconds per verified response: each recorded batch's time over its batch size."""
-    values = [r.reward_time_s / r.batch_size for p in paths for r in read_reward_timings(p)]
+    files = files_of_kind(paths, "reward_timings")  # rllm_deepcoder as a directory works too
+    values = [r.reward_time_s / r.batch_size for p in files for r in read_reward_timings(p)]
     if not values:
         raise ValueError("no reward timings in --reward-trace (rllm_deepcoder/reward_timings_*)")
     return np.asarray(values, dtype=float)
@@ -244,7 +246,8 @@ def _thin(points: list[tuple[float, int]], capacity: int, n: int = 200) -> list[
 def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     """Every trajectory the cells may need (exact mode), and the recorded call latencies."""
     want = int(plan.batch * plan.steps * 1.6) + plan.batch
-    plans = list(replay_plans(plan.traces, exact=True, limit=want))
+    traces = files_of_kind(plan.traces, "multiturn")  # directories, names in the trace cache
+    plans = list(replay_plans(traces, exact=True, limit=want))
     if len(plans) < plan.batch * plan.steps:
         raise ValueError(
             f"the traces hold {len(plans)} trajectories; {plan.steps} steps of {plan.batch} need "

@@ -92,3 +92,14 @@ def test_a_broken_first_record_of_the_right_kind_names_its_field(
     path.write_text(json.dumps(first) + "\n")
     line = one_line_error(cli("rollout", "run", "--trace", str(path)))
     assert f"{path}:1: field 'prompt_len'" in line and "looks like" not in line
+
+
+def test_study_reads_trace_directories(polytrace_dir: Path) -> None:
+    """`rollout study --reward-trace rllm_deepcoder` takes the directory's reward timings (its
+    packed-lengths files are not reward timings and are left out)."""
+    from rollout_client.study import reward_latencies
+
+    folder = polytrace_dir / "rllm_deepcoder"
+    files = sorted(folder.glob("reward_timings_step_*.jsonl"))
+    assert list(reward_latencies([folder])) == list(reward_latencies(files))
+    assert len(reward_latencies([folder])) == 10
