@@ -103,3 +103,15 @@ def test_study_reads_trace_directories(polytrace_dir: Path) -> None:
     files = sorted(folder.glob("reward_timings_step_*.jsonl"))
     assert list(reward_latencies([folder])) == list(reward_latencies(files))
     assert len(reward_latencies([folder])) == 10
+
+
+def test_trace_replay_profile_names_cached_traces(polytrace_dir: Path, monkeypatch) -> None:
+    """A `trace` latency spec's `paths` resolve like every trace argument (here the cache is the
+    PolyTrace folder itself, so bare file names are looked up in it)."""
+    from toolenv_core.latency.specs import TraceReplay
+    from toolenv_core.polytrace import tool_latencies
+
+    monkeypatch.setenv("TOOLENV_TRACES_CACHE_DIR", str(polytrace_dir))
+    spec = TraceReplay(paths=["multiturn_workload_step_1.jsonl"])
+    expected = tool_latencies([polytrace_dir / "search_r1" / "multiturn_workload_step_1.jsonl"])
+    assert list(spec.values()) == list(expected) and expected.size > 3000
