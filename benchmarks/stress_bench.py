@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from stress.loadgen import LoadSpec, run_load
+from stress import LoadSpec, run_load
 from stress.testing import serve
 
 SCHED_P99_LIMIT_MS = 2.0

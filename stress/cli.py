@@ -22,12 +22,15 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from .http import TargetURLError
-from .loadgen import LoadResult, LoadSpec, LoadSpecError, Progress, run_load
+from toolenv_core.http1 import Endpoint, TargetURLError
+
+from .loop import run_load
 from .ramp import DEFAULT_RAMP_SLOS, RampResult, RampStep, ramp_rates, run_ramp
 from .report import LiveView, print_report, ramp_step_line, ramp_table, write_hdr, write_plot
+from .result import LoadResult
 from .slo import SLO, SLOError, check_all
-from .targets import RemoteTargetError, TargetError, resolve_target
+from .spec import LoadSpec, LoadSpecError, Progress
+from .targets import RemoteTargetError, TargetError, check_loopback, resolve_target
 
 EXIT_OK, EXIT_SLO_BROKEN, EXIT_USAGE, EXIT_NO_RESPONSE = 0, 1, 2, 3
 
@@ -197,9 +200,6 @@ def stress(
             preconnect=preconnect,
         )
         spec.validate()
-        from .http import Endpoint
-        from .targets import check_loopback
-
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)

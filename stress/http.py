@@ -1,13 +1,11 @@
-"""A lean HTTP/1.1 load client: raw keep-alive connections, asyncio Protocol + httptools parser.
+"""The load generator's connection pool: requests by index, times into preallocated arrays.
 
-Why not httpx or aiohttp: a load generator spends its CPU on its own bookkeeping, not on the
-server; httpx tops out near 660 rps on one core here. This client pre-encodes every request,
-writes it with one `transport.write`, parses responses with httptools (C, llhttp) in callbacks,
-and never creates a task per request, so one core drives several thousand requests per second.
-
-Scope: plain `http://` only, one request at a time per connection (no pipelining), keep-alive
-unless the server says `Connection: close`. Content-Length, chunked and read-until-close bodies
-are all parsed (bodies are counted, never kept, unless `capture_body_bytes` asks for a prefix).
+The connections, request encoding and parsing are the shared lean client
+(`toolenv_core.http1`); this module adds what a load generator needs on top: requests
+pre-encoded once and sent by index, a bounded pool that queues in order (and counts the wait in
+the latency), per-request timeouts, and no task per request, so one core drives several thousand
+requests per second. Bodies are counted, never kept, unless `capture_body_bytes` asks for a
+prefix.
 """
 
 from __future__ import annotations
@@ -17,55 +15,27 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-import httptools
+import numpy as np
 
-# Error kinds, stored as small integers in the per-request arrays (0 = no error).
-ERROR_KINDS: tuple[str, ...] = (
-    "",
-    "timeout",  # no complete response within timeout_s of sending (or of scheduling, if queued)
-    "connect_error",  # the TCP connection could not be opened
-    "connection_closed",  # the server closed or reset the connection mid-request
-    "protocol_error",  # the response did not parse as HTTP/1.1
-    "dropped",  # never sent: more than max_in_flight requests were outstanding at its send time
-    "unfinished",  # still queued for a connection when the run ended
+from toolenv_core.http1 import (
+    ERR_CLOSED,
+    ERR_CONNECT,
+    ERR_TIMEOUT,
+    ERR_UNFINISHED,
+    BodyConnection,
+    Connection,
+    Endpoint,
 )
-ERR_TIMEOUT, ERR_CONNECT, ERR_CLOSED, ERR_PROTOCOL, ERR_DROPPED, ERR_UNFINISHED = range(1, 7)
+from toolenv_core.http1 import encode_request as encode_http_request
+
 # Key under which a kept response-body prefix is stored among a request's captured headers
 # (a header name cannot contain ":", so it never collides with one).
 BODY_KEY = ":body"
 # Connects under way at once: more would only flood the loop (and the server's accept queue);
 # requests that find no free connection wait in order, and that wait counts in their latency.
 MAX_CONCURRENT_CONNECTS = 256
-
-
-class TargetURLError(ValueError):
-    """The URL is not a plain http:// URL this client can drive."""
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    host: str
-    port: int
-    path: str
-    host_header: str
-
-    @classmethod
-    def parse(cls, url: str) -> Endpoint:
-        parts = urlsplit(url)
-        if parts.scheme != "http":
-            raise TargetURLError(f"only http:// URLs are supported, got {url!r}")
-        if not parts.hostname:
-            raise TargetURLError(f"URL {url!r} has no host")
-        port = parts.port or 80
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        host_header = parts.netloc.rsplit("@", 1)[-1]
-        return cls(parts.hostname, port, path, host_header)
 
 
 def encode_body(body: bytes | str | Mapping[str, Any] | Sequence[Any] | None) -> bytes:
@@ -81,149 +51,22 @@ def encode_body(body: bytes | str | Mapping[str, Any] | Sequence[Any] | None) ->
 def encode_request(
     endpoint: Endpoint, method: str, body: bytes, headers: Mapping[str, str]
 ) -> bytes:
-    """The complete request bytes, built once and written as-is for every send."""
-    lines = [f"{method.upper()} {endpoint.path} HTTP/1.1", f"Host: {endpoint.host_header}"]
+    """A load request: JSON content type and a user agent unless the caller set them."""
     lower = {k.lower() for k in headers}
+    defaults = {}
     if body and "content-type" not in lower:
-        lines.append("Content-Type: application/json")
-    if body or method.upper() in ("POST", "PUT", "PATCH"):
-        lines.append(f"Content-Length: {len(body)}")
+        defaults["Content-Type"] = "application/json"
     if "user-agent" not in lower:
-        lines.append("User-Agent: toolenv-stress")
-    lines.extend(f"{k}: {v}" for k, v in headers.items())
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection carrying one request at a time."""
-
-    __slots__ = (
-        "pool",
-        "transport",
-        "parser",
-        "rid",
-        "status",
-        "captured",
-        "timer",
-        "headers_done",
-        "framed",
-        "closed",
-        "served",
-        "got_bytes",
+        defaults["User-Agent"] = "toolenv-stress"
+    return encode_http_request(
+        method.upper(), endpoint.path, endpoint.host_header, {**defaults, **headers}, body
     )
-
-    def __init__(self, pool: LoadClient) -> None:
-        self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.rid = -1
-        self.status = 0
-        self.captured: dict[str, str] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.headers_done = False
-        self.framed = False  # Content-Length or chunked: the end is known without EOF
-        self.closed = False
-        self.served = 0  # responses completed on this connection
-        self.got_bytes = False  # any byte of the current response arrived
-
-    # -- asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.pool._fail(self, ERR_PROTOCOL)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.rid >= 0:
-            if self.headers_done and not self.framed:
-                self.pool._complete(self, keep_alive=False)  # body delimited by EOF
-            elif self.served and not self.got_bytes:
-                # the server closed a kept-alive connection as we reused it: not the request's
-                # fault; send it again once on a fresh connection (as browsers and httpx do)
-                self.pool._retry(self)
-            else:
-                self.pool._fail(self, ERR_CLOSED)
-        self.pool._lost(self)
-
-    # -- httptools callbacks
-    def on_message_begin(self) -> None:
-        self.headers_done = False
-        self.framed = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        if lname in (b"content-length", b"transfer-encoding"):
-            self.framed = True
-        capture = self.pool.capture
-        if capture and lname in capture:
-            if self.captured is None:
-                self.captured = {}
-            self.captured[capture[lname]] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.headers_done = True
-        if self.status == 204 or self.status == 304 or 100 <= self.status < 200:
-            self.framed = True
-
-    def on_message_complete(self) -> None:
-        self.served += 1
-        if self.rid >= 0:
-            self.pool._complete(self, keep_alive=self.parser.should_keep_alive())
-
-    # -- used by the pool
-    def send(self, rid: int, data: bytes) -> None:
-        self.rid = rid
-        self.status = 0
-        self.captured = None
-        self.headers_done = False
-        self.got_bytes = False
-        self.transport.write(data)  # type: ignore[union-attr]
-
-    def on_timeout(self) -> None:
-        self.timer = None
-        if self.rid >= 0:
-            self.pool._fail(self, ERR_TIMEOUT)
-
-
-class _BodyConnection(_Connection):
-    """A connection that also keeps the first `pool.capture_body_bytes` of each response body
-    (only used when asked for: httptools calls `on_body` per chunk once the method exists)."""
-
-    __slots__ = ("body",)
-
-    def __init__(self, pool: LoadClient) -> None:
-        self.body = bytearray()
-        super().__init__(pool)
-
-    def on_body(self, body: bytes) -> None:
-        room = self.pool.capture_body_bytes - len(self.body)
-        if room > 0:
-            self.body += body[:room]
-
-    def on_message_complete(self) -> None:
-        if self.rid >= 0:
-            if self.captured is None:
-                self.captured = {}
-            self.captured[BODY_KEY] = self.body.decode("utf-8", errors="replace")
-        super().on_message_complete()
-
-    def send(self, rid: int, data: bytes) -> None:
-        self.body = bytearray()
-        super().send(rid, data)
 
 
 class Recorder:
     """Per-request arrays, preallocated for the request cap (times are time.monotonic())."""
 
     def __init__(self, capacity: int) -> None:
-        import numpy as np
-
         self.scheduled = np.full(capacity, np.nan)
         self.sent = np.full(capacity, np.nan)
         self.dispatched = np.full(capacity, np.nan)  # handed to the client by the scheduler
@@ -260,12 +103,12 @@ class LoadClient:
         self.timeout_s = timeout_s
         self.capture = {h.lower().encode("latin-1"): h for h in capture_headers}
         self.on_done = on_done
-        self.capture_body_bytes = capture_body_bytes
-        self._protocol = _BodyConnection if capture_body_bytes > 0 else _Connection
+        self.body_limit = capture_body_bytes
+        self._protocol = BodyConnection if capture_body_bytes > 0 else Connection
         self.loop = asyncio.get_running_loop()
-        self.idle: list[_Connection] = []
+        self.idle: list[Connection] = []
         self.waiting: deque[int] = deque()
-        self.connections: set[_Connection] = set()
+        self.connections: set[Connection] = set()
         self.opening = 0
         self.in_flight = 0  # submitted and not yet done (queued + on the wire)
         self.connect_errors: list[str] = []
@@ -327,7 +170,7 @@ class LoadClient:
         self.idle.clear()
 
     # -- internals
-    def _send(self, conn: _Connection, rid: int) -> None:
+    def _send(self, conn: Connection, rid: int) -> None:
         self.rec.sent[rid] = time.monotonic()
         conn.timer = self.loop.call_at(self.loop.time() + self.timeout_s, conn.on_timeout)
         conn.send(rid, self.requests[rid % len(self.requests)])
@@ -343,13 +186,17 @@ class LoadClient:
         if self.on_done is not None:
             self.on_done(rid)
 
-    def _complete(self, conn: _Connection, keep_alive: bool) -> None:
+    def _complete(self, conn: Connection, keep_alive: bool) -> None:
         now = time.monotonic()
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None
         rid, conn.rid = conn.rid, -1
         status = conn.status
+        if self.body_limit:
+            if conn.captured is None:
+                conn.captured = {}
+            conn.captured[BODY_KEY] = conn.body.decode("utf-8", errors="replace")
         if conn.captured:
             self.rec.captured[rid] = conn.captured
         self._finish(rid, now, status, 0)
@@ -358,7 +205,7 @@ class LoadClient:
         else:
             self._drop(conn)
 
-    def _fail(self, conn: _Connection, error: int) -> None:
+    def _fail(self, conn: Connection, error: int) -> None:
         now = time.monotonic()
         if conn.timer is not None:
             conn.timer.cancel()
@@ -368,7 +215,7 @@ class LoadClient:
         if rid >= 0:
             self._finish(rid, now, conn.status if error != ERR_TIMEOUT else 0, error)
 
-    def _retry(self, conn: _Connection) -> None:
+    def _retry(self, conn: Connection) -> None:
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None
@@ -383,7 +230,7 @@ class LoadClient:
         if self.opening == 0 and self.idle:
             self._release(self.idle.pop())
 
-    def _release(self, conn: _Connection) -> None:
+    def _release(self, conn: Connection) -> None:
         """A free connection takes the next queued request, or goes idle."""
         waiting = self.waiting
         scheduled = self.rec.scheduled
@@ -397,7 +244,7 @@ class LoadClient:
             return
         self.idle.append(conn)
 
-    def _drop(self, conn: _Connection) -> None:
+    def _drop(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
             if conn.transport is not None and not conn.closed:
@@ -405,7 +252,7 @@ class LoadClient:
             if self.waiting and self._may_open():
                 self._open()
 
-    def _lost(self, conn: _Connection) -> None:
+    def _lost(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
             if conn in self.idle:

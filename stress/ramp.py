@@ -7,8 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .loadgen import LoadResult, LoadSpec, run_load
+from .loop import run_load
+from .result import LoadResult
 from .slo import SLO, SLOVerdict, check_all
+from .spec import LoadSpec
 
 DEFAULT_RAMP_SLOS = ("p99=1s", "errors=1%", "rate=95%")
 

@@ -13,9 +13,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .loadgen import LoadResult, Progress
 from .ramp import RampResult, RampStep
+from .result import LoadResult
 from .slo import SLOVerdict
+from .spec import Progress
 from .stats import PERCENTILES
 
 

@@ -1,18 +1,20 @@
-"""Turn a `LoadResult` into figures: per-outcome HdrHistogram percentiles, rates, latency over time."""
+"""Figures from latency arrays: HdrHistogram percentiles, latency over time, lateness.
+
+Pure functions of numpy arrays (milliseconds or seconds from a run's start), so that
+`result.LoadResult` composes its summary from them and nothing here depends on a result type.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from hdrh.histogram import HdrHistogram
 
-if TYPE_CHECKING:
-    from hdrh.histogram import HdrHistogram
-
-    from .loadgen import LoadResult
-
+# HdrHistogram range: 1 us .. 1 h, 3 significant digits (0.1% resolution).
+HIST_LOWEST_US = 1
+HIST_HIGHEST_US = 3_600_000_000
+HIST_DIGITS = 3
 PERCENTILES: tuple[tuple[str, float], ...] = (
     ("p50", 50.0),
     ("p90", 90.0),
@@ -34,11 +36,26 @@ def histogram_figures(hist: HdrHistogram, mean_ms: float | None = None) -> dict[
     return out
 
 
-def _figures(result: LoadResult, outcome: str, corrected: bool) -> dict[str, float]:
-    from .loadgen import make_histogram
+def make_histogram(latencies_ms: np.ndarray) -> HdrHistogram:
+    hist = HdrHistogram(HIST_LOWEST_US, HIST_HIGHEST_US, HIST_DIGITS)
+    if len(latencies_ms):
+        us = np.clip(np.rint(latencies_ms * 1000.0), HIST_LOWEST_US, HIST_HIGHEST_US).astype(
+            np.int64
+        )
+        # fold each value onto the lowest value of its histogram bucket first (values in one
+        # bucket are indistinguishable at 3 digits), so that few record_value calls remain
+        shift = np.maximum(0, np.floor(np.log2(us)).astype(np.int64) - 10)
+        us = (us >> shift) << shift
+        values, counts = np.unique(us, return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+            hist.record_value(v, c)
+    return hist
 
-    lat = result.latencies_ms(outcome, corrected)
-    return histogram_figures(make_histogram(lat), float(lat.mean()) if len(lat) else None)
+
+def latency_figures(latencies_ms: np.ndarray) -> dict[str, float]:
+    """`histogram_figures` of raw latencies (with their exact mean)."""
+    hist = make_histogram(latencies_ms)
+    return histogram_figures(hist, float(latencies_ms.mean()) if len(latencies_ms) else None)
 
 
 def differs(
@@ -54,15 +71,16 @@ def differs(
     return False
 
 
-def over_time(result: LoadResult, bins: int = 60) -> list[dict[str, float]]:
-    """Corrected latency per time slice (by scheduled time): count, errors, p50, p99, max."""
-    if result.n == 0:
+def over_time(
+    scheduled: np.ndarray, done: np.ndarray, ok: np.ndarray, bins: int = 60
+) -> list[dict[str, float]]:
+    """Corrected latency per time slice (by scheduled time, s): count, errors, p50, p99, max."""
+    if len(scheduled) == 0:
         return []
-    span = max(float(np.nanmax(result.scheduled)), 1e-9)
+    span = max(float(np.nanmax(scheduled)), 1e-9)
     width = 1.0 if span >= bins else max(span / bins, 0.1)  # 1 s slices for long runs
-    lat = (result.done - result.scheduled) * 1000.0
-    ok = result.outcomes == "ok"
-    slice_of = np.floor(result.scheduled / width).astype(np.int64)
+    lat = (done - scheduled) * 1000.0
+    slice_of = np.floor(scheduled / width).astype(np.int64)
     out = []
     for k in range(int(slice_of.max()) + 1):
         sel = slice_of == k
@@ -81,62 +99,9 @@ def over_time(result: LoadResult, bins: int = 60) -> list[dict[str, float]]:
     return out
 
 
-def _lag_figures(lag: np.ndarray) -> dict[str, float]:
+def lag_figures(lag: np.ndarray) -> dict[str, float]:
     return {
         "p50": float(np.percentile(lag, 50)) if len(lag) else math.nan,
         "p99": float(np.percentile(lag, 99)) if len(lag) else math.nan,
         "max": float(lag.max()) if len(lag) else math.nan,
-    }
-
-
-def _spec_dict(result: LoadResult) -> dict[str, Any]:
-    spec = asdict(result.spec) if hasattr(result.spec, "__dataclass_fields__") else {}
-    for key in ("body", "bodies", "progress", "start_at"):
-        spec.pop(key, None)
-    spec["headers"] = dict(spec.get("headers") or {})
-    spec["capture_headers"] = list(spec.get("capture_headers") or ())
-    return spec
-
-
-def summarize(result: LoadResult) -> dict[str, Any]:
-    """The JSON-ready report of one run (also what SLOs are checked against)."""
-    outcomes = result.outcomes
-    n = result.n
-    names, counts = np.unique(outcomes.astype(str), return_counts=True) if n else ([], [])
-    per_outcome: dict[str, Any] = {}
-    for name, count in sorted(zip(names, counts, strict=True), key=lambda x: (x[0] != "ok", x[0])):
-        corrected = _figures(result, name, corrected=True)
-        entry: dict[str, Any] = {
-            "count": int(count),
-            "share": float(count) / n,
-            "corrected_ms": corrected,
-        }
-        if name not in ("dropped", "unfinished"):
-            uncorrected = _figures(result, name, corrected=False)
-            entry["uncorrected_ms"] = uncorrected
-            entry["differs"] = differs(corrected, uncorrected)
-        per_outcome[str(name)] = entry
-    status_values, status_counts = np.unique(result.status[result.status > 0], return_counts=True)
-    not_ok = n - int(per_outcome.get("ok", {}).get("count", 0))
-    timeouts = int(per_outcome.get("timeout", {}).get("count", 0))
-    return {
-        "spec": _spec_dict(result),
-        "requests": n,
-        "sent": int(np.count_nonzero(~np.isnan(result.sent))),
-        "responses": int(np.count_nonzero(result.status > 0)),
-        "duration_s": result.spec.duration_s,
-        "wall_s": result.wall_s,
-        "target_rate": result.target_rate,
-        "achieved_rate": result.achieved_rate,
-        "throughput": result.throughput,
-        "error_rate": not_ok / n if n else 0.0,
-        "timeout_rate": timeouts / n if n else 0.0,
-        "status_counts": {
-            str(int(s)): int(c) for s, c in zip(status_values, status_counts, strict=True)
-        },
-        "outcomes": per_outcome,
-        "scheduling_error_ms": _lag_figures(result.scheduling_error_ms),
-        "send_lag_ms": _lag_figures(result.send_lag_ms),
-        "over_time": over_time(result),
-        "connect_errors": result.connect_errors,
     }

@@ -1,13 +1,22 @@
-"""A lean HTTP/1.1 client for upstream calls: keep-alive pools, httptools parsing, prompt cancel.
+"""The one lean HTTP/1.1 client: raw keep-alive connections, an asyncio Protocol, httptools parsing.
 
-Why not aiohttp or httpx: on this machine kind their per-request CPU (about 0.4 ms for aiohttp)
-was several times the gateway's own, and the gateway's overhead budget is 1 ms at p50. This
-client does one `write` per request and parses with httptools (the parser uvicorn uses).
+Why not aiohttp or httpx: on this machine kind their per-request CPU (about 0.4 ms for aiohttp,
+httpx tops out near 660 rps on one core) was several times the gateway's own, and a load
+generator must spend its CPU on its own bookkeeping. A request is encoded once and written with
+one `transport.write`; responses are parsed by httptools (the parser uvicorn uses) in callbacks,
+with no task per request.
 
-Cancelling a request aborts its connection, so the upstream sees the hang-up at once (that is
-how a deadline reaches a sandbox behind HTTP). A request written into a kept-alive connection
-that turns out to be closed, before any answer byte, is sent again once on a fresh connection
-(the upstream closed it while idle, so it never read the request).
+Two owners drive the same `Connection`:
+- `Pool` (here): `await pool.request(...)` returns a `Response`; what the gateway's upstream calls
+  and health checks use. Cancelling a request aborts its connection, so the upstream sees the
+  hang-up at once (that is how a deadline reaches a sandbox behind HTTP).
+- `stress.http.LoadClient`: a callback-driven pool that records per-request times into arrays.
+
+Scope: plain `http://` only, one request at a time per connection (no pipelining), keep-alive
+unless the server says `Connection: close`. Content-Length, chunked and read-until-close bodies
+are all parsed. A request written into a kept-alive connection that turns out to be closed,
+before any answer byte, is the owner's to send again once on a fresh connection (the server
+closed it while idle, so it never read the request), as browsers and httpx do.
 """
 
 from __future__ import annotations
@@ -15,11 +24,204 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httptools
 
-KEPT_HEADERS = frozenset({b"content-type", b"x-toolenv-injected-delay-ms", b"retry-after"})
+from .headers import INJECTED_DELAY
+
+# How a request failed at the transport level, as small integers (0 = no error) so that a load
+# generator can store them per request in an int8 array.
+ERROR_KINDS: tuple[str, ...] = (
+    "",
+    "timeout",  # no complete response within timeout_s of sending (or of scheduling, if queued)
+    "connect_error",  # the TCP connection could not be opened
+    "connection_closed",  # the server closed or reset the connection mid-request
+    "protocol_error",  # the response did not parse as HTTP/1.1
+    "dropped",  # never sent: more than max_in_flight requests were outstanding at its send time
+    "unfinished",  # still queued for a connection when the run ended
+)
+ERR_TIMEOUT, ERR_CONNECT, ERR_CLOSED, ERR_PROTOCOL, ERR_DROPPED, ERR_UNFINISHED = range(1, 7)
+
+
+class TargetURLError(ValueError):
+    """The URL is not a plain http:// URL this client can drive."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where requests go: host and port to connect to, the path, and the Host header."""
+
+    host: str
+    port: int
+    path: str
+    host_header: str
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        parts = urlsplit(url)
+        if parts.scheme != "http":
+            raise TargetURLError(f"only plain http:// URLs are supported, got {url!r}")
+        if not parts.hostname:
+            raise TargetURLError(f"URL {url!r} has no host")
+        port = parts.port or 80
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        host_header = parts.netloc.rsplit("@", 1)[-1]
+        return cls(parts.hostname, port, path, host_header)
+
+
+def encode_request(
+    method: str, path: str, host_header: str, headers: Mapping[str, str], body: bytes
+) -> bytes:
+    """The complete request bytes (written as-is with one `transport.write`)."""
+    head = f"{method} {path} HTTP/1.1\r\nhost: {host_header}\r\n"
+    for name, value in headers.items():
+        head += f"{name}: {value}\r\n"
+    if body or method in ("POST", "PUT", "PATCH"):
+        head += f"content-length: {len(body)}\r\n"
+    return (head + "\r\n").encode("latin-1") + body
+
+
+class Owner(Protocol):
+    """What a `Connection` reports to: the pool that sent the request on it."""
+
+    capture: Mapping[bytes, str]  # lower-cased header name -> key to store its value under
+    body_limit: int  # bytes of each response body kept (by `BodyConnection` only)
+
+    def _complete(self, conn: Connection, keep_alive: bool) -> None: ...
+
+    def _fail(self, conn: Connection, error: int) -> None: ...
+
+    def _retry(self, conn: Connection) -> None:
+        """A reused connection closed before any answer byte: the request was never read."""
+
+    def _lost(self, conn: Connection) -> None: ...
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection carrying one request at a time (`rid` >= 0 while it does)."""
+
+    __slots__ = (
+        "owner",
+        "transport",
+        "parser",
+        "rid",
+        "status",
+        "captured",
+        "body",
+        "timer",
+        "headers_done",
+        "framed",
+        "closed",
+        "served",
+        "got_bytes",
+    )
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.rid = -1
+        self.status = 0
+        self.captured: dict[str, str] | None = None
+        self.body = bytearray()  # filled by BodyConnection only
+        self.timer: asyncio.TimerHandle | None = None  # the owner's per-request timeout, if any
+        self.headers_done = False
+        self.framed = False  # Content-Length or chunked: the end is known without EOF
+        self.closed = False
+        self.served = 0  # responses completed on this connection
+        self.got_bytes = False  # any byte of the current response arrived
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.owner._fail(self, ERR_PROTOCOL)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.rid >= 0:
+            if self.headers_done and not self.framed:
+                self.owner._complete(self, keep_alive=False)  # body delimited by EOF
+            elif self.served and not self.got_bytes:
+                self.owner._retry(self)
+            else:
+                self.owner._fail(self, ERR_CLOSED)
+        self.owner._lost(self)
+
+    # -- httptools callbacks
+    def on_message_begin(self) -> None:
+        self.headers_done = False
+        self.framed = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lname = name.lower()
+        if lname == b"content-length" or lname == b"transfer-encoding":
+            self.framed = True
+        capture = self.owner.capture
+        if capture and lname in capture:
+            if self.captured is None:
+                self.captured = {}
+            self.captured[capture[lname]] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+        if self.status == 204 or self.status == 304 or 100 <= self.status < 200:
+            self.framed = True
+
+    def on_message_complete(self) -> None:
+        self.served += 1
+        if self.rid >= 0:
+            self.owner._complete(self, keep_alive=self.parser.should_keep_alive())
+
+    # -- used by the owner
+    def send(self, rid: int, data: bytes) -> None:
+        self.rid = rid
+        self.status = 0
+        self.captured = None
+        if self.body:
+            self.body = bytearray()
+        self.headers_done = False
+        self.got_bytes = False
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    def on_timeout(self) -> None:
+        self.timer = None
+        if self.rid >= 0:
+            self.owner._fail(self, ERR_TIMEOUT)
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class BodyConnection(Connection):
+    """A connection that also keeps the first `owner.body_limit` bytes of each response body
+    (a separate class because httptools calls `on_body` per chunk once the method exists)."""
+
+    __slots__ = ()
+
+    def on_body(self, body: bytes) -> None:
+        room = self.owner.body_limit - len(self.body)
+        if room >= len(body):
+            self.body += body
+        elif room > 0:
+            self.body += body[:room]
+
+
+# ------------------------------------------------------------------ awaitable pool
 
 
 class ConnectFailed(Exception):
@@ -43,134 +245,53 @@ class Response:
         self.body = body
 
 
-class _Connection(asyncio.Protocol):
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+class _PoolConnection(BodyConnection):
+    __slots__ = ("waiter", "idle_since")
+
+    def __init__(self, owner: Owner) -> None:
+        super().__init__(owner)
         self.waiter: asyncio.Future[Response] | None = None
-        self.closed = False
         self.idle_since = 0.0
-        self.got_bytes = False
-        self._reset()
 
-    def _reset(self) -> None:
-        self.headers: dict[str, str] = {}
-        self.chunks: list[bytes] = []
-        self.keep_alive = True
-        self.got_bytes = False
 
-    # ---- asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(ConnectionBroken(f"unparsable answer: {exc}", False))
-            self.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.waiter is not None and not self.waiter.done():
-            reason = (
-                "closed the connection mid-request" if exc is None else f"connection lost ({exc})"
-            )
-            self._fail(ConnectionBroken(reason, not self.got_bytes))
-
-    # ---- httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name in KEPT_HEADERS:
-            self.headers[name.decode()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        self.keep_alive = self.parser.should_keep_alive()
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-
-    def on_message_complete(self) -> None:
-        waiter = self.waiter
-        response = Response(self.parser.get_status_code(), self.headers, b"".join(self.chunks))
-        keep = self.keep_alive
-        self.waiter = None
-        self._reset()
-        if waiter is not None and not waiter.done():
-            waiter.set_result(response)
-        if keep and not self.closed:
-            self.pool._release(self)
-        else:
-            self.abort()
-
-    # ----
-    def _fail(self, exc: Exception) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc)
-        self.waiter = None
-
-    def abort(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
+_BROKEN = {
+    ERR_CLOSED: "closed the connection mid-request",
+    ERR_PROTOCOL: "unparsable answer",
+    ERR_TIMEOUT: "timed out",
+}
+NO_LIMIT = 1 << 62
+KEPT_HEADERS = ("content-type", INJECTED_DELAY.lower(), "retry-after")
 
 
 class Pool:
-    """Keep-alive connections to one upstream (`http://host:port`)."""
+    """Keep-alive connections to one upstream (`http://host:port`), one awaited request each.
+
+    Response headers named in `kept_headers` (lower-case) are returned; others are skipped.
+    """
 
     def __init__(
-        self, base_url: str, connect_timeout_s: float, keepalive_s: float, max_idle: int = 256
+        self,
+        base_url: str,
+        connect_timeout_s: float,
+        keepalive_s: float,
+        max_idle: int = 256,
+        kept_headers: tuple[str, ...] = KEPT_HEADERS,
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme != "http":
-            raise ValueError(f"{base_url}: the lean client speaks plain http:// only")
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
-        self.host_header = f"{self.host}:{self.port}".encode()
+        endpoint = Endpoint.parse(base_url)
+        self.host = endpoint.host
+        self.port = endpoint.port
+        self.host_header = f"{self.host}:{self.port}"
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle
-        self._idle: deque[_Connection] = deque()
-
-    async def _open(self) -> _Connection:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port
-                )
-        except TimeoutError as exc:
-            raise ConnectFailed("connect timed out") from exc
-        except OSError as exc:
-            raise ConnectFailed(f"cannot connect ({exc.strerror or exc})") from exc
-        return conn  # type: ignore[return-value]
-
-    def _take_idle(self) -> _Connection | None:
-        now = time.monotonic()
-        while self._idle:
-            conn = self._idle.pop()  # most recently used: warmest, least likely closed
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
-                return conn
-            conn.abort()
-        return None
-
-    def _release(self, conn: _Connection) -> None:
-        if len(self._idle) >= self.max_idle:
-            conn.abort()
-            return
-        conn.idle_since = time.monotonic()
-        self._idle.append(conn)
+        self.capture = {h.encode("latin-1"): h for h in kept_headers}
+        self.body_limit = NO_LIMIT
+        self._idle: deque[_PoolConnection] = deque()
 
     async def request(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> Response:
-        head = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", self.host_header, b"\r\n"]
-        for name, value in headers.items():
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        head.append(f"content-length: {len(body)}\r\n\r\n".encode())
-        payload = b"".join(head) + body
+        payload = encode_request(method, path, self.host_header, headers, body)
         conn = self._take_idle()
         reused = conn is not None
         try:
@@ -186,18 +307,74 @@ class Pool:
                 raise exc from None
             return await self._send(fresh, payload)
 
-    async def _send(self, conn: _Connection, payload: bytes) -> Response:
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().abort()
+
+    # -- internals
+    async def _open(self) -> _PoolConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _PoolConnection(self), self.host, self.port
+                )
+        except TimeoutError as exc:
+            raise ConnectFailed("connect timed out") from exc
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect ({exc.strerror or exc})") from exc
+        return conn
+
+    def _take_idle(self) -> _PoolConnection | None:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()  # most recently used: warmest, least likely closed
+            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+                return conn
+            conn.abort()
+        return None
+
+    async def _send(self, conn: _PoolConnection, payload: bytes) -> Response:
         if conn.closed or conn.transport is None:
             raise ConnectionBroken("the connection was already closed", True)
         waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         conn.waiter = waiter
-        conn.transport.write(payload)
+        conn.send(0, payload)
         try:
             return await waiter
         except asyncio.CancelledError:
             conn.abort()  # the upstream sees the hang-up now and stops working on it
             raise
 
-    def close(self) -> None:
-        while self._idle:
-            self._idle.pop().abort()
+    @staticmethod
+    def _settle(conn: Connection) -> asyncio.Future[Response] | None:
+        assert isinstance(conn, _PoolConnection)
+        waiter, conn.waiter, conn.rid = conn.waiter, None, -1
+        return waiter if waiter is not None and not waiter.done() else None
+
+    # -- Owner callbacks
+    def _complete(self, conn: Connection, keep_alive: bool) -> None:
+        assert isinstance(conn, _PoolConnection)
+        waiter = self._settle(conn)
+        if waiter is not None:
+            waiter.set_result(Response(conn.status, conn.captured or {}, bytes(conn.body)))
+        if keep_alive and not conn.closed and len(self._idle) < self.max_idle:
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
+        else:
+            conn.abort()
+
+    def _fail(self, conn: Connection, error: int) -> None:
+        waiter = self._settle(conn)
+        conn.abort()
+        if waiter is not None:
+            reason = _BROKEN.get(error, ERROR_KINDS[error])
+            waiter.set_exception(ConnectionBroken(reason, not conn.got_bytes))
+
+    def _retry(self, conn: Connection) -> None:
+        waiter = self._settle(conn)
+        if waiter is not None:
+            waiter.set_exception(ConnectionBroken("closed the connection mid-request", True))
+
+    def _lost(self, conn: Connection) -> None:
+        return None  # a closed idle connection is skipped by `_take_idle`

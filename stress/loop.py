@@ -1,4 +1,4 @@
-"""The load generator's Python API: `run_load(LoadSpec) -> LoadResult`.
+"""Running a load: `run_load(LoadSpec) -> LoadResult` (the load generator's Python API).
 
 Open loop (constant rate or Poisson arrivals): request *i* has a scheduled send time fixed before
 the run starts, and its latency is measured from that scheduled time, so time a request spends
@@ -32,326 +32,19 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing as mp
-import os
+import resource
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from hdrh.histogram import HdrHistogram
+import uvloop
 
-from .http import (
-    ERR_DROPPED,
-    ERROR_KINDS,
-    Endpoint,
-    LoadClient,
-    Recorder,
-    encode_body,
-    encode_request,
-)
+from toolenv_core.http1 import ERR_DROPPED, Endpoint
+
+from .http import LoadClient, Recorder, encode_body, encode_request
+from .result import LoadResult
+from .spec import LoadSpec, Progress, schedule_offsets
 from .targets import check_loopback
-
-Arrival = Literal["constant", "poisson", "closed"]
-HARD_MAX_REQUESTS = 5_000_000
-HARD_MAX_DURATION_S = 3600.0
-# HdrHistogram range: 1 us .. 1 h, 3 significant digits (0.1% resolution).
-HIST_LOWEST_US = 1
-HIST_HIGHEST_US = 3_600_000_000
-HIST_DIGITS = 3
-
-
-class LoadSpecError(ValueError):
-    """The load specification is unbounded or inconsistent; the message says what to change."""
-
-
-@dataclass(slots=True)
-class LoadSpec:
-    """What to send, how fast, and for how long.
-
-    - `url`: a plain http:// URL; off-loopback hosts are refused unless `allow_remote`.
-    - `body` / `bodies`: one JSON body (dict/list, str or bytes), or several cycled per request.
-    - `arrival`: "constant" or "poisson" (open loop at `rate` rps) or "closed" (`concurrency`
-      callers back to back).
-    - `max_in_flight`: an open-loop request scheduled while this many are outstanding is
-      recorded as error "dropped" (never sent) rather than queued without bound.
-    - `connections`: keep-alive connections to open at most (default: `concurrency` for closed
-      loop, else `max_in_flight`, so every in-flight request is on the wire); requests beyond
-      them wait for a free one, and that wait counts in their latency.
-    - `capture_headers`: response header values kept per request (case-insensitive names).
-    - `capture_body_bytes`: keep the first this many bytes of each response body, decoded as
-      UTF-8, among the request's captured values under `http.BODY_KEY` (":body"); 0: none.
-    - `start_at`: a `time.monotonic()` instant to start at (used to align worker processes).
-    - `preconnect`: connections opened before the clock starts (open loop default: rate/250,
-      2..64; closed loop default: none, each caller connects on its first request).
-    - `spin_s`: poll the loop instead of sleeping for the last `spin_s` before each send
-      (0.001 gives sub-ms send precision at the price of a busy core; default 0: timers, ~1 ms).
-    """
-
-    url: str
-    body: bytes | str | Mapping[str, Any] | Sequence[Any] | None = None
-    bodies: Sequence[bytes | str | Mapping[str, Any]] | None = None
-    method: str = "POST"
-    headers: Mapping[str, str] = field(default_factory=dict)
-    arrival: Arrival = "constant"
-    rate: float = 100.0
-    concurrency: int = 16
-    duration_s: float = 10.0
-    max_requests: int = 1_000_000
-    max_in_flight: int = 10_000
-    connections: int | None = None
-    timeout_s: float = 30.0
-    capture_headers: Sequence[str] = ()
-    seed: int | None = None
-    workers: int = 1
-    allow_remote: bool = False
-    progress: Callable[[Progress], None] | None = None
-    progress_interval_s: float = 0.5
-    start_at: float | None = None
-    preconnect: int | None = None
-    spin_s: float = 0.0
-    capture_body_bytes: int = 0
-
-    def validate(self) -> None:
-        if not (0 < self.duration_s <= HARD_MAX_DURATION_S):
-            raise LoadSpecError(
-                f"duration_s must be in (0, {HARD_MAX_DURATION_S:.0f}], got {self.duration_s}"
-            )
-        if not (0 < self.max_requests <= HARD_MAX_REQUESTS):
-            raise LoadSpecError(
-                f"max_requests must be in [1, {HARD_MAX_REQUESTS}], got {self.max_requests}"
-            )
-        if self.arrival not in ("constant", "poisson", "closed"):
-            raise LoadSpecError(
-                f"arrival must be constant, poisson or closed, got {self.arrival!r}"
-            )
-        if self.arrival != "closed" and not (0 < self.rate < 1_000_000):
-            raise LoadSpecError(
-                f"rate must be a positive number of requests per second, got {self.rate}"
-            )
-        if self.arrival == "closed" and not (1 <= self.concurrency <= 10_000):
-            raise LoadSpecError(f"concurrency must be in [1, 10000], got {self.concurrency}")
-        if self.max_in_flight < 1 or (self.connections is not None and self.connections < 1):
-            raise LoadSpecError("max_in_flight and connections must be at least 1")
-        if self.capture_body_bytes < 0:
-            raise LoadSpecError(f"capture_body_bytes must be >= 0, got {self.capture_body_bytes}")
-        if self.timeout_s <= 0:
-            raise LoadSpecError(f"timeout_s must be positive, got {self.timeout_s}")
-        if self.workers < 1 or (self.workers > 1 and self.arrival == "closed"):
-            raise LoadSpecError("workers > 1 is for open-loop runs (constant or poisson)")
-
-    def planned_requests(self) -> int:
-        if self.arrival == "closed":
-            return self.max_requests
-        return min(self.max_requests, math.ceil(self.rate * self.duration_s))
-
-    def max_connections(self) -> int:
-        if self.connections is not None:
-            return self.connections
-        if self.arrival == "closed":
-            return self.concurrency
-        return self.max_in_flight
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """A live snapshot, passed to `LoadSpec.progress` every `progress_interval_s`."""
-
-    elapsed_s: float
-    duration_s: float
-    scheduled: int
-    completed: int
-    errors: int
-    in_flight: int
-    recent_rate: float
-    recent_p50_ms: float
-    recent_p99_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """One request. Times are seconds from the run's start; NaN when it never happened."""
-
-    index: int
-    scheduled_s: float
-    sent_s: float
-    done_s: float
-    status: int  # HTTP status, 0 when no response
-    error: str  # "" or one of http.ERROR_KINDS
-    headers: Mapping[str, str]  # captured response headers
-
-    @property
-    def latency_ms(self) -> float:
-        """From the scheduled send time (coordinated-omission free)."""
-        return (self.done_s - self.scheduled_s) * 1000.0
-
-    @property
-    def service_ms(self) -> float:
-        """From the actual send time (what a naive client reports)."""
-        return (self.done_s - self.sent_s) * 1000.0
-
-    @property
-    def outcome(self) -> str:
-        return outcome_name(self.status, self.error)
-
-
-def outcome_name(status: int, error: str) -> str:
-    if error:
-        return error
-    return "ok" if 200 <= status < 400 else f"http_{status}"
-
-
-@dataclass
-class LoadResult:
-    """Everything one run measured. Arrays are indexed by request, times relative to start."""
-
-    spec: LoadSpec
-    start: float  # time.monotonic() of scheduled time 0
-    scheduled: np.ndarray
-    sent: np.ndarray
-    done: np.ndarray
-    status: np.ndarray
-    error: np.ndarray
-    captured: dict[int, dict[str, str]]
-    wall_s: float
-    connect_errors: list[str] = field(default_factory=list)
-    dispatched: np.ndarray | None = None  # when the scheduler handed each request over
-    _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
-
-    # ---- per request
-    @cached_property
-    def records(self) -> list[RequestRecord]:
-        empty: dict[str, str] = {}
-        captured = self.captured
-        columns = zip(
-            self.scheduled.tolist(),
-            self.sent.tolist(),
-            self.done.tolist(),
-            self.status.tolist(),
-            self.error.tolist(),
-            strict=True,
-        )
-        return [
-            RequestRecord(i, sc, se, do, st, ERROR_KINDS[er], captured.get(i, empty))
-            for i, (sc, se, do, st, er) in enumerate(columns)
-        ]
-
-    @cached_property
-    def outcomes(self) -> np.ndarray:
-        """Outcome name per request ("ok", "http_503", "timeout", ...)."""
-        # one name per distinct (status, error) pair, not per request: fast for millions
-        keys = self.status.astype(np.int64) * 256 + self.error.astype(np.int64)
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        table = np.array(
-            [outcome_name(int(k) // 256, ERROR_KINDS[int(k) % 256]) for k in uniq.tolist()],
-            dtype=object,
-        )
-        return table[inverse.reshape(-1)] if len(keys) else np.empty(0, dtype=object)
-
-    def captured_values(self, header: str) -> list[str | None]:
-        """One captured header's value per request (None where the response lacked it)."""
-        return [self.captured.get(i, {}).get(header) for i in range(len(self.scheduled))]
-
-    # ---- latency
-    def latencies_ms(self, outcome: str | None = "ok", corrected: bool = True) -> np.ndarray:
-        """Latencies in ms of requests with `outcome` (None: every request that got an end)."""
-        origin = self.scheduled if corrected else self.sent
-        lat = (self.done - origin) * 1000.0
-        mask = ~np.isnan(lat)
-        if outcome is not None:
-            mask &= self.outcomes == outcome
-        return lat[mask]
-
-    def histogram(self, outcome: str | None = "ok", corrected: bool = True) -> HdrHistogram:
-        """An HdrHistogram of latencies in microseconds (1 us .. 1 h, 3 significant digits)."""
-        return make_histogram(self.latencies_ms(outcome, corrected))
-
-    @property
-    def scheduling_error_ms(self) -> np.ndarray:
-        """The generator's own lateness: scheduler hand-over time minus scheduled time."""
-        if self.dispatched is None:
-            return self.send_lag_ms
-        lag = (self.dispatched - self.scheduled) * 1000.0
-        return lag[~np.isnan(lag)]
-
-    @property
-    def send_lag_ms(self) -> np.ndarray:
-        """Actual send time minus scheduled time: the generator's lateness plus any wait for a
-        free or newly opened connection."""
-        lag = (self.sent - self.scheduled) * 1000.0
-        return lag[~np.isnan(lag)]
-
-    # ---- rates
-    @property
-    def n(self) -> int:
-        return len(self.scheduled)
-
-    @property
-    def target_rate(self) -> float | None:
-        return None if self.spec.arrival == "closed" else self.spec.rate
-
-    @property
-    def achieved_rate(self) -> float:
-        """Requests actually sent per second over the sending window (compare with the target:
-        below it, the generator or its connections could not keep up)."""
-        sent = self.sent[~np.isnan(self.sent)]
-        if len(sent) < 2:
-            return float(len(sent)) / self.spec.duration_s
-        span = float(sent.max())
-        if self.target_rate:
-            span += 1.0 / self.target_rate
-        return len(sent) / span if span > 0 else 0.0
-
-    @property
-    def send_rate(self) -> float:
-        return self.achieved_rate
-
-    @property
-    def throughput(self) -> float:
-        """Successful responses per second, until the last response arrived (as vegeta counts).
-
-        Lower than the sent rate when requests fail, or when a slow tail outlives the run."""
-        ok = int(np.count_nonzero((self.status >= 200) & (self.status < 400) & (self.error == 0)))
-        return ok / self.wall_s if self.wall_s > 0 else 0.0
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON-ready figures (see `stats.summarize`); computed once."""
-        from .stats import summarize
-
-        if self._summary is None:
-            self._summary = summarize(self)
-        return self._summary
-
-
-def make_histogram(latencies_ms: np.ndarray) -> HdrHistogram:
-    hist = HdrHistogram(HIST_LOWEST_US, HIST_HIGHEST_US, HIST_DIGITS)
-    if len(latencies_ms):
-        us = np.clip(np.rint(latencies_ms * 1000.0), HIST_LOWEST_US, HIST_HIGHEST_US).astype(
-            np.int64
-        )
-        # fold each value onto the lowest value of its histogram bucket first (values in one
-        # bucket are indistinguishable at 3 digits), so that few record_value calls remain
-        shift = np.maximum(0, np.floor(np.log2(us)).astype(np.int64) - 10)
-        us = (us >> shift) << shift
-        values, counts = np.unique(us, return_counts=True)
-        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
-            hist.record_value(v, c)
-    return hist
-
-
-# ------------------------------------------------------------------------------ running
-
-
-def schedule_offsets(spec: LoadSpec) -> np.ndarray:
-    """Scheduled send times (s from start) for an open-loop run, fixed before it starts."""
-    n = spec.planned_requests()
-    if spec.arrival == "constant":
-        return np.arange(n, dtype=np.float64) / spec.rate
-    rng = np.random.default_rng(spec.seed)
-    gaps = rng.exponential(1.0 / spec.rate, size=n)
-    offsets = np.cumsum(gaps) - gaps[0]
-    return offsets[offsets < spec.duration_s]
 
 
 def _request_bytes(spec: LoadSpec, endpoint: Endpoint) -> list[bytes]:
@@ -360,12 +53,7 @@ def _request_bytes(spec: LoadSpec, endpoint: Endpoint) -> list[bytes]:
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
-        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def run_load(spec: LoadSpec) -> LoadResult:
@@ -395,13 +83,11 @@ async def arun_load(spec: LoadSpec) -> LoadResult:
 def _raise_fd_limit(needed: int) -> None:
     """Lift the soft open-files limit toward the hard one so that many connections can open."""
     try:
-        import resource
-
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < needed:
             target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ImportError, ValueError, OSError):  # pragma: no cover - best effort
+    except (ValueError, OSError):  # pragma: no cover - best effort
         pass
 
 
@@ -509,7 +195,7 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
     finally:
         await client.aclose()
         await ticker.stop()
-    return _result(spec, rec, start, client)
+    return _result(spec, rec, start, client, offsets)
 
 
 async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) -> LoadResult:
@@ -578,7 +264,15 @@ async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]
     return _result(spec, rec, start, client)
 
 
-def _result(spec: LoadSpec, rec: Recorder, start: float, client: LoadClient) -> LoadResult:
+def _result(
+    spec: LoadSpec,
+    rec: Recorder,
+    start: float,
+    client: LoadClient,
+    offsets: np.ndarray | None = None,
+) -> LoadResult:
+    """Times relative to `start`. An open loop passes its exact `offsets` as the scheduled
+    times: `(start + offsets) - start` would round differently for each absolute start."""
     done = rec.done[~np.isnan(rec.done)]
     wall = float(done.max() - start) if len(done) else 0.0
     if spec.arrival != "closed":
@@ -586,7 +280,7 @@ def _result(spec: LoadSpec, rec: Recorder, start: float, client: LoadClient) -> 
     return LoadResult(
         spec=spec,
         start=start,
-        scheduled=rec.scheduled - start,
+        scheduled=offsets.copy() if offsets is not None else rec.scheduled - start,
         sent=rec.sent - start,
         done=rec.done - start,
         status=rec.status,
@@ -700,7 +394,3 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
         connect_errors=[e for p in parts for e in p[6]][:5],
         dispatched=dispatched[order],
     )
-
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

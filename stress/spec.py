@@ -1,0 +1,135 @@
+"""What to send, how fast, and for how long: `LoadSpec`, its checks and its schedule.
+
+Every run is bounded: `duration_s` and `max_requests` are both required to be finite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Arrival = Literal["constant", "poisson", "closed"]
+HARD_MAX_REQUESTS = 5_000_000
+HARD_MAX_DURATION_S = 3600.0
+
+
+class LoadSpecError(ValueError):
+    """The load specification is unbounded or inconsistent; the message says what to change."""
+
+
+@dataclass(slots=True)
+class LoadSpec:
+    """What to send, how fast, and for how long.
+
+    - `url`: a plain http:// URL; off-loopback hosts are refused unless `allow_remote`.
+    - `body` / `bodies`: one JSON body (dict/list, str or bytes), or several cycled per request.
+    - `arrival`: "constant" or "poisson" (open loop at `rate` rps) or "closed" (`concurrency`
+      callers back to back).
+    - `max_in_flight`: an open-loop request scheduled while this many are outstanding is
+      recorded as error "dropped" (never sent) rather than queued without bound.
+    - `connections`: keep-alive connections to open at most (default: `concurrency` for closed
+      loop, else `max_in_flight`, so every in-flight request is on the wire); requests beyond
+      them wait for a free one, and that wait counts in their latency.
+    - `capture_headers`: response header values kept per request (case-insensitive names).
+    - `capture_body_bytes`: keep the first this many bytes of each response body, decoded as
+      UTF-8, among the request's captured values under `http.BODY_KEY` (":body"); 0: none.
+    - `start_at`: a `time.monotonic()` instant to start at (used to align worker processes).
+    - `preconnect`: connections opened before the clock starts (open loop default: rate/250,
+      2..64; closed loop default: none, each caller connects on its first request).
+    - `spin_s`: poll the loop instead of sleeping for the last `spin_s` before each send
+      (0.001 gives sub-ms send precision at the price of a busy core; default 0: timers, ~1 ms).
+    """
+
+    url: str
+    body: bytes | str | Mapping[str, Any] | Sequence[Any] | None = None
+    bodies: Sequence[bytes | str | Mapping[str, Any]] | None = None
+    method: str = "POST"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    arrival: Arrival = "constant"
+    rate: float = 100.0
+    concurrency: int = 16
+    duration_s: float = 10.0
+    max_requests: int = 1_000_000
+    max_in_flight: int = 10_000
+    connections: int | None = None
+    timeout_s: float = 30.0
+    capture_headers: Sequence[str] = ()
+    seed: int | None = None
+    workers: int = 1
+    allow_remote: bool = False
+    progress: Callable[[Progress], None] | None = None
+    progress_interval_s: float = 0.5
+    start_at: float | None = None
+    preconnect: int | None = None
+    spin_s: float = 0.0
+    capture_body_bytes: int = 0
+
+    def validate(self) -> None:
+        if not (0 < self.duration_s <= HARD_MAX_DURATION_S):
+            raise LoadSpecError(
+                f"duration_s must be in (0, {HARD_MAX_DURATION_S:.0f}], got {self.duration_s}"
+            )
+        if not (0 < self.max_requests <= HARD_MAX_REQUESTS):
+            raise LoadSpecError(
+                f"max_requests must be in [1, {HARD_MAX_REQUESTS}], got {self.max_requests}"
+            )
+        if self.arrival not in ("constant", "poisson", "closed"):
+            raise LoadSpecError(
+                f"arrival must be constant, poisson or closed, got {self.arrival!r}"
+            )
+        if self.arrival != "closed" and not (0 < self.rate < 1_000_000):
+            raise LoadSpecError(
+                f"rate must be a positive number of requests per second, got {self.rate}"
+            )
+        if self.arrival == "closed" and not (1 <= self.concurrency <= 10_000):
+            raise LoadSpecError(f"concurrency must be in [1, 10000], got {self.concurrency}")
+        if self.max_in_flight < 1 or (self.connections is not None and self.connections < 1):
+            raise LoadSpecError("max_in_flight and connections must be at least 1")
+        if self.capture_body_bytes < 0:
+            raise LoadSpecError(f"capture_body_bytes must be >= 0, got {self.capture_body_bytes}")
+        if self.timeout_s <= 0:
+            raise LoadSpecError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.workers < 1 or (self.workers > 1 and self.arrival == "closed"):
+            raise LoadSpecError("workers > 1 is for open-loop runs (constant or poisson)")
+
+    def planned_requests(self) -> int:
+        if self.arrival == "closed":
+            return self.max_requests
+        return min(self.max_requests, math.ceil(self.rate * self.duration_s))
+
+    def max_connections(self) -> int:
+        if self.connections is not None:
+            return self.connections
+        if self.arrival == "closed":
+            return self.concurrency
+        return self.max_in_flight
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A live snapshot, passed to `LoadSpec.progress` every `progress_interval_s`."""
+
+    elapsed_s: float
+    duration_s: float
+    scheduled: int
+    completed: int
+    errors: int
+    in_flight: int
+    recent_rate: float
+    recent_p50_ms: float
+    recent_p99_ms: float
+
+
+def schedule_offsets(spec: LoadSpec) -> np.ndarray:
+    """Scheduled send times (s from start) for an open-loop run, fixed before it starts."""
+    n = spec.planned_requests()
+    if spec.arrival == "constant":
+        return np.arange(n, dtype=np.float64) / spec.rate
+    rng = np.random.default_rng(spec.seed)
+    gaps = rng.exponential(1.0 / spec.rate, size=n)
+    offsets = np.cumsum(gaps) - gaps[0]
+    return offsets[offsets < spec.duration_s]
