@@ -27,16 +27,19 @@ import argparse
 import json
 import math
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
+
+from stress import LoadSpec, run_load
+from toolenv_core.latency import Profile, save_profile
+from toolenv_core.latency.specs import Constant, TraceReplay
+from toolenv_core.polytrace import tool_latencies
+
+from .harness import ServerProcess, toolenv_server
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "polytrace" / "search_r1"
@@ -45,58 +48,9 @@ TARGETS_1000 = {"ks": 0.01, "quantile_rel_error": 0.02, "timer_error_p99_ms": 5.
 WARMUP_S = 2.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_service(profile_path: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "toolenv",
-            "emulators",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--profile",
-            str(profile_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"emulator exited: {proc.stderr.read().decode() if proc.stderr else ''}"
-            )
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("emulator not ready in 90 s")
-
-
-def stop_service(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def emulator(profile_path: Path) -> ServerProcess:
+    """`toolenv emulators serve --profile PATH` on a free port (started by `with`)."""
+    return toolenv_server("emulators", "serve", "--profile", str(profile_path), ready_timeout_s=90)
 
 
 # ------------------------------------------------------------------ load side (stress)
@@ -122,8 +76,6 @@ def _max_in_flight(dispatched: np.ndarray, done: np.ndarray) -> int:
 def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[str, Any]:
     """Drive the service at `rate` for `seconds` (open loop, constant rate) from 1-2 load
     processes; per-request arrays, times in seconds from the run's start."""
-    from stress import LoadSpec, run_load
-
     workers = max(1, min(2, math.ceil(rate / 1000)))
     result = run_load(
         LoadSpec(
@@ -167,7 +119,6 @@ def _q(values: np.ndarray, p: float) -> float:
 
 
 def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dict[str, Any]:
-    from scipy import stats
 
     ok = raw["ok"]
     keep = raw["planned"] >= WARMUP_S
@@ -296,10 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seconds = args.seconds or (5.0 if args.quick else 30.0)
 
-    from toolenv_core.latency import Profile, save_profile
-    from toolenv_core.latency.specs import Constant, TraceReplay
-    from toolenv_core.polytrace import tool_latencies
-
     target = tool_latencies([args.trace], "search")
     report: dict[str, Any] = {
         "bench": "emulators.fidelity",
@@ -329,11 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp) / "zero.json",
         )
         # Baseline: the HTTP floor of this machine at 1,000 rps with no injected delay.
-        proc, url = start_service(zero)
-        try:
-            base = run_rate(url, 1000, min(seconds, 5.0) + WARMUP_S, args.max_in_flight)
-        finally:
-            stop_service(proc)
+        with emulator(zero) as service:
+            base = run_rate(service.url, 1000, min(seconds, 5.0) + WARMUP_S, args.max_in_flight)
         sel = base["ok"] & (base["planned"] >= WARMUP_S)
         floor = base["done"][sel] - base["planned"][sel]
         report["baseline_zero_delay_1000rps_ms"] = {
@@ -346,13 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         for rate in args.rates:
-            proc, url = start_service(
-                replay
-            )  # fresh service: the replay starts at the trace's first call
-            try:
-                raw = run_rate(url, rate, seconds + WARMUP_S, args.max_in_flight)
-            finally:
-                stop_service(proc)
+            # a fresh service per rate: the replay starts at the trace's first call
+            with emulator(replay) as service:
+                raw = run_rate(service.url, rate, seconds + WARMUP_S, args.max_in_flight)
             s = summarize(raw, target, rate, seconds)
             s["meets_1000rps_targets"] = verdict(s)
             report["rates"].append(s)

@@ -15,60 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import yaml
+
+from stress import LoadSpec, run_load
+
+from .harness import ServerProcess, toolenv_server
 
 BODY = {"queries": ["who wrote hamlet"], "topk": 3}
 PERCENTILES = (50, 90, 99, 99.9)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    def __init__(self, argv: list[str], url: str, ready: str) -> None:
-        self.url = url
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{argv} exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(url + ready, timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"{url} not ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-def _start(workdir: Path) -> tuple[_Server, _Server]:
-    emu_port, gw_port = _free_port(), _free_port()
+def _start(workdir: Path) -> tuple[ServerProcess, ServerProcess]:
     emu_cfg = workdir / "emulators.yaml"
     emu_cfg.write_text(
         yaml.safe_dump(
@@ -83,11 +46,7 @@ def _start(workdir: Path) -> tuple[_Server, _Server]:
             }
         )
     )
-    emulator = _Server(
-        [sys.executable, "-m", "toolenv", "emulators", "serve", "--config", str(emu_cfg),
-         "--host", "127.0.0.1", "--port", str(emu_port)],
-        f"http://127.0.0.1:{emu_port}", "/readyz",
-    )  # fmt: skip
+    emulator = toolenv_server("emulators", "serve", "--config", str(emu_cfg)).start()
     gw_cfg = workdir / "gateway.yaml"
     gw_cfg.write_text(
         yaml.safe_dump(
@@ -109,21 +68,11 @@ def _start(workdir: Path) -> tuple[_Server, _Server]:
         )
     )
     try:
-        gateway = _Server(
-            [sys.executable, "-m", "toolenv", "gateway", "serve", "--config", str(gw_cfg),
-             "--host", "127.0.0.1", "--port", str(gw_port)],
-            f"http://127.0.0.1:{gw_port}", "/readyz",
-        )  # fmt: skip
+        gateway = toolenv_server("gateway", "serve", "--config", str(gw_cfg)).start()
     except Exception:
         emulator.stop()
         raise
     return emulator, gateway
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (load-independent cost)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _percentiles(latencies_ms: np.ndarray) -> dict[str, float]:
@@ -133,8 +82,6 @@ def _percentiles(latencies_ms: np.ndarray) -> dict[str, float]:
 
 
 def _run(url: str, rate: float, duration_s: float) -> dict[str, Any]:
-    from stress import LoadSpec, run_load
-
     result = run_load(
         LoadSpec(
             url=url + "/retrieve",
@@ -173,11 +120,11 @@ def measure(rates: list[float], duration_s: float, rounds: int) -> dict[str, Any
                 cpu = {"emulator_direct": 0.0, "emulator_via_gateway": 0.0, "gateway": 0.0}
                 calls = {"direct": 0, "gateway": 0}
                 for _ in range(rounds):
-                    e0 = _cpu_s(emulator.proc.pid)
+                    e0 = emulator.cpu_s()
                     d = _run(emulator.url, rate, duration_s)
-                    e1, g1 = _cpu_s(emulator.proc.pid), _cpu_s(gateway.proc.pid)
+                    e1, g1 = emulator.cpu_s(), gateway.cpu_s()
                     g = _run(gateway.url, rate, duration_s)
-                    e2, g2 = _cpu_s(emulator.proc.pid), _cpu_s(gateway.proc.pid)
+                    e2, g2 = emulator.cpu_s(), gateway.cpu_s()
                     cpu["emulator_direct"] += e1 - e0
                     cpu["emulator_via_gateway"] += e2 - e1
                     cpu["gateway"] += g2 - g1

@@ -2,13 +2,16 @@
 
 Each benchmark is a module here (`benchmarks/<what>_bench.py`, runnable as
 `python -m benchmarks.<what>_bench --out FILE`) that prints its figures as ratios against a
-baseline measured in the same run. This runner runs them one after another (they would disturb
-each other's timings) and writes a summary under `bench-results/`. `make bench ARGS=sandboxd`
-runs only the benchmarks whose name starts with one of the words given.
+baseline measured in the same run; they share one harness (`benchmarks.harness`: free port,
+spawn, wait ready, stop). This runner runs them one after another (they would disturb each
+other's timings) and writes a summary under `bench-results/`. `make bench ARGS=sandboxd` runs
+only the benchmarks whose name starts with one of the words given; `ARGS="--quick stress"` runs
+the short version (a smoke test: noisy figures).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -25,10 +28,21 @@ BENCHMARK_MODULES = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    only = set(argv)
-    out_dir = Path("bench-results")
-    out_dir.mkdir(exist_ok=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "only",
+        nargs="*",
+        help="run only the benchmarks whose name starts with one of these words "
+        f"(of {', '.join(m.split('.')[-1] for m in BENCHMARK_MODULES)})",
+    )
+    parser.add_argument("--quick", action="store_true", help="each benchmark's short version")
+    parser.add_argument("--out-dir", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    only = set(args.only)
+    out_dir = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, object] = {}
     failed = []
     for module in BENCHMARK_MODULES:
@@ -38,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         out = out_dir / f"{module}.json"
         print(f"== {module}", flush=True)
         started = time.monotonic()
-        rc = subprocess.call([sys.executable, "-m", module, "--out", str(out)])
+        extra = ["--quick"] if args.quick else []
+        rc = subprocess.call([sys.executable, "-m", module, "--out", str(out), *extra])
         summary[module] = {
             "exit_code": rc,
             "seconds": round(time.monotonic() - started, 1),

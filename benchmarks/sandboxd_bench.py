@@ -20,11 +20,8 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +31,10 @@ import httpx
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+
+from stress import BODY_KEY, LoadSpec, arun_load
+
+from .harness import ServerProcess, toolenv_server
 
 PYTHON = "/usr/bin/python3"
 PROGRAM = "print(1)"
@@ -90,53 +91,12 @@ def time_subprocess(argv: list[str], n: int, concurrency: int) -> dict[str, floa
 # ---------------------------------------------------------------- the service
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A real `toolenv sandboxd serve` on loopback."""
-
-    def __init__(self, backend: str, extra: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--backend", backend]
-        argv += ["--host", "127.0.0.1", "--port", str(self.port), *extra]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def wait_ready(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"sandboxd exited with {self.proc.returncode}: {err[-2000:]}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"sandboxd not ready within {timeout} s")
-
-    def fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-
-    def rss_kb(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def sandboxd(backend: str, extra: list[str]) -> ServerProcess:
+    """A real `toolenv sandboxd serve --backend BACKEND` on loopback (not started yet)."""
+    return toolenv_server(
+        "sandboxd", "serve", "--backend", backend, *extra,
+        ready_timeout_s=600 if backend == "docker" else 60, stop_timeout_s=30,
+    )  # fmt: skip
 
 
 BODY = {"code": PROGRAM, "language": "python"}
@@ -155,11 +115,9 @@ def run_succeeded(status: int, body: str | None) -> bool:
 async def closed_loop(url: str, concurrency: int, n: int) -> dict[str, Any]:
     """`concurrency` callers, each sending its next request when the previous one answers.
 
-    Driven by `stress` (imported here: the sandboxd runtime must not depend on the
-    rollout client). 429s are counted and left out of the latencies, as are their callers' turns.
+    Driven by `stress`. 429s are counted and left out of the latencies, as are their callers'
+    turns.
     """
-    from stress import BODY_KEY, LoadSpec, arun_load
-
     result = await arun_load(
         LoadSpec(
             url=url + "/run_code",
@@ -232,9 +190,9 @@ async def watch_admission(url: str, period_s: float = 0.05) -> dict[str, int]:
 async def measure_backend(
     backend: str, sizes: dict[str, int], extra: list[str], console: Console
 ) -> dict[str, Any]:
-    server = Server(backend, extra)
+    server = sandboxd(backend, extra)
     try:
-        server.wait_ready(600 if backend == "docker" else 60)
+        server.start()
         console.print(f"[bold]{backend}[/]: warming up")
         await closed_loop(server.url, 4, 50)
         result: dict[str, Any] = {}

@@ -19,14 +19,17 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from stress import LoadSpec, run_load
-from stress.testing import serve
+
+from .harness import ServerProcess, free_port
 
 SCHED_P99_LIMIT_MS = 2.0
 SPIN_S = 0.001  # the CLI's --precise: poll for the last 1 ms before a send instead of a timer
@@ -98,7 +101,6 @@ def ours_closed(url: str, duration_s: float, concurrency: int = 64) -> tuple[flo
 
 
 async def _httpx_open(url: str, rate: float, duration_s: float) -> dict[str, Any]:
-    import httpx
 
     n = int(rate * duration_s)
     sched = np.full(n, np.nan)
@@ -144,7 +146,6 @@ async def _httpx_open(url: str, rate: float, duration_s: float) -> dict[str, Any
 
 
 async def _httpx_closed(url: str, duration_s: float, concurrency: int = 64) -> tuple[float, float]:
-    import httpx
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     count = 0
@@ -203,6 +204,14 @@ def climb(
     return steps
 
 
+def zero_server(cpu: int | None) -> ServerProcess:
+    """The stress package's zero-delay test server (`python -m stress.testing`), optionally
+    pinned to one CPU so that it never shares a core with the generator."""
+    port = free_port()
+    argv = [sys.executable, "-m", "stress.testing", "--kind", "zero", "--port", str(port)]
+    return ServerProcess(argv + (["--cpu", str(cpu)] if cpu is not None else []), port)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="toolenv stress generator bench")
     parser.add_argument("--out", type=Path, required=True)
@@ -227,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             "step_seconds": step_s,
         },
     }
-    with serve("zero", cpu=server_cpu) as base:
-        url = base + "/bench"
+    with zero_server(server_cpu) as server:
+        url = server.url + "/bench"
         run_load(LoadSpec(url=url, rate=500, duration_s=0.5))  # warm both sides up
         print("open loop, toolenv stress client (1 process, 1 core):", flush=True)
         ours = climb(ours_step, url, ours_rates, step_s, "ours", must_reach=3000)

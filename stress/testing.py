@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from toolenv_core.net import free_port
+
 DELAY_HEADER = b"x-toolenv-injected-delay-ms"
 
 
@@ -127,12 +129,6 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve(
     kind: str = "zero", *, cpu: int | None = None, timeout_s: float = 30.0, **options: Any
@@ -187,4 +183,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["make_app", "serve", "free_port"]
+__all__ = ["make_app", "serve"]

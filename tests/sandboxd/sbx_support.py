@@ -18,15 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from toolenv_core.net import free_port
+
 SECRET = f"toolenv-secret-{secrets.token_hex(8)}"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stat(pid: int) -> tuple[str, int, str] | None:
@@ -179,7 +173,7 @@ class SandboxdServer:
 
 
 def start_sandboxd(*args: str, env: dict[str, str] | None = None) -> SandboxdServer:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--host", "127.0.0.1"]
     argv += ["--port", str(port), *args]
     full_env = {**os.environ, "TOOLENV_TEST_SECRET": SECRET, **(env or {})}

@@ -19,7 +19,8 @@ from stress.cli import (
 )
 from stress.slo import SLO, SLOError
 from stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
-from stress.testing import free_port, serve
+from stress.testing import serve
+from toolenv_core.net import free_port
 
 runner = CliRunner()
 app = build_app()

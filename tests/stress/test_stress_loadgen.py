@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
 from stress import (
     BODY_KEY,
@@ -18,6 +23,7 @@ from stress import (
     run_load,
 )
 from stress.testing import serve
+from toolenv_core.net import free_port
 
 
 @pytest.fixture(scope="module")
@@ -197,15 +203,6 @@ def test_remote_targets_are_refused_unless_allowed() -> None:
 @pytest.fixture(scope="module")
 def fastapi_server() -> str:
     """A FastAPI app on uvicorn (in a thread): JSON, a streamed (chunked) body, a 500."""
-    import asyncio as aio
-    import time
-
-    import uvicorn
-    from fastapi import FastAPI
-    from fastapi.responses import StreamingResponse
-
-    from stress.testing import free_port
-
     app = FastAPI()
 
     @app.post("/json")
@@ -216,7 +213,7 @@ def fastapi_server() -> str:
     async def stream() -> StreamingResponse:
         async def parts():
             for i in range(3):
-                await aio.sleep(0.002)
+                await asyncio.sleep(0.002)
                 yield f"part{i}\n".encode()
 
         return StreamingResponse(parts(), media_type="text/plain")

@@ -1,0 +1,132 @@
+"""The one harness every benchmark uses: a free loopback port, a server process spawned, waited
+for until it answers its readiness path, measured from /proc, and stopped.
+
+    with toolenv_server("emulators", "serve", "--profile", str(path)) as server:
+        run_load(LoadSpec(url=server.url + "/retrieve", ...))
+        server.cpu_s()
+
+A server runs in its own session so that a stuck one is killed with its children; its stderr
+goes to a temporary file (a pipe nobody reads would block a chatty server) and its tail is
+quoted when it dies before it is ready.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from toolenv_core.net import free_port
+
+__all__ = ["ServerProcess", "free_port", "toolenv_server"]
+
+
+class ServerProcess:
+    """A real server on 127.0.0.1:`port`, started by `start()` and stopped with SIGINT."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        port: int,
+        *,
+        ready_path: str = "/readyz",
+        ready_timeout_s: float = 60.0,
+        stop_timeout_s: float = 10.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.argv = argv
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.ready_path = ready_path
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.env = None if env is None else {**os.environ, **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stderr = tempfile.TemporaryFile()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def start(self) -> ServerProcess:
+        """Spawn the process and wait until `ready_path` answers 200 (or fail with its stderr)."""
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            env=self.env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{' '.join(self.argv[:5])} exited with {self.proc.returncode}: "
+                    f"{self.stderr_tail()}"
+                )
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.url} not ready within {self.ready_timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        """SIGINT (a graceful drain), then SIGKILL to the whole session after `stop_timeout_s`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._stderr.close()
+
+    def stderr_tail(self, chars: int = 2000) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-chars:]
+
+    # ---- /proc counters (load-independent costs)
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def rss_kb(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def toolenv_server(
+    *args: str, ready_timeout_s: float = 60.0, stop_timeout_s: float = 10.0
+) -> ServerProcess:
+    """`python -m toolenv <args> --host 127.0.0.1 --port <free port>` (not started yet)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", *args, "--host", "127.0.0.1", "--port", str(port)]
+    return ServerProcess(argv, port, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s)
