@@ -31,7 +31,8 @@ def fit_command(
     traces: Annotated[
         list[Path],
         typer.Argument(
-            help="PolyTrace files or directories (multi-turn, call logs, reward timings)."
+            help="PolyTrace files or directories (multi-turn, call logs, reward timings); a name "
+            "not on disk is looked up in the trace cache (`toolenv traces fetch`)."
         ),
     ],
     tool: Annotated[
@@ -114,7 +115,8 @@ def describe_command(
         Path, typer.Argument(metavar="PROFILE", help="A profile file (YAML/JSON).")
     ],
     data: Annotated[
-        list[Path] | None, typer.Option("--data", help="Trace(s) to compare against.")
+        list[Path] | None,
+        typer.Option("--data", help="Trace(s) to compare against (paths or trace-cache names)."),
     ] = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG of the CDF (vs the data).")

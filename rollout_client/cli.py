@@ -31,7 +31,12 @@ def show_settings() -> None:
 @app.command("run")
 def run(
     trace: Annotated[
-        list[Path] | None, typer.Option("--trace", help="PolyTrace multi-turn JSONL (repeatable).")
+        list[Path] | None,
+        typer.Option(
+            "--trace",
+            help="PolyTrace multi-turn JSONL, or a directory of them; a name not on disk is looked "
+            "up in the trace cache (`toolenv traces fetch`). Repeatable.",
+        ),
     ] = None,
     synthetic: Annotated[
         Path | None,
@@ -310,14 +315,17 @@ def study(
     trace: Annotated[
         list[Path],
         typer.Option(
-            "--trace", help="search_r1 multi-turn JSONL (repeatable; 3 steps for full runs)."
+            "--trace",
+            help="search_r1 multi-turn JSONL or its directory, on disk or in the trace cache "
+            "(repeatable; 3 steps for full runs).",
         ),
     ],
     reward_trace: Annotated[
         list[Path] | None,
         typer.Option(
             "--reward-trace",
-            help="rllm_deepcoder reward_timings JSONL (repeatable): the reward scenario.",
+            help="rllm_deepcoder reward_timings JSONL or its directory, on disk or in the trace "
+            "cache (repeatable): the reward scenario.",
         ),
     ] = None,
     quick: Annotated[

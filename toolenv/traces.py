@@ -114,9 +114,12 @@ def fetch_command(
                 settled += entry.bytes if result.status != "failed" else 0
                 wanted = progress.tasks[0].total - (entry.bytes if result.status == "failed" else 0)
                 progress.update(total, completed=settled, total=wanted)
+                if result.unreachable:
+                    break  # the source does not answer: every other file would fail alike
     finally:
         fetcher.close()
     failed = [r for r in results if r.status == "failed"]
+    not_tried = [e.name for e in entries[len(results) :]]
     report = {
         "cache_dir": str(cache_dir),
         "source": where or manifest.base_url,
@@ -124,6 +127,7 @@ def fetch_command(
         "fetched": sum(r.status == "fetched" for r in results),
         "cached": sum(r.status == "cached" for r in results),
         "failed": len(failed),
+        "not_tried": not_tried,
         "files": [
             {
                 "name": r.name,
@@ -146,6 +150,10 @@ def fetch_command(
         )
     for r in failed:
         typer.echo(f"error: {r.error}", err=True)
+    if not_tried:
+        typer.echo(
+            f"error: {len(not_tried)} more file(s) not tried: the source does not answer", err=True
+        )
     if failed:
         raise typer.Exit(1)
 

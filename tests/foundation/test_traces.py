@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import Result
 from testkit import ServerProcess, free_port
+from typer.testing import CliRunner
 
+from toolenv.cli import build_app
 from toolenv_core.polytrace.fetch import Fetcher
 from toolenv_core.polytrace.manifest import load_manifest
+
+app = build_app()
 
 # Small files for most tests; one search_r1 step (3.4 MB) where a real trace is needed.
 SMALL = ["rllm_deepcoder/reward_timings_step_*", "intern_s1"]
@@ -39,12 +42,14 @@ def mirror(polytrace_dir: Path) -> Iterator[str]:
     server.stop()
 
 
-def traces(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    if cache is not None:
-        env["TOOLENV_TRACES_CACHE_DIR"] = str(cache)
-    argv = [sys.executable, "-m", "toolenv", "traces", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+def traces(*args: str, cache: Path | None = None) -> Result:
+    """`toolenv traces ...` in-process (the HTTP server it talks to is a real process)."""
+    env = {"COLUMNS": "200", "TOOLENV_TRACES_CACHE_DIR": str(cache) if cache else None}
+    return CliRunner().invoke(app, ["traces", *args], env=env)
+
+
+def toolenv(*args: str, cache: Path) -> Result:
+    return CliRunner().invoke(app, list(args), env={"TOOLENV_TRACES_CACHE_DIR": str(cache)})
 
 
 def sha256(path: Path) -> str:
@@ -73,7 +78,7 @@ def test_shipped_manifest_is_the_upstream_list(polytrace_dir: Path) -> None:
 def test_fetch_over_http_verifies_caches_and_is_found_by_name(mirror: str, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     done = traces("fetch", *SMALL, STEP0, "--from", mirror, "--json", cache=cache)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["cache_dir"] == str(cache) and report["failed"] == 0
     assert report["fetched"] == len(report["files"]) == 7
@@ -90,30 +95,25 @@ def test_fetch_over_http_verifies_caches_and_is_found_by_name(mirror: str, tmp_p
     assert again["cached"] == 7 and again["fetched"] == 0
     # Human output: one summary line; `list` marks the cached files.
     human = traces("fetch", "intern_s1", "--from", mirror, cache=cache)
-    assert human.returncode == 0 and "0 fetched, 1 already cached, 0 failed" in human.stdout
+    assert human.exit_code == 0 and "0 fetched, 1 already cached, 0 failed" in human.stdout
     listed = json.loads(traces("list", "--json", cache=cache).stdout)
     assert {f["name"] for f in listed["files"] if f["cached"]} == {
         f["name"] for f in report["files"]
     }
     # Other commands resolve a bare file name and a directory name against the cache.
-    env = {**os.environ, "TOOLENV_TRACES_CACHE_DIR": str(cache)}
-    fit = subprocess.run(
-        [sys.executable, "-m", "toolenv", "emulators", "fit", "multiturn_workload_step_0.jsonl", "--json"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
-    assert fit.returncode == 0, fit.stderr
+    fit = toolenv("emulators", "fit", "multiturn_workload_step_0.jsonl", "--json", cache=cache)
+    assert fit.exit_code == 0, fit.stderr
     assert json.loads(fit.stdout)["n"] == 3469  # step 0's search calls
-    reward = subprocess.run(
-        [sys.executable, "-m", "toolenv", "emulators", "fit", "rllm_deepcoder", "--tool", "reward", "--json"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
-    assert reward.returncode == 0 and json.loads(reward.stdout)["n"] == 10  # 2 batches per step
+    reward = toolenv(
+        "emulators", "fit", "rllm_deepcoder", "--tool", "reward", "--json", cache=cache
+    )
+    assert reward.exit_code == 0 and json.loads(reward.stdout)["n"] == 10  # 2 batches per step
 
 
 def test_fetch_from_directories_in_either_layout(polytrace_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     done = traces("fetch", *SMALL, "--from", str(polytrace_dir), "--json", cache=cache)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert json.loads(done.stdout)["fetched"] == 6
     # A clone of the upstream repository: files under their upstream paths.
     clone = tmp_path / "PolyTrace"
@@ -122,7 +122,7 @@ def test_fetch_from_directories_in_either_layout(polytrace_dir: Path, tmp_path: 
         shutil.copy(polytrace_dir / entry.name, clone / entry.upstream)
     other = tmp_path / "other"
     done = traces("fetch", "rllm_deepcoder/reward_*", "--from", str(clone), "--json", cache=other)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     files = json.loads(done.stdout)["files"]
     assert len(files) == 5 and all(f["source"].startswith(str(clone / "rllm")) for f in files)
 
@@ -131,7 +131,7 @@ def test_corrupted_mirror_is_refused_and_the_good_cache_stays(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    assert traces("fetch", *SMALL, "--from", str(polytrace_dir), cache=cache).returncode == 0
+    assert traces("fetch", *SMALL, "--from", str(polytrace_dir), cache=cache).exit_code == 0
     good = {p: p.read_bytes() for p in cache.rglob("*.json*")}
     # A mirror with one byte flipped in one file, one file cut short, one with bytes added.
     bad = tmp_path / "bad"
@@ -150,7 +150,7 @@ def test_corrupted_mirror_is_refused_and_the_good_cache_stays(
         done = traces("fetch", *SMALL, "--from", server.url, "--force", "--json", cache=cache)
     finally:
         server.stop()
-    assert done.returncode == 1
+    assert done.exit_code == 1
     report = json.loads(done.stdout)
     assert report["failed"] == 3 and report["fetched"] == 3  # the intact files still land
     errors = {f["name"]: f["error"] for f in report["files"] if f["status"] == "failed"}
@@ -172,7 +172,7 @@ def test_corrupted_mirror_is_refused_and_the_good_cache_stays(
     # Into an empty cache, a bad file leaves no file at all.
     empty = tmp_path / "empty"
     done = traces("fetch", "reward_timings_step_0.jsonl", "--from", str(bad), cache=empty)
-    assert done.returncode == 1 and "sha256 mismatch" in done.stderr
+    assert done.exit_code == 1 and "sha256 mismatch" in done.stderr
     assert [p for p in empty.rglob("*") if p.is_file()] == []
 
 
@@ -192,12 +192,12 @@ def test_interrupted_download_leaves_nothing(polytrace_dir: Path, tmp_path: Path
 
 def test_fetch_bad_input_is_a_clear_error(mirror: str, tmp_path: Path) -> None:
     done = traces("fetch", "no_such_workload", "--dest", str(tmp_path))
-    assert done.returncode == 2 and "matches no published PolyTrace file" in done.stderr
+    assert done.exit_code == 2 and "matches no published PolyTrace file" in done.stderr
     assert "search_r1" in done.stderr  # says which names exist
     done = traces(
         "fetch", "intern_s1", "--from", str(tmp_path / "nowhere"), "--dest", str(tmp_path)
     )
-    assert done.returncode == 2 and "not a URL" in done.stderr
+    assert done.exit_code == 2 and "not a URL" in done.stderr
     # A file the mirror does not hold: named, with the URL and the status.
     done = traces(
         "fetch",
@@ -207,20 +207,20 @@ def test_fetch_bad_input_is_a_clear_error(mirror: str, tmp_path: Path) -> None:
         "--dest",
         str(tmp_path),
     )
-    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.exit_code == 1 and "Traceback" not in done.stderr
     assert "search_r1/multiturn_workload_step_5.jsonl: HTTP 404" in done.stderr
-    # An unreachable server (a closed port on loopback): one line, no traceback.
+    # An unreachable server (a closed port on loopback): said once, the other files not tried.
     dead = f"http://127.0.0.1:{free_port()}"
-    done = traces("fetch", "intern_s1", "--from", dead, "--dest", str(tmp_path))
-    assert done.returncode == 1 and "cannot download" in done.stderr and dead in done.stderr
-    assert "Traceback" not in done.stderr
+    done = traces("fetch", *SMALL, "--from", dead, "--dest", str(tmp_path), "--json")
+    assert done.exit_code == 1 and "Traceback" not in done.stderr
+    report = json.loads(done.stdout)
+    assert report["failed"] == 1 and len(report["not_tried"]) == 5
+    [error] = [f["error"] for f in report["files"]]
+    assert "cannot download" in error and dead in error
+    assert "5 more file(s) not tried: the source does not answer" in done.stderr
 
 
 def test_missing_trace_points_at_the_cache_and_fetch(tmp_path: Path) -> None:
-    env = {**os.environ, "TOOLENV_TRACES_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-m", "toolenv", "emulators", "fit", "multiturn_workload_step_9.jsonl"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
-    assert done.returncode == 2
+    done = toolenv("emulators", "fit", "multiturn_workload_step_9.jsonl", cache=tmp_path)
+    assert done.exit_code == 2
     assert str(tmp_path) in done.stderr and "toolenv traces fetch" in done.stderr

@@ -29,7 +29,12 @@ Progress = Callable[[ManifestEntry, int], None]  # (file, bytes just received)
 
 
 class FetchError(Exception):
-    """One file could not be fetched or did not verify; the message names the file and why."""
+    """One file could not be fetched or did not verify; the message names the file and why.
+    `unreachable`: the source itself did not answer, so the other files would fail alike."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,7 @@ class FetchResult:
     bytes: int
     source: str = ""
     error: str = ""
+    unreachable: bool = False
 
 
 def file_digest(path: Path) -> tuple[int, str]:
@@ -152,7 +158,8 @@ class Fetcher:
                 where = self._download(entry, sink)
                 sink.commit(target, where)
         except FetchError as exc:
-            return FetchResult(entry.name, "failed", target, 0, self.source or "", str(exc))
+            where = self.source or self.manifest.base_url
+            return FetchResult(entry.name, "failed", target, 0, where, str(exc), exc.unreachable)
         return FetchResult(entry.name, "fetched", target, entry.bytes, where)
 
     def _download(self, entry: ManifestEntry, sink: _Sink) -> str:
@@ -191,6 +198,11 @@ class Fetcher:
                     raise FetchError(f"{entry.name}: HTTP {response.status_code} from {url}")
                 for chunk in response.iter_bytes(CHUNK):
                     sink.write(chunk)
+        except httpx.TransportError as exc:
+            unreachable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            raise FetchError(
+                f"{entry.name}: cannot download {url}: {exc}", unreachable=unreachable
+            ) from exc
         except httpx.HTTPError as exc:
             raise FetchError(f"{entry.name}: cannot download {url}: {exc}") from exc
         return True
