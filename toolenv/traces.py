@@ -27,7 +27,10 @@ from toolenv_core.polytrace.cache import TracesSettings
 from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached
 from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
 
-app = typer.Typer(help="The published PolyTrace files: fetch them into the cache, list them.")
+app = typer.Typer(
+    help="The published PolyTrace files: fetch them into the cache, list them.",
+    no_args_is_help=True,
+)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
