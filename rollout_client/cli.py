@@ -8,11 +8,30 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from .settings import RolloutSettings
+
 app = typer.Typer(
     help="Multi-turn rollouts through the gateway, with straggler policies.", no_args_is_help=True
 )
 
-_POLICY_HELP = "sync|async, combinable with +timeout and +overlap (e.g. async+timeout+overlap)."
+
+def _default(field: str) -> str:
+    """A setting's default as `--help` shows it (options default to None so that config files
+    and TOOLENV_ROLLOUT_* variables can fill them in)."""
+    value = RolloutSettings.model_fields[field].get_default(call_default_factory=True)
+    return (
+        "none"
+        if value is None or value == []
+        else str(value).lower()
+        if isinstance(value, bool)
+        else str(value)
+    )
+
+
+_POLICY_HELP = (
+    "sync|async, combinable with +timeout, +hedge (virtual clock) and +overlap "
+    "(e.g. async+timeout+overlap)."
+)
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -52,61 +71,143 @@ def run(
         ),
     ] = None,
     max_turns: Annotated[
-        int | None, typer.Option("--max-turns", help="live: turns per trajectory at most.")
+        int | None,
+        typer.Option(
+            "--max-turns",
+            show_default=_default("live_max_turns"),
+            help="live: turns per trajectory at most.",
+        ),
     ] = None,
     max_tokens: Annotated[
-        int | None, typer.Option("--max-tokens", help="live: tokens per turn at most.")
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            show_default=_default("live_max_tokens"),
+            help="live: tokens per turn at most.",
+        ),
     ] = None,
-    gateway: Annotated[str | None, typer.Option("--gateway", help="Gateway base URL.")] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="vllm | openai | sim")] = None,
+    gateway: Annotated[
+        str | None,
+        typer.Option("--gateway", show_default=_default("gateway_url"), help="Gateway base URL."),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option("--engine", show_default=_default("engine"), help="vllm | openai | sim"),
+    ] = None,
     model: Annotated[
-        Path | None, typer.Option("--model", help="Model directory (vllm; vocab size).")
+        Path | None,
+        typer.Option(
+            "--model", show_default=_default("model"), help="Model directory (vllm; vocab size)."
+        ),
     ] = None,
     openai_url: Annotated[
         list[str] | None,
-        typer.Option("--openai-url", help="OpenAI-compatible server (repeatable)."),
+        typer.Option(
+            "--openai-url",
+            show_default=_default("openai_urls"),
+            help="OpenAI-compatible server (repeatable).",
+        ),
     ] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help=_POLICY_HELP)] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Rollout steps.")] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", show_default=_default("policy"), help=_POLICY_HELP)
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", show_default=_default("steps"), help="Rollout steps.")
+    ] = None,
     batch: Annotated[
-        int | None, typer.Option("--batch", help="Trajectories completing each step (N).")
+        int | None,
+        typer.Option(
+            "--batch", show_default=_default("batch"), help="Trajectories completing each step (N)."
+        ),
     ] = None,
     tool_timeout: Annotated[
-        float | None, typer.Option("--tool-timeout", help="Seconds per tool call (timeout policy).")
+        float | None,
+        typer.Option(
+            "--tool-timeout",
+            show_default=_default("tool_timeout_s"),
+            help="Seconds per tool call (timeout policy).",
+        ),
     ] = None,
     overlap_ratio: Annotated[
-        float | None, typer.Option("--overlap-ratio", help="overlap launches N*(1+ratio).")
+        float | None,
+        typer.Option(
+            "--overlap-ratio",
+            show_default=_default("overlap_ratio"),
+            help="overlap launches N*(1+ratio).",
+        ),
     ] = None,
     unfinished: Annotated[
-        str | None, typer.Option("--unfinished", help="overlap: carry | abort.")
+        str | None,
+        typer.Option(
+            "--unfinished",
+            show_default=_default("overlap_unfinished"),
+            help="overlap: carry | abort.",
+        ),
     ] = None,
     exact: Annotated[
-        bool | None, typer.Option("--exact/--no-exact", help="Replay each call's recorded latency.")
+        bool | None,
+        typer.Option(
+            "--exact/--no-exact",
+            show_default=_default("exact"),
+            help="Replay each call's recorded latency.",
+        ),
     ] = None,
     length_scale: Annotated[
-        float | None, typer.Option("--length-scale", help="Multiply every trace length.")
+        float | None,
+        typer.Option(
+            "--length-scale",
+            show_default=_default("length_scale"),
+            help="Multiply every trace length.",
+        ),
     ] = None,
     max_prompt: Annotated[
-        int | None, typer.Option("--max-prompt", help="Cap on the prompt length.")
+        int | None,
+        typer.Option(
+            "--max-prompt", show_default=_default("max_prompt"), help="Cap on the prompt length."
+        ),
     ] = None,
     max_output: Annotated[
-        int | None, typer.Option("--max-output", help="Cap on each turn's output.")
+        int | None,
+        typer.Option(
+            "--max-output", show_default=_default("max_output"), help="Cap on each turn's output."
+        ),
     ] = None,
     max_append: Annotated[
-        int | None, typer.Option("--max-append", help="Cap on each tool response.")
+        int | None,
+        typer.Option(
+            "--max-append", show_default=_default("max_append"), help="Cap on each tool response."
+        ),
     ] = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", help="Use at most this many trajectories.")
+        int | None,
+        typer.Option(
+            "--limit", show_default=_default("limit"), help="Use at most this many trajectories."
+        ),
     ] = None,
     sample: Annotated[
-        float | None, typer.Option("--sample", help="Keep each trajectory with this probability.")
+        float | None,
+        typer.Option(
+            "--sample",
+            show_default=_default("sample"),
+            help="Keep each trajectory with this probability.",
+        ),
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", show_default=_default("seed"))] = None,
     cost_profile: Annotated[
-        str | None, typer.Option("--cost-profile", help="sim: built-in name or calibrate JSON.")
+        str | None,
+        typer.Option(
+            "--cost-profile",
+            show_default=_default("cost_profile"),
+            help="sim: built-in name or calibrate JSON.",
+        ),
     ] = None,
     time_scale: Annotated[
-        float | None, typer.Option("--time-scale", help="sim: run this many times faster.")
+        float | None,
+        typer.Option(
+            "--time-scale",
+            show_default=_default("time_scale"),
+            help="sim: run this many times faster.",
+        ),
     ] = None,
     clock: Annotated[
         str | None,
@@ -125,13 +226,25 @@ def run(
         ),
     ] = None,
     tool_scale: Annotated[
-        float | None, typer.Option("--tool-scale", help="virtual: multiply every tool latency.")
+        float | None,
+        typer.Option(
+            "--tool-scale",
+            show_default=_default("tool_scale"),
+            help="virtual: multiply every tool latency.",
+        ),
     ] = None,
     hedge_quantile: Annotated[
         float | None,
-        typer.Option("--hedge-quantile", help="hedge policy: second attempt after this quantile."),
+        typer.Option(
+            "--hedge-quantile",
+            show_default=_default("hedge_quantile"),
+            help="hedge policy: second attempt after this quantile.",
+        ),
     ] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Output directory.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", show_default=_default("out_dir"), help="Output directory."),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the JSON report instead of the table.")
     ] = False,
@@ -228,6 +341,7 @@ def run(
     from .report import plot, print_table
 
     timelines = report.pop("_timelines", [])
+    report.pop("_records", None)
     if not no_plots and report["steps"]:
         plot(report, timelines, out_dir)
     summary = report["summary"]
@@ -236,8 +350,10 @@ def run(
     else:
         print_table(report)
         s = report["summary"]
+        modelled = sum(step["modeled_makespan_s"] for step in report["steps"])
         typer.echo(
-            f"{s.get('completed', 0)} trajectories in {s.get('total_makespan_s', 0):.2f} s; "
+            f"{s.get('completed', 0)} trajectories in {modelled:.2f} modelled s "
+            f"(wall {report['wall']['elapsed_s']:.2f} s); "
             f"engine busy {s.get('engine_busy_fraction', 0):.0%}; wrote {out_dir}/report.json, "
             f"{out_dir}/trajectories.jsonl" + ("" if no_plots else " and PNG plots")
         )
@@ -269,6 +385,21 @@ async def _run_with_progress(
         plans = list(build_plans(settings, traces, synthetic))
     if not plans:
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
+    from .policies import build_policy
+
+    launch = build_policy(
+        settings.policy, over=settings.overlap_ratio, hedge_quantile=settings.hedge_quantile
+    ).launch_count(settings.batch)
+    if len(plans) < launch * settings.steps:
+        Console(stderr=True).print(
+            f"note: {len(plans)} trajectories selected (trace size, --limit, --sample) for "
+            f"{settings.steps} step(s) of --batch {settings.batch} (launching {launch} each): "
+            + (
+                f"the first step runs {len(plans)}"
+                if len(plans) < launch
+                else "later steps run short or not at all"
+            )
+        )
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -285,7 +416,11 @@ async def _run_with_progress(
     def on_event(event) -> None:
         if state["task"] is None:
             state["task"] = progress.add_task(
-                f"step {state['step']}", total=settings.batch, turns=0, tools=0, timeouts=0
+                f"step {state['step']}",
+                total=min(settings.batch, len(plans)),
+                turns=0,
+                tools=0,
+                timeouts=0,
             )
         task = progress.tasks[[t.id for t in progress.tasks].index(state["task"])]
         fields = dict(task.fields)
@@ -395,6 +530,96 @@ def study(
     else:
         typer.echo(markdown(result, command.strip()))
         typer.echo(f"wrote {out}/study.md, {out}/study.json" + ("" if no_plots else " and PNGs"))
+
+
+@app.command("validate")
+def validate(
+    trace: Annotated[
+        list[Path],
+        typer.Option("--trace", help="search_r1 step(s) to report on (multi-turn JSONL)."),
+    ],
+    cost_profile: Annotated[
+        str, typer.Option("--cost-profile", help="Built-in engine profile or calibrate JSON.")
+    ] = "searchr1-qwen7b",
+    fit: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--fit", help="Fit the profile on these steps first (never the reported ones)."
+        ),
+    ] = None,
+    save_profile: Annotated[
+        Path | None, typer.Option("--save-profile", help="Write the fitted profile here.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Replay recorded steps under verl's policy in virtual time and compare with their timings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from toolenv_core.polytrace import TraceFormatError
+
+    from .engines.costmodel import load_cost_model
+    from .validate import fit_cost_model, initial_guess, load_step, validate_step
+
+    console = Console(stderr=True)
+    try:
+        cost = load_cost_model(cost_profile)
+        fitted = None
+        if fit:
+            if set(map(str, fit)) & set(map(str, trace)):
+                _fail("--fit and --trace must be different steps (never fit on what you report)")
+            fit_steps = [load_step(p) for p in fit]
+            with console.status("fitting the engine model") as status:
+                start = initial_guess(fit_steps[0], cost)
+                cost, loss = fit_cost_model(
+                    fit_steps,
+                    start,
+                    on_trial=lambda c, v: status.update(f"fitting: loss {v:.3f}"),
+                )
+            cost = cost.model_copy(
+                update={"source": f"toolenv rollout validate --fit {' --fit '.join(map(str, fit))}"}
+            )
+            fitted = {"profile": cost.model_dump(), "loss": round(loss, 4)}
+            if save_profile is not None:
+                cost.save(save_profile)
+        results = []
+        for path in trace:
+            with console.status(f"replaying {path.name} in virtual time"):
+                results.append({"trace": str(path), **validate_step(load_step(path), cost)})
+    except (TraceFormatError, ValueError, OSError) as exc:
+        _fail(_one_line(exc))
+    report = {
+        "cost_profile": cost.name,
+        "policy": "async (verl SGLang multi-turn)",
+        "fit": fitted,
+        "steps": results,
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    table = Table(
+        title=f"validation against recorded timings (profile {cost.name})", title_justify="left"
+    )
+    for col in (
+        "step",
+        "makespan rec/sim (s)",
+        "accuracy",
+        "completion KS",
+        "turn p50 rec/sim",
+        "turn p90 rec/sim",
+    ):
+        table.add_column(col, justify="right")
+    for r in results:
+        rec, sim = r["turn_latency_recorded_s"], r["turn_latency_simulated_s"]
+        table.add_row(
+            Path(r["trace"]).name,
+            f"{r['makespan_recorded_s']:.1f} / {r['makespan_simulated_s']:.1f}",
+            f"{r['makespan_accuracy']:.1%}",
+            f"{r['completion_ks']:.3f}",
+            f"{rec['p50']:.1f} / {sim['p50']:.1f}",
+            f"{rec['p90']:.1f} / {sim['p90']:.1f}",
+        )
+    Console().print(table)
 
 
 @app.command("calibrate")

@@ -57,6 +57,7 @@ def step_metrics(outcome: StepOutcome, monitor: EngineMonitor) -> dict[str, Any]
         "engine_idle_fraction": round(1 - busy, 4),
         "mean_batch_occupancy": round(occupancy, 4),
         "mean_in_flight": round(occupancy * monitor.capacity, 2),
+        "capacity": monitor.capacity,
         "time_split_s": {k: round(v, 3) for k, v in split.items()},
         "time_share": {k.removesuffix("_s"): round(v / total, 4) for k, v in split.items()},
         "tail_share": round(tail_share, 4),

@@ -18,12 +18,12 @@ def write_json(report: dict[str, Any], path: Path) -> None:
 _ROWS: list[tuple[str, str]] = [
     ("completed", "completed"),
     ("launched", "launched"),
-    ("makespan_s", "makespan (s)"),
+    ("modeled_makespan_s", "makespan, modelled (s)"),
+    ("wall_s", "wall time (s)"),
     ("trajectories_per_s", "trajectories/s"),
     ("tokens_per_s", "generated tokens/s"),
     ("engine_busy_fraction", "engine busy"),
-    ("mean_batch_occupancy", "mean batch occupancy"),
-    ("mean_in_flight", "mean requests in flight"),
+    ("in_flight", "mean in flight / capacity"),
     ("share:generate", "time generating"),
     ("share:queue", "time queueing"),
     ("share:tool_wait", "time waiting on tools"),
@@ -37,7 +37,7 @@ _ROWS: list[tuple[str, str]] = [
     ("staleness", "staleness (steps: count)"),
     ("prefix_hit_rate", "prefix-cache hit rate"),
 ]
-_PERCENT = {"engine_busy_fraction", "mean_batch_occupancy", "tail_share", "prefix_hit_rate"}
+_PERCENT = {"engine_busy_fraction", "tail_share", "prefix_hit_rate"}
 
 
 def _cell(step: dict[str, Any], key: str) -> str:
@@ -45,10 +45,16 @@ def _cell(step: dict[str, Any], key: str) -> str:
         return f"{step['time_share'][key.removeprefix('share:')]:.0%}"
     if key == "staleness":
         return " ".join(f"{k}:{v}" for k, v in step["staleness"].items()) or "-"
+    if key == "in_flight":
+        capacity = step.get("capacity")
+        share = f" ({step['mean_batch_occupancy']:.1%})" if capacity else ""
+        return f"{step['mean_in_flight']:.1f} / {capacity or '?'}{share}"
     if key == "prefix_hit_rate":
         cache = step.get("prefix_cache")
         return f"{cache['hit_rate']:.0%}" if cache else "-"
     value = step[key]
+    if value is None:
+        return "-"
     if key in _PERCENT:
         return f"{value:.0%}"
     return f"{value:.2f}" if isinstance(value, float) else str(value)
@@ -58,12 +64,18 @@ def table(report: dict[str, Any], max_steps: int = 6) -> Table:
     """One row per metric, one column per step (narrow terminals stay readable)."""
     scale = report.get("time_scale", 1.0)
     note = f" (sim at {scale:g}x real time)" if scale != 1.0 else ""
+    if report.get("clock") == "virtual":
+        note = " (virtual time: modelled seconds; wall time beside)"
     t = Table(
         title=f"rollout: policy {report['policy']}, engine {report['engine']}{note}",
         title_justify="left",
     )
     t.add_column("metric")
-    steps = report["steps"][:max_steps]
+    walls = report.get("wall", {}).get("steps_s", [])
+    steps = [
+        {**s, "wall_s": walls[i] if i < len(walls) else None}
+        for i, s in enumerate(report["steps"][:max_steps])
+    ]
     for s in steps:
         t.add_column(f"step {s['step']}", justify="right")
     for key, label in _ROWS:
@@ -85,10 +97,11 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     steps = report["steps"]
     title = f"{report['policy']} / {report['engine']}"
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar([s["step"] for s in steps], [s["makespan_s"] for s in steps], color="tab:blue")
-    ax.set_xlabel("step")
-    ax.set_ylabel("makespan (s)")
+    scale = report.get("time_scale", 1.0)  # plots are in modelled seconds
+    fig, ax = plt.subplots(figsize=(max(3.5, 1.2 * len(steps) + 2), 3.5))
+    labels = [f"step {s['step']}" for s in steps]
+    ax.bar(labels, [s["modeled_makespan_s"] for s in steps], color="tab:blue", width=0.6)
+    ax.set_ylabel("makespan, modelled (s)")
     ax.set_title(f"per-step makespan: {title}")
     fig.tight_layout()
     paths.append(out / "makespan.png")
@@ -100,12 +113,12 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
         times = s["completion_times_s"]
         if times:
             ax.step(
-                times,
+                [t * scale for t in times],
                 [(i + 1) / len(times) for i in range(len(times))],
                 where="post",
                 label=f"step {s['step']}",
             )
-    ax.set_xlabel("seconds since step start")
+    ax.set_xlabel("modelled seconds since step start")
     ax.set_ylabel("fraction of trajectories done")
     ax.set_title(f"trajectory completion CDF: {title}")
     ax.legend(fontsize="small")
@@ -116,18 +129,19 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     offset = 0.0
+    capacity = report.get("engine_capacity") or 1
     for s, points in zip(steps, timelines, strict=False):
         if points:
             ax.step(
-                [offset + t for t, _ in points],
-                [n for _, n in points],
+                [offset + t * scale for t, _ in points],
+                [100 * n / capacity for _, n in points],
                 where="post",
                 color="tab:green",
             )
             ax.axvline(offset, color="grey", lw=0.5)
-        offset += s["makespan_s"]
-    ax.set_xlabel("seconds (steps back to back)")
-    ax.set_ylabel("requests in the engine")
+        offset += s["modeled_makespan_s"]
+    ax.set_xlabel("modelled seconds (steps back to back)")
+    ax.set_ylabel(f"in flight / capacity {capacity} (%)")
     ax.set_title(f"engine-busy timeline: {title}")
     fig.tight_layout()
     paths.append(out / "engine_busy.png")

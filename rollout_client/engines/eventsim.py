@@ -132,8 +132,8 @@ class EventSimEngine(Engine):
         ignore_eos: bool,
         route_key: str | None,
     ) -> AsyncIterator[Chunk]:
-        if self._loop is None:
-            raise RuntimeError("EventSimEngine.start() was not called")
+        if self._loop is None:  # started lazily: a caller may hand it over unstarted
+            self._loop = asyncio.get_running_loop()
         # Lengths are always forced in the simulator: there is no model to stop early.
         future = self._loop.create_future()
         seq = _Seq(request_id, len(prompt_ids), max(1, max_tokens), route_key, future)
