@@ -116,16 +116,12 @@ def fit(
     )
 
 
-async def calibrate_engine(
-    engine: Engine, plan: CalibrationPlan, *, name: str, vocab_size: int
+def profile_from(
+    engine: Engine, plan: CalibrationPlan, samples: list[Sample], name: str
 ) -> CostModel:
-    await engine.start()
-    try:
-        samples = await measure(engine, plan, vocab_size)
-    finally:
-        await engine.close()
-    block = getattr(getattr(engine, "options", None), "block_size", 16)
-    return fit(
+    """The fitted profile for what `measure` saw on `engine`, with its fit error."""
+    block = engine.block_size
+    cost = fit(
         samples,
         plan.decode_tokens,
         name=name,
@@ -134,3 +130,35 @@ async def calibrate_engine(
         max_batch=engine.monitor.capacity,
         block_size=block,
     )
+    return cost.model_copy(update={"fit_error": fit_error(cost, samples, plan.decode_tokens)})
+
+
+def fit_error(cost: CostModel, samples: list[Sample], decode_tokens: int) -> dict[str, float]:
+    """How far the fitted model is from what was measured (relative, over every request)."""
+    measured = np.array([s.iteration_s for s in samples], float)
+    predicted = np.array(
+        [
+            cost.iteration_s(s.batch, int(s.batch * (s.prompt_len + decode_tokens / 2)), 0)
+            for s in samples
+        ]
+    )
+    rel = np.abs(predicted - measured) / measured
+    ss_res = float(np.sum((measured - predicted) ** 2))
+    ss_tot = float(np.sum((measured - measured.mean()) ** 2)) or 1e-12
+    return {
+        "iteration_mean_abs_rel_error": round(float(rel.mean()), 4),
+        "iteration_p90_abs_rel_error": round(float(np.percentile(rel, 90)), 4),
+        "iteration_r2": round(1 - ss_res / ss_tot, 4),
+        "samples": len(samples),
+    }
+
+
+async def calibrate_engine(
+    engine: Engine, plan: CalibrationPlan, *, name: str, vocab_size: int
+) -> CostModel:
+    await engine.start()
+    try:
+        samples = await measure(engine, plan, vocab_size)
+    finally:
+        await engine.close()
+    return profile_from(engine, plan, samples, name)

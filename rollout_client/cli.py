@@ -342,6 +342,8 @@ def run(
 
     timelines = report.pop("_timelines", [])
     report.pop("_records", None)
+    for note in report["notes"]:
+        typer.echo(note, err=True)
     if not no_plots and report["steps"]:
         plot(report, timelines, out_dir)
     summary = report["summary"]
@@ -390,8 +392,9 @@ async def _run_with_progress(
     launch = build_policy(
         settings.policy, over=settings.overlap_ratio, hedge_quantile=settings.hedge_quantile
     ).launch_count(settings.batch)
+    notes = []
     if len(plans) < launch * settings.steps:
-        Console(stderr=True).print(
+        notes.append(
             f"note: {len(plans)} trajectories selected (trace size, --limit, --sample) for "
             f"{settings.steps} step(s) of --batch {settings.batch} (launching {launch} each): "
             + (
@@ -440,9 +443,11 @@ async def _run_with_progress(
         state["task"] = None
 
     with progress:
-        return await run_rollout(
+        report = await run_rollout(
             settings, iter(plans), out_dir=out_dir, on_event=on_event, on_step=on_step
         )
+    report["notes"] = notes
+    return report
 
 
 @app.command("study")
@@ -550,6 +555,12 @@ def validate(
     save_profile: Annotated[
         Path | None, typer.Option("--save-profile", help="Write the fitted profile here.")
     ] = None,
+    plot_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot-dir", help="Write validation-<step>.png (recorded vs simulated CDFs)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Replay recorded steps under verl's policy in virtual time and compare with their timings."""
@@ -559,7 +570,7 @@ def validate(
     from toolenv_core.polytrace import TraceFormatError
 
     from .engines.costmodel import load_cost_model
-    from .validate import fit_cost_model, initial_guess, load_step, validate_step
+    from .validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step
 
     console = Console(stderr=True)
     try:
@@ -585,7 +596,13 @@ def validate(
         results = []
         for path in trace:
             with console.status(f"replaying {path.name} in virtual time"):
-                results.append({"trace": str(path), **validate_step(load_step(path), cost)})
+                records = load_step(path)
+                if plot_dir is not None:
+                    png = plot_dir / f"validation-{path.stem}.png"
+                    result = plot_step(records, cost, png, f"{path.name} replayed in virtual time")
+                else:
+                    result = validate_step(records, cost)
+                results.append({"trace": str(path), **result})
     except (TraceFormatError, ValueError, OSError) as exc:
         _fail(_one_line(exc))
     report = {
@@ -642,10 +659,31 @@ def calibrate(
     out: Annotated[Path, typer.Option("--out", help="Where to write the profile JSON.")] = Path(
         "cost-profile.json"
     ),
+    check: Annotated[
+        Path | None,
+        typer.Option(
+            "--check",
+            help="Then replay this search_r1 trace on the engine and on the fitted model (virtual "
+            "time) under sync, async, async+overlap, and report their agreement.",
+        ),
+    ] = None,
+    check_trajectories: Annotated[
+        int, typer.Option("--check-trajectories", help="Trajectories per check step.")
+    ] = 64,
+    check_length_scale: Annotated[
+        float, typer.Option("--check-length-scale", help="Scale of the check's trace lengths.")
+    ] = 0.1,
+    check_max_output: Annotated[
+        int, typer.Option("--check-max-output", help="Cap on each check turn's output.")
+    ] = 32,
+    check_tool_scale: Annotated[
+        float, typer.Option("--check-tool-scale", help="Scale of the check's tool latencies.")
+    ] = 0.1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
     import asyncio
+    import math
 
     from .calibrate import CalibrationPlan, calibrate_engine
     from .engines.openai_engine import EngineUnreachable
@@ -666,19 +704,54 @@ def calibrate(
             _fail("calibrate measures a real engine: --engine vllm or --engine openai")
         eng = build_engine(settings)
         vocab = model_vocab_size(settings.model) if settings.model else settings.vocab_size
-        profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
+        rows = None
+        if check is None:
+            profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
+        else:
+            from .enginecheck import calibrate_and_run, compare, simulated_runs
+            from .workloads.replay import LengthScale, replay_plans
+
+            limit = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
+            scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
+            plans = list(replay_plans([check], scale=scale, exact=True, limit=limit))
+            if len(plans) < limit:
+                _fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
+            profile, real = asyncio.run(
+                calibrate_and_run(
+                    eng,
+                    plan,
+                    name=name,
+                    vocab_size=vocab,
+                    plans=plans,
+                    batch=check_trajectories,
+                    tool_scale=check_tool_scale,
+                )
+            )
+            rows = compare(
+                real, simulated_runs(profile, plans, check_trajectories, check_tool_scale)
+            )
     except EngineUnreachable as exc:
         _fail(str(exc), code=3)
     except ValueError as exc:
         _fail(_one_line(exc))
     profile.save(out)
     if as_json:
-        typer.echo(profile.model_dump_json(indent=2))
-    else:
+        typer.echo(json.dumps({"profile": profile.model_dump(), "check": rows}, indent=2))
+        return
+    err = profile.fit_error or {}
+    typer.echo(
+        f"prefill {profile.prefill_per_token_s * 1e6:.1f} us/token; decode iteration "
+        f"{profile.decode_base_s * 1e3:.2f} ms + {profile.decode_per_seq_s * 1e3:.3f} ms/seq + "
+        f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token (fit: mean |error| "
+        f"{err.get('iteration_mean_abs_rel_error', 0):.1%} per iteration, R2 "
+        f"{err.get('iteration_r2', 0):.3f}); wrote {out}"
+    )
+    for row in rows or []:
         typer.echo(
-            f"prefill {profile.prefill_per_token_s * 1e6:.1f} us/token; decode iteration "
-            f"{profile.decode_base_s * 1e3:.2f} ms + {profile.decode_per_seq_s * 1e3:.3f} ms/seq + "
-            f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token; wrote {out}"
+            f"{row['policy']:>14}: makespan real {row['makespan_real_s']:.3f} s, sim "
+            f"{row['makespan_sim_s']:.3f} s (accuracy {row['makespan_accuracy']:.1%}); mean turn "
+            f"latency real {row['turn_latency_real_s']:.3f} s, sim {row['turn_latency_sim_s']:.3f} s "
+            f"(accuracy {row['turn_latency_accuracy']:.1%})"
         )
 
 

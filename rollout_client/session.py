@@ -144,8 +144,10 @@ async def run_rollout(
         unfinished=settings.overlap_unfinished,
         hedge_quantile=settings.hedge_quantile,
     )
-    if virtual:
-        gateway: GatewayClient | SimTools = tools or build_tools(settings, policy.hedge_quantile())
+    if tools is not None:  # in-process tools (virtual time, or checking an engine on its own)
+        gateway: GatewayClient | SimTools = tools
+    elif virtual:
+        gateway = build_tools(settings, policy.hedge_quantile())
     elif policy.hedge_quantile() is not None:
         raise ValueError(
             "a live gateway hedges per its own tool settings (tools.<name>.hedge); "

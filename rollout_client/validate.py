@@ -90,6 +90,40 @@ def validate_step(records: list[TrajectoryRecord], cost: CostModel) -> dict[str,
     return compare(recorded_timings(records), simulate(records, cost))
 
 
+def plot_step(
+    records: list[TrajectoryRecord], cost: CostModel, path: Path, title: str
+) -> dict[str, Any]:
+    """`validate_step`, plus a PNG: completion-time and turn-latency CDFs, recorded and simulated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recorded, simulated = recorded_timings(records), simulate(records, cost)
+    result = compare(recorded, simulated)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = [("trajectory completion time (s)", 0), ("engine latency per turn (s)", 1)]
+    for ax, (label, k) in zip(axes, panels, strict=True):
+        for name, arrays, style in (("recorded", recorded, "-"), ("simulated", simulated, "--")):
+            x = np.sort(arrays[k])
+            ax.plot(x, np.arange(1, len(x) + 1) / len(x), style, label=name)
+        ax.set_xlabel(label)
+        ax.set_ylabel("fraction")
+        ax.legend(fontsize=8)
+    axes[0].set_title(
+        f"makespan {result['makespan_simulated_s']:.0f} s sim vs "
+        f"{result['makespan_recorded_s']:.0f} s rec; KS {result['completion_ks']:.3f}",
+        fontsize=9,
+    )
+    axes[1].set_title(f"profile {cost.name}", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return result
+
+
 def load_step(path: Path) -> list[TrajectoryRecord]:
     return list(read_multiturn(path))
 

@@ -6,13 +6,16 @@
 `context_tokens` is the sum of every running sequence's length (attention reads the whole KV
 cache each iteration). Built-in profiles and where their numbers come from:
 
-- `searchr1-qwen7b` (the whole Search-R1 deployment as one engine). From PolyTrace
-  `search_r1/multiturn_workload_step_0.jsonl`: the fastest turns of lightly loaded late
-  iterations run at 15.1 ms per token (decode_base_s); turn 0, with all 2,048 trajectories in
-  flight, ran its longest generation (715 tokens) in 394 s, i.e. 0.55 s per iteration at batch
-  2,048, which gives decode_per_seq_s = (0.551 - 0.015) / 2048 = 0.26 ms. The trace has no prefill
-  timing: prefill_per_token_s = 30 us is an assumption (prefill is compute-bound, about 8x cheaper
-  per token than a decode slot at that load); decode_per_ctx_token_s = 0 (folded into per-seq).
+- `searchr1-qwen7b` (the whole Search-R1 deployment as one engine, fed by verl's SGLang
+  multi-turn rollout). Fitted by `toolenv rollout validate --fit step_0 --fit step_1` on
+  PolyTrace `search_r1/multiturn_workload_step_{0,1}.jsonl`: a Nelder-Mead search over
+  (decode_base_s, decode_per_seq_s, prefill_per_token_s, max_batch) replaying both steps in
+  virtual time, minimising makespan error + completion-time KS + half the turn p50/p90 error,
+  started from a regression of turn 0's engine latency on its output length (intercept: the
+  step's prompts prefilled; slope: one iteration at full batch). Reported on step 2, which the fit
+  never saw: makespan 434.2 s against 435.4 s recorded (99.7%), completion-time KS 0.093, turn
+  latency p50 90.0 s against 79.3 s and p90 176.4 s against 181.6 s. The fit put the batch limit
+  above the step's 2,048 requests, where the data cannot tell values apart: it is set to 2,048.
 - `vllm-cpu-tiny`: fitted by `toolenv rollout calibrate --engine vllm --model tiny-llama
   --batches 1,4,16 --prompt-lens 64,512 --decode-tokens 32` on this project's 2-core machine
   (shared with other work at the time, so on the slow side) with the tiny test model
@@ -44,6 +47,9 @@ class CostModel(BaseModel):
     prefill_budget_tokens: int = Field(
         default=8192, ge=1, description="prompt tokens prefilled per iteration at most"
     )
+    fit_error: dict[str, float] | None = Field(
+        default=None, description="how far the fit is from what it was fitted on"
+    )
 
     def iteration_s(self, batch: int, context_tokens: int, prefill_tokens: int) -> float:
         decode = 0.0
@@ -62,13 +68,19 @@ class CostModel(BaseModel):
 BUILTIN_PROFILES: dict[str, CostModel] = {
     "searchr1-qwen7b": CostModel(
         name="searchr1-qwen7b",
-        source="PolyTrace search_r1 step 0 engine_latency_s (see rollout_client/engines/costmodel.py)",
-        prefill_per_token_s=30e-6,
-        decode_base_s=0.0151,
-        decode_per_seq_s=0.000262,
+        source="toolenv rollout validate --fit search_r1 step 0 --fit step 1 (see "
+        "rollout_client/engines/costmodel.py)",
+        prefill_per_token_s=27.32e-6,
+        decode_base_s=0.018006,
+        decode_per_seq_s=0.00074893,
         decode_per_ctx_token_s=0.0,
         max_batch=2048,
         block_size=16,
+        fit_error={
+            "step2_makespan_accuracy": 0.9973,
+            "step2_completion_ks": 0.0928,
+            "fit_loss_steps_0_1": 0.1502,
+        },
     ),
     "vllm-cpu-tiny": CostModel(
         name="vllm-cpu-tiny",

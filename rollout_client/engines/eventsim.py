@@ -90,6 +90,7 @@ class EventSimEngine(Engine):
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.cost = cost
+        self.block_size = cost.block_size
         self.time_scale = time_scale
         self.counters = EngineCounters()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -46,6 +46,7 @@ class SimEngine(Engine):
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.cost = cost
+        self.block_size = cost.block_size
         self.time_scale = time_scale
         self.vocab_size = vocab_size
         self._waiting: deque[_Request] = deque()

@@ -40,6 +40,7 @@ class VllmEngine(Engine):
     def __init__(self, options: VllmOptions) -> None:
         super().__init__(capacity=options.max_num_seqs)
         self.options = options
+        self.block_size = options.block_size
         self._llm = None
         config = Path(options.model) / "config.json"
         if config.is_file():

@@ -64,7 +64,7 @@ def test_builtin_profile_matches_a_step_it_was_not_fitted_on(polytrace_dir: Path
     [result] = json.loads(done.stdout)["steps"]
     assert result["trajectories"] == 2048
     assert result["makespan_accuracy"] >= 0.95  # PolyTrace's own replay: 94.7%
-    assert result["completion_ks"] <= 0.2
+    assert result["completion_ks"] <= 0.1  # the target; deterministic in virtual time
 
 
 def test_validate_refuses_to_report_on_a_fitted_step(polytrace_dir: Path) -> None:
