@@ -1,6 +1,6 @@
 """Bench: one full Search-R1 step in virtual time (2,048 trajectories, all turns, recorded latencies).
 
-    python -m benchmarks.rollout_virtual_bench --out FILE [--trace FILE] [--policies sync,async]
+    python -m benchmarks.rollout_virtual_bench --out FILE [--trace FILE] [--policies sync,async] [--quick]
 
 Each policy runs `toolenv rollout run --engine sim --clock virtual --exact` in its own process
 (so the peak RSS is that run's alone). Targets: <= 10 s of wall time per step, i.e. >= 40x faster
@@ -82,7 +82,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-results/rollout_virtual.json"))
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--policies", default="sync,async,async+timeout+overlap")
+    parser.add_argument("--quick", action="store_true", help="the async policy only")
     args = parser.parse_args()
+    if args.quick:
+        args.policies = "async"
     if not args.trace.is_file():
         print(f"no trace at {args.trace} (set TOOLENV_POLYTRACE_DIR)", file=sys.stderr)
         return 2
