@@ -41,6 +41,8 @@ from toolenv_core.polytrace import tool_latencies
 
 from .harness import ServerProcess, toolenv_server
 
+from toolenv_core import headers
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "polytrace" / "search_r1"
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -55,8 +57,8 @@ def emulator(profile_path: Path) -> ServerProcess:
 
 # ------------------------------------------------------------------ load side (stress)
 
-INJECTED_HEADER = "X-Toolenv-Injected-Delay-Ms"
-TIMER_HEADER = "X-Toolenv-Timer-Error-Ms"
+INJECTED_HEADER = headers.INJECTED_DELAY
+TIMER_HEADER = headers.TIMER_ERROR
 
 
 def _header_s(values: list[str | None]) -> np.ndarray:

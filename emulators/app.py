@@ -16,7 +16,7 @@ from toolenv_core import __version__
 from toolenv_core.latency.profile import Profile, load_profile
 
 from .base import ToolEmulator
-from .fastpath import FastPathMiddleware, fast_routes
+from .fastpath import FastPathMiddleware
 from .profiles import packaged_profile_path
 from .profiles_router import build_profiles_router
 from .reward import RewardEmulator
@@ -49,7 +49,7 @@ def mount_emulators(app: FastAPI, emulators: dict[str, ToolEmulator]) -> None:
     reward = build_reward_router(emulators["reward"])  # type: ignore[arg-type]
     for router in (search, reward, build_profiles_router(emulators)):
         app.include_router(router)
-    app.add_middleware(FastPathMiddleware, routes={**fast_routes(search), **fast_routes(reward)})
+    app.add_middleware(FastPathMiddleware, routes={**search.fast_routes, **reward.fast_routes})
 
 
 def create_app(settings: EmulatorSettings | None = None) -> FastAPI:

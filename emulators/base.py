@@ -23,18 +23,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from toolenv_core.deadline import Deadline, DeadlineHeaderError, deadline_from_headers
+from toolenv_core import headers as h
+from toolenv_core.deadline import Deadline, DeadlineHeaderError
 from toolenv_core.latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
 from toolenv_core.latency.profile import Profile, error_field
 from toolenv_core.latency.samplers import Draw, Sampler
 
 from .settings import EmulatorSettings
 from .timing import sleep_until
-
-INJECTED_DELAY_HEADER = "X-Toolenv-Injected-Delay-Ms"
-TIMER_ERROR_HEADER = "X-Toolenv-Timer-Error-Ms"
-FAULT_HEADER = "X-Toolenv-Fault"
-STEP_HEADER = "X-Toolenv-Step"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -97,17 +93,16 @@ class ToolEmulator:
 
 
 def request_deadline(request: Request, settings: EmulatorSettings) -> Deadline:
-    return deadline_from_headers(
-        request.headers, default_s=settings.default_deadline_s, max_s=settings.max_deadline_s
-    )
+    return settings.deadline_policy.deadline(request.headers.get(h.DEADLINE))
 
 
 def step_from_headers(request: Request) -> int | None:
-    raw = request.headers.get(STEP_HEADER)
+    """The training step the caller (the gateway forwards it) sent in `X-Step`."""
+    raw = request.headers.get(h.STEP)
     if raw is None:
         return None
     if not raw.isdigit():
-        raise DeadlineHeaderError(f"{STEP_HEADER} must be a non-negative integer, got {raw!r}")
+        raise DeadlineHeaderError(f"{h.STEP} must be a non-negative integer, got {raw!r}")
     return int(raw)
 
 
@@ -124,13 +119,13 @@ class Outcome:
     fault: str | None = None
 
     def headers(self) -> dict[str, str]:
-        h = {
-            INJECTED_DELAY_HEADER: _ms(self.scheduled_s),
-            TIMER_ERROR_HEADER: _ms(self.realized_s - self.scheduled_s),
+        out = {
+            h.INJECTED_DELAY: _ms(self.scheduled_s),
+            h.TIMER_ERROR: _ms(self.realized_s - self.scheduled_s),
         }
         if self.fault:
-            h[FAULT_HEADER] = self.fault
-        return h
+            out[h.FAULT] = self.fault
+        return out
 
 
 def _json_bytes(body: Any) -> bytes:
@@ -260,7 +255,7 @@ class CallStart(NamedTuple):
 async def begin_call(
     request: Request, settings: EmulatorSettings, model: type[BaseModel]
 ) -> CallStart | JSONResponse:
-    """Arrival time, deadline, `X-Toolenv-Step` and the parsed body, or the 400/422 to answer."""
+    """Arrival time, deadline, `X-Step` and the parsed body, or the 400/422 to answer."""
     arrival = time.monotonic()
     try:
         deadline = request_deadline(request, settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
@@ -9,6 +10,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import ServiceSettings
+from toolenv_core.deadline import DeadlinePolicy
 from toolenv_core.latency.profile import Profile
 
 
@@ -52,10 +54,19 @@ class EmulatorSettings(ServiceSettings):
         gt=0,
         description="how long a hang fault lasts when the caller sent no deadline",
     )
-    default_deadline_s: float | None = Field(default=None, description="deadline when none is sent")
-    max_deadline_s: float | None = Field(default=None, description="clamp on the caller's deadline")
+    default_deadline_s: float | None = Field(
+        default=None, gt=0, description="deadline when none is sent (None: no deadline)"
+    )
+    max_deadline_s: float | None = Field(
+        default=None, gt=0, description="clamp on the caller's deadline"
+    )
 
     reward_length_exponent: float = Field(
         default=0.0,
         description="reward delay scales with (mean response length / recorded mean) ** this",
     )
+
+    @cached_property
+    def deadline_policy(self) -> DeadlinePolicy:
+        """The one deadline rule (toolenv_core.deadline) with this service's default and cap."""
+        return DeadlinePolicy(self.default_deadline_s, self.max_deadline_s)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -14,36 +14,44 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
 
+from .asgi import ASGIApp
 from .guard import Guard
 from .metrics import GatewayMetrics
 from .passthrough import PassThrough
 from .routes import router
 from .settings import GatewaySettings
+from .state import GatewayState
 from .toolset import ToolSet
 from .trace import TraceWriter
 
 DESCRIPTION = """One async front door for every tool: admission control (concurrency limit,
-bounded queue, 429 + Retry-After), one deadline per call (`deadline_ms` or
-`X-Toolenv-Deadline-Ms`) with a structured 504 at expiry, hedging and retries, Prometheus
+bounded queue, 429 + Retry-After), one deadline per call (`X-Toolenv-Deadline-Ms`, and on the
+generic call a body `deadline_ms`: the earlier wins) with a structured 504 at expiry, hedging and retries, Prometheus
 metrics and trace capture (`X-Trajectory-Id`). `/run_code`, `/retrieve` and `/v1/run_tests`
 speak their upstreams' wire formats; `POST /v1/tools/{tool}/call` is the generic call."""
 
 
-def create_app(settings: GatewaySettings | None = None, config_file: str | None = None) -> FastAPI:
-    settings = settings or GatewaySettings.load(config_file)
+def create_app(
+    settings: GatewaySettings | None = None, mounts: Mapping[str, ASGIApp] | None = None
+) -> FastAPI:
+    """The gateway app. `mounts` are the in-process apps its embedded tools use, by mount name
+    ("sandboxd", "emulators", or a custom tool's "module:factory"): built by whoever wires the
+    gateway (`toolenv serve`), so the gateway itself never looks an application up."""
+    settings = settings or GatewaySettings.load()
+    state = GatewayState(settings, GatewayMetrics(), dict(mounts or {}))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        toolset = ToolSet(settings, app.state.metrics, config_file)
-        app.state.toolset = toolset
-        app.state.metrics.track_admission(
+        toolset = ToolSet(settings, state.metrics, state.mounts)
+        state.toolset = toolset
+        state.metrics.track_admission(
             lambda: [
                 (rt.name, rt.admission.in_flight, rt.admission.waiting)
                 for rt in toolset.tools.values()
             ]
         )
         trace = TraceWriter(settings.trace_path) if settings.trace_path else None
-        app.state.trace = trace
+        state.trace = trace
         try:
             if trace is not None:
                 await trace.start()
@@ -53,10 +61,10 @@ def create_app(settings: GatewaySettings | None = None, config_file: str | None 
             # (hundreds of thousands of framework objects otherwise: tens of ms per pass).
             gc.collect()
             gc.freeze()
-            app.state.ready = True
+            state.ready = True
             yield
         finally:
-            app.state.ready = False
+            state.ready = False
             await toolset.close()
             if trace is not None:
                 await trace.close()
@@ -64,11 +72,7 @@ def create_app(settings: GatewaySettings | None = None, config_file: str | None 
     app = FastAPI(
         title="toolenv gateway", version=__version__, description=DESCRIPTION, lifespan=lifespan
     )
-    app.state.settings = settings
-    app.state.ready = False
-    app.state.metrics = GatewayMetrics()
-    app.state.toolset = None
-    app.state.trace = None
+    app.state.gateway = state
     app.include_router(router)
 
     @app.exception_handler(RequestValidationError)
@@ -103,7 +107,7 @@ def create_app(settings: GatewaySettings | None = None, config_file: str | None 
         if settings.rate_limit_per_s
         else None
     )
-    app.add_middleware(PassThrough, state=app.state)  # inside the guard: keys and limits apply
+    app.add_middleware(PassThrough, state=state)  # inside the guard: keys and limits apply
     app.add_middleware(
         Guard,
         api_keys=[k.get_secret_value() for k in settings.api_keys],

@@ -1,7 +1,7 @@
 """One tool call from the HTTP side, framework-free: context, deadline, trace capture, log line.
 
-Shared by the FastAPI routes (generic call) and the raw ASGI fast path (pass-through routes), so
-both answer, capture and log alike.
+Used by the raw ASGI fast path (`passthrough`) for the pass-through routes and the generic call,
+so every route answers, forwards, captures and logs alike.
 """
 
 from __future__ import annotations
@@ -10,21 +10,20 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from toolenv_core.deadline import parse_deadline_ms
+from toolenv_core import headers as h
+from toolenv_core.deadline import Deadline
 from toolenv_core.polytrace.records import ToolCallRecord
 
 from .dispatch import Outcome, ToolRuntime
-from .trace import STEP_HEADER, TRAJECTORY_HEADER, TURN_HEADER, TraceWriter, parse_int_header
+from .trace import TraceWriter, parse_int_header
 
 log = logging.getLogger("toolenv.gateway")
 
 FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream_failed": 502}
+_DEADLINE = h.DEADLINE.lower()
+_TRAJECTORY, _STEP, _TURN = h.TRAJECTORY.lower(), h.STEP.lower(), h.TURN.lower()
 _WANTED = {
-    b"content-type",
-    b"x-toolenv-deadline-ms",
-    TRAJECTORY_HEADER.encode(),
-    STEP_HEADER.encode(),
-    TURN_HEADER.encode(),
+    name.lower().encode() for name in ("content-type", h.DEADLINE, *h.FORWARDED_CALL_HEADERS)
 }
 
 
@@ -47,19 +46,27 @@ class CallContext:
         }
         return cls(state.get("request_id", ""), state.get("caller"), headers, trace)
 
-    def header_deadline_ms(self) -> float | None:
-        """`X-Toolenv-Deadline-Ms` in ms; raises DeadlineHeaderError when malformed."""
-        raw = self.headers.get("x-toolenv-deadline-ms")
-        return None if raw is None else parse_deadline_ms(raw) * 1000.0
+    def deadline(
+        self, runtime: ToolRuntime, body_ms: float | None = None
+    ) -> tuple[Deadline, float]:
+        """The call's deadline (header and body: the earlier wins); raises DeadlineHeaderError."""
+        return runtime.deadline_for(self.headers.get(_DEADLINE), body_ms)
 
 
 async def run_call(
-    ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes, requested_ms: float | None
+    ctx: CallContext,
+    runtime: ToolRuntime,
+    path: str,
+    body: bytes,
+    deadline: Deadline,
+    deadline_ms: float,
 ) -> Outcome:
-    deadline, deadline_ms = runtime.deadline_for(requested_ms)
+    """Send one call to the tool, with the call-context headers (trajectory, step, turn) passed on,
+    so a tool behind the gateway sees what the caller said (a drifting profile, the training step)."""
     headers = {
         "content-type": ctx.headers.get("content-type", "application/json"),
-        "x-request-id": ctx.request_id,
+        h.REQUEST_ID: ctx.request_id,
+        **h.forwarded_call_headers(ctx.headers),
     }
     outcome = await runtime.call("POST", path, body, headers, deadline, deadline_ms)
     _capture(ctx, runtime, outcome)
@@ -85,18 +92,18 @@ def failure_answer(
 
 
 def _capture(ctx: CallContext, runtime: ToolRuntime, outcome: Outcome) -> None:
-    trajectory = ctx.headers.get(TRAJECTORY_HEADER)
+    trajectory = ctx.headers.get(_TRAJECTORY)
     if ctx.trace is None or not trajectory:
         return
     ctx.trace.record(
         ToolCallRecord(
             tool_name=runtime.name,
-            turn=parse_int_header(ctx.headers.get(TURN_HEADER)) or 0,
+            turn=parse_int_header(ctx.headers.get(_TURN)) or 0,
             latency_s=outcome.elapsed_s,
             status="success" if outcome.kind == "ok" else outcome.kind,
             response_bytes=len(outcome.reply.body) if outcome.reply is not None else 0,
             trajectory_id=trajectory[:256],
-            step=parse_int_header(ctx.headers.get(STEP_HEADER)),
+            step=parse_int_header(ctx.headers.get(_STEP)),
         )
     )
 

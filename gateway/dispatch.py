@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolenv_core.admission import Admission, Rejected
-from toolenv_core.deadline import Deadline
+from toolenv_core.deadline import Deadline, DeadlinePolicy
 
 from .metrics import GatewayMetrics
 from .policies import LatencyWindow, RetryBudget
@@ -56,6 +56,7 @@ class ToolRuntime:
         self.window = LatencyWindow(config.hedge)
         self.budget = RetryBudget(config.retry)
         self.hedging = config.hedge.enabled and config.is_idempotent
+        self.deadlines = DeadlinePolicy.from_ms(config.default_deadline_ms, config.max_deadline_ms)
         self._tasks: set[asyncio.Task[UpstreamReply]] = set()
         self._turn = 0
         # In-process handlers may take a while to unwind (a sandbox reaping its process): those
@@ -64,11 +65,15 @@ class ToolRuntime:
 
     # ---------------------------------------------------------------- public
 
-    def deadline_for(self, requested_ms: float | None) -> tuple[Deadline, float]:
-        """The call's deadline: requested (or the tool's default), capped by the tool's maximum."""
-        ms = self.config.default_deadline_ms if requested_ms is None else requested_ms
-        ms = min(max(ms, 0.0), self.config.max_deadline_ms)
-        return Deadline.after(ms / 1000.0), ms
+    def deadline_for(
+        self, header_value: str | None, body_ms: float | None = None
+    ) -> tuple[Deadline, float]:
+        """The call's deadline and its budget in ms, by the one rule (`DeadlinePolicy`): the
+        earlier of the header and the body's `deadline_ms`, else the tool's default, capped by
+        the tool's maximum. Raises DeadlineHeaderError for a malformed header."""
+        seconds = self.deadlines.budget_s(header_value, body_ms)
+        assert seconds is not None  # a tool always has a default
+        return Deadline.after(seconds), round(seconds * 1000.0, 3)
 
     async def call(
         self,

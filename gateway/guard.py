@@ -14,12 +14,14 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from toolenv_core import headers as h
 from toolenv_core.admission import RateLimits, Rejected
 
 from .asgi import ASGIApp, Message
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
 
 
 class BodyTooLarge(Exception):
@@ -52,7 +54,7 @@ class Guard:
         auth = None
         length = None
         for name, value in scope["headers"]:
-            if name == b"x-request-id":
+            if name == _REQUEST_ID_KEY:
                 candidate = value.decode("latin-1")
                 request_id = candidate if _REQUEST_ID.match(candidate) else None
             elif name == b"authorization":
@@ -62,7 +64,7 @@ class Guard:
         request_id = request_id or uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
-        rid_header = (b"x-request-id", request_id.encode())
+        rid_header = (_REQUEST_ID_KEY, request_id.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

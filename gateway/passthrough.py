@@ -12,38 +12,43 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from toolenv_core import headers as h
 from toolenv_core.deadline import DeadlineHeaderError
 
 from .asgi import ASGIApp
 from .calls import CallContext, failure_answer, run_call
-from .upstream import INJECTED_DELAY_HEADER
+from .dispatch import Outcome, ToolRuntime
+from .state import GatewayState
 
 ROUTES: dict[str, tuple[str, str]] = {
     "/run_code": ("sandbox", "/run_code"),
     "/v1/run_tests": ("sandbox", "/v1/run_tests"),
     "/retrieve": ("search", "/retrieve"),
 }
-_DELAY = INJECTED_DELAY_HEADER.encode()
+_GENERIC_PREFIX, _GENERIC_SUFFIX = "/v1/tools/", "/call"
+_DELAY = h.INJECTED_DELAY.lower()
 
 
 class PassThrough:
-    def __init__(self, app: ASGIApp, state: Any) -> None:
+    """Serves the hot routes itself; everything else (and what it declines) goes to `app`."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
         self.app = app
-        self.state = state  # the FastAPI app's state: toolset and trace writer live there
+        self.state = state
 
     async def __call__(self, scope: dict[str, Any], receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        toolset = getattr(self.state, "toolset", None)
+        toolset = self.state.toolset
         route = ROUTES.get(path)
         runtime = None
         if toolset is not None:
             if route is not None:
                 runtime = toolset.first_of_kind(route[0])
-            elif path.startswith("/v1/tools/") and path.endswith("/call"):
-                runtime = toolset.tools.get(path[len("/v1/tools/") : -len("/call")])
+            elif path.startswith(_GENERIC_PREFIX) and path.endswith(_GENERIC_SUFFIX):
+                runtime = toolset.tools.get(path[len(_GENERIC_PREFIX) : -len(_GENERIC_SUFFIX)])
         if runtime is None:
             await self.app(scope, receive, send)
             return
@@ -52,73 +57,82 @@ class PassThrough:
         if body is None:
             return  # the caller hung up
         if route is None:
-            await self._generic(ctx, runtime, body, send)
-            return
-        try:
-            requested = ctx.header_deadline_ms()
-        except DeadlineHeaderError as exc:
-            await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
-            return
-        outcome = await run_call(ctx, runtime, route[1], body, requested)
-        reply = outcome.reply
-        if reply is None:
-            status, body, headers = failure_answer(runtime, outcome, ctx.request_id)
-            await _json(send, status, body, headers)
-            return
-        out = [
-            (b"content-type", reply.headers.get("content-type", "application/json").encode()),
-            (b"content-length", str(len(reply.body)).encode()),
-        ]
-        if INJECTED_DELAY_HEADER in reply.headers:
-            out.append((_DELAY, reply.headers[INJECTED_DELAY_HEADER].encode()))
-        await send({"type": "http.response.start", "status": reply.status, "headers": out})
-        await send({"type": "http.response.body", "body": reply.body})
+            await generic_call(ctx, runtime, body, send)
+        else:
+            await pass_through(ctx, runtime, route[1], body, send)
 
-    async def _generic(self, ctx: CallContext, runtime, raw: bytes, send) -> None:
-        """`{"arguments": {...}, "deadline_ms"?}` -> the tool's native endpoint (see schemas)."""
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            await _json(
-                send,
-                400,
-                {"detail": "request body is not valid JSON", "request_id": ctx.request_id},
-            )
-            return
-        problem = _check_call_body(body)
-        if problem is None:
-            try:
-                requested = body.get("deadline_ms")
-                if requested is None:
-                    requested = ctx.header_deadline_ms()
-            except DeadlineHeaderError as exc:
-                await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
-                return
-        if problem is not None:
-            await _json(
-                send, 422, {"detail": f"invalid request: {problem}", "request_id": ctx.request_id}
-            )
-            return
-        payload = json.dumps(body["arguments"]).encode()
-        outcome = await run_call(ctx, runtime, runtime.config.native_path, payload, requested)
-        if outcome.reply is None:
-            status, answer, headers = failure_answer(runtime, outcome, ctx.request_id)
-            await _json(send, status, answer, headers)
-            return
-        reply = outcome.reply
-        try:
-            result = json.loads(reply.body) if reply.body else None
-        except ValueError:
-            result = reply.body.decode("utf-8", errors="replace")
-        answer = {
-            "tool": runtime.name,
-            "status": outcome.kind,
-            "result": result,
-            "error": outcome.error,
-            "elapsed_s": round(outcome.elapsed_s, 6),
-            "request_id": ctx.request_id,
-        }
-        await _json(send, 200, answer)
+
+async def pass_through(
+    ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes, send
+) -> None:
+    """The body as is to the tool's own endpoint; its answer as is back (status, body, delay)."""
+    try:
+        deadline, deadline_ms = ctx.deadline(runtime)
+    except DeadlineHeaderError as exc:
+        await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
+        return
+    outcome = await run_call(ctx, runtime, path, body, deadline, deadline_ms)
+    reply = outcome.reply
+    if reply is None:
+        await _failure(send, runtime, outcome, ctx)
+        return
+    out = [
+        (b"content-type", reply.headers.get("content-type", "application/json").encode()),
+        (b"content-length", str(len(reply.body)).encode()),
+    ]
+    if _DELAY in reply.headers:
+        out.append((_DELAY.encode(), reply.headers[_DELAY].encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": out})
+    await send({"type": "http.response.body", "body": reply.body})
+
+
+async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send) -> None:
+    """`POST /v1/tools/{tool}/call`: `{"arguments": {...}, "deadline_ms"?}` -> the tool's native
+    endpoint (the one implementation; the FastAPI route of the same path only documents it)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        await _json(
+            send, 400, {"detail": "request body is not valid JSON", "request_id": ctx.request_id}
+        )
+        return
+    problem = _check_call_body(body)
+    if problem is not None:
+        await _json(
+            send, 422, {"detail": f"invalid request: {problem}", "request_id": ctx.request_id}
+        )
+        return
+    try:
+        deadline, deadline_ms = ctx.deadline(runtime, body.get("deadline_ms"))
+    except DeadlineHeaderError as exc:
+        await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
+        return
+    payload = json.dumps(body["arguments"]).encode()
+    outcome = await run_call(
+        ctx, runtime, runtime.config.native_path, payload, deadline, deadline_ms
+    )
+    reply = outcome.reply
+    if reply is None:
+        await _failure(send, runtime, outcome, ctx)
+        return
+    try:
+        result = json.loads(reply.body) if reply.body else None
+    except ValueError:
+        result = reply.body.decode("utf-8", errors="replace")
+    answer = {
+        "tool": runtime.name,
+        "status": outcome.kind,
+        "result": result,
+        "error": outcome.error,
+        "elapsed_s": round(outcome.elapsed_s, 6),
+        "request_id": ctx.request_id,
+    }
+    await _json(send, 200, answer)
+
+
+async def _failure(send, runtime: ToolRuntime, outcome: Outcome, ctx: CallContext) -> None:
+    status, answer, headers = failure_answer(runtime, outcome, ctx.request_id)
+    await _json(send, status, answer, headers)
 
 
 def _check_call_body(body: Any) -> str | None:

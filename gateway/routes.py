@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -11,10 +10,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError
+from toolenv_core import headers as h
 
-from .calls import CallContext, failure_answer, run_call
-from .dispatch import Outcome, ToolRuntime
 from .schemas import (
     RetrieveBody,
     RunCodeBody,
@@ -24,6 +21,7 @@ from .schemas import (
     ToolFailureResponse,
     openai_function,
 )
+from .state import state_of
 from .toolset import ToolSet
 
 log = logging.getLogger("toolenv.gateway")
@@ -39,37 +37,40 @@ _FAILURES = {
     },
 }
 _DEADLINE_DOC = (
-    f"Deadline: `{DEADLINE_HEADER}` header (remaining ms), capped by the tool's maximum."
+    f"Deadline: `{h.DEADLINE}` header (remaining ms), else the tool's default; capped by the "
+    "tool's maximum."
 )
 
 
 _HEADER_PARAMETERS = [
     {
-        "name": DEADLINE_HEADER,
+        "name": h.DEADLINE,
         "in": "header",
         "required": False,
-        "description": "this call's remaining budget in milliseconds (capped by the tool's maximum)",
+        "description": "this call's remaining budget in milliseconds (with a body `deadline_ms` "
+        "too, the earlier wins; capped by the tool's maximum)",
         "schema": {"type": "number", "minimum": 0},
     },
     {
-        "name": "X-Trajectory-Id",
+        "name": h.TRAJECTORY,
         "in": "header",
         "required": False,
-        "description": "trace capture: the rollout this call belongs to",
+        "description": "trace capture: the rollout this call belongs to (passed on to the tool)",
         "schema": {"type": "string", "maxLength": 256},
     },
     {
-        "name": "X-Step",
+        "name": h.STEP,
         "in": "header",
         "required": False,
-        "description": "trace capture: training step",
+        "description": "training step: trace capture, and passed on to the tool (drifting "
+        "latency profiles drift by it)",
         "schema": {"type": "integer", "minimum": 0},
     },
     {
-        "name": "X-Turn",
+        "name": h.TURN,
         "in": "header",
         "required": False,
-        "description": "trace capture: turn within the trajectory",
+        "description": "trace capture: turn within the trajectory (passed on to the tool)",
         "schema": {"type": "integer", "minimum": 0},
     },
 ]
@@ -89,30 +90,20 @@ def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _toolset(request: Request) -> ToolSet:
-    toolset = request.app.state.toolset
+    toolset = state_of(request).toolset
     if toolset is None:
         raise HTTPException(503, "the gateway is starting")
     return toolset
 
 
-def _request_id(request: Request) -> str:
-    return request.scope.get("state", {}).get("request_id", "")
-
-
-def _context(request: Request) -> CallContext:
-    return CallContext.from_scope(request.scope, request.app.state.trace)
-
-
-def _failure(request: Request, runtime: ToolRuntime, outcome: Outcome) -> JSONResponse:
-    status, body, headers = failure_answer(runtime, outcome, _request_id(request))
-    return JSONResponse(body, status, headers=headers)
-
-
-async def _pass_through(request: Request, kind: str, path: str) -> Response:
-    """Reached only when the fast path (gateway.passthrough) declined: say why, clearly."""
+def _declined(request: Request, kind: str | None = None, tool: str | None = None) -> Response:
+    """Reached only when the fast path (gateway.passthrough) declined a call: say why, clearly."""
     toolset = _toolset(request)
-    if toolset.first_of_kind(kind) is None:
+    if kind is not None and toolset.first_of_kind(kind) is None:
         raise HTTPException(404, f"no {kind} tool is configured in the gateway's tools table")
+    if tool is not None and tool not in toolset.tools:
+        known = ", ".join(sorted(toolset.tools)) or "none"
+        raise HTTPException(404, f"unknown tool {tool!r}; known tools: {known}")
     raise HTTPException(503, "the gateway is starting")
 
 
@@ -128,7 +119,7 @@ async def _pass_through(request: Request, kind: str, path: str) -> Response:
     responses=_FAILURES,
 )
 async def run_code(request: Request) -> Response:
-    return await _pass_through(request, "sandbox", "/run_code")
+    return _declined(request, kind="sandbox")
 
 
 @router.post(
@@ -140,7 +131,7 @@ async def run_code(request: Request) -> Response:
     responses=_FAILURES,
 )
 async def run_tests(request: Request) -> Response:
-    return await _pass_through(request, "sandbox", "/v1/run_tests")
+    return _declined(request, kind="sandbox")
 
 
 @router.post(
@@ -152,7 +143,7 @@ async def run_tests(request: Request) -> Response:
     responses=_FAILURES,
 )
 async def retrieve(request: Request) -> Response:
-    return await _pass_through(request, "search", "/retrieve")
+    return _declined(request, kind="search")
 
 
 # ---------------------------------------------------------------- generic
@@ -166,40 +157,15 @@ async def retrieve(request: Request) -> Response:
     summary="Call any tool",
     openapi_extra={"parameters": _HEADER_PARAMETERS},
 )
-async def call_tool(tool: str, body: ToolCallRequest, request: Request) -> Response:
-    """Forward `arguments` to the tool's native endpoint, under one deadline.
+async def call_tool(tool: str, body: ToolCallRequest, request: Request) -> Response:  # noqa: ARG001
+    """Forward `arguments` to the tool's native endpoint, under one deadline: the earlier of the
+    body's `deadline_ms` and the `X-Toolenv-Deadline-Ms` header, else the tool's default, capped
+    by the tool's maximum.
 
     200 `{"tool", "status": "ok"|"error", "result", "error", "elapsed_s", "request_id"}`;
     504 `{"tool", "status": "timeout", "error", "elapsed_s", "deadline_ms", "request_id"}`.
     """
-    toolset = _toolset(request)
-    runtime = toolset.tools.get(tool)
-    if runtime is None:
-        known = ", ".join(sorted(toolset.tools)) or "none"
-        raise HTTPException(404, f"unknown tool {tool!r}; known tools: {known}")
-    ctx = _context(request)
-    try:
-        requested = body.deadline_ms if body.deadline_ms is not None else ctx.header_deadline_ms()
-    except DeadlineHeaderError as exc:
-        raise HTTPException(400, str(exc)) from None
-    payload = json.dumps(body.arguments).encode()
-    outcome = await run_call(ctx, runtime, runtime.config.native_path, payload, requested)
-    if outcome.reply is None:
-        return _failure(request, runtime, outcome)
-    try:
-        result = json.loads(outcome.reply.body) if outcome.reply.body else None
-    except ValueError:
-        result = outcome.reply.body.decode("utf-8", errors="replace")
-    return JSONResponse(
-        {
-            "tool": runtime.name,
-            "status": outcome.kind,
-            "result": result,
-            "error": outcome.error,
-            "elapsed_s": round(outcome.elapsed_s, 6),
-            "request_id": _request_id(request),
-        }
-    )
+    return _declined(request, tool=tool)  # served by gateway.passthrough.generic_call
 
 
 @router.get("/v1/tools", tags=["tools"], summary="Tools, in OpenAI function format")
@@ -243,8 +209,9 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", tags=["ops"], responses={503: {"description": "names what is not ready"}})
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: start-up finished and every tool can take calls (upstreams reachable)."""
-    toolset = request.app.state.toolset
-    if not request.app.state.ready or toolset is None:
+    state = state_of(request)
+    toolset = state.toolset
+    if not state.ready or toolset is None:
         return JSONResponse({"status": "starting", "detail": "the gateway is starting"}, 503)
     problems = toolset.not_ready()
     if problems:
@@ -256,5 +223,5 @@ async def readyz(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     """Prometheus metrics (text exposition format)."""
     return Response(
-        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        generate_latest(state_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
     )

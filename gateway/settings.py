@@ -32,11 +32,12 @@ HEALTH_PATH: dict[str, str] = {
     "reward": "/healthz",
     "http": "/healthz",
 }
-# The in-process application each kind mounts in embedded mode ("module:factory").
-EMBEDDED_APP: dict[str, str] = {
-    "sandbox": "sandboxd.app:create_app",
-    "search": "emulators.app:create_app",
-    "reward": "emulators.app:create_app",
+# The in-process application each built-in kind mounts in embedded mode, by mount name: the apps
+# themselves are built by whoever wires the gateway (`toolenv serve`) and handed to `create_app`.
+BUILTIN_MOUNT: dict[str, str] = {
+    "sandbox": "sandboxd",
+    "search": "emulators",
+    "reward": "emulators",
 }
 
 
@@ -79,7 +80,10 @@ class ToolConfig(BaseModel):
     mode: Literal["embedded", "proxy"] = "embedded"
     upstreams: list[str] = Field(default_factory=list, description="base URLs (proxy mode)")
     app: str | None = Field(
-        default=None, description='"module:factory" (embedded; default by kind)'
+        default=None,
+        description='embedded custom tool: "module:factory" of its ASGI app, called with no '
+        "arguments (the extension point for your own tools; built-in kinds need none)",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
     )
     call_path: str | None = Field(default=None, description="native endpoint (default by kind)")
     health_path: str | None = None
@@ -110,8 +114,11 @@ class ToolConfig(BaseModel):
     def _consistent(self) -> ToolConfig:
         if self.mode == "proxy" and not self.upstreams:
             raise ValueError(f"tool {self.name!r}: proxy mode needs at least one upstream URL")
-        if self.mode == "embedded" and self.app is None and self.kind not in EMBEDDED_APP:
-            raise ValueError(f"tool {self.name!r}: embedded kind {self.kind!r} needs `app`")
+        if self.mode == "embedded" and self.app is None and self.kind not in BUILTIN_MOUNT:
+            raise ValueError(
+                f"tool {self.name!r}: an embedded {self.kind!r} tool needs `app` "
+                '("module:factory" of its ASGI app)'
+            )
         if self.default_deadline_ms > self.max_deadline_ms:
             raise ValueError(f"tool {self.name!r}: default_deadline_ms exceeds max_deadline_ms")
         return self
@@ -125,8 +132,9 @@ class ToolConfig(BaseModel):
         return self.health_path or HEALTH_PATH[self.kind]
 
     @property
-    def app_ref(self) -> str:
-        return self.app or EMBEDDED_APP[self.kind]
+    def mount(self) -> str:
+        """The in-process app this tool uses in embedded mode: a custom `app`, else by kind."""
+        return self.app or BUILTIN_MOUNT[self.kind]
 
     @property
     def is_idempotent(self) -> bool:

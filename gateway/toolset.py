@@ -1,29 +1,34 @@
 """The tools table at run time: builds each tool's backend and runtime, starts and stops them.
 
-Embedded tools that mount the same application (search and reward both live in the emulators)
-share one in-process app and one lifespan. In proxy mode each
-upstream has its own keep-alive pool in the lean HTTP/1.1 client (`http1`).
+Embedded tools run the in-process apps handed to the gateway (`mounts`, built by `toolenv serve`):
+tools that mount the same application (search and reward both live in the emulators) share one
+app and one lifespan. A custom tool's `app: "module:factory"` is the one documented extension
+point: its factory is imported and called with no arguments. In proxy mode each upstream has its
+own keep-alive pool in the lean HTTP/1.1 client (`toolenv_core.http1`).
 """
 
 from __future__ import annotations
 
 import logging
+import pkgutil
+from collections.abc import Mapping
 
+from .asgi import ASGIApp
 from .dispatch import ToolRuntime
 from .metrics import GatewayMetrics
 from .settings import GatewaySettings, ToolConfig
-from .upstream import EmbeddedApp, LocalBackend, RemoteBackend, build_embedded_app
+from .upstream import EmbeddedApp, LocalBackend, RemoteBackend
 
 log = logging.getLogger("toolenv.gateway")
 
 
 class ToolSet:
     def __init__(
-        self, settings: GatewaySettings, metrics: GatewayMetrics, config_file: str | None
+        self, settings: GatewaySettings, metrics: GatewayMetrics, mounts: Mapping[str, ASGIApp]
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.config_file = config_file
+        self.mounts = mounts
         self.tools: dict[str, ToolRuntime] = {}
         self.embedded: dict[str, EmbeddedApp] = {}
         self.skipped: dict[str, str] = {}
@@ -54,19 +59,20 @@ class ToolSet:
                 self.settings.upstream_keepalive_s,
                 self.settings.upstream_pool_size,
             )
-        ref = tool.app_ref
+        ref = tool.mount
         if ref not in self.embedded:
-            try:
-                self.embedded[ref] = EmbeddedApp(ref, build_embedded_app(ref, self.config_file))
-            except ModuleNotFoundError as exc:
-                if exc.name and ref.startswith(exc.name):
-                    # The package is not installed (or not written yet): serve the other tools.
-                    self.skipped[tool.name] = f"{ref} is not installed"
-                    log.warning(
-                        "embedded tool skipped", extra={"tool": tool.name, "reason": str(exc)}
-                    )
-                    return None
-                raise
+            app = self.mounts.get(ref)
+            if app is None and tool.app is not None:
+                app = custom_app(tool.app)
+            if app is None:
+                # Built-in apps come from the wiring (`toolenv serve`): serve the other tools.
+                self.skipped[tool.name] = (
+                    f"no in-process {ref!r} app was handed to the gateway "
+                    "(`toolenv serve` builds it; or run the tool in proxy mode)"
+                )
+                log.warning("embedded tool skipped", extra={"tool": tool.name, "mount": ref})
+                return None
+            self.embedded[ref] = EmbeddedApp(ref, app)
         return LocalBackend(tool, self.embedded[ref])
 
     def not_ready(self) -> list[str]:
@@ -83,3 +89,10 @@ class ToolSet:
                 log.error(
                     "embedded app shut-down failed", extra={"app": app.ref, "error": str(exc)}
                 )
+
+
+def custom_app(ref: str) -> ASGIApp:
+    """A custom tool's ASGI app from its `app: "module:factory"` (the user extension point)."""
+    factory = pkgutil.resolve_name(ref)
+    app: ASGIApp = factory()
+    return app

@@ -22,10 +22,6 @@ from toolenv_core.polytrace.records import ToolCallRecord, TrajectoryRecord, Tur
 
 log = logging.getLogger("toolenv.gateway")
 
-TRAJECTORY_HEADER = "x-trajectory-id"
-STEP_HEADER = "x-step"
-TURN_HEADER = "x-turn"
-
 
 class TraceWriter:
     def __init__(self, path: str | Path, max_pending: int = 100_000) -> None:

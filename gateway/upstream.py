@@ -10,13 +10,12 @@ goes through the lean client in `http1` (one keep-alive pool per upstream).
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
+from toolenv_core import headers as h
 from toolenv_core.http1 import ConnectFailed, ConnectionBroken, Pool
 
 from .asgi import ASGIApp, Lifespan, call_asgi
@@ -24,7 +23,7 @@ from .settings import ToolConfig
 
 log = logging.getLogger("toolenv.gateway")
 
-INJECTED_DELAY_HEADER = "x-toolenv-injected-delay-ms"
+INJECTED_DELAY_HEADER = h.INJECTED_DELAY.lower()  # replies' header keys are lower-cased here
 _KEPT_HEADERS = ("content-type", INJECTED_DELAY_HEADER, "retry-after")
 
 
@@ -61,7 +60,7 @@ class Endpoint:
     healthy: bool = True
     last_error: str | None = None
     checked: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    pool: Pool | None = None  # proxy mode: this upstream's keep-alive connections
 
 
 class Backend(Protocol):
@@ -97,43 +96,12 @@ def pick(endpoints: list[Endpoint], exclude: Iterable[Endpoint] = (), turn: int 
 # ------------------------------------------------------------------ embedded
 
 
-def load_factory(ref: str) -> Any:
-    module_name, _, attr = ref.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attr or "create_app")
-
-
-def build_embedded_app(ref: str, config_file: str | None) -> ASGIApp:
-    """Build `module:factory` with its package's own settings (same config file as ours)."""
-    factory = load_factory(ref)
-    params = inspect.signature(factory).parameters
-    settings = None
-    if params:
-        settings = _package_settings(ref.partition(":")[0], config_file)
-    return factory(settings) if params else factory()
-
-
-def _package_settings(module_name: str, config_file: str | None) -> Any:
-    package = module_name.split(".")[0]
-    try:
-        settings_module = importlib.import_module(f"{package}.settings")
-    except ImportError:
-        return None
-    from toolenv_core.config import ServiceSettings
-
-    for value in vars(settings_module).values():
-        if (
-            inspect.isclass(value)
-            and issubclass(value, ServiceSettings)
-            and value is not ServiceSettings
-            and value.__module__ == settings_module.__name__
-        ):
-            return value.load(config_file)
-    return None
-
-
 class EmbeddedApp:
-    """One in-process application (shared by tools that mount the same one) and its lifespan."""
+    """One in-process application (shared by tools that mount the same one) and its lifespan.
+
+    `ref` names the mount: a built-in one ("sandboxd", "emulators") or a custom tool's
+    "module:factory".
+    """
 
     def __init__(self, ref: str, app: ASGIApp) -> None:
         self.ref = ref
@@ -205,9 +173,10 @@ class RemoteBackend:
         self, tool: ToolConfig, connect_timeout_s: float, keepalive_s: float, max_idle: int = 1024
     ) -> None:
         self.tool = tool
-        self.endpoints = [Endpoint(label=url) for url in tool.upstreams]
-        for endpoint in self.endpoints:
-            endpoint.extra["pool"] = Pool(endpoint.label, connect_timeout_s, keepalive_s, max_idle)
+        self.endpoints = [
+            Endpoint(label=url, pool=Pool(url, connect_timeout_s, keepalive_s, max_idle))
+            for url in tool.upstreams
+        ]
         self._health_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -224,7 +193,7 @@ class RemoteBackend:
             except asyncio.CancelledError:
                 pass
         for endpoint in self.endpoints:
-            endpoint.extra["pool"].close()
+            _pool(endpoint).close()
 
     def not_ready(self) -> str | None:
         if any(e.healthy for e in self.endpoints):
@@ -245,7 +214,7 @@ class RemoteBackend:
     async def _check(self, endpoint: Endpoint) -> None:
         try:
             async with asyncio.timeout(min(2.0, self.tool.health_interval_s)):
-                resp = await endpoint.extra["pool"].request("GET", self.tool.health, {}, b"")
+                resp = await _pool(endpoint).request("GET", self.tool.health, {}, b"")
             ok = resp.status < 500
             error = None if ok else f"health check answered {resp.status}"
         except (ConnectFailed, ConnectionBroken, TimeoutError, OSError) as exc:
@@ -265,13 +234,19 @@ class RemoteBackend:
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamReply:
         try:
-            resp = await endpoint.extra["pool"].request(method, path, headers, body)
+            resp = await _pool(endpoint).request(method, path, headers, body)
         except ConnectFailed as exc:
             endpoint.healthy, endpoint.last_error = False, str(exc)
             raise UpstreamConnectError(f"{endpoint.label}: {exc}") from exc
         except (ConnectionBroken, OSError) as exc:
             raise UpstreamBroken(f"{endpoint.label}: {_describe(exc)}") from exc
         return UpstreamReply(resp.status, resp.body, resp.headers, endpoint.label)
+
+
+def _pool(endpoint: Endpoint) -> Pool:
+    if endpoint.pool is None:
+        raise RuntimeError(f"{endpoint.label} is not a proxy endpoint")
+    return endpoint.pool
 
 
 def _describe(exc: BaseException) -> str:

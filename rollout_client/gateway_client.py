@@ -1,10 +1,11 @@
 """The gateway's generic tool call, as the rollout client uses it.
 
 `POST {gateway}/v1/tools/{tool}/call` with `{"arguments": {...}}` and the headers
-`X-Toolenv-Deadline-Ms` (remaining budget), `X-Trajectory-Id`, `X-Step`, `X-Turn`. A 200 carries
-`status` "ok" or "error"; a 504 is a structured timeout (and so is an "error" that
-carries the tool's own 504: the tool noticed the shared deadline a moment before the gateway); a 429 is backpressure, retried after
-`Retry-After` while the deadline allows. Transport failures become `status="error"` results so a
+`X-Toolenv-Deadline-Ms` (remaining budget; none for a call without a deadline), `X-Trajectory-Id`,
+`X-Step`, `X-Turn` (names in `toolenv_core.headers`). A 200 carries `status` "ok" or "error"; a
+timeout is the gateway's structured 504 (`status: "timeout"`, also when the tool itself stopped
+at the shared deadline first); a 429 is backpressure, retried after `Retry-After` while the
+deadline allows. Transport failures become `status="error"` results so a
 trajectory goes on; only an unreachable gateway at start-up stops the run (`GatewayUnreachable`).
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
 
 
@@ -76,7 +78,7 @@ class GatewayClient:
         turn: int = 0,
     ) -> ToolOutcome:
         started = time.monotonic()
-        headers = {"X-Trajectory-Id": trajectory_id, "X-Step": str(step), "X-Turn": str(turn)}
+        headers = {h.TRAJECTORY: trajectory_id, h.STEP: str(step), h.TURN: str(turn)}
         retries = 0
         while True:
             timeout = self._default_timeout_s
@@ -130,6 +132,8 @@ class GatewayClient:
                 body = response.json()
             except ValueError:
                 body = {}
+            if not isinstance(body, dict):
+                body = {}
             if response.status_code == 504 or body.get("status") == "timeout":
                 return ToolOutcome(
                     "timeout",
@@ -147,25 +151,14 @@ class GatewayClient:
                     http_status=response.status_code,
                     retries_429=retries,
                 )
-            status = "ok" if body.get("status") == "ok" else "error"
-            if status == "error" and _upstream_timed_out(body):
-                status = "timeout"
             return ToolOutcome(
-                status,
+                "ok" if body.get("status") == "ok" else "error",
                 elapsed,
                 result=body.get("result"),
                 error=body.get("error"),
                 http_status=200,
                 retries_429=retries,
             )
-
-
-def _upstream_timed_out(body: dict[str, Any]) -> bool:
-    """The tool itself hit the deadline first (its own 504, passed through as an error)."""
-    result = body.get("result")
-    if isinstance(result, dict) and result.get("status") == "timeout":
-        return True
-    return "HTTP 504" in str(body.get("error") or "")
 
 
 def _retry_after(response: httpx.Response) -> float:

@@ -241,7 +241,7 @@ class Runner:
         limit = self.policy.tool_deadline_s()
         deadline = Deadline(now() + limit) if limit is not None else None
         started = now()
-        malformed = getattr(call, "live_error", None)  # live mode: the model wrote a bad call
+        malformed = call.live_error  # live mode: the model wrote a bad call
         try:
             if malformed:
                 outcome = ToolOutcome("error", 0.0, error=malformed)
@@ -283,9 +283,7 @@ class Runner:
             append_len=append,
             trajectory_id=st.trajectory_id,
             step=step,
+            error=outcome.error or None,
+            recorded_latency_s=call.recorded_latency_s,
         )
-        if outcome.error:
-            record.error = outcome.error  # type: ignore[attr-defined]
-        if call.recorded_latency_s is not None:
-            record.recorded_latency_s = call.recorded_latency_s  # type: ignore[attr-defined]
         st.calls.append(record)

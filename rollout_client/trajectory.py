@@ -22,6 +22,13 @@ class StepTimes:
     barrier_s: float = 0.0  # waiting for the rest of the batch (sync)
     tokens: int = 0
 
+    def add(self, other: StepTimes) -> None:
+        self.generate_s += other.generate_s
+        self.queue_s += other.queue_s
+        self.tool_s += other.tool_s
+        self.barrier_s += other.barrier_s
+        self.tokens += other.tokens
+
 
 @dataclass(eq=False)
 class TrajectoryState:
@@ -56,9 +63,8 @@ class TrajectoryState:
         return self.plan.trajectory_id
 
     def plan_prompt(self) -> list[int]:
-        given = getattr(self.plan, "prompt_ids", None)  # live prompts are real text
-        if given is not None:
-            return list(given)
+        if self.plan.prompt_ids is not None:  # live prompts are real text
+            return list(self.plan.prompt_ids)
         return self.synth.ids(f"{self.trajectory_id}/prompt", self.plan.prompt_len)
 
     @property
@@ -68,10 +74,7 @@ class TrajectoryState:
         return end - self.launched_step
 
     def new_step(self) -> None:
-        for name in ("generate_s", "queue_s", "tool_s", "barrier_s", "tokens"):
-            setattr(
-                self.total_times, name, getattr(self.total_times, name) + getattr(self.times, name)
-            )
+        self.total_times.add(self.times)
         self.times = StepTimes()
 
     def to_record(self, policy: str) -> TrajectoryRecord:

@@ -29,9 +29,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from toolenv_core.headers import INJECTED_DELAY
 from toolenv_core.net import free_port
 
-DELAY_HEADER = b"x-toolenv-injected-delay-ms"
+DELAY_HEADER = INJECTED_DELAY.lower().encode()
 
 
 def make_app(

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from emulators.cli import app as emulators_app
 from emulators.settings import EmulatorSettings
-from gateway.cli import register as register_gateway
+from gateway.cli import build_cli as build_gateway_cli
 from gateway.settings import GatewaySettings
 from rollout_client.cli import app as rollout_app
 from rollout_client.settings import RolloutSettings
@@ -22,10 +22,11 @@ from sandboxd.cli import app as sandboxd_app
 from sandboxd.settings import SandboxSettings
 from stress.cli import stress
 from toolenv_core import __version__
-from toolenv_core.config import ConfigFileError, ServiceSettings
+from toolenv_core.config import ConfigFileError, ServiceSettings, read_sections
 from toolenv_core.polytrace.cache import TracesSettings
 
 from .traces import app as traces_app
+from .wiring import serve
 
 
 def _version(value: bool) -> None:
@@ -65,8 +66,9 @@ def config_show(
 ) -> None:
     """Print the effective settings of every service (defaults < file < TOOLENV_* env vars)."""
     try:
+        sections = read_sections(config)
         effective = {
-            section: cls.load(config).model_dump(mode="json")
+            section: cls.from_sections(sections).model_dump(mode="json")
             for section, cls in all_settings_classes().items()
         }
     except (ConfigFileError, ValueError) as exc:
@@ -100,7 +102,10 @@ def build_app() -> typer.Typer:
     config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
     config_app.command("show")(config_show)
     app.add_typer(config_app, name="config")
-    register_gateway(app)  # `toolenv serve` and `toolenv gateway ...`
+    app.command("serve")(serve)
+    gateway = build_gateway_cli()
+    gateway.command("serve")(serve)  # what compose runs: `--mode proxy --config FILE`
+    app.add_typer(gateway, name="gateway")
     app.add_typer(sandboxd_app, name="sandboxd")
     app.add_typer(emulators_app, name="emulators")
     app.add_typer(rollout_app, name="rollout")

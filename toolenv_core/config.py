@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -51,17 +52,27 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-class _FileSectionSource(PydanticBaseSettingsSource):
-    """Reads one section of the config file named by `TOOLENV_CONFIG` (or `_config_file`)."""
+def read_sections(config_file: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The config file's sections (the explicit file, else `TOOLENV_CONFIG`, else none), read once.
 
-    def __init__(self, settings_cls: type[BaseSettings], path: str | None, section: str) -> None:
+    What a process that builds several services reads, then hands to each settings class with
+    `ServiceSettings.from_sections`, so the file is read one time for all of them.
+    """
+    path = config_file or os.environ.get(CONFIG_ENV_VAR)
+    return read_config_file(path) if path else {}
+
+
+class _FileSectionSource(PydanticBaseSettingsSource):
+    """One section of the config file's sections (already read), as a settings source."""
+
+    def __init__(
+        self, settings_cls: type[BaseSettings], sections: Mapping[str, Any], section: str
+    ) -> None:
         super().__init__(settings_cls)
-        self._values: dict[str, Any] = {}
-        if path:
-            section_values = read_config_file(path).get(section) or {}
-            if not isinstance(section_values, dict):
-                raise ConfigFileError(f"section {section!r} of {path} must be a mapping")
-            self._values = section_values
+        section_values = sections.get(section) or {}
+        if not isinstance(section_values, dict):
+            raise ConfigFileError(f"config section {section!r} must be a mapping")
+        self._values: dict[str, Any] = section_values
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return self._values.get(field_name), field_name, False
@@ -76,6 +87,7 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", env_nested_delimiter="__")
     section: ClassVar[str] = ""
     _config_path: ClassVar[str | None] = None
+    _config_sections: ClassVar[Mapping[str, Any] | None] = None
 
     @classmethod
     def settings_customise_sources(
@@ -86,8 +98,14 @@ class ServiceSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        path = cls._config_path or os.environ.get(CONFIG_ENV_VAR)
-        return (init_settings, env_settings, _FileSectionSource(settings_cls, path, cls.section))
+        sections = cls._config_sections
+        if sections is None:
+            sections = read_sections(cls._config_path)
+        return (
+            init_settings,
+            env_settings,
+            _FileSectionSource(settings_cls, sections, cls.section),
+        )
 
     @classmethod
     def load(cls, config_file: str | os.PathLike[str] | None = None, **overrides: Any):
@@ -97,4 +115,12 @@ class ServiceSettings(BaseSettings):
             return cls(**overrides)
         # A subclass bound to this file: no mutation of the caller's class, no global state.
         bound = type(cls.__name__, (cls,), {"_config_path": path, "__module__": cls.__module__})
+        return bound(**overrides)
+
+    @classmethod
+    def from_sections(cls, sections: Mapping[str, Any], **overrides: Any):
+        """Build the settings from a config file already read (`read_sections`): no second read."""
+        bound = type(
+            cls.__name__, (cls,), {"_config_sections": sections, "__module__": cls.__module__}
+        )
         return bound(**overrides)

@@ -16,7 +16,7 @@ from ..base import (
     play,
     unprocessable,
 )
-from ..fastpath import register
+from ..fastpath import FastRouter
 from .emulator import RewardEmulator
 
 
@@ -36,7 +36,7 @@ class RewardCall(BaseModel):
 
 
 def build_router(emulator: RewardEmulator) -> APIRouter:
-    router = APIRouter(tags=["reward emulator"])
+    router = FastRouter(tags=["reward emulator"])
     settings = emulator.settings
 
     async def call(request: Request) -> Response:
@@ -82,8 +82,7 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
 
         return await play(arrival, draw, deadline, settings, reply)
 
-    register(
-        router,
+    router.add_fast_route(
         "POST",
         "/v1/emulators/reward/call",
         call,

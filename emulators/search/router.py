@@ -18,7 +18,7 @@ from ..base import (
     play,
     unprocessable,
 )
-from ..fastpath import register
+from ..fastpath import FastRouter
 from .emulator import SearchEmulator
 
 
@@ -72,7 +72,7 @@ def _check(emulator: SearchEmulator, queries: list[str], topk: int | None) -> Re
 
 
 def build_router(emulator: SearchEmulator) -> APIRouter:
-    router = APIRouter(tags=["search emulator"])
+    router = FastRouter(tags=["search emulator"])
     settings = emulator.settings
 
     async def answer(
@@ -162,16 +162,14 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
             True,
         )
 
-    register(
-        router,
+    router.add_fast_route(
         "POST",
         "/retrieve",
         retrieve,
         summary="Search-R1 compatible retrieval",
         openapi_extra=json_body_schema(RetrieveRequest),
     )
-    register(
-        router,
+    router.add_fast_route(
         "POST",
         "/v1/emulators/search/call",
         call,

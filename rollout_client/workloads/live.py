@@ -89,9 +89,12 @@ class LiveDriver:
             return
         current.finish_reason = "tool_calls"
         call = ToolCallPlan(
-            parsed.tool or "invalid", parsed.arguments, append_tokens=0, query_count=1
+            parsed.tool or "invalid",
+            parsed.arguments,
+            append_tokens=0,
+            query_count=1,
+            live_error=parsed.error,
         )
-        call.live_error = parsed.error  # type: ignore[attr-defined]
         current.calls = [call]
         if turn + 1 < self.max_turns:
             plan.turns.append(TurnPlan(self.max_tokens, forced=False))
@@ -134,8 +137,10 @@ def live_plans(
         if hasattr(ids, "keys"):  # a BatchEncoding in recent transformers
             ids = ids["input_ids"]
         plan = TrajectoryPlan(
-            str(row.get("id", f"live-{i}")), len(ids), [TurnPlan(max_tokens, forced=False)]
+            str(row.get("id", f"live-{i}")),
+            len(ids),
+            [TurnPlan(max_tokens, forced=False)],
+            prompt_ids=list(ids),
         )
-        plan.prompt_ids = list(ids)  # type: ignore[attr-defined]
         plans.append(plan)
     return plans, driver

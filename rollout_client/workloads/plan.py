@@ -21,6 +21,7 @@ class ToolCallPlan:
     append_tokens: int  # tokens the response adds to the context
     recorded_latency_s: float | None = None
     query_count: int | None = None
+    live_error: str | None = None  # live mode: why the model's call could not be parsed
 
 
 @dataclass(slots=True)
@@ -37,6 +38,7 @@ class TrajectoryPlan:
     prompt_len: int
     turns: list[TurnPlan]
     source: dict[str, Any] = field(default_factory=dict)  # ids of the record it came from
+    prompt_ids: list[int] | None = None  # live mode: the real tokenized prompt (else synthetic)
 
     @property
     def output_tokens(self) -> int:

@@ -375,12 +375,10 @@ def test_drifting_profile_follows_the_callers_step(client: httpx.Client) -> None
         for s in (0, 2, 3, 9)
     ]
     assert delays == ["10.000", "10.000", "30.000", "30.000"]
-    by_header = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Step": "4"})
+    by_header = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Step": "4"})
     assert by_header.headers[INJECTED] == "30.000"
     assert (
-        client.post(
-            "/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Step": "-1"}
-        ).status_code
+        client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Step": "-1"}).status_code
         == 400
     )
 

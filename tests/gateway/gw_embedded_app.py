@@ -1,7 +1,8 @@
 """An in-process tool for embedded-mode tests: it records its lifespan and every cancellation.
 
-The gateway mounts it by reference (`app: "gw_embedded_app:create_app"`), the same way it mounts
-sandboxd and the emulators, so these tests exercise the real embedded path without a sandbox.
+The gateway mounts it by reference (`app: "gw_embedded_app:create_app"`: the extension point for
+custom tools), through the same in-process path as sandboxd and the emulators, so these tests
+exercise the real embedded path without a sandbox.
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ def create_app() -> FastAPI:
         except asyncio.CancelledError:
             EVENTS.append(f"cancelled:{body.get('tag')}")
             raise
-        return {"echo": body, "deadline_ms": request.headers.get("x-toolenv-deadline-ms")}
+        return {
+            "echo": body,
+            "deadline_ms": request.headers.get("x-toolenv-deadline-ms"),
+            "call_context": {
+                k: request.headers.get(k) for k in ("x-trajectory-id", "x-step", "x-turn")
+            },
+        }
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import uvicorn
 
-from gateway.app import create_app
 from gateway.settings import GatewaySettings, ToolConfig
+from toolenv.wiring import build_gateway
+from toolenv_core.config import read_config_file
 from toolenv_core.net import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -67,11 +68,13 @@ class Upstream:
 
 
 class GatewayServer:
-    """A real gateway on a loopback port, served by uvicorn in a thread."""
+    """A real gateway on a loopback port, served by uvicorn in a thread, wired as `toolenv serve`
+    wires it (its embedded tools' apps built from the config file's sections)."""
 
     def __init__(self, settings: GatewaySettings, config_file: str | None = None) -> None:
         self.settings = settings
-        self.app = create_app(settings, config_file=config_file)
+        sections = read_config_file(config_file) if config_file else {}
+        self.app = build_gateway(settings, sections)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
@@ -95,7 +98,7 @@ class GatewayServer:
 
     @property
     def toolset(self):
-        return self.app.state.toolset
+        return self.app.state.gateway.toolset
 
     def metrics_text(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5, headers=self.auth).text

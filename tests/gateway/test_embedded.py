@@ -65,7 +65,7 @@ def test_embedded_sandbox_deadline_kills_the_program(gateway, bwrap_path) -> Non
     assert waited < 3.0
     # the sleeping program (and its bwrap) are gone soon after: nothing new is left below us
     # except the idle warm sandboxes sandboxd keeps ready (it lists their pids)
-    service = gw.toolset.embedded["sandboxd.app:create_app"].app.state.sandbox_service
+    service = gw.toolset.embedded["sandboxd"].app.state.sandbox_service
 
     def leftover() -> set[int]:
         status = service.status()

@@ -59,7 +59,7 @@ def test_capture_writes_tool_call_records_and_they_replay(upstream, gateway, tmp
     )
     assert result.exit_code == 0, result.output
     trajectories = list(read_multiturn(out))
-    assert [t.model_extra["trajectory_id"] for t in trajectories] == ["t-1", "t-2"]
+    assert [t.trajectory_id for t in trajectories] == ["t-1", "t-2"]
     assert [len(t.tool_calls) for t in trajectories] == [3, 1]
     assert [c.turn for c in trajectories[0].tool_calls_after(1)] == [1, 1]
     latencies = tool_latencies([out], "search")  # what `toolenv emulators fit` reads

@@ -12,6 +12,7 @@ from gateway.policies import LatencyWindow, RetryBudget
 from gateway.settings import GatewaySettings, HedgePolicy, RetryPolicy, ToolConfig
 from gateway.upstream import Endpoint, pick
 from toolenv_core.admission import Admission, RateLimits, Rejected, TokenBucket
+from toolenv_core.deadline import DeadlineHeaderError
 
 
 async def test_admission_is_fifo_bounded_and_survives_cancellation() -> None:
@@ -153,9 +154,16 @@ def test_deadline_for_caps_and_defaults() -> None:
     )
     deadline, ms = rt.deadline_for(None)
     assert ms == 100 and 0.09 < deadline.remaining() <= 0.1
-    assert rt.deadline_for(10_000)[1] == 200
-    assert rt.deadline_for(0)[1] == 0
-    assert time.monotonic() < rt.deadline_for(50)[0].at
+    assert rt.deadline_for(None, 10_000)[1] == 200
+    assert rt.deadline_for("10000")[1] == 200
+    assert rt.deadline_for(None, 0)[1] == 0
+    assert rt.deadline_for("0")[1] == 0
+    assert time.monotonic() < rt.deadline_for(None, 50)[0].at
+    # a header and a body deadline: the earlier wins, whichever carries it
+    assert rt.deadline_for("80", 150)[1] == 80
+    assert rt.deadline_for("150", 80)[1] == 80
+    with pytest.raises(DeadlineHeaderError):
+        rt.deadline_for("soon", 50)
 
 
 def test_tools_table_from_the_environment_and_forced_modes(monkeypatch) -> None:

@@ -7,6 +7,8 @@ client, gateway trace capture) can emit what they know.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -42,6 +44,8 @@ class ToolCallRecord(_Record):
     trajectory_id: str | None = None
     step: int | None = None
     response_bytes: int | None = None
+    error: str | None = None  # why the call failed (rollout client)
+    recorded_latency_s: float | None = None  # replay: what the trace recorded for this call
 
 
 class TrajectoryRecord(_Record):
@@ -59,6 +63,12 @@ class TrajectoryRecord(_Record):
     prompt_group_id: int | None = None
     sample_id: int | None = None
     validate_: bool | None = Field(default=None, alias="validate")
+    # Written by toolenv (gateway trace capture, rollout client); absent in published traces.
+    trajectory_id: str | None = None
+    launched_step: int | None = None
+    staleness: int | None = None
+    policy: str | None = None
+    source: dict[str, Any] | None = None
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 

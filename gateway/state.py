@@ -1,0 +1,31 @@
+"""What one gateway app holds at run time, declared in one place (no attributes set on the fly)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from .asgi import ASGIApp
+from .metrics import GatewayMetrics
+from .settings import GatewaySettings
+from .toolset import ToolSet
+from .trace import TraceWriter
+
+
+@dataclass(eq=False)
+class GatewayState:
+    """Settings and the apps handed in at build time; the tools and trace writer of the lifespan."""
+
+    settings: GatewaySettings
+    metrics: GatewayMetrics
+    mounts: Mapping[str, ASGIApp] = field(default_factory=dict)
+    toolset: ToolSet | None = None
+    trace: TraceWriter | None = None
+    ready: bool = False
+
+
+def state_of(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
