@@ -41,3 +41,27 @@ def test_deadline_header_round_trip_and_bounds() -> None:
     assert int(short.to_header_value()) <= 50
     time.sleep(0.06)
     assert short.expired and short.remaining() == 0
+
+
+def test_serve_reads_the_config_file_once_and_builds_each_service_from_its_section(
+    tmp_path, monkeypatch
+) -> None:
+    from emulators.settings import EmulatorSettings
+    from toolenv.wiring import build_mounts
+    from toolenv_core.config import read_sections
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "gateway:\n  port: 7011\n  tools: [{name: search, kind: search}]\n"
+        "emulators:\n  seed: 42\n  default_deadline_s: 3\n"
+    )
+    monkeypatch.setenv("TOOLENV_CONFIG", str(cfg))
+    sections = read_sections()
+    cfg.unlink()  # read once: nothing after this may need the file
+    settings = GatewaySettings.from_sections(sections)
+    assert settings.port == 7011 and [t.name for t in settings.tools] == ["search"]
+    emulators = EmulatorSettings.from_sections(sections)
+    assert emulators.seed == 42 and emulators.deadline_policy.default_s == 3
+    mounts = build_mounts(settings, sections)
+    assert set(mounts) == {"emulators"}  # only what an embedded tool of the table needs
+    assert mounts["emulators"].state.settings.seed == 42
