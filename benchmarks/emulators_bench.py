@@ -35,13 +35,12 @@ import numpy as np
 from scipy import stats
 
 from stress import LoadSpec, run_load
+from toolenv_core import headers
 from toolenv_core.latency import Profile, save_profile
 from toolenv_core.latency.specs import Constant, TraceReplay
 from toolenv_core.polytrace import tool_latencies
 
 from .harness import ServerProcess, toolenv_server
-
-from toolenv_core import headers
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "polytrace" / "search_r1"
