@@ -301,6 +301,12 @@ def run(
         )
         if settings.clock == "virtual" and settings.engine != "sim":
             raise ValueError("--clock virtual needs --engine sim (a real engine runs in real time)")
+        if settings.clock == "virtual" and not settings.exact and not settings.tool_profiles:
+            raise ValueError(
+                "--clock virtual answers tools in process: replay recorded latencies with --exact "
+                "or draw them from --tool-profile TOOL=FILE (e.g. search=emulators/profiles/"
+                "search_default.yaml)"
+            )
         build_policy(
             settings.policy, tool_timeout_s=settings.tool_timeout_s, over=settings.overlap_ratio
         )
@@ -568,12 +574,15 @@ def validate(
     from rich.table import Table
 
     from toolenv_core.polytrace import TraceFormatError
+    from toolenv_core.polytrace.kinds import files_of_kind
 
     from .engines.costmodel import load_cost_model
     from .validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step
 
     console = Console(stderr=True)
     try:
+        trace = files_of_kind(trace, "multiturn")  # directories, names in the trace cache
+        fit = files_of_kind(fit, "multiturn") if fit else None
         cost = load_cost_model(cost_profile)
         fitted = None
         if fit:
@@ -708,12 +717,18 @@ def calibrate(
         if check is None:
             profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
         else:
+            from toolenv_core.polytrace.kinds import files_of_kind
+
             from .enginecheck import calibrate_and_run, compare, simulated_runs
             from .workloads.replay import LengthScale, replay_plans
 
             limit = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
             scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
-            plans = list(replay_plans([check], scale=scale, exact=True, limit=limit))
+            plans = list(
+                replay_plans(
+                    files_of_kind([check], "multiturn"), scale=scale, exact=True, limit=limit
+                )
+            )
             if len(plans) < limit:
                 _fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
             profile, real = asyncio.run(

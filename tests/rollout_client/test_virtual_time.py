@@ -250,3 +250,24 @@ def test_virtual_run_is_deterministic_for_a_seed(polytrace_dir: Path, tmp_path: 
     assert first["summary"]["tool_timeouts"] > 0  # recorded latencies over 1 s are cut
     # modelled minutes, not wall seconds: far more modelled time than the run took
     assert first["summary"]["total_makespan_s"] > 20
+
+
+def test_virtual_run_draws_from_a_tool_profile_or_says_what_it_needs(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    base = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--batch", "32", "--limit", "32", "--json",
+        "--no-plots", "--out", str(tmp_path),
+    ]  # fmt: skip
+    refused = subprocess.run(base, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--tool-profile" in refused.stderr
+    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    drawn = subprocess.run(
+        [*base, "--tool-profile", f"search={profile}", "--tool-scale", "10"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr
+    report = json.loads(drawn.stdout)
+    assert report["summary"]["completed"] == 32 and report["tools"]["calls"] > 32
