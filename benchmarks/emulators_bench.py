@@ -13,7 +13,9 @@ time (no coordinated omission).
 Reported per rate, realized against target (the trace's own latency distribution, the baseline):
 KS distance, realized/target ratio and relative error at p50/p90/p99/p99.9, timer error (realized
 latency minus the delay the server scheduled, from `X-Toolenv-Injected-Delay-Ms`) at p50/p99 as
-the client sees it and as the server measured its own sleep (`X-Toolenv-Timer-Error-Ms`), and
+the client sees it (what is left after the service's pacing: the residual) and as the server
+measured its own wake-up (`X-Toolenv-Timer-Error-Ms`, about minus `X-Toolenv-Pacing-Lead-Ms`, the
+response path the service measured and wakes early by), and
 dropped requests (errors, over the in-flight cap, or unanswered). Timer error is also
 given from the moment each request actually left the client, and the load side's own lag
 (actual minus planned send time) is reported, to tell a slow service from a starved client.
@@ -58,6 +60,7 @@ def emulator(profile_path: Path) -> ServerProcess:
 
 INJECTED_HEADER = headers.INJECTED_DELAY
 TIMER_HEADER = headers.TIMER_ERROR
+LEAD_HEADER = headers.PACING_LEAD
 
 
 def _header_s(values: list[str | None]) -> np.ndarray:
@@ -88,7 +91,7 @@ def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[
             max_requests=math.ceil(rate * seconds),
             max_in_flight=max_in_flight,
             timeout_s=30.0,
-            capture_headers=[INJECTED_HEADER, TIMER_HEADER],
+            capture_headers=[INJECTED_HEADER, TIMER_HEADER, LEAD_HEADER],
             workers=workers,
             # connections for the expected concurrency, opened before the clock starts
             preconnect=min(max_in_flight // workers, int(rate / workers * 0.6) + 16),
@@ -104,6 +107,7 @@ def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[
         "ok": (outcomes == "ok") & (result.status == 200),
         "injected": _header_s(result.captured_values(INJECTED_HEADER)),
         "server_err": _header_s(result.captured_values(TIMER_HEADER)),
+        "lead": _header_s(result.captured_values(LEAD_HEADER)),
         "over_cap": int(np.count_nonzero(outcomes == "dropped")),
         "max_in_flight": _max_in_flight(result.dispatched, result.done),
         "processes": workers,
@@ -131,6 +135,7 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
     timer_from_send = raw["done"][sel] - raw["sent"][sel] - scheduled
     send_lag = raw["sent"][sel] - raw["planned"][sel]
     server_timer = raw["server_err"][sel]
+    lead = raw["lead"][sel]
     dropped = int((~ok).sum())
     sent_at = raw["sent"][np.isfinite(raw["sent"])]
     span = float(sent_at.max() - sent_at.min()) if sent_at.size > 1 else math.nan
@@ -184,6 +189,9 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
             "server_p50": _q(server_timer, 0.5) * 1000,
             "server_p99": _q(server_timer, 0.99) * 1000,
             "server_p99.9": _q(server_timer, 0.999) * 1000,
+            # how early the service woke on purpose (its measured response path; timing.Pacer)
+            "server_lead_p50": _q(lead, 0.5) * 1000,
+            "server_lead_p99": _q(lead, 0.99) * 1000,
         }
     return out
 
@@ -304,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rate:>6g} rps: achieved {s['achieved_rps']} rps, KS {s.get('ks_realized_vs_target', float('nan')):.4f}, "
                 + ", ".join(f"{k} x{v['ratio']:.3f}" for k, v in q.items())
                 + f", timer error p50 {te.get('client_p50', float('nan')):.2f} ms p99 {te.get('client_p99', float('nan')):.2f} ms"
-                + f" (server p99 {te.get('server_p99', float('nan')):.2f} ms), dropped {s['dropped']}",
+                + f" (server wake p99 {te.get('server_p99', float('nan')):.2f} ms, pacing lead p50"
+                + f" {te.get('server_lead_p50', float('nan')):.3f} ms), dropped {s['dropped']}",
                 flush=True,
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)

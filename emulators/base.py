@@ -4,8 +4,9 @@ A call's fate is drawn from the active profile (delay + optional fault) and play
 caller's deadline: the reply is sent at arrival + delay (504 at the deadline if that comes first),
 a hang answers 504 exactly at the deadline, a throttle answers 429 with Retry-After at once, an
 error answers its status after the delay, a slow body trickles out in chunks. Every reply carries
-`X-Toolenv-Injected-Delay-Ms` (what was scheduled) and `X-Toolenv-Timer-Error-Ms` (realized minus
-scheduled, measured here).
+`X-Toolenv-Injected-Delay-Ms` (what was scheduled), `X-Toolenv-Timer-Error-Ms` (when the handler
+woke minus scheduled, measured here) and `X-Toolenv-Pacing-Lead-Ms` (how early it woke on purpose:
+the measured response path, so that the reply leaves on schedule; see `timing.Pacer`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from toolenv_core.latency.profile import Profile, error_field
 from toolenv_core.latency.samplers import Draw, Sampler
 
 from .settings import EmulatorSettings
-from .timing import sleep_until
+from .timing import PacedResponse, Pacer, sleep_until
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,6 +55,7 @@ class ToolEmulator:
         self._profile = profile
         self._sampler = self._build(profile)
         self.calls = 0
+        self.pacer = Pacer()  # learns this tool's response path, so replies leave on time
 
     @property
     def profile(self) -> Profile:
@@ -115,13 +117,15 @@ class Outcome:
     """How a call was played out (what the headers report)."""
 
     scheduled_s: float
-    realized_s: float
+    realized_s: float  # arrival to the handler's wake-up
     fault: str | None = None
+    lead_s: float = 0.0  # how much earlier than scheduled the handler woke, on purpose
 
     def headers(self) -> dict[str, str]:
         out = {
             h.INJECTED_DELAY: _ms(self.scheduled_s),
             h.TIMER_ERROR: _ms(self.realized_s - self.scheduled_s),
+            h.PACING_LEAD: _ms(self.lead_s),
         }
         if self.fault:
             out[h.FAULT] = self.fault
@@ -138,9 +142,14 @@ async def play(
     deadline: Deadline,
     settings: EmulatorSettings,
     make_body: Callable[[], bytes | dict[str, Any]],
+    pacer: Pacer,
     min_delay_s: float = 0.0,
 ) -> Response:
-    """Turn a draw into the reply, sent at the right moment and never after the deadline."""
+    """Turn a draw into the reply, sent at the right moment and never after the deadline.
+
+    The handler wakes `pacer.lead_s` before the scheduled moment (the response path it measured),
+    so that the reply leaves at that moment; a delayed reply then reports its own lateness back.
+    """
     fault = draw.fault
     if isinstance(fault, ThrottleFault):
         outcome = Outcome(0.0, time.monotonic() - arrival, "throttle")
@@ -179,23 +188,26 @@ async def play(
             headers=outcome.headers(),
         )
     body = make_body()  # built while we would be waiting anyway
-    woke = await sleep_until(target)
-    outcome = Outcome(delay, woke - arrival, fault.type if fault else None)
-    if isinstance(fault, ErrorFault):
-        return JSONResponse(
-            {"detail": f"{fault.message} (injected error fault)"},
-            status_code=fault.status,
-            headers=outcome.headers(),
-        )
-    data = _json_bytes(body)
-    if isinstance(fault, SlowBodyFault):
+    if isinstance(fault, SlowBodyFault):  # its last byte leaves later anyway: no lead
+        woke = await sleep_until(target)
+        outcome = Outcome(delay, woke - arrival, fault.type)
         duration = min(fault.duration_s, max(0.0, deadline.remaining()))
         return StreamingResponse(
-            _trickle(data, fault.chunks, duration),
+            _trickle(_json_bytes(body), fault.chunks, duration),
             media_type="application/json",
             headers=outcome.headers(),
         )
-    return Response(data, media_type="application/json", headers=outcome.headers())
+    lead = pacer.lead_s
+    woke = await sleep_until(target - lead)
+    outcome = Outcome(delay, woke - arrival, fault.type if fault else None, lead)
+    if isinstance(fault, ErrorFault):
+        status = fault.status
+        data = _json_bytes({"detail": f"{fault.message} (injected error fault)"})
+    else:
+        status, data = 200, _json_bytes(body)
+    return PacedResponse(
+        data, status_code=status, headers=outcome.headers(), pacer=pacer, target=target
+    )
 
 
 async def _trickle(data: bytes, chunks: int, duration_s: float) -> AsyncIterator[bytes]:

@@ -1,15 +1,22 @@
 """Precise delays on the event loop: sleep to an absolute monotonic target, never per-request threads.
 
 The event loop's timers have about a millisecond of granularity and may fire a little early; we
-sleep towards the absolute target and re-check, so the realized delay is never shorter than the
-scheduled one and overshoots only by the loop's latency. (A timer that fires a fraction of a
+sleep towards the absolute target and re-check, so the handler never wakes before the target it
+asked for and overshoots only by the loop's latency. (A timer that fires a fraction of a
 millisecond early costs one more pass of the loop, not a busy wait.)
+
+What a client sees is later still: after the wake-up the reply is built and written. `Pacer`
+measures that response path (wake-up overshoot + building + writing) on every paced reply and
+wakes the handler that much earlier, so that the reply *leaves* at the scheduled moment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 
 async def sleep_until(target: float) -> float:
@@ -20,3 +27,48 @@ async def sleep_until(target: float) -> float:
         if remaining <= 0:
             return now
         await asyncio.sleep(remaining)
+
+
+class Pacer:
+    """The lead to wake with: a running median of how late replies left after their target.
+
+    The median is tracked by stochastic approximation (one step up when a reply left late, one
+    down when it left early): O(1) per reply, robust to the odd scheduler stall, and it follows
+    the machine's load within a few hundred replies. `lead_s` stays within [0, `max_lead_s`], so
+    a stall never makes replies leave early by more than that.
+    """
+
+    def __init__(self, step_s: float = 2e-6, max_lead_s: float = 0.002) -> None:
+        self.step_s = step_s
+        self.max_lead_s = max_lead_s
+        self.lead_s = 0.0
+
+    def observe(self, late_s: float) -> None:
+        """One reply left `late_s` after its target (negative: early)."""
+        if late_s > 0:
+            self.lead_s = min(self.max_lead_s, self.lead_s + self.step_s)
+        else:
+            self.lead_s = max(0.0, self.lead_s - self.step_s)
+
+
+class PacedResponse(Response):
+    """A response that tells its `Pacer` how late it was written (after its last byte went to
+    the server's transport), the measurement the next replies' lead is learnt from."""
+
+    def __init__(
+        self,
+        content: bytes,
+        *,
+        status_code: int,
+        headers: dict[str, str],
+        pacer: Pacer,
+        target: float,
+        media_type: str = "application/json",
+    ) -> None:
+        super().__init__(content, status_code, headers, media_type)
+        self.pacer = pacer
+        self.target = target
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        self.pacer.observe(time.monotonic() - self.target)

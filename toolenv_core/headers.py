@@ -16,7 +16,12 @@ INJECTED_DELAY = "X-Toolenv-Injected-Delay-Ms"
 """What an emulator scheduled for this call (its draw from the latency profile)."""
 
 TIMER_ERROR = "X-Toolenv-Timer-Error-Ms"
-"""Realized minus scheduled delay, measured by the emulator around its own sleep."""
+"""When the emulator's handler woke, minus the scheduled delay (measured around its own sleep).
+It wakes `PACING_LEAD` early on purpose, so this is about minus that lead when all is well."""
+
+PACING_LEAD = "X-Toolenv-Pacing-Lead-Ms"
+"""How early the emulator woke on purpose: the running median of its measured response path
+(wake-up overshoot + building + writing the reply), so that the reply leaves on schedule."""
 
 FAULT = "X-Toolenv-Fault"
 """Which injected fault (error, hang, throttle, slow body) shaped this reply, if any."""

@@ -80,7 +80,7 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
                 separators=(",", ":"),
             ).encode()
 
-        return await play(arrival, draw, deadline, settings, reply)
+        return await play(arrival, draw, deadline, settings, reply, emulator.pacer)
 
     router.add_fast_route(
         "POST",

@@ -110,7 +110,7 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
                 + json.dumps(meta, separators=(",", ":")).encode()[1:]
             )
 
-        return await play(arrival, draw, deadline, settings, body, min_delay)
+        return await play(arrival, draw, deadline, settings, body, emulator.pacer, min_delay)
 
     async def retrieve(request: Request) -> Response:
         """`{"queries": [...], "topk": 3, "return_scores": false}` -> `{"result": [[doc, ...], ...]}`."""

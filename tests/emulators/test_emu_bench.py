@@ -19,6 +19,7 @@ def _raw(target: np.ndarray, lateness_s: float, rate: float = 1000.0) -> dict:
         "done": done,
         "injected": target.copy(),
         "server_err": np.full(n, lateness_s / 2),
+        "lead": np.full(n, 0.0003),
         "ok": np.full(n, True),
         "max_in_flight": 7,
         "over_cap": 0,
@@ -37,6 +38,7 @@ def test_a_faithful_run_meets_the_targets_and_a_late_one_does_not() -> None:
     assert abs(good["timer_error_ms"]["client_p50"] - 0.7) < 0.01  # 0.2 ms send lag + 0.5 ms late
     assert abs(good["timer_error_ms"]["from_send_p50"] - 0.5) < 0.01
     assert abs(good["timer_error_ms"]["server_p99"] - 0.25) < 1e-6
+    assert abs(good["timer_error_ms"]["server_lead_p50"] - 0.3) < 1e-6
     assert all(verdict(good).values()) and good["dropped"] == 0
     assert abs(good["achieved_rps"] - 1000) < 1
 

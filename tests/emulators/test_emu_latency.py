@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 from scipy import stats
 
+from emulators.timing import Pacer
 from toolenv_core.latency import (
     LATENCY_MODEL,
     Drift,
@@ -288,3 +289,20 @@ def test_config_value_and_profile_file_are_the_same_object(tmp_path) -> None:
     path = save_profile(parse_profile(inline), tmp_path / "p.yaml")
     from_file = build_emulators(EmulatorSettings(search_profile_file=path))
     assert from_file["search"].profile == emulators["search"].profile
+
+
+def test_the_pacer_wakes_by_the_median_response_path_and_stays_bounded() -> None:
+    """Simulated replies: each leaves `path - lead` after its target, path ~ U(0.2, 0.6) ms."""
+    rng = np.random.default_rng(3)
+    pacer = Pacer()
+    for path in rng.uniform(0.0002, 0.0006, 5000):
+        pacer.observe(path - pacer.lead_s)
+    assert abs(pacer.lead_s - 0.0004) < 0.00003  # the median path: half late, half early
+    late = rng.uniform(0.0002, 0.0006, 2000) - pacer.lead_s
+    assert abs(np.mean(late > 0) - 0.5) < 0.05
+    for _ in range(5000):  # a machine so slow that every reply is 10 ms late: capped lead
+        pacer.observe(0.010)
+    assert pacer.lead_s == pacer.max_lead_s
+    for _ in range(5000):  # replies that leave at once: no lead at all, never negative
+        pacer.observe(-pacer.lead_s)
+    assert pacer.lead_s == 0.0
