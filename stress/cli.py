@@ -6,6 +6,8 @@ Exit codes (for CI):
   2  bad options: unparsable values, an unbounded run, an off-loopback target without
      `--allow-remote`, an unreadable payload file
   3  the target never answered: not one request got an HTTP response (connection refused, ...)
+  4  the target answered, but not one request succeeded (every response an error status such as
+     404, or every request failed), and no `--slo` was broken
 """
 
 from __future__ import annotations
@@ -32,17 +34,18 @@ from .slo import SLO, SLOError, check_all
 from .spec import LoadSpec, LoadSpecError, Progress
 from .targets import RemoteTargetError, TargetError, check_loopback, resolve_target
 
-EXIT_OK, EXIT_SLO_BROKEN, EXIT_USAGE, EXIT_NO_RESPONSE = 0, 1, 2, 3
+EXIT_OK, EXIT_SLO_BROKEN, EXIT_USAGE, EXIT_NO_RESPONSE, EXIT_ALL_FAILED = 0, 1, 2, 3, 4
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min)?\s*$")
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 def parse_duration(text: str) -> float:
-    """`10`, `10s`, `500ms`, `2m` -> seconds."""
+    """`10`, `10s`, `500ms`, `2m`, `1h` -> seconds."""
     m = _DURATION.match(text)
     if not m:
-        raise typer.BadParameter(f"{text!r} is not a duration like 10s, 500ms or 2m")
-    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0}[m.group(2)]
+        raise typer.BadParameter(f"{text!r} is not a duration like 10s, 500ms, 2m or 1h")
+    scale = _UNIT_S[m.group(2)]
     return float(m.group(1)) * scale
 
 
@@ -102,7 +105,9 @@ def stress(
         float, typer.Option(help="Open-loop target rate, requests per second.")
     ] = 100.0,
     concurrency: Annotated[int, typer.Option(help="Closed-loop callers.")] = 16,
-    duration: Annotated[str, typer.Option(help="Run length: 10s, 500ms, 2m.")] = "10s",
+    duration: Annotated[
+        str, typer.Option(help="Run length: 10s, 500ms, 2m, 1h (at most).")
+    ] = "10s",
     max_requests: Annotated[int, typer.Option(help="Hard cap on requests in the run.")] = 1_000_000,
     max_in_flight: Annotated[
         int, typer.Option(help="Open loop: a request due while this many are out is 'dropped'.")
@@ -163,7 +168,7 @@ def stress(
     """Load-test a tool endpoint, open loop (latency from the scheduled send time) or closed loop.
 
     Exit codes: 0 all SLOs met; 1 an SLO broken; 2 bad options (incl. a remote target without
-    --allow-remote); 3 the target never answered.
+    --allow-remote); 3 the target never answered; 4 not one request succeeded.
     """
     err = Console(stderr=True)
     out_console = Console(stderr=as_json)
@@ -257,7 +262,13 @@ def stress(
     if summary["responses"] == 0:
         err.print("[red]the target never answered[/red]")
         raise typer.Exit(EXIT_NO_RESPONSE)
-    raise typer.Exit(EXIT_OK if all(v.ok for v in verdicts) else EXIT_SLO_BROKEN)
+    if not all(v.ok for v in verdicts):
+        raise typer.Exit(EXIT_SLO_BROKEN)
+    if "ok" not in summary["outcomes"]:
+        failed = ", ".join(f"{name} {e['count']}" for name, e in summary["outcomes"].items())
+        err.print(f"[red]not one request succeeded[/red] ({failed})")
+        raise typer.Exit(EXIT_ALL_FAILED)
+    raise typer.Exit(EXIT_OK)
 
 
 def _fields(spec: LoadSpec) -> dict[str, Any]:

@@ -276,7 +276,7 @@ def _result(
     done = rec.done[~np.isnan(rec.done)]
     wall = float(done.max() - start) if len(done) else 0.0
     if spec.arrival != "closed":
-        wall = max(wall, spec.duration_s)
+        wall = max(wall, spec.open_loop_span_s(len(rec.scheduled)))
     return LoadResult(
         spec=spec,
         start=start,
@@ -380,7 +380,7 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
         base += len(p[0])
     done = arrays[2][order]
     finite = done[~np.isnan(done)]
-    wall = max(float(finite.max()) if len(finite) else 0.0, spec.duration_s)
+    wall = max(float(finite.max()) if len(finite) else 0.0, spec.open_loop_span_s(len(done)))
     return LoadResult(
         spec=spec,
         start=start,

@@ -101,6 +101,11 @@ class LoadSpec:
             return self.max_requests
         return min(self.max_requests, math.ceil(self.rate * self.duration_s))
 
+    def open_loop_span_s(self, n: int) -> float:
+        """How long an open-loop schedule of `n` requests lasts: the whole `duration_s`, unless
+        `max_requests` cut it short (2 requests at 100 rps span 0.02 s, not the duration)."""
+        return min(self.duration_s, n / self.rate)
+
     def max_connections(self) -> int:
         if self.connections is not None:
             return self.connections

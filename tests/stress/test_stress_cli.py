@@ -11,11 +11,13 @@ from hdrh.log import HistogramLogReader
 from typer.testing import CliRunner
 
 from stress.cli import (
+    EXIT_ALL_FAILED,
     EXIT_NO_RESPONSE,
     EXIT_OK,
     EXIT_SLO_BROKEN,
     EXIT_USAGE,
     build_app,
+    parse_duration,
 )
 from stress.slo import SLO, SLOError
 from stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
@@ -99,6 +101,43 @@ def test_no_answer_exits_3() -> None:
     )
     assert result.exit_code == EXIT_NO_RESPONSE
     assert json.loads(result.stdout)["outcomes"]["connect_error"]["count"] == 10
+
+
+def test_every_request_failing_exits_4_even_without_an_slo(fast_server: str) -> None:
+    result = invoke("--url", fast_server + "/status/404", "--rate", "100", "--duration", "0.3s")
+    assert result.exit_code == EXIT_ALL_FAILED, result.output
+    assert "not one request succeeded (http_404 30)" in result.output
+    # one success among the failures is a run that worked (its error rate is in the report)
+    ok = invoke("--url", fast_server + "/x", "--rate", "100", "--duration", "0.1s", "--quiet")
+    assert ok.exit_code == EXIT_OK
+
+
+def test_a_duration_of_one_hour_is_accepted_and_more_is_refused(fast_server: str) -> None:
+    assert parse_duration("1h") == 3600 and parse_duration("0.5h") == 1800
+    assert parse_duration("90m") == 5400 and parse_duration("250ms") == 0.25
+    result = invoke(
+        "--url", fast_server + "/x", "--duration", "1h", "--max-requests", "3", "--json"
+    )  # fmt: skip
+    assert result.exit_code == EXIT_OK, result.output
+    report = json.loads(result.stdout)
+    assert report["spec"]["duration_s"] == 3600 and report["requests"] == 3
+    over = invoke("--url", fast_server + "/x", "--duration", "61m", "--quiet")
+    assert over.exit_code == EXIT_USAGE and "duration_s must be in (0, 3600]" in over.output
+
+
+def test_a_run_cut_short_by_max_requests_reports_its_real_throughput(fast_server: str) -> None:
+    """2 requests at 100 rps span 0.02 s: about 100 ok/s, not 2 over the 10 s --duration."""
+    result = invoke(
+        "--url", fast_server + "/x", "--rate", "100", "--max-requests", "2", "--json"
+    )  # fmt: skip
+    assert result.exit_code == EXIT_OK, result.output
+    report = json.loads(result.stdout)
+    assert report["requests"] == 2 and report["outcomes"]["ok"]["count"] == 2
+    assert 0.02 <= report["wall_s"] < 1.0
+    assert 2 / 1.0 < report["throughput"] <= 2 / 0.02 + 1e-9
+    table = invoke("--url", fast_server + "/x", "--rate", "100", "--max-requests", "2")
+    shown = float(table.output.split("throughput ")[1].split(" ok/s")[0])
+    assert shown > 2.0
 
 
 @pytest.mark.parametrize(
