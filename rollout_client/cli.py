@@ -719,31 +719,32 @@ def calibrate(
         else:
             from toolenv_core.polytrace.kinds import files_of_kind
 
-            from .enginecheck import calibrate_and_run, compare, simulated_runs
+            from .enginecheck import calibrate_and_run, compare, fit_on_records, simulated_runs
             from .workloads.replay import LengthScale, replay_plans
 
-            limit = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
+            n_check = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
             scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
-            plans = list(
-                replay_plans(
-                    files_of_kind([check], "multiturn"), scale=scale, exact=True, limit=limit
-                )
-            )
+            files = files_of_kind([check], "multiturn")
+            limit = n_check + check_trajectories  # then as many again to calibrate on
+            plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
             if len(plans) < limit:
                 _fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
-            profile, real = asyncio.run(
+            first, recorded, real = asyncio.run(
                 calibrate_and_run(
                     eng,
                     plan,
                     name=name,
                     vocab_size=vocab,
-                    plans=plans,
+                    plans=plans[:n_check],
+                    calibration=plans[n_check:],
                     batch=check_trajectories,
                     tool_scale=check_tool_scale,
                 )
             )
+            profile = fit_on_records(first, recorded)
             rows = compare(
-                real, simulated_runs(profile, plans, check_trajectories, check_tool_scale)
+                real,
+                simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),
             )
     except EngineUnreachable as exc:
         _fail(str(exc), code=3)

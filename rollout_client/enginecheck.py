@@ -1,7 +1,8 @@
 """Does the engine model predict a real engine? The same workload on both, policy by policy.
 
-`toolenv rollout calibrate --check TRACE` fits the cost model from the real engine, then runs a
-small replay (e.g. 64 scaled search_r1 trajectories) on that engine in real time and on the
+`toolenv rollout calibrate --check TRACE` fits the cost model from the real engine (a
+microbenchmark of prefill and decode, then refined by replaying a calibration workload recorded on
+the engine, as `validate` fits PolyTrace's timings), then runs a different small replay (e.g. 64 scaled search_r1 trajectories) on that engine in real time and on the
 event-driven model in virtual time, under sync, async and async+overlap, and reports
 
     accuracy = 1 - |simulated - real| / real
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from toolenv_core.polytrace import TrajectoryRecord
+
 from .calibrate import CalibrationPlan, measure, profile_from
 from .clock import run_virtual
 from .engines.base import Engine
@@ -26,6 +29,7 @@ from .engines.eventsim import EventSimEngine
 from .session import run_rollout
 from .settings import RolloutSettings
 from .simtools import SimTools, ToolModel
+from .validate import fit_cost_model, validate_step
 from .workloads.plan import TrajectoryPlan
 
 CHECK_POLICIES = ("sync", "async", "async+overlap")
@@ -120,6 +124,18 @@ def compare(
     return rows
 
 
+async def record_workload(
+    engine: Engine, plans: list[TrajectoryPlan], tool_scale: float
+) -> list[TrajectoryRecord]:
+    """The calibration workload on the real engine: all launched at once, async; its records."""
+    tools = SimTools({}, default=ToolModel(scale=tool_scale))
+    report = await run_rollout(
+        _settings("async", len(plans), "wall"), iter(_relabel(plans, "calibration")),
+        engine=engine, tools=tools,
+    )  # fmt: skip
+    return report["_records"]
+
+
 async def calibrate_and_run(
     engine: Engine,
     plan: CalibrationPlan,
@@ -127,14 +143,42 @@ async def calibrate_and_run(
     name: str,
     vocab_size: int,
     plans: list[TrajectoryPlan],
+    calibration: list[TrajectoryPlan],
     batch: int,
     tool_scale: float,
-) -> tuple[CostModel, dict[str, dict[str, float]]]:
-    """Start the real engine once: calibrate it, then run the check workload on it."""
+) -> tuple[CostModel, list[TrajectoryRecord], dict[str, dict[str, float]]]:
+    """Start the real engine once: microbenchmark it, record the calibration workload on it,
+    then run the check workload under each policy."""
     await engine.start()
     try:
         samples = await measure(engine, plan, vocab_size)
-        cost = profile_from(engine, plan, samples, name)
-        return cost, await real_runs(engine, plans, batch, tool_scale)
+        first = profile_from(engine, plan, samples, name)
+        recorded = await record_workload(engine, calibration, tool_scale)
+        return first, recorded, await real_runs(engine, plans, batch, tool_scale)
     finally:
         await engine.close()
+
+
+REPLAY_FIT_FIELDS = (
+    "decode_base_s",
+    "decode_per_seq_s",
+    "prefill_per_token_s",
+    "request_latency_s",
+)
+
+
+def fit_on_records(first: CostModel, recorded: list[TrajectoryRecord]) -> CostModel:
+    """Refine the microbenchmark fit by replaying the recorded calibration workload (validate's
+    fit, batch limit known), and keep both fit errors."""
+    cost, loss = fit_cost_model([recorded], first, fields=REPLAY_FIT_FIELDS)
+    replay = validate_step(recorded, cost)
+    return cost.model_copy(
+        update={
+            "fit_error": {
+                **(first.fit_error or {}),
+                "replay_fit_loss": round(loss, 4),
+                "replay_makespan_accuracy": replay["makespan_accuracy"],
+                "replay_completion_ks": replay["completion_ks"],
+            }
+        }
+    )

@@ -17,7 +17,7 @@ from toolenv_core.polytrace import write_multiturn
 from toolenv_core.polytrace.kinds import files_of_kind
 
 from .engines.base import Engine
-from .engines.sim import SimEngine
+from .engines.eventsim import EventSimEngine
 from .gateway_client import GatewayClient
 from .metrics import step_metrics, summarize
 from .policies import Event, build_policy
@@ -59,11 +59,8 @@ def build_engine(settings: RolloutSettings) -> Engine:
     from .engines.costmodel import load_cost_model
 
     cost = load_cost_model(settings.cost_profile)
-    if settings.clock == "virtual":
-        from .engines.eventsim import EventSimEngine
-
-        return EventSimEngine(cost)
-    return SimEngine(cost, settings.time_scale, settings.vocab_size)
+    # One engine model for both clocks: compressed by time_scale on the wall clock.
+    return EventSimEngine(cost, 1.0 if settings.clock == "virtual" else settings.time_scale)
 
 
 def build_tools(settings: RolloutSettings, hedge_quantile: float | None) -> SimTools:
@@ -211,7 +208,7 @@ async def run_rollout(
         "time_scale": time_scale,
         "engine_capacity": engine.monitor.capacity,
         "summary": summarize(steps),
-        "sim_lag_s": round(engine.lag_s, 3) if isinstance(engine, SimEngine) else 0.0,
+        "sim_lag_s": round(engine.lag_s, 3) if isinstance(engine, EventSimEngine) else 0.0,
         "steps": steps,
     }
     if isinstance(gateway, SimTools):

@@ -169,16 +169,19 @@ def fit_cost_model(
     start: CostModel,
     max_evaluations: int = 80,
     on_trial: Callable[[CostModel, float], None] | None = None,
+    fields: tuple[str, ...] = FIT_FIELDS,
 ) -> tuple[CostModel, float]:
     """Nelder-Mead over the logarithms of the engine model's coefficients (a replay per trial)."""
     # Past the step's size a batch limit changes nothing (a flat loss the search cannot leave).
     largest = max(len(s) for s in steps)
     start = start.model_copy(update={"max_batch": min(start.max_batch, largest)})
-    x0 = np.log([float(start.model_dump()[name]) for name in FIT_FIELDS])
+    # A coefficient at 0 has no logarithm: start it small instead.
+    x0 = np.log([max(float(start.model_dump()[name]), 1e-6) for name in fields])
 
     def model(x: np.ndarray) -> CostModel:
-        values: dict[str, Any] = dict(zip(FIT_FIELDS, np.exp(x).tolist(), strict=True))
-        values["max_batch"] = max(1, round(values["max_batch"]))
+        values: dict[str, Any] = dict(zip(fields, np.exp(x).tolist(), strict=True))
+        if "max_batch" in values:
+            values["max_batch"] = max(1, round(values["max_batch"]))
         return start.model_copy(update=values)
 
     def loss(x: np.ndarray) -> float:

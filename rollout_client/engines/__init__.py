@@ -2,8 +2,8 @@
 
 from .base import Chunk, Engine, EngineMonitor, Generation, PrefixCacheStats
 from .costmodel import BUILTIN_PROFILES, CostModel, load_cost_model
+from .eventsim import EventSimEngine
 from .openai_engine import EngineUnreachable, OpenAIEngine
-from .sim import SimEngine
 
 __all__ = [
     "BUILTIN_PROFILES",
@@ -12,9 +12,9 @@ __all__ = [
     "Engine",
     "EngineMonitor",
     "EngineUnreachable",
+    "EventSimEngine",
     "Generation",
     "OpenAIEngine",
     "PrefixCacheStats",
-    "SimEngine",
     "load_cost_model",
 ]

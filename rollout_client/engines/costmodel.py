@@ -47,6 +47,12 @@ class CostModel(BaseModel):
     prefill_budget_tokens: int = Field(
         default=8192, ge=1, description="prompt tokens prefilled per iteration at most"
     )
+    request_latency_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="per request, outside the batch: submit to scheduler and result to caller "
+        "(API, IPC, detokenizing; what dominates a tiny model on a CPU)",
+    )
     fit_error: dict[str, float] | None = Field(
         default=None, description="how far the fit is from what it was fitted on"
     )

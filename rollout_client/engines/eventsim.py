@@ -18,7 +18,9 @@ alike. What it models, after vLLM's scheduler:
   arrivals is prefilled over several iterations, each costing `prefill_per_token_s` per token;
 - prefix-cache hits by whole block: a trajectory's next turn reuses its previous prompt + output,
   floored to `block_size`, while those blocks stay cached (freed blocks are evicted oldest first
-  when running sequences need the room).
+  when running sequences need the room);
+- a fixed latency per request outside the batch (`request_latency_s`: API, IPC, detokenizing),
+  which matters for a tiny model on a CPU and not for a 7B model on a GPU.
 
 Each request's first token lands at the end of the iteration that finished its prefill; its
 tokens are delivered in one chunk when it finishes (or, for an abort, as many as it had made).
@@ -93,6 +95,7 @@ class EventSimEngine(Engine):
         self.block_size = cost.block_size
         self.time_scale = time_scale
         self.counters = EngineCounters()
+        self.lag_s = 0.0  # wall clock: how late the engine's timers fired in total (CPU starved)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: deque[_Seq] = deque()
         self._prefilling: deque[_Seq] = deque()
@@ -136,6 +139,8 @@ class EventSimEngine(Engine):
         if self._loop is None:  # started lazily: a caller may hand it over unstarted
             self._loop = asyncio.get_running_loop()
         # Lengths are always forced in the simulator: there is no model to stop early.
+        if self.cost.request_latency_s > 0:  # the way in (and out: paid here, before the batch)
+            await asyncio.sleep(self.cost.request_latency_s / self.time_scale)
         future = self._loop.create_future()
         seq = _Seq(request_id, len(prompt_ids), max(1, max_tokens), route_key, future)
         self._by_id[request_id] = seq
@@ -255,6 +260,8 @@ class EventSimEngine(Engine):
         assert self._loop is not None
         self._handle = None
         now = self._loop.time()
+        if now - self._seg_end > 0.005:  # a timer that fired late: the host fell behind
+            self.lag_s += now - self._seg_end
         self.counters.events += 1
         seg = self._seg
         self._iteration += seg.k

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from rollout_support import FakeTools, plan
 
-from rollout_client.engines import CostModel, SimEngine
+from rollout_client.engines import CostModel, EventSimEngine
 from rollout_client.policies import OverlapPolicy, TurnBarrier, build_policy
 from rollout_client.runner import Runner, RunnerOptions
 
@@ -19,7 +19,7 @@ FAST = CostModel(
 
 
 async def run(policy: str, plans, *, batch: int, steps: int = 1, **kw):
-    engine = SimEngine(FAST)
+    engine = EventSimEngine(FAST)
     await engine.start()
     try:
         runner = Runner(
@@ -118,7 +118,7 @@ def test_policy_specs() -> None:
 async def test_a_failing_trajectory_is_reported_and_the_others_finish() -> None:
     from rollout_client.metrics import step_metrics
 
-    class FailingSim(SimEngine):
+    class FailingSim(EventSimEngine):
         def _raw_stream(self, request_id, *args):
             if request_id.startswith("bad"):
                 raise RuntimeError("engine said 400: token id out of vocabulary")

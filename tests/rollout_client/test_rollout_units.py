@@ -13,7 +13,7 @@ from rollout_client.engines import (
     BUILTIN_PROFILES,
     CostModel,
     EngineMonitor,
-    SimEngine,
+    EventSimEngine,
     load_cost_model,
 )
 from rollout_client.workloads.plan import TokenSynth
@@ -26,7 +26,7 @@ async def test_sim_forces_lengths_counts_prefix_hits_in_blocks_and_aborts() -> N
     cost = CostModel(
         prefill_per_token_s=0, decode_base_s=0.001, decode_per_seq_s=0, max_batch=4, block_size=16
     )
-    engine = SimEngine(cost, vocab_size=100)
+    engine = EventSimEngine(cost)
     await engine.start()
     try:
         g1 = await engine.generate(
@@ -58,7 +58,7 @@ async def test_sim_batch_limit_queues_requests() -> None:
     cost = CostModel(
         prefill_per_token_s=0, decode_base_s=0.01, decode_per_seq_s=0, max_batch=2, block_size=16
     )
-    engine = SimEngine(cost)
+    engine = EventSimEngine(cost)
     await engine.start()
     try:
         gens = await asyncio.gather(
@@ -153,7 +153,7 @@ async def test_calibrate_recovers_a_known_cost_model() -> None:
         block_size=16,
     )
     plan = CalibrationPlan(batches=[1, 8, 24], prompt_lens=[64, 1024], decode_tokens=12)
-    fitted = await calibrate_engine(SimEngine(truth), plan, name="t", vocab_size=1024)
+    fitted = await calibrate_engine(EventSimEngine(truth), plan, name="t", vocab_size=1024)
     assert fitted.decode_per_seq_s == pytest.approx(truth.decode_per_seq_s, rel=0.35)
     assert fitted.decode_base_s == pytest.approx(truth.decode_base_s, abs=0.003)
     assert fitted.prefill_per_token_s == pytest.approx(truth.prefill_per_token_s, rel=0.5)
