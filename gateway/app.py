@@ -15,7 +15,7 @@ from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
 
 from .asgi import ASGIApp
-from .guard import Guard
+from .guard import Door, Guard
 from .metrics import GatewayMetrics
 from .passthrough import PassThrough
 from .routes import router
@@ -38,7 +38,13 @@ def create_app(
     ("sandboxd", "emulators", or a custom tool's "module:factory"): built by whoever wires the
     gateway (`toolenv serve`), so the gateway itself never looks an application up."""
     settings = settings or GatewaySettings.load()
-    state = GatewayState(settings, GatewayMetrics(), dict(mounts or {}))
+    rate = (
+        RateLimits(settings.rate_limit_per_s, settings.rate_limit_burst)
+        if settings.rate_limit_per_s
+        else None
+    )
+    door = Door([k.get_secret_value() for k in settings.api_keys], settings.max_body_bytes, rate)
+    state = GatewayState(settings, GatewayMetrics(), door, dict(mounts or {}))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -102,18 +108,8 @@ def create_app(
             headers=exc.headers,
         )
 
-    rate = (
-        RateLimits(settings.rate_limit_per_s, settings.rate_limit_burst)
-        if settings.rate_limit_per_s
-        else None
-    )
     app.add_middleware(PassThrough, state=state)  # inside the guard: keys and limits apply
-    app.add_middleware(
-        Guard,
-        api_keys=[k.get_secret_value() for k in settings.api_keys],
-        max_body_bytes=settings.max_body_bytes,
-        rate_limits=rate,
-    )
+    app.add_middleware(Guard, door=door)
     return app
 
 

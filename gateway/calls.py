@@ -7,6 +7,7 @@ so every route answers, forwards, captures and logs alike.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +40,25 @@ class CallContext:
     @classmethod
     def from_scope(cls, scope: dict[str, Any], trace: TraceWriter | None) -> CallContext:
         state = scope.get("state") or {}
+        return cls.from_headers(
+            scope["headers"], state.get("request_id", ""), state.get("caller"), trace
+        )
+
+    @classmethod
+    def from_headers(
+        cls,
+        raw: Iterable[tuple[bytes, bytes]],
+        request_id: str,
+        caller: str | None,
+        trace: TraceWriter | None,
+    ) -> CallContext:
+        """From raw (lower-cased name, value) header pairs, as ASGI and the lane hold them."""
         headers = {
             name.decode("latin-1"): value.decode("latin-1")
-            for name, value in scope["headers"]
+            for name, value in raw
             if name in _WANTED
         }
-        return cls(state.get("request_id", ""), state.get("caller"), headers, trace)
+        return cls(request_id, caller, headers, trace)
 
     def deadline(
         self, runtime: ToolRuntime, body_ms: float | None = None

@@ -13,8 +13,10 @@ import typer
 import uvicorn
 from fastapi import FastAPI
 
+from .lane import lane_protocol
 from .logs import setup_logging
 from .settings import GatewaySettings
+from .state import state_of_app
 from .trace import to_multiturn
 
 
@@ -30,6 +32,7 @@ def run(gateway: FastAPI, settings: GatewaySettings) -> None:
     setup_logging(settings.log_level)
     uvicorn.run(
         gateway,
+        http=lane_protocol(state_of_app(gateway)),  # the hot routes served on the connection
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -1,17 +1,22 @@
-"""The front door as one pure ASGI middleware: request id, bearer keys, rate limits, body limit.
+"""The front door: request id, bearer keys, rate limits, body limit.
 
-Pure ASGI (not BaseHTTPMiddleware) because it sits on every call's hot path. Keys are compared
-in constant time and never logged or echoed: logs carry only a short hash that names the key.
+`Door` is the policy, checked once per request from its headers alone; `Guard` applies it as a
+pure ASGI middleware (not BaseHTTPMiddleware: it sits on every call's path), and the hot-route
+lane (`gateway.lane`) applies the same `Door` before it serves a call, so a key, a rate limit and
+a body limit mean the same on both paths. Keys are compared in constant time and never logged or
+echoed: logs carry only a short hash that names the key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
+import os
 import re
-import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from toolenv_core import headers as h
@@ -21,7 +26,7 @@ from .asgi import ASGIApp, Message
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
+REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
 
 
 class BodyTooLarge(Exception):
@@ -33,77 +38,121 @@ def key_id(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
-class Guard:
+@dataclass(slots=True)
+class Verdict:
+    """What the door decided for one request: who it is, and the refusal if it is refused."""
+
+    request_id: str
+    caller: str
+    status: int = 0  # 0: let in; else the HTTP status of the refusal
+    detail: str = ""
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    length_known: bool = False  # Content-Length checked against the limit up front
+
+    def refusal_body(self) -> bytes:
+        return json.dumps({"detail": self.detail, "request_id": self.request_id}).encode()
+
+
+class Door:
+    """The front-door policy of one gateway app (its rate-limit buckets live here, shared by
+    every path a request can take)."""
+
     def __init__(
-        self,
-        app: ASGIApp,
-        api_keys: Iterable[str],
-        max_body_bytes: int,
-        rate_limits: RateLimits | None = None,
+        self, api_keys: Iterable[str], max_body_bytes: int, rate_limits: RateLimits | None = None
     ) -> None:
-        self.app = app
         self.keys = [k.encode() for k in api_keys]
         self.max_body_bytes = max_body_bytes
         self.rate_limits = rate_limits
+        # Request ids: a random per-process prefix and a counter (unique, and no system call per
+        # request as uuid4 makes); a caller's own well-formed X-Request-Id wins.
+        self._id_prefix = os.urandom(8).hex()
+        self._ids = itertools.count(1)
 
-    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def check(
+        self, headers: Iterable[tuple[bytes, bytes]], path: str, client: tuple[str, int] | None
+    ) -> Verdict:
         request_id = None
         auth = None
         length = None
-        for name, value in scope["headers"]:
-            if name == _REQUEST_ID_KEY:
+        for name, value in headers:
+            if name == REQUEST_ID_KEY:
                 candidate = value.decode("latin-1")
                 request_id = candidate if _REQUEST_ID.match(candidate) else None
             elif name == b"authorization":
                 auth = value
             elif name == b"content-length":
                 length = value
-        request_id = request_id or uuid.uuid4().hex
+        if request_id is None:
+            request_id = f"{self._id_prefix}{next(self._ids):016x}"
+        who = f"client-{client[0]}" if client else "client-unknown"
+        verdict = Verdict(request_id, who)
+        if self.keys and path not in OPEN_PATHS:
+            key = _bearer(auth)
+            if key is None or not any(hmac.compare_digest(key, k) for k in self.keys):
+                return _refuse(
+                    verdict, 401, "missing or invalid API key: send `Authorization: Bearer <key>`",
+                    ((b"www-authenticate", b"Bearer"),),
+                )  # fmt: skip
+            verdict.caller = key_id(key.decode("latin-1"))
+        if self.rate_limits is not None and path not in OPEN_PATHS:
+            try:
+                self.rate_limits.check(verdict.caller)
+            except Rejected as exc:
+                return _refuse(
+                    verdict, 429, str(exc), ((b"retry-after", exc.retry_after_header.encode()),)
+                )
+        if length is not None:
+            try:
+                too_large = int(length) > self.max_body_bytes
+            except ValueError:
+                return _refuse(verdict, 400, "Content-Length is not a number")
+            if too_large:
+                return _refuse(verdict, 413, self.too_large_message())
+            verdict.length_known = True
+        return verdict
+
+    def too_large_message(self) -> str:
+        return f"request body exceeds the limit of {self.max_body_bytes} bytes"
+
+
+def _refuse(
+    verdict: Verdict, status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> Verdict:
+    verdict.status, verdict.detail, verdict.headers = status, detail, headers
+    return verdict
+
+
+class Guard:
+    """The door as ASGI middleware: refusals answered here, the request id and caller put in
+    the scope's state, and a body without Content-Length counted as it arrives."""
+
+    def __init__(self, app: ASGIApp, door: Door) -> None:
+        self.app = app
+        self.door = door
+
+    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        verdict = self.door.check(scope["headers"], scope["path"], scope.get("client"))
         state = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        rid_header = (_REQUEST_ID_KEY, request_id.encode())
+        state["request_id"] = verdict.request_id
+        rid_header = (REQUEST_ID_KEY, verdict.request_id.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), rid_header]
             await send(message)
 
-        path = scope["path"]
-        who = f"client-{scope['client'][0]}" if scope.get("client") else "client-unknown"
-        if self.keys and path not in OPEN_PATHS:
-            key = _bearer(auth)
-            if key is None or not any(hmac.compare_digest(key, k) for k in self.keys):
-                await _reply(
-                    send_with_id, 401, "missing or invalid API key: send `Authorization: Bearer <key>`",
-                    request_id, [(b"www-authenticate", b"Bearer")],
-                )  # fmt: skip
-                return
-            who = key_id(key.decode("latin-1"))
-        state["caller"] = who
-        if self.rate_limits is not None and path not in OPEN_PATHS:
-            try:
-                self.rate_limits.check(who)
-            except Rejected as exc:
-                await _reply(
-                    send_with_id, 429, str(exc), request_id,
-                    [(b"retry-after", exc.retry_after_header.encode())],
-                )  # fmt: skip
-                return
-        if length is not None:
-            try:
-                too_large = int(length) > self.max_body_bytes
-            except ValueError:
-                await _reply(send_with_id, 400, "Content-Length is not a number", request_id)
-                return
-            if too_large:
-                await _reply(send_with_id, 413, self._too_large_message(), request_id)
-                return
+        if verdict.status:
+            await _reply(send_with_id, verdict)
+            return
+        state["caller"] = verdict.caller
+        if verdict.length_known:
             await self.app(scope, receive, send_with_id)
             return
         # No Content-Length (chunked): count as it arrives.
+        limit = self.door.max_body_bytes
         seen = 0
         started = False
 
@@ -112,7 +161,7 @@ class Guard:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
+                if seen > limit:
                     raise BodyTooLarge
             return message
 
@@ -125,10 +174,7 @@ class Guard:
             await self.app(scope, counted_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await _reply(send_with_id, 413, self._too_large_message(), request_id)
-
-    def _too_large_message(self) -> str:
-        return f"request body exceeds the limit of {self.max_body_bytes} bytes"
+                await _reply(send_with_id, _refuse(verdict, 413, self.door.too_large_message()))
 
 
 def _bearer(auth: bytes | None) -> bytes | None:
@@ -137,22 +183,16 @@ def _bearer(auth: bytes | None) -> bytes | None:
     return auth[7:].strip()
 
 
-async def _reply(
-    send,
-    status: int,
-    message: str,
-    request_id: str,
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    body = json.dumps({"detail": message, "request_id": request_id}).encode()
+async def _reply(send, verdict: Verdict) -> None:
+    body = verdict.refusal_body()
     await send(
         {
             "type": "http.response.start",
-            "status": status,
+            "status": verdict.status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                *(headers or []),
+                *verdict.headers,
             ],
         }
     )

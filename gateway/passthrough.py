@@ -10,6 +10,7 @@ declines (the gateway still starting, or no such tool), with the error saying wh
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from toolenv_core import headers as h
@@ -29,6 +30,39 @@ _GENERIC_PREFIX, _GENERIC_SUFFIX = "/v1/tools/", "/call"
 _DELAY = h.INJECTED_DELAY.lower()
 
 
+@dataclass(slots=True)
+class HotCall:
+    """A request on a hot route, resolved: the tool, and its own path (None: the generic call)."""
+
+    runtime: ToolRuntime
+    native_path: str | None
+
+
+def hot_call(state: GatewayState, path: str) -> HotCall | None:
+    """The tool a `POST` to `path` calls, if `path` is a hot route and the tool exists (else the
+    framework's routes answer, with an error that says why)."""
+    toolset = state.toolset
+    if toolset is None:
+        return None
+    route = ROUTES.get(path)
+    if route is not None:
+        runtime = toolset.first_of_kind(route[0])
+        return HotCall(runtime, route[1]) if runtime is not None else None
+    if path.startswith(_GENERIC_PREFIX) and path.endswith(_GENERIC_SUFFIX):
+        runtime = toolset.tools.get(path[len(_GENERIC_PREFIX) : -len(_GENERIC_SUFFIX)])
+        return HotCall(runtime, None) if runtime is not None else None
+    return None
+
+
+async def serve(ctx: CallContext, call: HotCall, body: bytes, send) -> None:
+    """Answer one hot call through `send` (ASGI messages): what the middleware below and the
+    connection-level lane (`gateway.lane`) both run."""
+    if call.native_path is None:
+        await generic_call(ctx, call.runtime, body, send)
+    else:
+        await pass_through(ctx, call.runtime, call.native_path, body, send)
+
+
 class PassThrough:
     """Serves the hot routes itself; everything else (and what it declines) goes to `app`."""
 
@@ -37,29 +71,17 @@ class PassThrough:
         self.state = state
 
     async def __call__(self, scope: dict[str, Any], receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        path: str = scope["path"]
-        toolset = self.state.toolset
-        route = ROUTES.get(path)
-        runtime = None
-        if toolset is not None:
-            if route is not None:
-                runtime = toolset.first_of_kind(route[0])
-            elif path.startswith(_GENERIC_PREFIX) and path.endswith(_GENERIC_SUFFIX):
-                runtime = toolset.tools.get(path[len(_GENERIC_PREFIX) : -len(_GENERIC_SUFFIX)])
-        if runtime is None:
+        call = None
+        if scope["type"] == "http" and scope["method"] == "POST":
+            call = hot_call(self.state, scope["path"])
+        if call is None:
             await self.app(scope, receive, send)
             return
         ctx = CallContext.from_scope(scope, self.state.trace)
         body = await _read(receive)
         if body is None:
             return  # the caller hung up
-        if route is None:
-            await generic_call(ctx, runtime, body, send)
-        else:
-            await pass_through(ctx, runtime, route[1], body, send)
+        await serve(ctx, call, body, send)
 
 
 async def pass_through(

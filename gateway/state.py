@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 
 from .asgi import ASGIApp
+from .guard import Door
 from .metrics import GatewayMetrics
 from .settings import GatewaySettings
 from .toolset import ToolSet
@@ -20,6 +22,7 @@ class GatewayState:
 
     settings: GatewaySettings
     metrics: GatewayMetrics
+    door: Door
     mounts: Mapping[str, ASGIApp] = field(default_factory=dict)
     toolset: ToolSet | None = None
     trace: TraceWriter | None = None
@@ -27,5 +30,10 @@ class GatewayState:
 
 
 def state_of(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.gateway
+    return state_of_app(request.app)
+
+
+def state_of_app(app: Starlette) -> GatewayState:
+    """The state `create_app` put on the app it built."""
+    state: GatewayState = app.state.gateway
     return state

@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 import uvicorn
 
+from gateway.lane import lane_protocol
 from gateway.settings import GatewaySettings, ToolConfig
+from gateway.state import state_of_app
 from toolenv.wiring import build_gateway
 from toolenv_core.config import read_config_file
 from toolenv_core.net import free_port
@@ -77,9 +79,11 @@ class GatewayServer:
         self.app = build_gateway(settings, sections)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # served as `toolenv serve` serves it: with the lane for the hot routes (gateway.lane)
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
             lifespan="on", loop="asyncio", timeout_graceful_shutdown=2,
+            http=lane_protocol(state_of_app(self.app)),
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -1,0 +1,193 @@
+"""The hot routes served straight from the connection: a uvicorn HTTP protocol with a lane.
+
+Why: under uvicorn every request costs a scope, a request-response cycle with its event and task,
+two ASGI messages checked header by header and two socket writes before any app code runs, about
+as much CPU as the rest of a proxied call together. For a `POST` to a hot route (`/run_code`,
+`/v1/run_tests`, `/retrieve`, `/v1/tools/{tool}/call`) this protocol keeps the parsed headers and
+body itself, applies the front door (`guard.Door`: keys, rate limits, body limit, request id) and
+runs the one implementation of the call (`passthrough.serve`) in a task, writing the answer with
+one socket write. Everything else takes uvicorn's own path to the app: other routes, and requests
+the lane leaves alone (no Content-Length, `Expect: 100-continue`, a percent-encoded path, a
+request pipelined behind one still being answered), which the app's `PassThrough` middleware
+serves with the same functions.
+
+A lane call stands in uvicorn's place for a cycle (`LaneCycle`), so uvicorn's keep-alive timer,
+pipelining queue, graceful shutdown (it waits for the lane's tasks, and closes the connection
+after the answer) and disconnect handling all apply to it unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from .asgi import Message
+from .calls import CallContext
+from .guard import REQUEST_ID_KEY, Verdict
+from .passthrough import HotCall, hot_call, serve
+from .state import GatewayState
+
+log = logging.getLogger("toolenv.gateway")
+
+
+@dataclass(eq=False, slots=True)
+class _Signal:
+    """What uvicorn sets on a cycle's message event when the client goes away (nobody waits)."""
+
+    is_set: bool = False
+
+    def set(self) -> None:
+        self.is_set = True
+
+
+@dataclass(eq=False, slots=True)
+class LaneCycle:
+    """One request on the lane, from its headers to its answer; shaped like uvicorn's cycle in
+    the few fields uvicorn's protocol reads and writes on the cycle it holds."""
+
+    call: HotCall
+    verdict: Verdict
+    headers: list[tuple[bytes, bytes]]
+    keep_alive: bool
+    body: bytearray = field(default_factory=bytearray)
+    response_complete: bool = False
+    disconnected: bool = False
+    message_event: _Signal = field(default_factory=_Signal)
+
+
+class LaneProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with the hot routes served on the connection itself."""
+
+    def __init__(self, *args: Any, gateway: GatewayState, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gateway = gateway
+        self.lane: LaneCycle | None = None  # the lane request being read, until it is complete
+
+    # -- parser callbacks (uvicorn's, with the lane first)
+    def on_headers_complete(self) -> None:
+        lane = self._take()
+        if lane is None:
+            super().on_headers_complete()
+            return
+        self.lane = lane
+        self.cycle = lane  # type: ignore[assignment]  # uvicorn sees a cycle in progress
+
+    def on_body(self, body: bytes) -> None:
+        lane = self.lane
+        if lane is None:
+            super().on_body(body)
+        elif not lane.verdict.status:
+            lane.body += body  # a refused request's body is read and dropped
+
+    def on_message_complete(self) -> None:
+        lane = self.lane
+        if lane is None:
+            super().on_message_complete()
+            return
+        self.lane = None
+        task = self.loop.create_task(self._answer(lane))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    # -- the lane
+    def _take(self) -> LaneCycle | None:
+        """A lane cycle for this request if it is a hot call the lane can serve whole."""
+        if self.parser.get_method() != b"POST" or self.expect_100_continue:
+            return None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return None  # pipelined behind an answer in progress: uvicorn queues it in order
+        url = self.url
+        query = url.find(b"?")
+        raw_path = url if query < 0 else url[:query]
+        if b"%" in raw_path or self.parser.should_upgrade():
+            return None
+        path = raw_path.decode("ascii", "replace")
+        call = hot_call(self.gateway, path)
+        if call is None:
+            return None
+        verdict = self.gateway.door.check(self.headers, path, self.client)
+        if not verdict.status and not verdict.length_known:
+            return None  # a body without Content-Length: the app's guard counts it as it comes
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        return LaneCycle(call, verdict, self.headers, keep_alive)
+
+    async def _answer(self, lane: LaneCycle) -> None:
+        write = _Writer(self, lane)
+        try:
+            verdict = lane.verdict
+            if verdict.status:
+                body = verdict.refusal_body()
+                write.whole(verdict.status, list(verdict.headers), body)
+            else:
+                ctx = CallContext.from_headers(
+                    lane.headers, verdict.request_id, verdict.caller, self.gateway.trace
+                )
+                await serve(ctx, lane.call, bytes(lane.body), write.send)
+        except Exception as exc:  # like uvicorn's own cycle: log it, answer 500 if we still can
+            log.error("gateway lane error", exc_info=exc)
+            if not write.started:
+                msg = b"Internal Server Error"
+                write.whole(500, [(b"content-type", b"text/plain; charset=utf-8")], msg)
+        finally:
+            lane.response_complete = True
+            if not lane.keep_alive or not write.finished:
+                self.transport.close()
+            self.on_response_complete()
+
+
+class _Writer:
+    """The lane's `send`: buffers the ASGI start message and writes status line, headers and
+    body in one socket write when the body comes (the hot routes answer in one body message)."""
+
+    __slots__ = ("protocol", "lane", "status", "headers", "started", "finished")
+
+    def __init__(self, protocol: LaneProtocol, lane: LaneCycle) -> None:
+        self.protocol = protocol
+        self.lane = lane
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.started = False
+        self.finished = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = message.get("headers", [])
+            self.started = True
+        elif message["type"] == "http.response.body":
+            if message.get("more_body"):
+                raise RuntimeError("the gateway lane answers in one body message")
+            self.whole(self.status, self.headers, message.get("body", b""))
+
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Status line, uvicorn's default headers (date, server), `headers` (which carry the
+        content type), content length, request id and body: one write."""
+        self.started = True
+        self.finished = True
+        protocol, lane = self.protocol, self.lane
+        if lane.disconnected or protocol.transport.is_closing():
+            return
+        parts = [STATUS_LINE[status]]
+        for name, value in protocol.server_state.default_headers:
+            parts += [name, b": ", value, b"\r\n"]
+        for name, value in headers:
+            if name != b"content-length":
+                parts += [name, b": ", value, b"\r\n"]
+        parts += [
+            b"content-length: ", str(len(body)).encode(), b"\r\n",
+            REQUEST_ID_KEY, b": ", lane.verdict.request_id.encode(), b"\r\n",
+        ]  # fmt: skip
+        if not lane.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += [b"\r\n", body]
+        protocol.transport.write(b"".join(parts))
+
+
+def lane_protocol(gateway: GatewayState) -> Callable[..., LaneProtocol]:
+    """What to hand uvicorn as `http=`: its httptools protocol with this gateway's lane."""
+    return functools.partial(LaneProtocol, gateway=gateway)

@@ -1,0 +1,171 @@
+"""The connection-level lane (gateway.lane) on real sockets: what HTTP/1.1 lets a client do to a
+hot route, answered in order and in full whichever path (lane or app) serves each request."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+from gw_support import proxy_tool
+
+KEY = "lane-key-0123456789"
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def _post(path: str, body: dict, extra: str = "", version: str = "1.1") -> bytes:
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/{version}\r\nhost: t\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n{extra}\r\n"
+    )
+    return head.encode() + data
+
+
+def _read_responses(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """`count` responses read off the socket in order (Content-Length framed, as the gateway
+    frames every answer)."""
+    buf = b""
+    out = []
+    while len(out) < count:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(out)} responses"
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers["content-length"])
+        while len(buf) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed mid-body"
+            buf += chunk
+        out.append((status, headers, buf[:length]))
+        buf = buf[length:]
+    return out
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_pipelined_calls_are_answered_in_order(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)])
+    sock = _connect(gw.url)
+    # a slow hot call, a fast one, a framework route and another hot call, in one write
+    sock.sendall(
+        _post("/v1/tools/echo/call", {"arguments": {"n": 1, "sleep_s": 0.3}}, "x-request-id: r1\r\n")
+        + _post("/v1/tools/echo/call", {"arguments": {"n": 2}}, "x-request-id: r2\r\n")
+        + b"GET /healthz HTTP/1.1\r\nhost: t\r\nx-request-id: r3\r\n\r\n"
+        + _post("/v1/tools/echo/call", {"arguments": {"n": 4}}, "x-request-id: r4\r\n")
+    )  # fmt: skip
+    answers = _read_responses(sock, 4)
+    assert [a[1]["x-request-id"] for a in answers] == ["r1", "r2", "r3", "r4"]
+    assert [a[0] for a in answers] == [200, 200, 200, 200]
+    assert json.loads(answers[0][2])["result"]["body"]["n"] == 1
+    assert json.loads(answers[1][2])["result"]["body"]["n"] == 2
+    assert json.loads(answers[2][2]) == {"status": "ok"}
+    assert json.loads(answers[3][2])["result"]["body"]["n"] == 4
+    # the connection stays open for more
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 5}}))
+    (status, headers, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 200 and json.loads(body)["result"]["body"]["n"] == 5
+    assert headers["content-type"] == "application/json" and headers["x-request-id"]
+    sock.close()
+
+
+def test_bodies_without_length_and_expect_continue_take_the_app_path_alike(
+    upstream, gateway
+) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)], max_body_bytes=4096)
+    sock = _connect(gw.url)
+    data = json.dumps({"arguments": {"n": 7}}).encode()
+    chunked = (
+        b"POST /v1/tools/echo/call HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % 5 + data[:5] + b"\r\n" + b"%x\r\n" % (len(data) - 5) + data[5:] + b"\r\n0\r\n\r\n"
+    )  # fmt: skip
+    sock.sendall(chunked)
+    (status, _, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 200 and json.loads(body)["result"]["body"] == {"n": 7}
+    # a chunked body over the limit: 413 from the app's guard, as for a declared length
+    big = json.dumps({"arguments": {"x": "y" * 5000}}).encode()
+    sock.sendall(
+        b"POST /v1/tools/echo/call HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(big) + big + b"\r\n0\r\n\r\n"
+    )  # fmt: skip
+    (status, _, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 413 and "4096" in json.loads(body)["detail"]
+    sock.close()
+    r = httpx.post(
+        gw.url + "/retrieve", json={"queries": ["q"]}, headers={"Expect": "100-continue"}, timeout=5
+    )
+    assert r.status_code == 404  # no search tool: said, not hung
+    r = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {"n": 8}},
+                   headers={"Expect": "100-continue"}, timeout=5)  # fmt: skip
+    assert r.status_code == 200 and r.json()["result"]["body"] == {"n": 8}
+
+
+def test_connection_close_and_http10_end_the_connection_after_the_answer(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)])
+    sock = _connect(gw.url)
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 1}}, "connection: close\r\n"))
+    (status, headers, _), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 200 and headers["connection"] == "close"
+    assert _closed(sock)
+    sock = _connect(gw.url)
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 2}}, version="1.0"))
+    (status, _, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 200 and json.loads(body)["result"]["body"] == {"n": 2}
+    assert _closed(sock)
+
+
+def test_refusals_on_the_lane_drain_the_body_and_keep_the_connection(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)], api_keys=[KEY], max_body_bytes=2048)
+    sock = _connect(gw.url)
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 1}}, "x-request-id: no-key\r\n"))
+    (status, headers, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 401 and headers["www-authenticate"] == "Bearer"
+    assert json.loads(body)["request_id"] == "no-key" == headers["x-request-id"]
+    auth = f"authorization: Bearer {KEY}\r\n"
+    sock.sendall(_post("/retrieve", {"queries": ["x" * 4000]}, auth))
+    (status, _, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 413 and "2048" in json.loads(body)["detail"]
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 3}}, auth))
+    (status, _, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 200 and json.loads(body)["result"]["body"] == {"n": 3}
+    assert json.loads(body)["result"]["authorization"] is None
+    sock.close()
+
+
+def test_shutdown_answers_the_call_in_flight_then_closes(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)])
+    sock = _connect(gw.url)
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"sleep_s": 0.5}}))
+    time.sleep(0.2)  # the call is at the upstream
+    stopper = threading.Thread(target=gw.stop)
+    stopper.start()
+    (status, headers, body), = _read_responses(sock, 1)  # fmt: skip
+    stopper.join(timeout=15)
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    assert headers.get("connection") == "close"
+    assert _closed(sock)
