@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,31 @@ def test_virtual_run_draws_from_a_tool_profile_or_says_what_it_needs(
     assert drawn.returncode == 0, drawn.stderr
     report = json.loads(drawn.stdout)
     assert report["summary"]["completed"] == 32 and report["tools"]["calls"] > 32
+
+
+def test_reports_count_on_one_set_and_say_what_they_ran(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Timeouts and calls over the same set; a selection below --batch is said; modelled seconds."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--exact", "--batch", "16", "--limit", "8",
+        "--policy", "async+timeout", "--tool-timeout", "0.3", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "8 trajectories selected" in done.stderr and "the first step runs 8" in done.stderr
+    assert "/ 2048 (" in done.stdout  # in flight over capacity, with its scale
+    assert "modelled" in done.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    [step] = report["steps"]
+    # every timeout the tools answered is in the step's count, over the calls it counts
+    assert step["tool_timeouts"] == report["tools"]["timeouts"] > 0
+    assert step["tool_timeouts"] <= step["tool_calls"]
+    assert (tmp_path / "makespan.png").stat().st_size > 0
+    helped = subprocess.run(
+        [sys.executable, "-m", "toolenv", "rollout", "run", "--help"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert "[default: (64)]" in helped.stdout and "[default: (async)]" in helped.stdout
