@@ -31,7 +31,7 @@ from toolenv_core.latency.profile import Profile, error_field
 from toolenv_core.latency.samplers import Draw, Sampler
 
 from .settings import EmulatorSettings
-from .timing import PacedResponse, Pacer, sleep_until
+from .timing import PacedResponse, Pacer, received_at, sleep_until
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -268,7 +268,7 @@ async def begin_call(
     request: Request, settings: EmulatorSettings, model: type[BaseModel]
 ) -> CallStart | JSONResponse:
     """Arrival time, deadline, `X-Step` and the parsed body, or the 400/422 to answer."""
-    arrival = time.monotonic()
+    arrival = received_at(request.scope)
     try:
         deadline = request_deadline(request, settings)
         header_step = step_from_headers(request)

@@ -194,6 +194,7 @@ def serve_command(
 
     from .app import create_app
     from .settings import EmulatorSettings
+    from .timing import StampingHttpToolsProtocol
 
     overrides = {
         k: v
@@ -220,4 +221,5 @@ def serve_command(
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        http=StampingHttpToolsProtocol,  # delays count from when a request reached the process
     )

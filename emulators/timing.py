@@ -7,7 +7,11 @@ millisecond early costs one more pass of the loop, not a busy wait.)
 
 What a client sees is later still: after the wake-up the reply is built and written. `Pacer`
 measures that response path (wake-up overshoot + building + writing) on every paced reply and
-wakes the handler that much earlier, so that the reply *leaves* at the scheduled moment.
+wakes the handler that much earlier, so that the reply *leaves* at the scheduled moment. On the
+way in, `StampingHttpToolsProtocol` (what `toolenv emulators serve` runs uvicorn with) stamps each
+request with when its first byte was parsed, so that the delay counts from when the request
+reached the process rather than from when its task got to run (under load, the event loop's
+queue sits between the two).
 """
 
 from __future__ import annotations
@@ -17,6 +21,25 @@ import time
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+RECEIVED_AT = "toolenv.received_at"
+"""ASGI scope extension: `time.monotonic()` when the request's first byte was parsed."""
+
+
+class StampingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, plus the `RECEIVED_AT` stamp on every request's scope."""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {RECEIVED_AT: time.monotonic()}
+
+
+def received_at(scope: Scope) -> float:
+    """When the request reached this process: the server's stamp, else now (in-process calls)."""
+    extensions = scope.get("extensions")
+    stamp = extensions.get(RECEIVED_AT) if extensions else None
+    return stamp if isinstance(stamp, float) else time.monotonic()
 
 
 async def sleep_until(target: float) -> float:

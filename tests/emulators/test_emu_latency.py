@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
+import httpx
 import numpy as np
 import pytest
+import uvicorn
 import yaml
 from pydantic import ValidationError
 from scipy import stats
 
-from emulators.timing import Pacer
+from emulators.timing import RECEIVED_AT, Pacer, StampingHttpToolsProtocol, received_at
 from toolenv_core.latency import (
     LATENCY_MODEL,
     Drift,
@@ -22,6 +25,7 @@ from toolenv_core.latency import (
     save_profile,
 )
 from toolenv_core.latency.samplers import DriftSampler, FunctionSampler
+from toolenv_core.net import free_port
 
 SPECS = [
     {"kind": "uniform", "low_s": 0.1, "high_s": 0.4},
@@ -306,3 +310,40 @@ def test_the_pacer_wakes_by_the_median_response_path_and_stays_bounded() -> None
     for _ in range(5000):  # replies that leave at once: no lead at all, never negative
         pacer.observe(-pacer.lead_s)
     assert pacer.lead_s == 0.0
+
+
+def test_the_stamping_protocol_marks_when_a_request_reached_the_process() -> None:
+    """A real uvicorn with the protocol `toolenv emulators serve` runs: each request's scope
+    carries when its first byte was parsed, before the handler's own clock."""
+    seen: list[tuple[float, float]] = []
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append((scope["extensions"][RECEIVED_AT], time.monotonic()))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=StampingHttpToolsProtocol, lifespan="off",
+        log_level="warning",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            for _ in range(3):
+                assert client.get("/").status_code == 204
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert len(seen) == 3
+    assert all(0 <= handled - stamp < 1.0 for stamp, handled in seen)
+    assert seen[0][0] < seen[1][0] < seen[2][0]  # one stamp per request, not per connection
+    before = time.monotonic()
+    assert received_at({"type": "http"}) >= before  # in-process calls: now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -415,3 +416,29 @@ def test_documents_are_the_same_in_any_process_for_a_seed(client: httpx.Client) 
         7, "cross process", 3, 500
     )  # the server runs --seed 7
     assert served["result"][0] != synthetic_results(8, "cross process", 3, 500)
+
+
+def test_a_delay_counts_from_when_the_request_reached_the_process(server: ServerProcess) -> None:
+    """Headers now, the body 1.5 s later: the 1 s delay had already run out when the body came,
+    so the reply follows the body at once (a client times a call from its first byte too)."""
+    body = json.dumps({"query": "q", "delay_s": 1.0}).encode()
+    head = (
+        b"POST /v1/emulators/search/call HTTP/1.1\r\nHost: t\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(head)
+        time.sleep(1.5)
+        body_sent = time.monotonic()
+        conn.sendall(body)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += conn.recv(65536)
+        answered_after_body = time.monotonic() - body_sent
+    status, *lines = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    assert status.startswith("HTTP/1.1 200")
+    assert answered_after_body < 0.7  # not another full second
+    assert headers[INJECTED] == "1000.000"
+    assert float(headers[TIMER]) >= 400  # it woke ~0.5 s past the delay: the body was late
