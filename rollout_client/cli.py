@@ -729,23 +729,30 @@ def calibrate(
             plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
             if len(plans) < limit:
                 _fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
-            first, recorded, real = asyncio.run(
-                calibrate_and_run(
-                    eng,
-                    plan,
-                    name=name,
-                    vocab_size=vocab,
-                    plans=plans[:n_check],
-                    calibration=plans[n_check:],
-                    batch=check_trajectories,
-                    tool_scale=check_tool_scale,
+            from rich.console import Console
+
+            status = Console(stderr=True).status(
+                "calibrating, then replaying the check workload on the engine"
+            )
+            with status:
+                first, recorded, real = asyncio.run(
+                    calibrate_and_run(
+                        eng,
+                        plan,
+                        name=name,
+                        vocab_size=vocab,
+                        plans=plans[:n_check],
+                        calibration=plans[n_check:],
+                        batch=check_trajectories,
+                        tool_scale=check_tool_scale,
+                    )
                 )
-            )
-            profile = fit_on_records(first, recorded)
-            rows = compare(
-                real,
-                simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),
-            )
+            with Console(stderr=True).status("fitting the model, then the check in virtual time"):
+                profile = fit_on_records(first, recorded)
+                rows = compare(
+                    real,
+                    simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),
+                )
     except EngineUnreachable as exc:
         _fail(str(exc), code=3)
     except ValueError as exc:
