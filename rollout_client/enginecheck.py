@@ -167,10 +167,19 @@ REPLAY_FIT_FIELDS = (
 )
 
 
+def check_loss(result: dict[str, Any]) -> float:
+    """A small workload: makespan, the completion-time distance and the mean turn latency."""
+    rec, sim = result["turn_latency_mean_recorded_s"], result["turn_latency_mean_simulated_s"]
+    turn = abs(sim - rec) / max(rec, 1e-9)
+    return (1 - result["makespan_accuracy"]) + result["completion_w1_rel"] + turn
+
+
 def fit_on_records(first: CostModel, recorded: list[TrajectoryRecord]) -> CostModel:
     """Refine the microbenchmark fit by replaying the recorded calibration workload (validate's
     fit, batch limit known), and keep both fit errors."""
-    cost, loss = fit_cost_model([recorded], first, fields=REPLAY_FIT_FIELDS)
+    cost, loss = fit_cost_model(
+        [recorded], first, fields=REPLAY_FIT_FIELDS, max_evaluations=150, loss_fn=check_loss
+    )
     replay = validate_step(recorded, cost)
     return cost.model_copy(
         update={

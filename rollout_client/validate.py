@@ -75,6 +75,13 @@ def compare(
         "makespan_simulated_s": round(sim_makespan, 2),
         "makespan_accuracy": round(1 - abs(sim_makespan - rec_makespan) / rec_makespan, 4),
         "completion_ks": round(float(stats.ks_2samp(rec_done, sim_done).statistic), 4),
+        # the mean distance between the two sorted samples, over the recorded mean (Wasserstein-1):
+        # smoother than KS for small steps
+        "completion_w1_rel": round(
+            float(stats.wasserstein_distance(rec_done, sim_done) / max(rec_done.mean(), 1e-9)), 4
+        ),
+        "turn_latency_mean_recorded_s": round(float(rec_turns.mean()), 4),
+        "turn_latency_mean_simulated_s": round(float(sim_turns.mean()), 4),
         "completion_mean_recorded_s": round(float(rec_done.mean()), 2),
         "completion_mean_simulated_s": round(float(sim_done.mean()), 2),
         "turn_latency_recorded_s": _quantiles(rec_turns),
@@ -128,7 +135,7 @@ def load_step(path: Path) -> list[TrajectoryRecord]:
     return list(read_multiturn(path))
 
 
-def _loss(result: dict[str, Any]) -> float:
+def replay_loss(result: dict[str, Any]) -> float:
     """Makespan error and completion-time KS weigh alike; turn p50/p90 errors keep turns honest."""
     rec, sim = result["turn_latency_recorded_s"], result["turn_latency_simulated_s"]
     turn_err = np.mean([abs(sim[k] - rec[k]) / max(rec[k], 1e-9) for k in ("p50", "p90")])
@@ -170,11 +177,13 @@ def fit_cost_model(
     max_evaluations: int = 80,
     on_trial: Callable[[CostModel, float], None] | None = None,
     fields: tuple[str, ...] = FIT_FIELDS,
+    loss_fn: Callable[[dict[str, Any]], float] | None = None,
 ) -> tuple[CostModel, float]:
     """Nelder-Mead over the logarithms of the engine model's coefficients (a replay per trial)."""
     # Past the step's size a batch limit changes nothing (a flat loss the search cannot leave).
     largest = max(len(s) for s in steps)
     start = start.model_copy(update={"max_batch": min(start.max_batch, largest)})
+    loss_fn = loss_fn or replay_loss
     # A coefficient at 0 has no logarithm: start it small instead.
     x0 = np.log([max(float(start.model_dump()[name]), 1e-6) for name in fields])
 
@@ -186,7 +195,7 @@ def fit_cost_model(
 
     def loss(x: np.ndarray) -> float:
         cost = model(x)
-        value = float(np.mean([_loss(validate_step(s, cost)) for s in steps]))
+        value = float(np.mean([loss_fn(validate_step(s, cost)) for s in steps]))
         if on_trial is not None:
             on_trial(cost, value)
         return value
