@@ -130,7 +130,12 @@ def profile_from(
         max_batch=engine.monitor.capacity,
         block_size=block,
     )
-    return cost.model_copy(update={"fit_error": fit_error(cost, samples, plan.decode_tokens)})
+    return cost.model_copy(
+        update={
+            "fit_error": fit_error(cost, samples, plan.decode_tokens),
+            "prefill_budget_tokens": engine.prefill_budget_tokens,
+        }
+    )
 
 
 def fit_error(cost: CostModel, samples: list[Sample], decode_tokens: int) -> dict[str, float]:

