@@ -51,9 +51,13 @@ TARGETS_1000 = {"ks": 0.01, "quantile_rel_error": 0.02, "timer_error_p99_ms": 5.
 WARMUP_S = 2.0
 
 
-def emulator(profile_path: Path) -> ServerProcess:
-    """`toolenv emulators serve --profile PATH` on a free port (started by `with`)."""
-    return toolenv_server("emulators", "serve", "--profile", str(profile_path), ready_timeout_s=90)
+def emulator(profile_path: Path, pacing: bool = True) -> ServerProcess:
+    """`toolenv emulators serve --profile PATH` on a free port (started by `with`); without
+    `pacing`, the handler wakes at the scheduled moment itself (no lead for the response path)."""
+    return toolenv_server(
+        "emulators", "serve", "--profile", str(profile_path), ready_timeout_s=90,
+        env=None if pacing else {"TOOLENV_EMULATORS_MAX_PACING_LEAD_S": "0"},
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ load side (stress)
@@ -241,6 +245,47 @@ def plot(results: list[dict], target: np.ndarray, raws: list[dict], out: Path) -
     plt.close(fig)
 
 
+def _ab_figures(s: dict[str, Any]) -> dict[str, float]:
+    te = s.get("timer_error_ms", {})
+    return {
+        "ks": s.get("ks_realized_vs_target", math.nan),
+        "p50_rel_error": s.get("quantiles", {}).get("p50", {}).get("rel_error", math.nan),
+        "p99_rel_error": s.get("quantiles", {}).get("p99", {}).get("rel_error", math.nan),
+        "client_timer_p50_ms": te.get("client_p50", math.nan),
+        "client_timer_p99_ms": te.get("client_p99", math.nan),
+        "from_send_p50_ms": te.get("from_send_p50", math.nan),
+        "server_wake_p50_ms": te.get("server_p50", math.nan),
+        "lead_p50_ms": te.get("server_lead_p50", math.nan),
+        "dropped": s["dropped"],
+    }
+
+
+def pacing_ab(
+    replay: Path, target: np.ndarray, seconds: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Pairs of runs at 1,000 rps, pacing off then on: the same-run baseline for pacing."""
+    rounds: list[dict[str, Any]] = []
+    for i in range(args.pacing_ab):
+        pair: dict[str, Any] = {"load_average": os.getloadavg()[0]}
+        for mode in ("off", "on"):
+            with emulator(replay, pacing=mode == "on") as service:
+                raw = run_rate(service.url, 1000, seconds + WARMUP_S, args.max_in_flight)
+            pair[mode] = _ab_figures(summarize(raw, target, 1000, seconds))
+        rounds.append(pair)
+        print(
+            f"pacing A/B round {i + 1}: KS off {pair['off']['ks']:.4f} on {pair['on']['ks']:.4f};"
+            f" client timer p50 off {pair['off']['client_timer_p50_ms']:.2f} ms"
+            f" on {pair['on']['client_timer_p50_ms']:.2f} ms (lead"
+            f" {pair['on']['lead_p50_ms']:.3f} ms)",
+            flush=True,
+        )
+    medians = {
+        mode: {key: float(np.median([r[mode][key] for r in rounds])) for key in rounds[0][mode]}
+        for mode in ("off", "on")
+    }
+    return {"rounds": rounds, "median": medians}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -253,6 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=float, nargs="*", default=[200, 1000, 2000])
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--max-in-flight", type=int, default=10_000)
+    parser.add_argument(
+        "--pacing-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also run ROUNDS pairs at 1,000 rps, pacing off then on (a fresh service each), "
+        "so that the machine's load hits both alike",
+    )
     args = parser.parse_args(argv)
     seconds = args.seconds or (5.0 if args.quick else 30.0)
 
@@ -316,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                 + f" {te.get('server_lead_p50', float('nan')):.3f} ms), dropped {s['dropped']}",
                 flush=True,
             )
+        if args.pacing_ab:
+            report["pacing_ab"] = pacing_ab(replay, target, seconds, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     png = args.out.with_suffix(".png")
     plot(report["rates"], target, raws, png)

@@ -124,9 +124,14 @@ class ServerProcess:
 
 
 def toolenv_server(
-    *args: str, ready_timeout_s: float = 60.0, stop_timeout_s: float = 10.0
+    *args: str,
+    ready_timeout_s: float = 60.0,
+    stop_timeout_s: float = 10.0,
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """`python -m toolenv <args> --host 127.0.0.1 --port <free port>` (not started yet)."""
     port = free_port()
     argv = [sys.executable, "-m", "toolenv", *args, "--host", "127.0.0.1", "--port", str(port)]
-    return ServerProcess(argv, port, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s)
+    return ServerProcess(
+        argv, port, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s, env=env
+    )

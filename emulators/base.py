@@ -55,7 +55,8 @@ class ToolEmulator:
         self._profile = profile
         self._sampler = self._build(profile)
         self.calls = 0
-        self.pacer = Pacer()  # learns this tool's response path, so replies leave on time
+        # learns this tool's response path, so that replies leave on time
+        self.pacer = Pacer(max_lead_s=settings.max_pacing_lead_s)
 
     @property
     def profile(self) -> Profile:

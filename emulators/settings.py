@@ -49,6 +49,13 @@ class EmulatorSettings(ServiceSettings):
         default=8192, ge=0, description="queries whose documents are kept"
     )
 
+    max_pacing_lead_s: float = Field(
+        default=0.002,
+        ge=0,
+        le=0.05,
+        description="how early a handler may wake to cover the response path it measured, so "
+        "that replies leave on schedule (timing.Pacer); 0 turns pacing off",
+    )
     hang_without_deadline_s: float = Field(
         default=60.0,
         gt=0,
