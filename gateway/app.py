@@ -15,6 +15,8 @@ from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
 
 from .asgi import ASGIApp
+from .calls import NOT_JSON
+from .control import router as control_router
 from .guard import Door, Guard
 from .metrics import GatewayMetrics
 from .passthrough import PassThrough
@@ -80,14 +82,13 @@ def create_app(
     )
     app.state.gateway = state
     app.include_router(router)
+    app.include_router(control_router)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse(
-                {"detail": "request body is not valid JSON", "request_id": _rid(request)}, 400
-            )
+            return JSONResponse({"detail": NOT_JSON, "request_id": _rid(request)}, 400)
         fields = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors
         )

@@ -15,11 +15,12 @@ from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
 from toolenv_core.polytrace.records import ToolCallRecord
 
-from .dispatch import Outcome, ToolRuntime
+from .dispatch import Outcome, ToolRuntime, UpstreamCall
 from .trace import TraceWriter, parse_int_header
 
 log = logging.getLogger("toolenv.gateway")
 
+NOT_JSON = "request body is not valid JSON"  # the one answer to malformed JSON, on every route
 FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream_failed": 502}
 _DEADLINE = h.DEADLINE.lower()
 _TRAJECTORY, _STEP, _TURN = h.TRAJECTORY.lower(), h.STEP.lower(), h.TURN.lower()
@@ -60,6 +61,10 @@ class CallContext:
         }
         return cls(request_id, caller, headers, trace)
 
+    @property
+    def sent_deadline(self) -> bool:
+        return _DEADLINE in self.headers
+
     def deadline(
         self, runtime: ToolRuntime, body_ms: float | None = None
     ) -> tuple[Deadline, float]:
@@ -74,15 +79,18 @@ async def run_call(
     body: bytes,
     deadline: Deadline,
     deadline_ms: float,
+    reserve_s: float = 0.0,
 ) -> Outcome:
     """Send one call to the tool, with the call-context headers (trajectory, step, turn) passed on,
-    so a tool behind the gateway sees what the caller said (a drifting profile, the training step)."""
+    so a tool behind the gateway sees what the caller said (a drifting profile, the training step).
+    The tool is told the deadline `reserve_s` early (see `UpstreamCall`)."""
     headers = {
         "content-type": ctx.headers.get("content-type", "application/json"),
         h.REQUEST_ID: ctx.request_id,
         **h.forwarded_call_headers(ctx.headers),
     }
-    outcome = await runtime.call("POST", path, body, headers, deadline, deadline_ms)
+    call = UpstreamCall("POST", path, body, headers, deadline, reserve_s)
+    outcome = await runtime.call(call, deadline_ms)
     _capture(ctx, runtime, outcome)
     _log(ctx, runtime, outcome)
     return outcome

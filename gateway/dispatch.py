@@ -33,6 +33,24 @@ from .upstream import (
 log = logging.getLogger("toolenv.gateway")
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One call as the tool gets it. `reserve_s` shortens the deadline the tool is told, so that a
+    tool which answers at its deadline in its own format (sandboxd's TimeLimitExceeded with the
+    output so far) does so before the gateway's own timer fires."""
+
+    method: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    deadline: Deadline
+    reserve_s: float = 0.0
+
+    def send_headers(self) -> dict[str, str]:
+        told = Deadline(self.deadline.at - self.reserve_s) if self.reserve_s else self.deadline
+        return {**self.headers, **told.headers()}
+
+
 @dataclass(slots=True)
 class Outcome:
     """How a call ended, as the routes need it to answer."""
@@ -75,17 +93,9 @@ class ToolRuntime:
         assert seconds is not None  # a tool always has a default
         return Deadline.after(seconds), round(seconds * 1000.0, 3)
 
-    async def call(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        deadline: Deadline,
-        deadline_ms: float,
-    ) -> Outcome:
+    async def call(self, call: UpstreamCall, deadline_ms: float) -> Outcome:
         started = time.perf_counter()
-        outcome = await self._call(method, path, body, headers, deadline, started)
+        outcome = await self._call(call, started)
         outcome.elapsed_s = time.perf_counter() - started
         outcome.deadline_ms = deadline_ms
         self.m.total.observe(outcome.elapsed_s)
@@ -104,21 +114,13 @@ class ToolRuntime:
 
     # ---------------------------------------------------------------- internals
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        deadline: Deadline,
-        started: float,
-    ) -> Outcome:
+    async def _call(self, call: UpstreamCall, started: float) -> Outcome:
         task: asyncio.Task[UpstreamReply] | None = None
         admitted = False
         queue_wait = 0.0
         self.budget.record_call()
         try:
-            async with asyncio.timeout(deadline.remaining()):
+            async with asyncio.timeout(call.deadline.remaining()):
                 if not self.admission.try_acquire():
                     await self.admission.acquire()
                 admitted = True
@@ -128,13 +130,11 @@ class ToolRuntime:
                     # Proxy without hedging: cancelling aborts the connection synchronously, so
                     # the call can run right here (no task) and still answer at once.
                     try:
-                        reply = await self._attempts(method, path, body, headers, deadline)
+                        reply = await self._attempts(call)
                     finally:
                         self.admission.release(time.perf_counter() - started - queue_wait)
                 else:
-                    task = asyncio.create_task(
-                        self._attempts(method, path, body, headers, deadline)
-                    )
+                    task = asyncio.create_task(self._attempts(call))
                     self._tasks.add(task)
                     task.add_done_callback(self._release_when_done(time.perf_counter()))
                     reply = await asyncio.shield(task)
@@ -195,26 +195,16 @@ class ToolRuntime:
 
         return done
 
-    async def _attempts(
-        self, method: str, path: str, body: bytes, headers: dict[str, str], deadline: Deadline
-    ) -> UpstreamReply:
+    async def _attempts(self, call: UpstreamCall) -> UpstreamReply:
         """Runs in its own task; the slot is released when it ends."""
         self._turn += 1
         first = pick(self.backend.endpoints, turn=self._turn)
         if not self.hedging:
-            return await self._attempt(first, method, path, body, headers, deadline)
-        return await self._hedged(first, method, path, body, headers, deadline)
+            return await self._attempt(first, call)
+        return await self._hedged(first, call)
 
-    async def _hedged(
-        self,
-        first: Endpoint,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        deadline: Deadline,
-    ) -> UpstreamReply:
-        a1 = asyncio.create_task(self._attempt(first, method, path, body, headers, deadline))
+    async def _hedged(self, first: Endpoint, call: UpstreamCall) -> UpstreamReply:
+        a1 = asyncio.create_task(self._attempt(first, call))
         pending: set[asyncio.Task[UpstreamReply]] = {a1}
         try:
             delay = self.window.hedge_delay()
@@ -223,11 +213,7 @@ class ToolRuntime:
                 if not done:
                     second = pick(self.backend.endpoints, exclude=[first], turn=self._turn)
                     self.m.hedged.inc()
-                    pending.add(
-                        asyncio.create_task(
-                            self._attempt(second, method, path, body, headers, deadline)
-                        )
-                    )
+                    pending.add(asyncio.create_task(self._attempt(second, call)))
                 else:
                     pending = done
             error: BaseException | None = None
@@ -243,25 +229,17 @@ class ToolRuntime:
             for task in pending:
                 task.cancel()  # the loser's connection is closed: the upstream stops working on it
 
-    async def _attempt(
-        self,
-        endpoint: Endpoint,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        deadline: Deadline,
-    ) -> UpstreamReply:
+    async def _attempt(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply:
         attempt = 1
         while True:
             try:
-                return await self._send_once(endpoint, method, path, body, headers, deadline)
+                return await self._send_once(endpoint, call)
             except UpstreamConnectError:
                 policy = self.config.retry
                 if not (
                     policy.enabled
                     and attempt < policy.max_attempts
-                    and deadline.remaining() > 0
+                    and call.deadline.remaining() > 0
                     and self.budget.try_spend()
                 ):
                     raise
@@ -269,20 +247,12 @@ class ToolRuntime:
                 attempt += 1
                 endpoint = pick(self.backend.endpoints, exclude=[endpoint], turn=self._turn)
 
-    async def _send_once(
-        self,
-        endpoint: Endpoint,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        deadline: Deadline,
-    ) -> UpstreamReply:
+    async def _send_once(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply:
         endpoint.outstanding += 1
         sent = time.perf_counter()
         try:
             reply = await self.backend.send(
-                endpoint, method, path, body, {**headers, **deadline.headers()}
+                endpoint, call.method, call.path, call.body, call.send_headers()
             )
         finally:
             endpoint.outstanding -= 1

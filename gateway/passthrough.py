@@ -17,8 +17,9 @@ from toolenv_core import headers as h
 from toolenv_core.deadline import DeadlineHeaderError
 
 from .asgi import ASGIApp
-from .calls import CallContext, failure_answer, run_call
+from .calls import NOT_JSON, CallContext, failure_answer, run_call
 from .dispatch import Outcome, ToolRuntime
+from .sandboxfusion import SANDBOX_ROUTES, request_budget_ms, reserve_s, timeout_answer
 from .state import GatewayState
 
 ROUTES: dict[str, tuple[str, str]] = {
@@ -87,15 +88,29 @@ class PassThrough:
 async def pass_through(
     ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes, send
 ) -> None:
-    """The body as is to the tool's own endpoint; its answer as is back (status, body, delay)."""
+    """The body as is to the tool's own endpoint; its answer as is back (status, body, delay).
+
+    The sandbox routes keep SandboxFusion's deadline semantics (`gateway.sandboxfusion`)."""
+    parsed = _parse(body)
+    if parsed is _INVALID:
+        await _bad_json(send, ctx)
+        return
+    sandbox = runtime.config.kind == "sandbox" and path in SANDBOX_ROUTES
+    own_budget = None
+    if sandbox and not ctx.sent_deadline:
+        own_budget = request_budget_ms(path, parsed, runtime.config.timeout_margin_ms)
     try:
-        deadline, deadline_ms = ctx.deadline(runtime)
+        deadline, deadline_ms = ctx.deadline(runtime, own_budget)
     except DeadlineHeaderError as exc:
         await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
         return
-    outcome = await run_call(ctx, runtime, path, body, deadline, deadline_ms)
+    reserve = reserve_s(deadline_ms) if sandbox else 0.0
+    outcome = await run_call(ctx, runtime, path, body, deadline, deadline_ms, reserve)
     reply = outcome.reply
     if reply is None:
+        if sandbox and outcome.kind == "timeout":
+            await _json(send, 200, timeout_answer(path, parsed, outcome))
+            return
         await _failure(send, runtime, outcome, ctx)
         return
     out = [
@@ -111,12 +126,9 @@ async def pass_through(
 async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send) -> None:
     """`POST /v1/tools/{tool}/call`: `{"arguments": {...}, "deadline_ms"?}` -> the tool's native
     endpoint (the one implementation; the FastAPI route of the same path only documents it)."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        await _json(
-            send, 400, {"detail": "request body is not valid JSON", "request_id": ctx.request_id}
-        )
+    body = _parse(raw)
+    if body is _INVALID:
+        await _bad_json(send, ctx)
         return
     problem = _check_call_body(body)
     if problem is not None:
@@ -150,6 +162,22 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
         "request_id": ctx.request_id,
     }
     await _json(send, 200, answer)
+
+
+_INVALID = object()
+
+
+def _parse(raw: bytes) -> Any:
+    """The JSON body (None when empty), or `_INVALID`."""
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return _INVALID
+
+
+async def _bad_json(send, ctx: CallContext) -> None:
+    """The one answer to malformed JSON on every route (the FastAPI routes answer the same)."""
+    await _json(send, 400, {"detail": NOT_JSON, "request_id": ctx.request_id})
 
 
 async def _failure(send, runtime: ToolRuntime, outcome: Outcome, ctx: CallContext) -> None:

@@ -92,6 +92,12 @@ class ToolConfig(BaseModel):
     queue: int = Field(default=1024, ge=0, description="calls waiting beyond that; more get 429")
     default_deadline_ms: float = Field(default=30_000, gt=0)
     max_deadline_ms: float = Field(default=300_000, gt=0)
+    timeout_margin_ms: float = Field(
+        default=5_000,
+        ge=0,
+        description="sandbox pass-through without a deadline header: added to the request's own "
+        "compile_timeout + run_timeout to make its deadline",
+    )
     idempotent: bool | None = Field(default=None, description="default: true for search and reward")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     hedge: HedgePolicy = Field(default_factory=HedgePolicy)

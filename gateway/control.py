@@ -1,0 +1,137 @@
+"""Runtime control through the one front door: the emulators' latency profiles, the sandbox's
+status and SandboxFusion's `/v1/ping`, reached through the gateway in embedded and proxy mode
+alike (behind the API key when keys are set, like every route but `/healthz` and `/readyz`).
+
+Control calls skip admission (an operator must reach a saturated tool) and are bounded by
+`CONTROL_TIMEOUT_S`. A read goes to one upstream; a profile change goes to every upstream of the
+tool (each emulator replica holds its own profile) and succeeds only if every one took it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from toolenv_core import headers as h
+
+from .calls import NOT_JSON
+from .dispatch import ToolRuntime
+from .state import state_of
+from .upstream import UpstreamBroken, UpstreamConnectError, UpstreamReply, pick
+
+CONTROL_TIMEOUT_S = 10.0
+EMULATED_KINDS = ("search", "reward")
+router = APIRouter(tags=["control"])
+
+
+def _runtime(request: Request, kind: str) -> ToolRuntime:
+    toolset = state_of(request).toolset
+    if toolset is None:
+        raise HTTPException(503, "the gateway is starting")
+    runtime = toolset.first_of_kind(kind)
+    if runtime is None:
+        raise HTTPException(404, f"no {kind} tool is configured in the gateway's tools table")
+    return runtime
+
+
+def _emulated(request: Request, name: str) -> ToolRuntime:
+    if name not in EMULATED_KINDS:
+        raise HTTPException(
+            404, f"no emulated tool {name!r}; emulated: {', '.join(EMULATED_KINDS)}"
+        )
+    return _runtime(request, name)
+
+
+async def _send(
+    runtime: ToolRuntime, method: str, path: str, body: bytes, request: Request
+) -> list[UpstreamReply]:
+    """Send to one upstream (GET) or to every upstream (PUT); the tool's failures as HTTP errors."""
+    headers = {"content-type": "application/json", h.REQUEST_ID: _request_id(request)}
+    endpoints = runtime.backend.endpoints if method == "PUT" else [pick(runtime.backend.endpoints)]
+    try:
+        async with asyncio.timeout(CONTROL_TIMEOUT_S):
+            return list(
+                await asyncio.gather(
+                    *(runtime.backend.send(e, method, path, body, headers) for e in endpoints)
+                )
+            )
+    except UpstreamConnectError as exc:
+        raise HTTPException(503, f"tool {runtime.name!r} is unavailable: {exc}") from None
+    except UpstreamBroken as exc:
+        raise HTTPException(502, f"tool {runtime.name!r} failed mid-request: {exc}") from None
+    except TimeoutError:
+        raise HTTPException(
+            504, f"tool {runtime.name!r} did not answer within {CONTROL_TIMEOUT_S:.0f} s"
+        ) from None
+
+
+def _answer(runtime: ToolRuntime, replies: list[UpstreamReply]) -> Response:
+    first = replies[0]
+    disagree = [r for r in replies if r.status != first.status]
+    if disagree:
+        detail = "; ".join(f"{r.endpoint}: HTTP {r.status}" for r in replies)
+        raise HTTPException(502, f"tool {runtime.name!r}: its upstreams answered apart ({detail})")
+    media = first.headers.get("content-type", "application/json")
+    return Response(first.body, first.status, media_type=media)
+
+
+def _request_id(request: Request) -> str:
+    return request.scope.get("state", {}).get("request_id", "")
+
+
+def _check_json(raw: bytes, request: Request) -> JSONResponse | None:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return JSONResponse({"detail": NOT_JSON, "request_id": _request_id(request)}, 400)
+    return None
+
+
+_PROFILE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+        "description": "a latency profile (`{tool, model}`), as `toolenv emulators` documents",
+    }
+}
+
+
+@router.get(
+    "/v1/emulators/{name}/profile",
+    summary="The active latency profile of an emulated tool (search | reward)",
+)
+async def get_profile(name: str, request: Request) -> Response:
+    runtime = _emulated(request, name)
+    path = f"/v1/emulators/{name}/profile"
+    return _answer(runtime, await _send(runtime, "GET", path, b"", request))
+
+
+@router.put(
+    "/v1/emulators/{name}/profile",
+    summary="Swap the latency profile of an emulated tool (every upstream of it)",
+    openapi_extra=_PROFILE_BODY,
+)
+async def put_profile(name: str, request: Request) -> Response:
+    runtime = _emulated(request, name)
+    raw = await request.body()
+    bad = _check_json(raw, request)
+    if bad is not None:
+        return bad
+    path = f"/v1/emulators/{name}/profile"
+    return _answer(runtime, await _send(runtime, "PUT", path, raw, request))
+
+
+@router.get("/v1/sandbox/status", summary="The sandbox tool's backend, admission and pool state")
+async def sandbox_status(request: Request) -> Response:
+    runtime = _runtime(request, "sandbox")
+    return _answer(runtime, await _send(runtime, "GET", "/v1/sandbox/status", b"", request))
+
+
+@router.get("/v1/ping", summary='SandboxFusion\'s liveness probe: "pong" from the sandbox tool')
+async def ping(request: Request) -> Response:
+    runtime = _runtime(request, "sandbox")
+    return _answer(runtime, await _send(runtime, "GET", "/v1/ping", b"", request))
