@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from toolenv_core import __version__
 from toolenv_core.latency.profile import Profile, load_profile
@@ -72,7 +73,9 @@ def create_app(settings: EmulatorSettings | None = None) -> FastAPI:
             for emu in emulators.values():
                 await emu.close()
 
-    app = FastAPI(title="toolenv emulators", version=__version__, lifespan=lifespan)
+    app = FastAPIOffline(  # /docs serves its own Swagger UI assets: works offline
+        title="toolenv emulators", version=__version__, lifespan=lifespan
+    )
     app.state.settings = settings
     app.state.emulators = emulators
     app.state.ready = False

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline, DeadlineHeaderError
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 from toolenv_core.latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
 from toolenv_core.latency.profile import Profile, error_field
 from toolenv_core.latency.samplers import Draw, Sampler
@@ -238,14 +239,7 @@ async def parse_body(request: Request, model: type[M]) -> M | JSONResponse:
     try:
         data = json.loads(raw) if raw else None
     except ValueError:
-        return JSONResponse(
-            {
-                "detail": [
-                    {"loc": ["body"], "msg": "body is not valid JSON", "type": "json_invalid"}
-                ]
-            },
-            status_code=422,
-        )
+        return bad_request(NOT_JSON, NOT_JSON_STATUS)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

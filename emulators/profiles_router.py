@@ -7,6 +7,8 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
+
 from .base import ProfileRejected, ToolEmulator
 
 
@@ -60,14 +62,7 @@ def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
         try:
             data = json.loads(await request.body())
         except ValueError:
-            return JSONResponse(
-                {
-                    "detail": [
-                        {"loc": ["body"], "msg": "body is not valid JSON", "type": "json_invalid"}
-                    ]
-                },
-                status_code=422,
-            )
+            return JSONResponse({"detail": NOT_JSON}, status_code=NOT_JSON_STATUS)
         if not isinstance(data, dict):
             return JSONResponse(
                 {

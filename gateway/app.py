@@ -9,13 +9,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
 from .asgi import ASGIApp
-from .calls import NOT_JSON
 from .control import router as control_router
 from .guard import Door, Guard
 from .metrics import GatewayMetrics
@@ -45,7 +46,12 @@ def create_app(
         if settings.rate_limit_per_s
         else None
     )
-    door = Door([k.get_secret_value() for k in settings.api_keys], settings.max_body_bytes, rate)
+    door = Door(
+        [k.get_secret_value() for k in settings.api_keys],
+        settings.max_body_bytes,
+        rate,
+        settings.body_timeout_s,
+    )
     state = GatewayState(settings, GatewayMetrics(), door, dict(mounts or {}))
 
     @asynccontextmanager
@@ -77,7 +83,7 @@ def create_app(
             if trace is not None:
                 await trace.close()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs serves its own Swagger UI assets: works offline
         title="toolenv gateway", version=__version__, description=DESCRIPTION, lifespan=lifespan
     )
     app.state.gateway = state
@@ -88,7 +94,7 @@ def create_app(
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse({"detail": NOT_JSON, "request_id": _rid(request)}, 400)
+            return JSONResponse({"detail": NOT_JSON, "request_id": _rid(request)}, NOT_JSON_STATUS)
         fields = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors
         )

@@ -20,7 +20,6 @@ from .trace import TraceWriter, parse_int_header
 
 log = logging.getLogger("toolenv.gateway")
 
-NOT_JSON = "request body is not valid JSON"  # the one answer to malformed JSON, on every route
 FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream_failed": 502}
 _DEADLINE = h.DEADLINE.lower()
 _TRAJECTORY, _STEP, _TURN = h.TRAJECTORY.lower(), h.STEP.lower(), h.TURN.lower()

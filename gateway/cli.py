@@ -40,7 +40,9 @@ def run(gateway: FastAPI, settings: GatewaySettings) -> None:
         access_log=False,
         proxy_headers=False,  # X-Forwarded-* are not trusted: the caller is the socket's peer
         backlog=settings.backlog,
-        timeout_graceful_shutdown=5,
+        # SIGINT (Ctrl-C) or SIGTERM: stop accepting, let the calls in flight finish, then stop
+        # the tools. A second signal stops at once.
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
 
 

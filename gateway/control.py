@@ -17,8 +17,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from toolenv_core import headers as h
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
-from .calls import NOT_JSON
 from .dispatch import ToolRuntime
 from .state import state_of
 from .upstream import UpstreamBroken, UpstreamConnectError, UpstreamReply, pick
@@ -87,7 +87,9 @@ def _check_json(raw: bytes, request: Request) -> JSONResponse | None:
     try:
         json.loads(raw)
     except ValueError:
-        return JSONResponse({"detail": NOT_JSON, "request_id": _request_id(request)}, 400)
+        return JSONResponse(
+            {"detail": NOT_JSON, "request_id": _request_id(request)}, NOT_JSON_STATUS
+        )
     return None
 
 

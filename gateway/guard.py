@@ -9,6 +9,7 @@ echoed: logs carry only a short hash that names the key.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import itertools
@@ -31,6 +32,13 @@ REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
 
 class BodyTooLarge(Exception):
     pass
+
+
+class BodyTimeout(Exception):
+    """The request body did not arrive in time (e.g. shorter than its Content-Length)."""
+
+
+CLOSE = ((b"connection", b"close"),)  # a 408 leaves the rest of the body unread: close
 
 
 def key_id(key: str) -> str:
@@ -58,10 +66,15 @@ class Door:
     every path a request can take)."""
 
     def __init__(
-        self, api_keys: Iterable[str], max_body_bytes: int, rate_limits: RateLimits | None = None
+        self,
+        api_keys: Iterable[str],
+        max_body_bytes: int,
+        rate_limits: RateLimits | None = None,
+        body_timeout_s: float = 10.0,
     ) -> None:
         self.keys = [k.encode() for k in api_keys]
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s  # the whole body must arrive within this (else 408)
         self.rate_limits = rate_limits
         # Request ids: a random per-process prefix and a counter (unique, and no system call per
         # request as uuid4 makes); a caller's own well-formed X-Request-Id wins.
@@ -114,6 +127,13 @@ class Door:
     def too_large_message(self) -> str:
         return f"request body exceeds the limit of {self.max_body_bytes} bytes"
 
+    def body_timeout_message(self, seen: int, headers: Iterable[tuple[bytes, bytes]]) -> str:
+        length = next((v.decode("latin-1") for k, v in headers if k == b"content-length"), None)
+        return (
+            f"the request body did not arrive within {self.body_timeout_s:g} s "
+            f"({seen} bytes of {length or 'a chunked body'}); the connection is closed"
+        )
+
 
 def _refuse(
     verdict: Verdict, status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ()
@@ -148,21 +168,30 @@ class Guard:
             await _reply(send_with_id, verdict)
             return
         state["caller"] = verdict.caller
-        if verdict.length_known:
-            await self.app(scope, receive, send_with_id)
-            return
-        # No Content-Length (chunked): count as it arrives.
+        # The body must arrive whole within the door's body timeout (a body shorter than its
+        # Content-Length must not hold a connection open); without Content-Length (chunked) its
+        # size is counted as it arrives.
         limit = self.door.max_body_bytes
+        loop = asyncio.get_running_loop()
+        cutoff = loop.time() + self.door.body_timeout_s
         seen = 0
+        body_done = False
         started = False
 
-        async def counted_receive() -> Message:
-            nonlocal seen
-            message = await receive()
+        async def guarded_receive() -> Message:
+            nonlocal seen, body_done
+            if body_done:  # after the body: the server's disconnect notice, whenever it comes
+                return await receive()
+            try:
+                async with asyncio.timeout(cutoff - loop.time()):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeout from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise BodyTooLarge
+                body_done = not message.get("more_body", False)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -171,10 +200,14 @@ class Guard:
             await send_with_id(message)
 
         try:
-            await self.app(scope, counted_receive, tracking_send)
+            await self.app(scope, guarded_receive, tracking_send)
         except BodyTooLarge:
             if not started:
                 await _reply(send_with_id, _refuse(verdict, 413, self.door.too_large_message()))
+        except BodyTimeout:
+            if not started:
+                detail = self.door.body_timeout_message(seen, scope["headers"])
+                await _reply(send_with_id, _refuse(verdict, 408, detail, CLOSE))
 
 
 def _bearer(auth: bytes | None) -> bytes | None:

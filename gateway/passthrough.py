@@ -15,9 +15,10 @@ from typing import Any
 
 from toolenv_core import headers as h
 from toolenv_core.deadline import DeadlineHeaderError
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
 from .asgi import ASGIApp
-from .calls import NOT_JSON, CallContext, failure_answer, run_call
+from .calls import CallContext, failure_answer, run_call
 from .dispatch import Outcome, ToolRuntime
 from .sandboxfusion import SANDBOX_ROUTES, request_budget_ms, reserve_s, timeout_answer
 from .state import GatewayState
@@ -177,7 +178,7 @@ def _parse(raw: bytes) -> Any:
 
 async def _bad_json(send, ctx: CallContext) -> None:
     """The one answer to malformed JSON on every route (the FastAPI routes answer the same)."""
-    await _json(send, 400, {"detail": NOT_JSON, "request_id": ctx.request_id})
+    await _json(send, NOT_JSON_STATUS, {"detail": NOT_JSON, "request_id": ctx.request_id})
 
 
 async def _failure(send, runtime: ToolRuntime, outcome: Outcome, ctx: CallContext) -> None:

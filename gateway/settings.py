@@ -173,7 +173,19 @@ class GatewaySettings(ServiceSettings):
         description="bearer keys (env: comma-separated or a JSON list); empty = open",
     )
     allow_unauthenticated: bool = False
-    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="413 beyond (as much as sandboxd accepts, so the front door refuses no more)",
+    )
+    body_timeout_s: float = Field(
+        default=10.0, gt=0, description="the whole request body must arrive within this; else 408"
+    )
+    shutdown_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="on SIGINT/SIGTERM, how long calls in flight may take to finish",
+    )
     rate_limit_per_s: float | None = Field(
         default=None, gt=0, description="per API key (or client)"
     )

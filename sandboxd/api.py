@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from toolenv_core.admission import Rejected
 from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
 from .requests import BadRequest
 from .service import SandboxService
@@ -74,8 +75,8 @@ async def _parse(request: Request, model: type[M], limit: int) -> M | JSONRespon
         return _error(413, f"request body exceeds max_body_bytes={limit}; send less (or raise it)")
     try:
         data = json.loads(body) if body else None
-    except ValueError as exc:
-        return _error(422, f"request body is not valid JSON: {exc}")
+    except ValueError:
+        return _error(NOT_JSON_STATUS, NOT_JSON)
     if not isinstance(data, dict):
         return _error(422, "request body must be a JSON object")
     try:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from .api import build_router
 from .service import SandboxService
@@ -25,7 +26,7 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
         finally:
             await service.close()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs serves its own Swagger UI assets: works offline
         title="toolenv sandboxd",
         description="Code-execution sandboxes, SandboxFusion-compatible `/run_code`.",
         lifespan=lifespan,

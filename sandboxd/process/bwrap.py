@@ -203,6 +203,9 @@ async def spawn_blocked(
             pass_fds=(blk_r, st_w),
             env={},
             close_fds=True,
+            # Its own session: Ctrl-C in the terminal that runs the service (SIGINT to the
+            # foreground process group) must not reach the sandbox; the service stops it.
+            start_new_session=True,
         )
     except OSError:
         for fd in (out_r, err_r, blk_w, st_r, stdin_w):

@@ -157,11 +157,12 @@ def test_invalid_fields_are_422(api: SandboxdServer, body: dict, needle: str) ->
     assert needle in r.text
 
 
-def test_malformed_json_is_422_and_big_body_413(api: SandboxdServer) -> None:
+def test_malformed_json_is_400_and_big_body_413(api: SandboxdServer) -> None:
     r = api.client.post(
         "/run_code", content=b"{not json", headers={"content-type": "application/json"}
     )
-    assert r.status_code == 422
+    assert r.status_code == 400
+    assert r.json() == {"detail": "request body is not valid JSON"}
     r = post(api, {"code": "#" * 70_000})
     assert r.status_code == 413 and "max_body_bytes" in r.text
 
