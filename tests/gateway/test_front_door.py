@@ -1,0 +1,148 @@
+"""The one front door for a new user: runtime control through the gateway, one answer to
+malformed JSON on every route, a body that never arrives, `/docs` without a CDN, and the body
+limits the docs state."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gw_support import proxy_tool
+
+from gateway.settings import GatewaySettings, ToolConfig
+from sandboxd.settings import SandboxSettings
+from toolenv_core import headers as h
+
+REPO = Path(__file__).resolve().parents[2]
+NOT_JSON = {"detail": "request body is not valid JSON"}
+PROFILES = """emulators:
+  search_profile: {tool: search, model: {kind: constant, value_s: 0.0}}
+  reward_profile: {tool: reward, model: {kind: constant, value_s: 0.0}}
+"""
+SLOW = {"tool": "search", "model": {"kind": "constant", "value_s": 0.02}}
+
+
+def _emulator_tools(mode: str = "embedded", *urls: str) -> list[ToolConfig]:
+    extra = {"mode": "proxy", "upstreams": list(urls)} if mode == "proxy" else {}
+    return [ToolConfig(name="search", kind="search", **extra),
+            ToolConfig(name="reward", kind="reward", **extra)]  # fmt: skip
+
+
+def _injected(url: str, **kw) -> str:
+    r = httpx.post(url + "/retrieve", json={"queries": ["q"]}, timeout=10, **kw)
+    assert r.status_code == 200, r.text
+    return r.headers[h.INJECTED_DELAY]
+
+
+def test_profiles_are_read_and_swapped_through_the_embedded_gateway(gateway, tmp_path) -> None:
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(PROFILES)
+    gw = gateway(_emulator_tools(), config_file=str(config))
+    got = httpx.get(gw.url + "/v1/emulators/search/profile", timeout=10)
+    assert got.status_code == 200 and got.json()["model"] == {"kind": "constant", "value_s": 0.0}
+    assert _injected(gw.url) == "0.000"
+    put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
+    assert put.status_code == 200 and put.json()["active"] is True, put.text
+    assert _injected(gw.url) == "20.000"
+    # the emulator's own validation answers as it is; the gateway's answers are its own shapes
+    bad = httpx.put(gw.url + "/v1/emulators/search/profile",
+                    json={"model": {"kind": "lognormal", "median_s": 1, "sigma": -1}}, timeout=10)  # fmt: skip
+    assert bad.status_code == 422 and "sigma" in bad.text
+    assert httpx.get(gw.url + "/v1/emulators/sandbox/profile", timeout=10).status_code == 404
+    assert _injected(gw.url) == "20.000"  # a rejected profile changed nothing
+
+
+def test_a_profile_change_reaches_every_proxied_emulator(gateway, toolenv_server, tmp_path) -> None:
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(PROFILES)
+    ups = [toolenv_server("emulators", "serve", "--config", str(config)) for _ in range(2)]
+    gw = gateway(_emulator_tools("proxy", *(u.url for u in ups)))
+    put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
+    assert put.status_code == 200, put.text
+    for up in ups:  # each replica holds its own profile: both were changed
+        direct = httpx.get(up.url + "/v1/emulators/search/profile", timeout=10).json()
+        assert direct["model"] == {"kind": "constant", "value_s": 0.02}
+    assert httpx.get(gw.url + "/v1/emulators/reward/profile", timeout=10).json()["tool"] == "reward"
+
+
+def test_control_routes_sit_behind_the_api_key(gateway, upstream) -> None:
+    up = upstream("sbx")
+    gw = gateway([proxy_tool("sandbox", up.url, kind="sandbox")], api_keys=["k1"])
+    for method, path in (("GET", "/v1/ping"), ("GET", "/v1/sandbox/status"),
+                         ("GET", "/v1/emulators/search/profile"),
+                         ("PUT", "/v1/emulators/search/profile")):  # fmt: skip
+        r = httpx.request(method, gw.url + path, json=SLOW, timeout=10)
+        assert r.status_code == 401, (path, r.status_code)
+    auth = {"Authorization": "Bearer k1"}
+    r = httpx.get(gw.url + "/v1/ping", headers=auth, timeout=10)
+    assert r.status_code == 200 and r.json()["name"] == "sbx"  # answered by the sandbox upstream
+    r = httpx.get(gw.url + "/v1/emulators/search/profile", headers=auth, timeout=10)
+    assert r.status_code == 404 and "search" in r.json()["detail"]
+
+
+def test_malformed_json_is_one_answer_on_every_route(gateway, upstream, tmp_path) -> None:
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(PROFILES)
+    up = upstream("sbx")
+    gw = gateway([*_emulator_tools(), proxy_tool("sandbox", up.url, kind="sandbox")],
+                 config_file=str(config))  # fmt: skip
+    routes = [("POST", "/run_code"), ("POST", "/v1/run_tests"), ("POST", "/retrieve"),
+              ("POST", "/v1/tools/search/call"), ("POST", "/v1/tools/sandbox/call"),
+              ("POST", "/v1/tools/nope/call"), ("PUT", "/v1/emulators/search/profile")]  # fmt: skip
+    for method, path in routes:
+        r = httpx.request(method, gw.url + path, content=b"{not json", timeout=10,
+                          headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        body = r.json()
+        assert body == {**NOT_JSON, "request_id": r.headers["x-request-id"]}, (path, body)
+    assert up.stats()["started"] == 0  # nothing malformed was forwarded
+
+
+def test_a_body_shorter_than_its_content_length_is_cut_off(gateway, upstream) -> None:
+    up = upstream("u")
+    gw = gateway([proxy_tool("echo", up.url)], body_timeout_s=1.0)
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/tools/echo/call HTTP/1.1\r\nhost: x\r\n"
+                     b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"argu")  # fmt: skip
+        started = time.monotonic()
+        data = b""
+        while chunk := sock.recv(65536):  # the server answers, then closes the connection
+            data += chunk
+        waited = time.monotonic() - started
+    assert data.startswith(b"HTTP/1.1 408"), data[:200]
+    assert b"did not arrive within 1 s" in data and b"6 bytes of 100" in data
+    assert 0.9 <= waited < 3.0
+    # a whole body is served as always
+    r = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {"x": 1}}, timeout=10)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_docs_work_without_a_cdn(gateway) -> None:
+    gw = gateway([])
+    page = httpx.get(gw.url + "/docs", timeout=10)
+    assert page.status_code == 200
+    assets = re.findall(r"""(?:src|href)=['"]([^'"]+\.(?:js|css))['"]""", page.text)
+    assert assets and all(a.startswith("/") for a in assets), assets  # no other host
+    for asset in assets:
+        r = httpx.get(gw.url + asset, timeout=10)
+        assert r.status_code == 200 and len(r.content) > 1000, asset
+    assert "SwaggerUIBundle" in httpx.get(gw.url + assets[0], timeout=10).text or any(
+        "SwaggerUIBundle" in httpx.get(gw.url + a, timeout=10).text for a in assets
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "pattern", "value"),
+    [
+        ("docs/gateway.md", r"max_body_bytes: (\d+)", GatewaySettings().max_body_bytes),
+        ("docs/sandboxd.md", r"`max_body_bytes` \((\d+) MiB\)",
+         SandboxSettings().max_body_bytes // (1024 * 1024)),
+    ],
+)  # fmt: skip
+def test_the_documented_body_limits_are_the_code_defaults(doc, pattern, value) -> None:
+    found = re.findall(pattern, (REPO / doc).read_text())
+    assert found and all(int(v) == value for v in found), (doc, found, value)

@@ -1,0 +1,134 @@
+"""SandboxFusion's semantics through the real gateway and a real sandbox (bubblewrap): deadlines
+derived from the request's own timeouts, a caller's deadline answered in SandboxFusion's shape,
+control routes, and a Ctrl-C that drains calls in flight without signalling the programs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from gateway.settings import ToolConfig
+from toolenv_core import headers as h
+
+PRINT_SLEEP_PRINT = "import time\nprint('before', flush=True)\ntime.sleep({s})\nprint('after')\n"
+STARTED_THEN_HANG = "import time\nprint('started', flush=True)\ntime.sleep(30)\n"
+
+
+def _run_code(
+    url: str, code: str, headers: dict[str, str] | None = None, **fields
+) -> httpx.Response:
+    body = {"code": code, "language": "python", **fields}
+    return httpx.post(url + "/run_code", json=body, headers=headers or {}, timeout=60)
+
+
+def _assert_time_limit(r: httpx.Response, stdout: str) -> None:
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "Failed", body
+    assert body["run_result"]["status"] == "TimeLimitExceeded", body
+    assert body["run_result"]["stdout"] == stdout, body
+
+
+@pytest.fixture
+def sandbox_gateway(gateway, bwrap_path):
+    def start(**tool) -> object:
+        gw = gateway([ToolConfig(name="sandbox", kind="sandbox", **tool)])
+        assert httpx.get(gw.url + "/readyz", timeout=30).status_code == 200
+        return gw
+
+    return start
+
+
+def test_no_deadline_header_the_request_bounds_itself(sandbox_gateway) -> None:
+    # a tool default far below the run: SandboxFusion semantics ignore it on /run_code
+    gw = sandbox_gateway(default_deadline_ms=800, timeout_margin_ms=2000)
+    r = _run_code(gw.url, PRINT_SLEEP_PRINT.format(s=1.5), run_timeout=3)
+    assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+    assert r.json()["run_result"]["stdout"] == "before\nafter\n"
+    cases = {"code": PRINT_SLEEP_PRINT.format(s=1.2), "language": "python",
+             "cases": [{"expected_stdout": "before\nafter\n"}], "timeout": 3}  # fmt: skip
+    r = httpx.post(gw.url + "/v1/run_tests", json=cases, timeout=60)
+    assert r.status_code == 200 and r.json()["verdict"] == "accepted", r.text
+    # the generic call keeps the tool's default (and its documented 504)
+    r = httpx.post(gw.url + "/v1/tools/sandbox/call", timeout=60,
+                   json={"arguments": {"code": PRINT_SLEEP_PRINT.format(s=1.5), "run_timeout": 3}})  # fmt: skip
+    assert r.status_code == 504 and r.json()["deadline_ms"] == 800
+
+
+def test_a_callers_deadline_answers_in_sandboxfusions_shape_with_the_output(
+    sandbox_gateway,
+) -> None:
+    gw = sandbox_gateway()
+    started = time.monotonic()
+    r = _run_code(gw.url, STARTED_THEN_HANG, {h.DEADLINE: "1500"}, run_timeout=30)
+    assert time.monotonic() - started < 2.5
+    _assert_time_limit(r, "started\n")
+    body = {"code": STARTED_THEN_HANG, "language": "python", "cases": [{}, {}], "timeout": 30}
+    r = httpx.post(gw.url + "/v1/run_tests", json=body, headers={h.DEADLINE: "1500"}, timeout=60)
+    assert r.status_code == 200 and r.json()["verdict"] == "time_limit", r.text
+
+
+def test_a_deadline_spent_in_the_gateways_queue_keeps_the_shape(sandbox_gateway) -> None:
+    gw = sandbox_gateway(concurrency=1, queue=8)
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(_run_code, gw.url, PRINT_SLEEP_PRINT.format(s=2), run_timeout=5)
+        time.sleep(0.5)  # the slot is taken
+        started = time.monotonic()
+        r = _run_code(gw.url, "print(1)", {h.DEADLINE: "500"})
+        waited = time.monotonic() - started
+        queued = httpx.post(gw.url + "/v1/tools/sandbox/call", headers={h.DEADLINE: "300"},
+                            json={"arguments": {"code": "print(1)"}}, timeout=30)  # fmt: skip
+        assert busy.result().json()["status"] == "Success"
+    _assert_time_limit(r, "")
+    assert "deadline" in r.json()["message"] and waited < 1.5
+    assert queued.status_code == 504 and queued.json()["status"] == "timeout"
+
+
+def test_sandbox_control_through_the_embedded_gateway(sandbox_gateway) -> None:
+    gw = sandbox_gateway()
+    assert httpx.get(gw.url + "/v1/ping", timeout=10).json() == "pong"
+    status = httpx.get(gw.url + "/v1/sandbox/status", timeout=10)
+    assert status.status_code == 200 and status.json()["backend"] == "process", status.text
+
+
+def test_sandbox_semantics_and_control_through_the_proxy_gateway(
+    gateway, toolenv_server, bwrap_path
+) -> None:
+    sandboxd = toolenv_server("sandboxd", "serve")
+    gw = gateway([ToolConfig(name="sandbox", kind="sandbox", mode="proxy",
+                             upstreams=[sandboxd.url], health_interval_s=0.3)])  # fmt: skip
+    assert httpx.get(gw.url + "/v1/ping", timeout=10).json() == "pong"
+    assert httpx.get(gw.url + "/v1/sandbox/status", timeout=10).json()["backend"] == "process"
+    r = _run_code(gw.url, STARTED_THEN_HANG, {h.DEADLINE: "1500"}, run_timeout=30)
+    _assert_time_limit(r, "started\n")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_stopping_toolenv_serve_drains_calls_in_flight(toolenv_server, bwrap_path, how) -> None:
+    server = toolenv_server("serve", timeout=120)
+    result: dict[str, httpx.Response] = {}
+
+    def call() -> None:
+        result["r"] = _run_code(server.url, PRINT_SLEEP_PRINT.format(s=2), run_timeout=10)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.8)  # the program is running
+    assert server.proc is not None
+    if how == "ctrl-c":  # what a terminal does: SIGINT to the whole foreground process group
+        os.killpg(server.proc.pid, signal.SIGINT)
+    else:
+        server.proc.send_signal(signal.SIGTERM)
+    caller.join(30)
+    r = result["r"]
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "Success", r.json()  # not "Failed, signal 2"
+    assert r.json()["run_result"]["stdout"] == "before\nafter\n"
+    # a clean exit; on SIGTERM the service reports, as a process should, that SIGTERM ended it
+    assert server.proc.wait(30) == (0 if how == "ctrl-c" else -signal.SIGTERM)
