@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.exceptions import HTTPException
+
 from toolenv_core import headers as h
 from toolenv_core.admission import RateLimits, Rejected
 
@@ -34,11 +36,16 @@ class BodyTooLarge(Exception):
     pass
 
 
-class BodyTimeout(Exception):
-    """The request body did not arrive in time (e.g. shorter than its Content-Length)."""
-
-
 CLOSE = ((b"connection", b"close"),)  # a 408 leaves the rest of the body unread: close
+
+
+class BodyTimeout(HTTPException):
+    """The request body did not arrive in time (e.g. shorter than its Content-Length). An
+    HTTPException so that the framework's routes, which read their own bodies, answer it as it
+    is (408, connection closed) rather than as a body they failed to parse."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(408, detail, headers={"connection": "close"})
 
 
 def key_id(key: str) -> str:
@@ -186,7 +193,8 @@ class Guard:
                 async with asyncio.timeout(cutoff - loop.time()):
                     message = await receive()
             except TimeoutError:
-                raise BodyTimeout from None
+                detail = self.door.body_timeout_message(seen, scope["headers"])
+                raise BodyTimeout(detail) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
@@ -204,10 +212,9 @@ class Guard:
         except BodyTooLarge:
             if not started:
                 await _reply(send_with_id, _refuse(verdict, 413, self.door.too_large_message()))
-        except BodyTimeout:
+        except BodyTimeout as exc:  # raised while the fast path read the body
             if not started:
-                detail = self.door.body_timeout_message(seen, scope["headers"])
-                await _reply(send_with_id, _refuse(verdict, 408, detail, CLOSE))
+                await _reply(send_with_id, _refuse(verdict, 408, exc.detail, CLOSE))
 
 
 def _bearer(auth: bytes | None) -> bytes | None:

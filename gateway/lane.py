@@ -18,6 +18,7 @@ after the answer) and disconnect handling all apply to it unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from .passthrough import HotCall, hot_call, serve
 from .state import GatewayState
 
 log = logging.getLogger("toolenv.gateway")
+JSON = (b"content-type", b"application/json")
 
 
 @dataclass(eq=False, slots=True)
@@ -58,6 +60,7 @@ class LaneCycle:
     response_complete: bool = False
     disconnected: bool = False
     message_event: _Signal = field(default_factory=_Signal)
+    body_timer: asyncio.TimerHandle | None = None  # the body's deadline (Door.body_timeout_s)
 
 
 class LaneProtocol(HttpToolsProtocol):
@@ -76,6 +79,9 @@ class LaneProtocol(HttpToolsProtocol):
             return
         self.lane = lane
         self.cycle = lane  # type: ignore[assignment]  # uvicorn sees a cycle in progress
+        lane.body_timer = self.loop.call_later(
+            self.gateway.door.body_timeout_s, self._body_late, lane
+        )
 
     def on_body(self, body: bytes) -> None:
         lane = self.lane
@@ -90,6 +96,8 @@ class LaneProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         self.lane = None
+        if lane.body_timer is not None:
+            lane.body_timer.cancel()
         task = self.loop.create_task(self._answer(lane))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
@@ -115,6 +123,23 @@ class LaneProtocol(HttpToolsProtocol):
             return None  # a body without Content-Length: the app's guard counts it as it comes
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
         return LaneCycle(call, verdict, self.headers, keep_alive)
+
+    def _body_late(self, lane: LaneCycle) -> None:
+        """The body did not arrive whole in time (e.g. shorter than its Content-Length): 408,
+        and the connection is closed (what is left of the body is never read)."""
+        if self.lane is not lane or self.transport.is_closing():
+            return
+        self.lane = None
+        lane.keep_alive = False
+        door = self.gateway.door
+        verdict = lane.verdict
+        verdict.status, verdict.detail = (
+            408,
+            door.body_timeout_message(len(lane.body), lane.headers),
+        )
+        _Writer(self, lane).whole(408, [JSON], verdict.refusal_body())
+        lane.response_complete = True
+        self.transport.close()
 
     async def _answer(self, lane: LaneCycle) -> None:
         write = _Writer(self, lane)
