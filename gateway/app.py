@@ -26,6 +26,7 @@ from .settings import GatewaySettings
 from .state import GatewayState
 from .toolset import ToolSet
 from .trace import TraceWriter
+from .upstream import Backend
 
 DESCRIPTION = """One async front door for every tool: admission control (concurrency limit,
 bounded queue, 429 + Retry-After), one deadline per call (`X-Toolenv-Deadline-Ms`, and on the
@@ -35,11 +36,15 @@ speak their upstreams' wire formats; `POST /v1/tools/{tool}/call` is the generic
 
 
 def create_app(
-    settings: GatewaySettings | None = None, mounts: Mapping[str, ASGIApp] | None = None
+    settings: GatewaySettings | None = None,
+    mounts: Mapping[str, ASGIApp] | None = None,
+    backends: Mapping[str, Backend] | None = None,
 ) -> FastAPI:
     """The gateway app. `mounts` are the in-process apps its embedded tools use, by mount name
     ("sandboxd", "emulators", or a custom tool's "module:factory"): built by whoever wires the
-    gateway (`toolenv serve`), so the gateway itself never looks an application up."""
+    gateway (`toolenv serve`), so the gateway itself never looks an application up. `backends`
+    are tools whose calls go to a backend the wiring built (`toolenv serve --ray`: deployment
+    handles) instead of the one their mode would build."""
     settings = settings or GatewaySettings.load()
     rate = (
         RateLimits(settings.rate_limit_per_s, settings.rate_limit_burst)
@@ -52,11 +57,11 @@ def create_app(
         rate,
         settings.body_timeout_s,
     )
-    state = GatewayState(settings, GatewayMetrics(), door, dict(mounts or {}))
+    state = GatewayState(settings, GatewayMetrics(), door, dict(mounts or {}), dict(backends or {}))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        toolset = ToolSet(settings, state.metrics, state.mounts)
+        toolset = ToolSet(settings, state.metrics, state.mounts, state.backends)
         state.toolset = toolset
         state.metrics.track_admission(
             lambda: [

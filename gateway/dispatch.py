@@ -234,8 +234,11 @@ class ToolRuntime:
         while True:
             try:
                 return await self._send_once(endpoint, call)
-            except UpstreamConnectError:
+            except (UpstreamConnectError, UpstreamBroken) as exc:
+                # A broken call may have done its work: retried only when doing it twice is safe.
                 policy = self.config.retry
+                if isinstance(exc, UpstreamBroken) and not self.config.is_idempotent:
+                    raise
                 if not (
                     policy.enabled
                     and attempt < policy.max_attempts

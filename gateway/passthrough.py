@@ -22,6 +22,7 @@ from .calls import CallContext, failure_answer, run_call
 from .dispatch import Outcome, ToolRuntime
 from .sandboxfusion import SANDBOX_ROUTES, request_budget_ms, reserve_s, timeout_answer
 from .state import GatewayState
+from .upstream import EXECUTOR_HEADERS
 
 ROUTES: dict[str, tuple[str, str]] = {
     "/run_code": ("sandbox", "/run_code"),
@@ -120,6 +121,7 @@ async def pass_through(
     ]
     if _DELAY in reply.headers:
         out.append((_DELAY.encode(), reply.headers[_DELAY].encode()))
+    out += [(k.encode(), reply.headers[k].encode()) for k in EXECUTOR_HEADERS if k in reply.headers]
     await send({"type": "http.response.start", "status": reply.status, "headers": out})
     await send({"type": "http.response.body", "body": reply.body})
 
@@ -162,7 +164,8 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
         "elapsed_s": round(outcome.elapsed_s, 6),
         "request_id": ctx.request_id,
     }
-    await _json(send, 200, answer)
+    where = {k: reply.headers[k] for k in EXECUTOR_HEADERS if k in reply.headers}
+    await _json(send, 200, answer, where)
 
 
 _INVALID = object()

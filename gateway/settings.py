@@ -42,7 +42,8 @@ BUILTIN_MOUNT: dict[str, str] = {
 
 
 class RetryPolicy(BaseModel):
-    """Retries for connection errors only (the upstream never saw the request), within a budget."""
+    """Retries within a budget: connection errors (the upstream never saw the request) for any
+    tool; calls broken mid-request (an upstream or a Ray replica died) for idempotent tools."""
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = False

@@ -14,6 +14,7 @@ from .metrics import GatewayMetrics
 from .settings import GatewaySettings
 from .toolset import ToolSet
 from .trace import TraceWriter
+from .upstream import Backend
 
 
 @dataclass(eq=False)
@@ -24,6 +25,7 @@ class GatewayState:
     metrics: GatewayMetrics
     door: Door
     mounts: Mapping[str, ASGIApp] = field(default_factory=dict)
+    backends: Mapping[str, Backend] = field(default_factory=dict)
     toolset: ToolSet | None = None
     trace: TraceWriter | None = None
     ready: bool = False

@@ -17,18 +17,23 @@ from .asgi import ASGIApp
 from .dispatch import ToolRuntime
 from .metrics import GatewayMetrics
 from .settings import GatewaySettings, ToolConfig
-from .upstream import EmbeddedApp, LocalBackend, RemoteBackend
+from .upstream import Backend, EmbeddedApp, LocalBackend, RemoteBackend
 
 log = logging.getLogger("toolenv.gateway")
 
 
 class ToolSet:
     def __init__(
-        self, settings: GatewaySettings, metrics: GatewayMetrics, mounts: Mapping[str, ASGIApp]
+        self,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        mounts: Mapping[str, ASGIApp],
+        backends: Mapping[str, Backend] | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.mounts = mounts
+        self.given = dict(backends or {})  # tool name -> a backend the wiring built (Ray)
         self.tools: dict[str, ToolRuntime] = {}
         self.embedded: dict[str, EmbeddedApp] = {}
         self.skipped: dict[str, str] = {}
@@ -50,7 +55,9 @@ class ToolSet:
         for runtime in self.tools.values():
             await runtime.backend.start()
 
-    def _backend(self, tool: ToolConfig) -> LocalBackend | RemoteBackend | None:
+    def _backend(self, tool: ToolConfig) -> Backend | None:
+        if tool.name in self.given:
+            return self.given[tool.name]
         if tool.mode == "proxy":
             # idle connections are dropped below uvicorn's 5 s keep-alive: we close first
             return RemoteBackend(

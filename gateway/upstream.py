@@ -24,7 +24,8 @@ from .settings import ToolConfig
 log = logging.getLogger("toolenv.gateway")
 
 INJECTED_DELAY_HEADER = h.INJECTED_DELAY.lower()  # replies' header keys are lower-cased here
-_KEPT_HEADERS = ("content-type", INJECTED_DELAY_HEADER, "retry-after")
+EXECUTOR_HEADERS = (h.EXECUTOR_NODE.lower(), h.EXECUTOR_REPLICA.lower())  # where a call ran
+_KEPT_HEADERS = ("content-type", INJECTED_DELAY_HEADER, "retry-after", *EXECUTOR_HEADERS)
 
 
 class UpstreamConnectError(Exception):
@@ -155,12 +156,19 @@ class LocalBackend:
             )
         except (ConnectionError, RuntimeError) as exc:
             raise UpstreamBroken(str(exc)) from exc
-        kept = {}
-        for k, v in out:
-            key = k.decode("latin-1").lower()
-            if key in _KEPT_HEADERS:
-                kept[key] = v.decode("latin-1")
-        return UpstreamReply(status, payload, kept, endpoint.label)
+        return asgi_reply(status, out, payload, endpoint.label)
+
+
+def asgi_reply(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, label: str
+) -> UpstreamReply:
+    """An in-process (or in-replica) ASGI answer as a reply, keeping only the headers we use."""
+    kept = {}
+    for k, v in headers:
+        key = k.decode("latin-1").lower()
+        if key in _KEPT_HEADERS:
+            kept[key] = v.decode("latin-1")
+    return UpstreamReply(status, body, kept, label)
 
 
 # ------------------------------------------------------------------ proxy

@@ -25,6 +25,7 @@ from toolenv_core import __version__
 from toolenv_core.config import ConfigFileError, ServiceSettings, read_sections
 from toolenv_core.polytrace.cache import TracesSettings
 
+from .ray_settings import RaySettings
 from .traces import app as traces_app
 from .wiring import serve
 
@@ -51,6 +52,7 @@ def all_settings_classes() -> dict[str, type[ServiceSettings]]:
         EmulatorSettings,
         RolloutSettings,
         TracesSettings,
+        RaySettings,
     ]
     return {cls.section: cls for cls in classes}
 

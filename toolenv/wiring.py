@@ -68,6 +68,20 @@ def serve(
         bool,
         typer.Option("--allow-unauthenticated", help="Allow a non-loopback bind without API keys."),
     ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            flag_value="local",
+            help="Serve on Ray: the gateway as a Serve ingress, sandboxd and the emulators as "
+            "Serve deployments. ADDRESS: a cluster (`auto`, HOST:PORT); no value: a local one. "
+            "Binds the ray section's http_host:http_port (--port overrides). See docs/ray.md.",
+            metavar="[ADDRESS]",
+        ),
+    ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="With --ray: deploy, then exit and leave it running.")
+    ] = False,
 ) -> None:
     """Run the gateway (with no config: sandbox, search and reward mounted in-process).
 
@@ -75,6 +89,17 @@ def serve(
     the environment (`TOOLENV_GATEWAY_API_KEYS`, comma-separated) or the config file, never from
     the command line, where `ps` would show them.
     """
+    if ray_address is not None:
+        # Ray is an optional extra (`pip install toolenv[ray]`): imported only when asked for.
+        try:
+            from toolenv.ray.cli import run_on_ray
+        except ImportError as exc:
+            typer.echo(
+                f"error: --ray needs Ray Serve: pip install 'toolenv[ray]' ({exc})", err=True
+            )
+            raise typer.Exit(2) from exc
+        run_on_ray(ray_address, str(config) if config else None, port, detach, ready_timeout_s=300)
+        return
     if mode is not None and mode not in ("embedded", "proxy"):
         raise typer.BadParameter("must be embedded or proxy", param_hint="--mode")
     overrides: dict[str, Any] = {

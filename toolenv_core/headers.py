@@ -35,6 +35,12 @@ STEP = "X-Step"
 TURN = "X-Turn"
 """The turn within the trajectory."""
 
+EXECUTOR_NODE = "X-Toolenv-Node"
+"""The node a call ran on (Ray: the node's address and id), so a run says where it ran."""
+
+EXECUTOR_REPLICA = "X-Toolenv-Replica"
+"""The replica a call ran on (Ray Serve's replica id)."""
+
 REQUEST_ID = "X-Request-Id"
 """The gateway's id for one call, echoed in logs and error bodies."""
 

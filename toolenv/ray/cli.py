@@ -1,0 +1,62 @@
+"""`toolenv serve --ray [ADDRESS]`: deploy on a Ray cluster, wait until it answers, then stay in
+the foreground like `serve run` (Ctrl-C deletes the application) unless `--detach`."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import ray
+import typer
+from ray import serve
+from rich.console import Console
+
+from .app import RayStack, deploy
+
+LOCAL = "local"  # `--ray` given without an address: start a local cluster
+
+
+def run_on_ray(
+    address: str, config_file: str | None, port: int | None, detach: bool, ready_timeout_s: float
+) -> None:
+    console = Console(stderr=True)
+    stack = RayStack.load(config_file, address=None if address == LOCAL else address)
+    if port is not None:
+        stack.ray = stack.ray.model_copy(update={"http_port": port})
+    where = stack.ray.address or "a new local cluster"
+    url = f"http://{stack.ray.http_host}:{stack.ray.http_port}"
+    with console.status(f"deploying toolenv on Ray ({where})"):
+        deploy(stack)
+    with console.status(f"waiting for {url}/readyz"):
+        problem = wait_ready(url, ready_timeout_s)
+    if problem is not None:
+        console.print(f"[red]not ready after {ready_timeout_s:.0f} s:[/] {problem}")
+        raise typer.Exit(1)
+    console.print(
+        f"[green]toolenv is serving on Ray[/] at {url} (application {stack.ray.app_name!r})"
+    )
+    if detach:
+        return
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("deleting the application")
+        serve.delete(stack.ray.app_name)
+        ray.shutdown()
+
+
+def wait_ready(url: str, timeout_s: float) -> str | None:
+    """None once `/readyz` answers 200, else what it said last."""
+    end = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < end:
+        try:
+            resp = httpx.get(f"{url}/readyz", timeout=5)
+            if resp.status_code == 200:
+                return None
+            last = f"{resp.status_code} {resp.text[:300]}"
+        except httpx.HTTPError as exc:
+            last = str(exc) or type(exc).__name__
+        time.sleep(0.5)
+    return last
