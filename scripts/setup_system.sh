@@ -10,6 +10,8 @@ command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 command -v bwrap >/dev/null 2>&1 || need_pkgs+=(bubblewrap)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
 command -v wrk >/dev/null 2>&1 || need_pkgs+=(wrk)
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)  # the Ray tests' network namespaces
+command -v pgrep >/dev/null 2>&1 || need_pkgs+=(procps)
 if ((${#need_pkgs[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "toolenv setup: missing system packages: ${need_pkgs[*]}" >&2

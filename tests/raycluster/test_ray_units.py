@@ -1,0 +1,54 @@
+"""The Ray wiring without a cluster: config to deployment options, and no Ray needed otherwise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from toolenv.ray_settings import RaySettings, ReplicaConfig
+
+
+def test_fixed_replicas_and_autoscaling_bounds_become_serve_options() -> None:
+    fixed = ReplicaConfig(num_cpus=2, max_ongoing_requests=8, min_replicas=3, max_replicas=3)
+    opts = fixed.deployment_options()
+    assert opts["num_replicas"] == 3 and "autoscaling_config" not in opts
+    assert opts["ray_actor_options"] == {"num_cpus": 2}
+    assert opts["max_ongoing_requests"] == 8
+
+    auto = ReplicaConfig(
+        min_replicas=1, max_replicas=5, target_ongoing_requests=4, resources={"sandbox_node": 1}
+    ).deployment_options()
+    assert "num_replicas" not in auto
+    assert auto["autoscaling_config"]["min_replicas"] == 1
+    assert auto["autoscaling_config"]["max_replicas"] == 5
+    assert auto["autoscaling_config"]["target_ongoing_requests"] == 4
+    assert auto["ray_actor_options"]["resources"] == {"sandbox_node": 1}
+
+
+def test_inverted_bounds_are_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="min_replicas exceeds max_replicas"):
+        ReplicaConfig(min_replicas=4, max_replicas=2)
+
+
+def test_ray_section_loads_from_a_config_file(tmp_path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ray:\n  address: 10.0.0.1:6379\n  sandbox: {num_cpus: 4, max_replicas: 9}\n")
+    settings = RaySettings.load(str(cfg))
+    assert settings.address == "10.0.0.1:6379"
+    assert settings.sandbox.num_cpus == 4 and settings.sandbox.max_replicas == 9
+
+
+def test_gateway_and_cli_need_no_ray() -> None:
+    """Ray is an optional extra: everything but `--ray` works without it."""
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import gateway.app, toolenv.cli\n"
+        "from typer.testing import CliRunner\n"
+        "r = CliRunner().invoke(toolenv.cli.build_app(), ['serve', '--ray', '--detach'])\n"
+        "print(r.exit_code, r.output)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("2 ") and "pip install 'toolenv[ray]'" in done.stdout
