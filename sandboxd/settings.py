@@ -68,6 +68,14 @@ class SandboxSettings(ServiceSettings):
         description="sandboxes spawned ahead per warm language (-1: max concurrency, 0: off)",
     )
     warm_languages: list[str] = Field(default_factory=lambda: ["python"])
+    fork_server: bool = Field(
+        default=True,
+        description="python runs fork from a zygote (one interpreter start-up for many runs) "
+        "where the kernel allows it; else they take the warm-spawn path",
+    )
+    fork_server_max_forks: int = Field(
+        default=1000, ge=1, description="forks per zygote before it is replaced"
+    )
 
     @property
     def concurrency(self) -> int:

@@ -28,8 +28,9 @@ from ..languages import Language, UnknownLanguage, get_language
 from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
 from ..settings import SandboxSettings
 from . import bwrap
-from .cgroups import PREFIX, CgroupPool, CgroupSlot
+from .cgroups import CGROUP_ROOT, PREFIX, CgroupPool, CgroupSlot
 from .execution import ExecContext, Execution, Step
+from .forkserver import ForkServer
 from .limits import StepLimits
 from .paths import (
     InvalidPath,
@@ -55,6 +56,7 @@ class ProcessBackend:
         self.root: Path | None = None
         self.cgroups = CgroupPool(settings.cgroup_pool_size or settings.concurrency * 2)
         self.warm: WarmPool | None = None
+        self.fork_server: ForkServer | None = None
         self._ctx: ExecContext | None = None
         self._devnull = -1
         self._ids = itertools.count(1)
@@ -83,18 +85,43 @@ class ProcessBackend:
         self.root.mkdir(mode=0o700, exist_ok=True)
         self.cgroups.start()
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        self._ctx = ExecContext(prefix, self._cgroup_writer, self._track)
+        if prefix is not None and self.bwrap is not None and s.fork_server:
+            cgroup_root = CGROUP_ROOT if self.cgroups.controllers else None
+            prefork = max(1, s.concurrency if s.warm_sandboxes < 0 else s.warm_sandboxes)
+            self.fork_server = ForkServer(
+                self.bwrap, self.root, cgroup_root, s.fork_server_max_forks, prefork
+            )
+            self.fork_server.start()
+        self._ctx = ExecContext(prefix, self._cgroup_writer, self._track, self.fork_server)
         self._started = True
+        if self.fork_server is not None and self.fork_server.available:
+            await self._probe_fork_server(self.fork_server)
         target = s.concurrency if s.warm_sandboxes < 0 else s.warm_sandboxes
         if prefix is not None and target:  # warm sandboxes are bwrap sandboxes
             self.warm = WarmPool(target, prefix, self.root, self.cgroups, self._cgroup_writer)
             for name in s.warm_languages:
                 lang = get_language(name)
-                if not lang.compiled:
+                if not lang.compiled and not self._forks(lang):
                     self.warm.kick(lang.run_argv)
+
+    async def _probe_fork_server(self, server: ForkServer) -> None:
+        """One real fork before the first request: a kernel that refuses any step of a fork's
+        set-up turns the fork server off (python takes the warm-spawn path), with the reason."""
+        probe = RunSpec(language="python", code="print('fork-server-ok')")
+        result = await self._run_program(probe, Deadline.after(20), counted=False)
+        run = result.run
+        if run is None or run.exit_code != 0 or run.stdout != "fork-server-ok\n":
+            detail = (run.message or run.stderr.strip()) if run is not None else result.message
+            code = run.exit_code if run is not None else None
+            server.disable(f"the probe fork failed (exit {code}): {detail[-500:]}")
+
+    def _forks(self, lang: Language) -> bool:
+        return lang.name == "python" and self.fork_server is not None and self.fork_server.available
 
     async def close(self) -> None:
         self._started = False
+        if self.fork_server is not None:
+            self.fork_server.close()
         if self.warm is not None:
             await self.warm.close()
         if self._reaping:
@@ -118,8 +145,23 @@ class ProcessBackend:
             "cgroups": self.cgroups.controllers or self.cgroups.unavailable_reason,
             "cgroups_draining": self.cgroups.draining,
             "workdir_root": str(self.root) if self.root else None,
-            **(self.warm.status() if self.warm is not None else WarmPool.off_status()),
+            **self._warm_status(),
+            "python_mode": self._python_mode(),
+            "fork_server": self.fork_server.status() if self.fork_server is not None else None,
         }
+
+    def _warm_status(self) -> dict[str, Any]:
+        status = self.warm.status() if self.warm is not None else WarmPool.off_status()
+        if self.fork_server is not None:  # idle zygote processes are expected, like warm ones
+            status["warm_pids"] = sorted([*status["warm_pids"], *self.fork_server.idle_pids()])
+        return status
+
+    def _python_mode(self) -> str:
+        if self._forks(get_language("python")):
+            return "fork_server"
+        if self.warm is not None and "python" in self.settings.warm_languages:
+            return "warm_spawn"
+        return "spawn"
 
     def _track(self, work: Coroutine[Any, Any, None]) -> None:
         """Run background clean-up that `close()` waits for."""
@@ -135,17 +177,22 @@ class ProcessBackend:
     # ------------------------------------------------------------------ one program
 
     async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
+        return await self._run_program(spec, deadline, counted=True)
+
+    async def _run_program(self, spec: RunSpec, deadline: Deadline, *, counted: bool) -> RunResult:
         root, _ = self._require_started()
         try:
             lang = get_language(spec.language)
         except UnknownLanguage as exc:
             return RunResult(message=str(exc), backend=self.name)
         run_id = f"proc-{os.getpid()}-{next(self._ids)}"
-        self._runs += 1
+        self._runs += counted
         self._running += 1
         warm = None
+        forked = self._forks(lang)
         if (
-            self.warm is not None
+            not forked
+            and self.warm is not None
             and lang.name in self.settings.warm_languages
             and not lang.compiled
             and len(spec.stdin) <= WARM_STDIN_MAX
@@ -156,7 +203,7 @@ class ProcessBackend:
         else:
             workdir, slot = new_workdir(root), self.cgroups.acquire()
         try:
-            return await self._run_in(spec, lang, workdir, slot, deadline, run_id, warm)
+            return await self._run_in(spec, lang, workdir, slot, deadline, run_id, warm, forked)
         finally:
             self._running -= 1
             if warm is not None and not warm.used and self.warm is not None:
@@ -176,10 +223,11 @@ class ProcessBackend:
         deadline: Deadline,
         run_id: str,
         warm: Warm | None = None,
+        forked: bool = False,
     ) -> RunResult:
         result = RunResult(sandbox_id=run_id, backend=self.name)
         try:
-            write_inputs(workdir, spec, lang)
+            write_inputs(workdir, spec, lang, bwrap.SANDBOX_UID if forked else None)
             if spec.prebuilt is not None and lang.artifact is not None:
                 artifact = workdir / lang.artifact
                 artifact.write_bytes(spec.prebuilt)
@@ -198,7 +246,14 @@ class ProcessBackend:
             if slot is not None:
                 slot.reset()
         result.run = await self._exec(
-            lang.run_argv, workdir, spec.run_limits, spec.stdin.encode(), deadline, slot, warm
+            lang.run_argv,
+            workdir,
+            spec.run_limits,
+            spec.stdin.encode(),
+            deadline,
+            slot,
+            warm,
+            forked,
         )
         cap = spec.run_limits.max_output_bytes or self.settings.max_output_bytes
         result.files = fetch_files(workdir, spec.fetch_files, cap)
@@ -239,6 +294,7 @@ class ProcessBackend:
         deadline: Deadline,
         slot: CgroupSlot | None,
         warm: Warm | None = None,
+        forked: bool = False,
     ) -> ExecResult:
         root, ctx = self._require_started()
         lim = StepLimits.resolve(self.settings, limits, deadline)
@@ -254,7 +310,7 @@ class ProcessBackend:
             except OSError as exc:
                 return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
         stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(root, stdin)
-        execution = Execution(ctx, Step(argv, workdir, lim, slot, stdin_fd, stdin, warm))
+        execution = Execution(ctx, Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, forked))
         try:
             return await execution.run()
         finally:

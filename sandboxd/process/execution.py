@@ -28,6 +28,7 @@ from ..languages import CHILD_ENV
 from ..models import ExecResult, ExecStatus
 from .bwrap import Blocked, spawn_blocked
 from .cgroups import CgroupSlot, CgroupStats
+from .forkserver import ForkedRun, ForkFailed, ForkServer
 from .limits import StepLimits, confine, has_memory_cgroup
 from .warm import Warm
 
@@ -42,6 +43,7 @@ class ExecContext:
     bwrap_prefix: list[str] | None  # None: insecure_no_isolation (a plain child process)
     cgroup_writer: Executor  # cgroup task migrations run here, off the event loop
     track: Callable[[Coroutine[Any, Any, None]], None]  # background reaping awaited at close
+    fork_server: ForkServer | None = None  # python runs fork from its zygote when set
 
     @property
     def isolated(self) -> bool:
@@ -59,6 +61,7 @@ class Step:
     stdin_fd: int  # a cold spawn's stdin (a file or /dev/null)
     stdin: bytes = b""  # a warm sandbox's stdin (written into its pipe)
     warm: Warm | None = None
+    forked: bool = False  # fork it from the fork server's zygote (python)
 
 
 class Execution:
@@ -72,6 +75,8 @@ class Execution:
         self.loop = asyncio.get_running_loop()
         self.sandbox: Blocked | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        self.forked: ForkedRun | None = None
+        self.returncode: int | None = None
         self.child_pid: int | None = None
         self.pidfd = -1
         self.fds: list[int] = []
@@ -93,6 +98,8 @@ class Execution:
         step = self.step
         if self.ctx.bwrap_prefix is None:
             return await self._run_direct()
+        if step.forked and self.ctx.fork_server is not None:
+            return await self._run_forked(self.ctx.fork_server)
         try:
             if step.warm is not None:
                 step.warm.used = True
@@ -174,15 +181,40 @@ class Execution:
         self.child_pid = self.proc.pid
         return await self._supervise(out_r, err_r)
 
-    async def _supervise(self, out_r: int, err_r: int) -> ExecResult:
-        assert self.proc is not None
+    async def _run_forked(self, server: ForkServer) -> ExecResult:
+        """Fork the program from the zygote: it joins the slot's cgroup and sets the rlimits
+        itself, in the runner, before any user code."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        self.fds += [out_r, err_r]
+        slot = self.slot
+        request = {
+            "workdir": self.step.workdir.name,
+            "rlimits": self.lim.rlimits(has_memory_cgroup(slot)),
+            "cgroup_procs": [str(p) for p in slot.procs_files()] if slot else [],
+        }
         self.started_at = time.monotonic()
+        try:
+            self.forked = await server.fork(request, [self.step.stdin_fd, out_w, err_w])
+        except ForkFailed as exc:
+            return ExecResult(status=ExecStatus.ERROR, message=f"fork server: {exc}")
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.child_pid = self.forked.pid
+        self.forked.ended.add_done_callback(self._on_fork_ended)
+        return await self._supervise(out_r, err_r)
+
+    async def _supervise(self, out_r: int, err_r: int) -> ExecResult:
+        if self.forked is None:
+            self.started_at = time.monotonic()
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
             os.set_blocking(fd, False)
             self.readers[fd] = stream
             self.loop.add_reader(fd, self._on_output, fd)
-        self.pidfd = os.pidfd_open(self.proc.pid)
-        self.loop.add_reader(self.pidfd, self._on_exit)
+        if self.proc is not None:
+            self.pidfd = os.pidfd_open(self.proc.pid)
+            self.loop.add_reader(self.pidfd, self._on_exit)
         self.timer = self.loop.call_later(self.lim.wall_s, self._on_timeout)
         try:
             await self.done
@@ -230,7 +262,6 @@ class Execution:
 
     def _on_exit(self) -> None:
         self.loop.remove_reader(self.pidfd)
-        self.ended_at = time.monotonic()
         assert self.proc is not None
         # wait4 rather than Popen.wait: the rusage carries the CPU time of the program and of
         # every descendant it (or, at namespace teardown, the kernel) reaped.
@@ -240,6 +271,25 @@ class Execution:
             self.cpu_time_s = usage.ru_utime + usage.ru_stime
         except ChildProcessError:  # reaped elsewhere: keep what Popen knows
             self.proc.poll()
+        self._exited(self.proc.returncode)
+
+    def _on_fork_ended(self, ended: asyncio.Future[tuple[int, float] | str]) -> None:
+        outcome = ended.result()
+        if isinstance(outcome, str):  # the zygote failed around the program
+            if self.kill_reason is None:
+                self.kill(ExecStatus.ERROR, f"fork server: {outcome}")
+            self._exited(None)
+        else:
+            self.cpu_time_s = outcome[1]
+            self._exited(outcome[0])
+        if self.ctx.fork_server is not None:
+            self.ctx.fork_server.run_ended()
+
+    def _exited(self, returncode: int | None) -> None:
+        if self.exited:
+            return
+        self.ended_at = time.monotonic()
+        self.returncode = returncode
         self.exited = True
         if self.slot is not None and self.slot.task_count():
             self.slot.kill_all()  # backstop (insecure mode: daemons; bwrap: nothing should be left)
@@ -304,6 +354,9 @@ class Execution:
         self.loop.call_later(EXIT_GRACE_S, self._kill_bwrap)
 
     def _kill_bwrap(self) -> None:
+        if not self.exited and self.forked is not None:
+            self._exited(None)  # the zygote did not report the killed run: give up on it
+            self._stop_reading()
         if not self.exited and self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
@@ -318,7 +371,7 @@ class Execution:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.exited = True
+        self._exited(self.proc.returncode)
         with contextlib.suppress(OSError):
             os.set_blocking(self.sandbox.err_r, False)
             self.buffers["stderr"].extend(os.read(self.sandbox.err_r, READ_CHUNK))
@@ -326,8 +379,7 @@ class Execution:
     # -------------------------------------------------------------- results
 
     def _result(self) -> ExecResult:
-        assert self.proc is not None
-        rc = self.proc.returncode
+        rc = self.returncode
         stats = self.slot.stats() if self.slot is not None else None
         exit_code: int | None = rc
         sig: int | None = None
@@ -385,6 +437,8 @@ class Execution:
         if not self.exited and self.proc is not None:
             self.kill(self.kill_reason or ExecStatus.ERROR, self.kill_message or "cancelled")
             self.ctx.track(self._reap_later(self.proc))
+        elif not self.exited and self.forked is not None:  # the zygote reaps its runner
+            self.kill(self.kill_reason or ExecStatus.ERROR, self.kill_message or "cancelled")
         for fd in list(self.readers):
             self.loop.remove_reader(fd)
         self.readers.clear()

@@ -46,13 +46,24 @@ def new_workdir(root: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="run-", dir=root))
 
 
-def write_inputs(workdir: Path, spec: RunSpec, lang: Language) -> None:
-    """The request's files and the source file; raises InvalidPath or OSError."""
+def write_inputs(workdir: Path, spec: RunSpec, lang: Language, owner: int | None = None) -> None:
+    """The request's files and the source file; raises InvalidPath or OSError.
+
+    `owner`: the uid (and gid) the program runs as outside any user namespace (the fork
+    server's runs): the dir and every file written are given to it, as bwrap's mapping does.
+    """
+    written = [workdir]
     for name, content in spec.files.items():
         target = workdir / safe_relative_path(name)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
-    (workdir / lang.source_file).write_text(spec.code)
+        written += [target, *target.relative_to(workdir).parents]
+    source = workdir / lang.source_file
+    source.write_text(spec.code)
+    written.append(source)
+    if owner is not None:
+        for path in dict.fromkeys(written):
+            os.chown(workdir / path, owner, owner)
 
 
 def fetch_files(workdir: Path, names: list[str], cap: int) -> dict[str, bytes]:

@@ -23,10 +23,13 @@ import sys
 
 BASELINE_MODULES = frozenset(sys.modules)  # what a fresh `python3 main.py` has loaded
 
+import atexit  # noqa: E402
 import ctypes  # noqa: E402
 import fcntl  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import resource  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -83,69 +86,83 @@ class RecursionCompensation:
 
     The program's module frame sits below this script's frames, so with the same limit it would
     hit RecursionError a few frames early. `sys.setrecursionlimit(limit + k)` gives the frames
-    back; writing `limit` into the interpreter's stored limit keeps `sys.getrecursionlimit()`
-    as a fresh interpreter reports it. The field is located by value (and verified) at start-up;
-    when it cannot be found, nothing is changed.
+    back; writing `limit` back into the limit the interpreter and the thread store keeps
+    `sys.getrecursionlimit()` (and later `setrecursionlimit` calls) as in a fresh interpreter.
+    The two fields are located by value (and verified) at start-up; when they cannot be found,
+    nothing is changed.
     """
 
     def __init__(self):
-        self.offset = None
+        self.fields = []
         try:
-            interp = ctypes.pythonapi.PyInterpreterState_Get
-            interp.restype = ctypes.c_void_p
-            self.interp = interp()
+            get_interp = ctypes.pythonapi.PyInterpreterState_Get
+            get_interp.restype = ctypes.c_void_p
+            get_tstate = ctypes.pythonapi.PyThreadState_Get
+            get_tstate.restype = ctypes.c_void_p
+            bases = [get_interp(), get_tstate()]
             original = sys.getrecursionlimit()
             sys.setrecursionlimit(48611)
-            first = self._find(48611)
+            found = [self._find(base, 48611) for base in bases]
             sys.setrecursionlimit(48613)
-            if first is not None and self._read(first) == 48613:
-                self.offset = first
+            if all(f is not None and self._int(f).value == 48613 for f in found):
+                self.fields = found
             sys.setrecursionlimit(original)
         except (AttributeError, OSError, ValueError):
-            self.offset = None
+            self.fields = []
 
-    def _read(self, offset):
-        return ctypes.c_int.from_address(self.interp + offset).value
+    @staticmethod
+    def _int(address):
+        return ctypes.c_int.from_address(address)
 
-    def _find(self, value):
+    def _find(self, base, value):
         for offset in range(0, 4096, 4):
-            if self._read(offset) == value:
-                return offset
+            if self._int(base + offset).value == value:
+                return base + offset
         return None
 
     def apply(self, extra_frames):
-        if self.offset is None:
+        if not self.fields:
             return
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(limit + extra_frames)
-        ctypes.c_int.from_address(self.interp + self.offset).value = limit
+        for address in self.fields:
+            self._int(address).value = limit
 
 
-def _enter_sandbox(req):
-    """In the runner (root, zygote namespaces): everything up to the program's fork."""
+def _prepare_runner():
+    """In a new runner (root, zygote namespaces), ahead of any request: fresh namespaces and
+    the file systems that do not depend on the run."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    for procs in req["cgroup_procs"]:
-        with open(procs, "w") as f:
-            f.write("0")
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     _check(libc.unshare(flags), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount(f"{RUNS}/{req['workdir']}", "/sandbox", None, MS_BIND | MS_REC)
-    for target in (RUNS, "/sys/fs/cgroup", "/zygote"):
-        _detach(target)
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666")
     _loopback_up()
-    os.chdir("/sandbox")
 
 
-def _become_program(req, fds):
-    """In the program (PID 1 of its namespace): /proc, limits, identity, stdio."""
+def _prepare_program():
+    """In the program's process (PID 1 of its namespace), still ahead of any request."""
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()
     _detach("/proc")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _become_program(req, fds):
+    """The request is in: the run's dir, cgroup, limits, identity and stdio; then nothing of
+    the zygote's is left visible."""
+    _mount(f"{RUNS}/{req['workdir']}", "/sandbox", None, MS_BIND | MS_REC)
+    for procs in req["cgroup_procs"]:
+        with open(procs, "w") as f:
+            f.write("0")
+    for target in (RUNS, "/sys/fs/cgroup", "/zygote/main.py"):
+        if os.path.ismount(target):
+            _detach(target)
+    os.chdir("/sandbox")
     for res, value in req["rlimits"]:
-        os.setrlimit(res, (value, value))
+        resource.setrlimit(res, (value, value))
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last_cap = int(f.read())
     for cap in range(last_cap + 1):
@@ -160,83 +177,167 @@ def _become_program(req, fds):
     os.closerange(3, 65536)
 
 
-def _runner(ctl, req, fds):
-    """The forked runner: set up, fork the program, wait, exit with its status. Never returns
-    in the runner; returns in the program (to run it from the top of the zygote's stack)."""
+def _runner(link):
+    """A forked runner: prepare, fork the program, wait for it, exit with its status (128 +
+    signal for a signal death, as bwrap). Returns only in the program, with its request."""
     try:
-        _enter_sandbox(req)
+        _prepare_runner()
         pid = os.fork()
-    except OSError as exc:
-        _report(ctl, {"id": req["id"], "error": f"sandbox set-up failed: {exc}"})
+    except Exception as exc:  # any failure is an anomaly: the zygote is replaced
+        _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
         os._exit(SETUP_FAILED)
     if pid == 0:
         try:
-            _become_program(req, fds)
-        except OSError as exc:
-            os.write(fds[2], f"sandbox set-up failed: {exc}\n".encode())
+            _prepare_program()
+            data, fds, _, _ = socket.recv_fds(link, 65536, 3)
+        except Exception as exc:
+            _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
             os._exit(SETUP_FAILED)
-        return
-    for fd in fds:
-        os.close(fd)
-    ctl.close()
+        if not data:
+            os._exit(0)  # the zygote is gone before this runner was used
+        req = json.loads(data)
+        try:
+            _become_program(req, fds)
+        except Exception as exc:
+            _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
+            os._exit(SETUP_FAILED)
+        link.detach()
+        return req
+    link.close()
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             break
-        except ChildProcessError:
-            os._exit(SETUP_FAILED)
         except InterruptedError:
             continue
+        except ChildProcessError:
+            os._exit(SETUP_FAILED)
     code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)
 
 
-def _report(ctl, message):
+def _send(sock, message):
     try:
-        ctl.send(json.dumps(message).encode())
+        sock.send(json.dumps(message).encode())
     except OSError:
         pass
 
 
-def serve():
-    """The zygote's loop; returns only in a forked program, with what it must run."""
-    ctl = socket.socket(fileno=os.dup(0))
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    poller = select.poll()
-    poller.register(ctl.fileno(), select.POLLIN)
-    runners = {}  # pidfd -> (run id, pid)
-    while True:
-        for fd, _ in poller.poll():
-            if fd != ctl.fileno():
-                run_id, pid = runners.pop(fd)
-                poller.unregister(fd)
-                os.close(fd)
-                _, status, usage = os.wait4(pid, 0)
-                code = os.waitstatus_to_exitcode(status)
+class Zygote:
+    """The loop: keep `prefork` runners ready; hand each request to one; report exits."""
+
+    def __init__(self):
+        self.ctl = socket.socket(fileno=os.dup(0))
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        self.prefork = 1
+        self.idle = []  # [(pid, pidfd, link)] ready for a request, oldest first
+        self.busy = {}  # pidfd -> (run id, pid, link)
+        self.poller = select.poll()
+        self.poller.register(self.ctl.fileno(), select.POLLIN)
+
+    def spawn_runner(self):
+        """Fork one runner; in the runner this returns the program's request (in the zygote:
+        None)."""
+        mine, link = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            keep = link.fileno()
+            others = [self.ctl, mine] + [r[2] for r in self.idle]
+            others += [r[2] for r in self.busy.values()]
+            for sock in others:
+                sock.close()
+            for pidfd in [r[1] for r in self.idle] + list(self.busy):
+                os.close(pidfd)
+            assert keep == link.fileno()
+            return _runner(link)
+        link.close()
+        pidfd = os.pidfd_open(pid)
+        self.poller.register(pidfd, select.POLLIN)
+        self.idle.append((pid, pidfd, mine))
+        return None
+
+    def fill(self):
+        while len(self.idle) < self.prefork:
+            job = self.spawn_runner()
+            if job is not None:
+                return job
+        _send(self.ctl, {"idle": [r[0] for r in self.idle]})
+        return None
+
+    def serve(self):
+        """Returns only in a forked program, with its request."""
+        while True:
+            for fd, _ in self.poller.poll():
+                job = self.on_exit(fd) if fd != self.ctl.fileno() else self.on_request()
+                if job is not None:
+                    return job
+
+    def on_request(self):
+        data, fds, _, _ = socket.recv_fds(self.ctl, 65536, 3)
+        if not data:  # the service is gone: so is everything this zygote started
+            for pid, _, _ in self.idle:
+                os.kill(pid, signal.SIGKILL)
+            for _, pid, _ in self.busy.values():
+                os.kill(pid, signal.SIGKILL)
+            os._exit(0)
+        req = json.loads(data)
+        if "prefork" in req:
+            self.prefork = max(1, int(req["prefork"]))
+            return self.fill()
+        if not self.idle:
+            job = self.spawn_runner()
+            if job is not None:
+                return job
+        pid, pidfd, link = self.idle.pop(0)
+        try:
+            socket.send_fds(link, [data], fds)
+        except OSError as exc:
+            _send(self.ctl, {"id": req["id"], "error": f"the runner is gone: {exc}"})
+        for received in fds:
+            os.close(received)
+        self.busy[pidfd] = (req["id"], pid, link)
+        _send(self.ctl, {"id": req["id"], "pid": pid})
+        return self.fill()
+
+    def on_exit(self, pidfd):
+        self.poller.unregister(pidfd)
+        _, status, usage = os.wait4(self._pid_of(pidfd), 0)
+        os.close(pidfd)
+        code = os.waitstatus_to_exitcode(status)
+        if pidfd in self.busy:
+            run_id, _, link = self.busy.pop(pidfd)
+            error = self._pending_error(link)
+            link.close()
+            if error is not None:
+                _send(self.ctl, {"id": run_id, "error": error})
+            else:
                 cpu = usage.ru_utime + usage.ru_stime
-                _report(ctl, {"id": run_id, "status": code, "cpu": cpu})
-                continue
-            data, fds, _, _ = socket.recv_fds(ctl, 65536, 3)
-            if not data:
-                for _, pid in runners.values():
-                    os.kill(pid, signal.SIGKILL)
-                os._exit(0)
-            req = json.loads(data)
-            pid = os.fork()
-            if pid == 0:
-                for pidfd in runners:
-                    os.close(pidfd)
-                _runner(ctl, req, fds)
-                ctl.detach()
-                return req
-            for received in fds:
-                os.close(received)
-            pidfd = os.pidfd_open(pid)
-            runners[pidfd] = (req["id"], pid)
-            poller.register(pidfd, select.POLLIN)
-            _report(ctl, {"id": req["id"], "pid": pid})
+                _send(self.ctl, {"id": run_id, "status": code, "cpu": cpu})
+            return None
+        for i, (_, idle_pidfd, link) in enumerate(self.idle):
+            if idle_pidfd == pidfd:  # a runner died before its request: an anomaly
+                del self.idle[i]
+                error = self._pending_error(link) or f"an idle runner exited ({code})"
+                link.close()
+                _send(self.ctl, {"anomaly": error})
+                break
+        return self.fill()
+
+    def _pid_of(self, pidfd):
+        for pid, fd, _ in self.idle:
+            if fd == pidfd:
+                return pid
+        return self.busy[pidfd][1]
+
+    @staticmethod
+    def _pending_error(link):
+        try:
+            link.setblocking(False)
+            return json.loads(link.recv(65536)).get("error")
+        except (OSError, ValueError):
+            return None
 
 
 def _forget_zygote_modules():
@@ -245,30 +346,96 @@ def _forget_zygote_modules():
     sys.path_importer_cache.pop("/zygote", None)
 
 
+def _exit_status(exc):
+    """What the interpreter exits with for an uncaught SystemExit (printing a non-int code)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def _clear_module_dict(namespace):
+    """As the interpreter clears a module at exit: `_names` first, then the rest."""
+    for pass_ in (1, 2):
+        for name in list(namespace):
+            if name == "__builtins__":
+                continue
+            if pass_ == 2 or (name.startswith("_") and not name.startswith("__")):
+                namespace[name] = None
+
+
+def _exit(status, main, interrupted=False):
+    """The interpreter's exit, minus the teardown of the zygote's own heap (every object freed
+    would copy its page from the zygote: ~10 ms). Threads are joined, atexit handlers run,
+    `__main__` is cleared (finalizers run) and garbage collected, stdio flushed."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException as exc:
+            sys.unraisablehook(_Unraisable(exc, "on threading shutdown"))
+    atexit._run_exitfuncs()
+    _clear_module_dict(main.__dict__)
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            status = 120
+    if interrupted:  # as the interpreter does after an uncaught KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        status = 128 + signal.SIGINT  # PID 1 of its namespace ignores its own SIGINT
+    os._exit(status)
+
+
+class _Unraisable:
+    def __init__(self, exc, message):
+        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
+        self.err_msg, self.object = f"Exception ignored {message}", None
+
+
+def _run(main, path):
+    """Run the program as the interpreter runs a script; never returns."""
+    try:
+        with open(path, "rb") as source:
+            code = compile(source.read(), path, "exec", dont_inherit=True)
+    except SyntaxError as exc:  # printed without a traceback, as for a script
+        sys.excepthook(type(exc), exc.with_traceback(None), None)
+        _exit(1, main)
+    RECURSION.apply(3)  # this module's, _run's and exec's frames sit below the program's
+    try:
+        exec(code, main.__dict__)
+    except SystemExit as exc:
+        _exit(_exit_status(exc), main)
+    except BaseException as exc:  # an uncaught exception: printed as the interpreter would
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        del exc, tb
+        _exit(1, main, interrupted)
+    _exit(0, main)
+
+
 RECURSION = RecursionCompensation()
-JOB = serve()
+gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
+JOB = Zygote().serve()
 # From here on: the program's process. Make it look like `python3 main.py` in /sandbox.
 _forget_zygote_modules()
 sys.argv[:] = ["main.py", *JOB.get("argv", [])]
 sys.path[0] = "/sandbox"
-with open("/sandbox/main.py", "rb") as _source:
-    _code = compile(_source.read(), "/sandbox/main.py", "exec", dont_inherit=True)
 _main = type(sys)("__main__")
 _main.__file__ = "/sandbox/main.py"
 _main.__cached__ = None
+_main.__annotations__ = {}
 _main.__loader__ = type(__loader__)("__main__", "/sandbox/main.py")
 _main.__builtins__ = __builtins__
 sys.modules["__main__"] = _main
-del JOB, _source
-RECURSION.apply(1)  # this module's frame sits below the program's
-try:
-    exec(_code, _main.__dict__)
-except SystemExit:
-    raise
-except BaseException as _exc:  # an uncaught exception: printed as the interpreter would
-    _tb = _exc.__traceback__.tb_next if _exc.__traceback__ else None
-    sys.excepthook(type(_exc), _exc, _tb)
-    if isinstance(_exc, KeyboardInterrupt):
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    raise SystemExit(1) from None
+del JOB
+_run(_main, "/sandbox/main.py")

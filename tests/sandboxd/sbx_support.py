@@ -101,10 +101,9 @@ class LeakProbe:
         descendants, stack = [], [self.pid]
         while stack:
             for child in children.get(stack.pop(), []):
-                if child in warm_pids:
-                    continue  # an idle warm sandbox (and the blocked child under it)
-                descendants.append(child)
-                stack.append(child)
+                stack.append(child)  # listed or not, what runs under it is checked too
+                if child not in warm_pids:  # an idle warm sandbox or fork-server process
+                    descendants.append(child)
         tasks = []
         for d in self.cgroup_dirs():
             try:

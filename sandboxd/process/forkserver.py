@@ -1,0 +1,296 @@
+"""The python fork server, service side: one zygote at a time, replaced after N forks or at once
+on any anomaly; a run asks it for one fork (see `zygote_main.py` for what a fork does).
+
+A python run through the fork server skips the interpreter's start-up (the zygote did it once):
+the request, the fork and the namespace set-up are the critical path. When the zygote cannot be
+started (no CAP_SYS_ADMIN, no namespaces), `available` is False with a reason and python runs
+take the warm-spawn path instead; the mode is in `/v1/sandbox/status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..languages import CHILD_ENV
+from .bwrap import system_binds
+
+ZYGOTE_SCRIPT = Path(__file__).with_name("zygote_main.py")
+START_TIMEOUT_S = 10.0
+REPLY_TIMEOUT_S = 5.0
+
+
+class ForkFailed(RuntimeError):
+    """The zygote could not fork this run (it is being replaced)."""
+
+
+@dataclass
+class ForkedRun:
+    """One run forked by a zygote: the runner's pid, then how it ended."""
+
+    run_id: int
+    pid: int = 0
+    # (exit status as bwrap reports it, CPU seconds) or an error message
+    ended: asyncio.Future[tuple[int, float] | str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def zygote_argv(bwrap: str, root: Path, cgroup_root: Path | None) -> list[str]:
+    """The zygote's own sandbox: the programs' file system view, kept capabilities (it builds
+    each run's namespaces), no network, and only the run dirs and the cgroup tree besides."""
+    argv = [
+        bwrap,
+        "--unshare-ipc", "--unshare-net", "--unshare-uts",
+        "--die-with-parent", "--new-session",
+        "--cap-add", "ALL",
+        "--hostname", "sandbox",
+        *system_binds(),
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--tmpfs", "/tmp",
+        "--dir", "/sandbox",
+        "--bind", str(root), "/runs",
+        "--ro-bind", str(ZYGOTE_SCRIPT), "/zygote/main.py",
+        "--chdir", "/zygote",
+    ]  # fmt: skip
+    if cgroup_root is not None:
+        argv += ["--bind", str(cgroup_root), str(cgroup_root)]
+    argv += ["--clearenv"]
+    for key, value in CHILD_ENV.items():
+        argv += ["--setenv", key, value]
+    return [*argv, "--", "/usr/bin/python3", "main.py"]
+
+
+class Zygote:
+    """One zygote process and the control socket to it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.proc = proc
+        self.sock = sock
+        self.forks = 0
+        self.alive = True
+        self.anomaly = ""
+        self.idle_runners: list[int] = []
+        self.runs: dict[int, ForkedRun] = {}
+        self._pids: dict[int, asyncio.Future[int]] = {}
+        self._loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        self._loop.add_reader(sock.fileno(), self._on_message)
+
+    @classmethod
+    def start(cls, argv: list[str], prefork: int) -> Zygote:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={},
+                close_fds=True,
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.send(json.dumps({"prefork": prefork}).encode())
+        return cls(proc, ours)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.runs)
+
+    async def fork(self, run_id: int, request: dict[str, Any], fds: list[int]) -> ForkedRun:
+        """Send one run; returns once the zygote has forked it (the runner's pid is known)."""
+        if not self.alive:
+            raise ForkFailed("the zygote is gone")
+        run = ForkedRun(run_id)
+        pid_reply: asyncio.Future[int] = self._loop.create_future()
+        self.runs[run_id] = run
+        self._pids[run_id] = pid_reply
+        self.forks += 1
+        try:
+            payload = json.dumps({"id": run_id, **request}).encode()
+            socket.send_fds(self.sock, [payload], fds)
+            run.pid = await asyncio.wait_for(asyncio.shield(pid_reply), REPLY_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            self.runs.pop(run_id, None)
+            self._fail(f"the zygote did not fork: {exc or type(exc).__name__}")
+            raise ForkFailed(str(exc) or "the zygote did not answer") from exc
+        finally:
+            self._pids.pop(run_id, None)
+        return run
+
+    def _on_message(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._fail("the zygote exited")
+                return
+            msg = json.loads(data)
+            if "idle" in msg:
+                self.idle_runners = [int(p) for p in msg["idle"]]
+                continue
+            if "anomaly" in msg:
+                self.alive = False
+                self.anomaly = str(msg["anomaly"])
+                continue
+            run_id = msg.get("id")
+            if "pid" in msg:
+                waiter = self._pids.get(run_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(int(msg["pid"]))
+                continue
+            run = self.runs.pop(run_id, None)
+            if run is None or run.ended.done():
+                continue
+            if "error" in msg:
+                run.ended.set_result(str(msg["error"]))
+                self.alive = False  # an anomaly: no more forks from this zygote
+            else:
+                run.ended.set_result((int(msg["status"]), float(msg["cpu"])))
+
+    def idle_pids(self) -> list[int]:
+        """The zygote's processes that are not a run: bwrap, the zygote, the idle runners and
+        the programs waiting under them (for operators and leak checks)."""
+        if not self.alive:
+            return []
+        pids = [self.proc.pid, *_children(self.proc.pid)]
+        for runner in self.idle_runners:
+            pids += [runner, *_children(runner)]
+        return pids
+
+    def _fail(self, why: str) -> None:
+        self.alive = False
+        for waiter in self._pids.values():
+            if not waiter.done():
+                waiter.set_exception(ForkFailed(why))
+        for run in self.runs.values():
+            if not run.ended.done():
+                run.ended.set_result(why)
+        self.runs.clear()
+        self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self.sock.fileno())
+
+    def close(self) -> None:
+        """EOF to the zygote: it kills whatever it still runs and exits; reap it."""
+        self.alive = False
+        self._stop_reading()
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ForkServer:
+    """Keeps one healthy zygote; replaces it after `max_forks` or on any anomaly."""
+
+    def __init__(
+        self, bwrap: str, root: Path, cgroup_root: Path | None, max_forks: int, prefork: int
+    ) -> None:
+        self.argv = zygote_argv(bwrap, root, cgroup_root)
+        self.max_forks = max_forks
+        self.prefork = prefork
+        self.current: Zygote | None = None
+        self.available = False
+        self.reason = "not started"
+        self.started_total = 0
+        self.anomalies = 0
+        self.last_anomaly = ""
+        self._ids = itertools.count(1)
+        self._retired: list[Zygote] = []
+
+    def start(self) -> None:
+        try:
+            self._replace()
+            self.available = True
+            self.reason = ""
+        except OSError as exc:
+            self.reason = f"the zygote could not start: {exc}"
+
+    def disable(self, reason: str) -> None:
+        """The probe failed: python runs take the warm-spawn path."""
+        self.available = False
+        self.reason = reason
+        self.close()
+
+    def _replace(self) -> None:
+        old = self.current
+        self.current = Zygote.start(self.argv, self.prefork)
+        self.started_total += 1
+        if old is not None:
+            self._retired.append(old)
+        self._close_idle_retired()
+
+    def _close_idle_retired(self) -> None:
+        for z in [z for z in self._retired if z.in_flight == 0]:
+            self._retired.remove(z)
+            z.close()
+
+    async def fork(self, request: dict[str, Any], fds: list[int]) -> ForkedRun:
+        z = self.current
+        if z is None or not self.available:
+            raise ForkFailed(self.reason or "the fork server is off")
+        if not z.alive or z.forks >= self.max_forks:
+            if not z.alive:
+                self.anomalies += 1
+                self.last_anomaly = z.anomaly or "the zygote failed"
+            self._replace()
+            z = self.current
+            assert z is not None
+        return await z.fork(next(self._ids), request, fds)
+
+    def run_ended(self) -> None:
+        """A run's result is in: retired zygotes with nothing in flight can go."""
+        if self._retired:
+            self._close_idle_retired()
+
+    def status(self) -> dict[str, Any]:
+        z = self.current
+        return {
+            "available": self.available,
+            "reason": self.reason or None,
+            "zygote_pid": z.proc.pid if z is not None and z.alive else None,
+            "forks": z.forks if z is not None else 0,
+            "max_forks": self.max_forks,
+            "prefork": self.prefork,
+            "zygotes_started": self.started_total,
+            "anomalies": self.anomalies,
+            "last_anomaly": self.last_anomaly or None,
+        }
+
+    def idle_pids(self) -> list[int]:
+        zygotes = [*self._retired, *([self.current] if self.current else [])]
+        return [pid for z in zygotes for pid in z.idle_pids()]
+
+    def close(self) -> None:
+        for z in [*self._retired, *([self.current] if self.current else [])]:
+            z.close()
+        self._retired.clear()
+        self.current = None
