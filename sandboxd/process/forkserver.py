@@ -64,6 +64,7 @@ def zygote_argv(bwrap: str, root: Path, cgroup_root: Path | None) -> list[str]:
         "--dev", "/dev",
         "--tmpfs", "/tmp",
         "--dir", "/sandbox",
+        "--dir", "/newroot",
         "--bind", str(root), "/runs",
         "--ro-bind", str(ZYGOTE_SCRIPT), "/zygote/main.py",
         "--chdir", "/zygote",

@@ -46,6 +46,10 @@ PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 SANDBOX_UID = 65534
 RUNS = "/runs"  # the service's run dirs, bound here for the zygote only
+NEWROOT = "/newroot"  # where a runner builds its root before pivot_root
+ZYGOTE_ONLY = frozenset({"runs", "sys", "zygote", "newroot"})  # never in a program's root
+DEVPTS = "newinstance,ptmxmode=0666,mode=620"
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
 SETUP_FAILED = 125
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -130,15 +134,32 @@ class RecursionCompensation:
 
 
 def _prepare_runner():
-    """In a new runner (root, zygote namespaces), ahead of any request: fresh namespaces and
-    the file systems that do not depend on the run."""
+    """In a new runner (root, zygote namespaces), ahead of any request: fresh namespaces and a
+    fresh root that looks like the programs' bwrap root; the zygote's root stays reachable at
+    /.oldroot (for the run dir and the cgroup) until the request is in."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     _check(libc.unshare(flags), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666")
+    _mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    for name in os.listdir("/"):
+        source, target = f"/{name}", f"{NEWROOT}/{name}"
+        if name in ZYGOTE_ONLY:
+            continue
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), target)
+        elif name in ("proc", "tmp", "sandbox"):
+            os.mkdir(target)
+        elif os.path.isdir(source):
+            os.mkdir(target)
+            _mount(source, target, None, MS_BIND | MS_REC)
+    _mount("tmpfs", f"{NEWROOT}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _mount("tmpfs", f"{NEWROOT}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _mount("devpts", f"{NEWROOT}/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, DEVPTS)
+    os.mkdir(f"{NEWROOT}/.oldroot")
+    os.chdir(NEWROOT)
+    _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b".oldroot"), "pivot_root")
+    os.chdir("/")
     _loopback_up()
 
 
@@ -146,20 +167,18 @@ def _prepare_program():
     """In the program's process (PID 1 of its namespace), still ahead of any request."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()
-    _detach("/proc")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def _become_program(req, fds):
     """The request is in: the run's dir, cgroup, limits, identity and stdio; then nothing of
     the zygote's is left visible."""
-    _mount(f"{RUNS}/{req['workdir']}", "/sandbox", None, MS_BIND | MS_REC)
+    _mount(f"/.oldroot{RUNS}/{req['workdir']}", "/sandbox", None, MS_BIND | MS_REC)
     for procs in req["cgroup_procs"]:
-        with open(procs, "w") as f:
+        with open(f"/.oldroot{procs}", "w") as f:
             f.write("0")
-    for target in (RUNS, "/sys/fs/cgroup", "/zygote/main.py"):
-        if os.path.ismount(target):
-            _detach(target)
+    _detach("/.oldroot")
+    os.rmdir("/.oldroot")
     os.chdir("/sandbox")
     for res, value in req["rlimits"]:
         resource.setrlimit(res, (value, value))

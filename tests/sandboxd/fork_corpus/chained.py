@@ -1,0 +1,4 @@
+try:
+    {}["missing"]
+except KeyError as e:
+    raise RuntimeError("wrapped") from e

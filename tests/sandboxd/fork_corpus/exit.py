@@ -1,0 +1,3 @@
+import sys, atexit
+atexit.register(lambda: print("bye"))
+sys.exit("a message")

@@ -1,0 +1,2 @@
+x = bytearray(2 << 30)
+print(len(x))

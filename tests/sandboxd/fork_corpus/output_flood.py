@@ -1,0 +1,4 @@
+import sys
+chunk = "x" * 65536
+while True:
+    sys.stdout.write(chunk)

@@ -1,0 +1,2 @@
+import sys
+print("out"); print("err", file=sys.stderr); sys.stdout.write("partial")

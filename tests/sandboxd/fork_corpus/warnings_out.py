@@ -1,0 +1,3 @@
+import warnings
+warnings.warn("careful")
+print("after")

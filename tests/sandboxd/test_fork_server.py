@@ -1,0 +1,178 @@
+"""The python fork server against the warm-spawn path it replaces, on real bwrap sandboxes.
+
+- every program of `fork_corpus/` (the hostile programs included) gives the same result forked
+  from the zygote as started fresh (`python3 main.py` in a warm bwrap sandbox);
+- nothing of one forked run is visible to the next;
+- `/v1/run_tests` with many cases forks every case from one zygote;
+- the zygote is replaced after `fork_server_max_forks` forks and when it dies, and the mode is
+  reported in the status (warm spawn when the fork server is off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandboxd.models import ExecResult, Limits, RunSpec
+from sandboxd.process import ProcessBackend
+from sandboxd.service import SandboxService
+from sandboxd.settings import SandboxSettings
+from sandboxd.wire import RunTestsRequest, TestCase
+from toolenv_core.deadline import Deadline
+
+pytestmark = pytest.mark.bwrap
+
+CORPUS = sorted(Path(__file__).with_name("fork_corpus").glob("*.py"))
+STDIN = "first line\nthe rest\n"
+
+
+def settings(**kw: object) -> SandboxSettings:
+    return SandboxSettings(max_concurrency=2, **kw)
+
+
+async def started(**kw: object) -> ProcessBackend:
+    backend = ProcessBackend(settings(**kw))
+    await backend.start()
+    return backend
+
+
+@pytest.fixture
+async def forking(bwrap_path: str) -> AsyncIterator[ProcessBackend]:
+    backend = await started()
+    assert backend.status()["python_mode"] == "fork_server", backend.status()["fork_server"]
+    yield backend
+    await backend.close()
+
+
+async def run(backend: ProcessBackend, code: str, **limits: object) -> ExecResult:
+    spec = RunSpec(
+        language="python",
+        code=code,
+        stdin=STDIN,
+        run_limits=Limits(**{"wall_time_s": 3.0, "memory_mb": 256, **limits}),
+    )
+    result = await backend.run(spec, Deadline.after(30))
+    assert result.run is not None, result
+    return result.run
+
+
+def observable(e: ExecResult) -> tuple[object, ...]:
+    return (e.status, e.exit_code, e.signal, e.stdout, e.stderr, e.stdout_truncated, e.message)
+
+
+async def test_every_corpus_program_behaves_as_in_a_fresh_interpreter(forking) -> None:
+    fresh = await started(fork_server=False)
+    try:
+        assert fresh.status()["python_mode"] == "warm_spawn"
+        forks_before = forking.status()["fork_server"]["forks"]
+        differences = []
+        for program in CORPUS:
+            code = program.read_text()
+            forked, spawned = await run(forking, code), await run(fresh, code)
+            if observable(forked) != observable(spawned):
+                differences.append(f"{program.name}:\n  fork:  {forked}\n  spawn: {spawned}")
+        assert not differences, "\n".join(differences)
+        assert forking.status()["fork_server"]["forks"] - forks_before == len(CORPUS)
+    finally:
+        await fresh.close()
+
+
+POLLUTER = """
+import builtins, json, os, subprocess, sys, threading, time
+builtins.len = lambda x: 42
+builtins.polluted = True
+json.dumps = None
+sys.modules["planted"] = sys
+os.environ["PLANTED"] = "1"
+for d in ("/tmp", "/dev/shm", "/sandbox"):
+    open(os.path.join(d, "planted"), "w").write("x")
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+subprocess.Popen(["/usr/bin/sleep", "30"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(30)
+print("polluted", flush=True)
+"""
+
+CHECKER = """
+import builtins, json, os, sys, threading
+print(len("abc"), hasattr(builtins, "polluted"), json.dumps([1]), "planted" in sys.modules)
+print(os.environ.get("PLANTED"), sorted(os.listdir("/tmp")), sorted(os.listdir("/dev/shm")))
+print(sorted(os.listdir(".")), threading.active_count())
+print(sorted(p for p in os.listdir("/proc") if p.isdigit()))
+"""
+
+
+async def test_nothing_of_one_run_is_visible_to_the_next(forking) -> None:
+    polluted = await run(forking, POLLUTER)
+    assert polluted.stdout == "polluted\n", polluted
+    for _ in range(3):  # whichever pre-forked runner takes it
+        clean = await run(forking, CHECKER)
+        assert clean.stdout.splitlines() == [
+            "3 False [1] False",
+            "None [] []",
+            "['main.py'] 1",
+            "['1']",
+        ], clean
+
+
+async def test_run_tests_forks_every_case_from_one_zygote(bwrap_path: str) -> None:
+    service = SandboxService(settings())
+    await service.start()
+    try:
+        before = service.status()["fork_server"]
+        req = RunTestsRequest(
+            code="n = int(input())\nprint(n * n)\n",
+            language="python",
+            cases=[TestCase(stdin=f"{i}\n", expected_stdout=f"{i * i}\n") for i in range(60)],
+        )
+        response = await service.run_tests(req, Deadline.after(120))
+        after = service.status()["fork_server"]
+    finally:
+        await service.close()
+    assert response.passed == 60, response
+    assert after["forks"] - before["forks"] == 60
+    assert after["zygotes_started"] == before["zygotes_started"] == 1
+
+
+async def test_zygote_is_replaced_after_max_forks(bwrap_path: str) -> None:
+    backend = await started(fork_server_max_forks=3)
+    try:
+        outputs = [(await run(backend, f"print({i})")).stdout for i in range(8)]
+        status = backend.status()["fork_server"]
+    finally:
+        await backend.close()
+    assert outputs == [f"{i}\n" for i in range(8)]
+    assert status["zygotes_started"] == 3 and status["anomalies"] == 0
+
+
+async def test_a_dead_zygote_is_an_anomaly_and_is_replaced(forking) -> None:
+    zygote = forking.fork_server.current
+    assert zygote is not None
+    os.kill(zygote.proc.pid, signal.SIGKILL)
+    for _ in range(100):
+        if not zygote.alive:
+            break
+        await asyncio.sleep(0.05)
+    assert not zygote.alive
+    after = await run(forking, "print('still here')")
+    status = forking.status()["fork_server"]
+    assert after.stdout == "still here\n"
+    assert status["anomalies"] == 1 and status["zygotes_started"] == 2
+    assert zygote.proc.poll() is not None  # the dead one was reaped
+
+
+async def test_fork_server_off_means_warm_spawn(bwrap_path: str) -> None:
+    backend = await started(fork_server=False)
+    try:
+        status = backend.status()
+        r = await run(backend, "print('spawned')")
+    finally:
+        await backend.close()
+    assert status["python_mode"] == "warm_spawn" and status["fork_server"] is None
+    assert r.stdout == "spawned\n" and backend.status()["warm_hits"] >= 1
