@@ -27,7 +27,8 @@ from typing import Any
 from ..languages import CHILD_ENV
 from ..models import ExecResult, ExecStatus
 from .bwrap import Blocked, spawn_blocked
-from .cgroups import CgroupSlot, CgroupStats
+from .cgroups import CgroupSlot
+from .ending import classify
 from .forkserver import ForkedRun, ForkFailed, ForkServer
 from .limits import StepLimits, confine, has_memory_cgroup
 from .warm import Warm
@@ -379,40 +380,19 @@ class Execution:
     # -------------------------------------------------------------- results
 
     def _result(self) -> ExecResult:
-        rc = self.returncode
         stats = self.slot.stats() if self.slot is not None else None
-        exit_code: int | None = rc
-        sig: int | None = None
-        if rc is not None and rc < 0:  # bwrap (or a direct child) itself killed
-            sig = -rc
-        elif self.ctx.isolated and rc is not None and 128 < rc <= 128 + 64:
-            sig = rc - 128  # bwrap reports a signal death of the program as 128 + signal
-        if sig is not None:
-            exit_code = -sig
-        status = ExecStatus.FINISHED
-        message = ""
-        if self.kill_reason is not None:
-            status, message = self.kill_reason, self.kill_message
-        elif stats is not None and (
-            stats.oom_killed
-            or (stats.hit_memory_limit and rc != 0 and self._near_memory_limit(stats))
-        ):
-            status = ExecStatus.MEMORY_LIMIT
-            message = f"memory limit of {self.lim.memory_bytes // (1 << 20)} MB exceeded"
-        elif (
-            sig == signal.SIGKILL
-            and stats is not None
-            and self.cpu_time_s is not None
-            and (self.cpu_time_s >= self.lim.cpu_s - 1.5)
-        ):
-            status = ExecStatus.TIME_LIMIT
-            message = f"CPU-time limit of {self.lim.cpu_s} s exceeded"
-        elif sig == signal.SIGXFSZ:
-            message = "file size limit exceeded"
+        ending = classify(
+            self.returncode,
+            isolated=self.ctx.isolated,
+            killed=(self.kill_reason, self.kill_message) if self.kill_reason else None,
+            stats=stats,
+            lim=self.lim,
+            cpu_time_s=self.cpu_time_s,
+        )
         return ExecResult(
-            status=status,
-            exit_code=exit_code,
-            signal=sig,
+            status=ending.status,
+            exit_code=ending.exit_code,
+            signal=ending.signal,
             stdout=self.buffers["stdout"].decode(errors="replace"),
             stderr=self.buffers["stderr"].decode(errors="replace"),
             stdout_truncated=self.truncated["stdout"],
@@ -420,14 +400,8 @@ class Execution:
             wall_time_s=round((self.ended_at or time.monotonic()) - self.started_at, 6),
             cpu_time_s=round(self.cpu_time_s, 6) if self.cpu_time_s is not None else None,
             peak_memory_kb=stats.peak_memory_kb if stats else None,
-            message=message,
+            message=ending.message,
         )
-
-    def _near_memory_limit(self, stats: CgroupStats) -> bool:
-        """A failing program that pushed against its memory limit (not just page-cache reclaim)."""
-        if self.lim.memory_bytes is None or stats.peak_memory_kb is None:
-            return False
-        return stats.peak_memory_kb * 1024 >= 0.8 * self.lim.memory_bytes
 
     def cleanup(self) -> None:
         """Synchronous and idempotent: nothing of this execution survives it, even on cancel."""

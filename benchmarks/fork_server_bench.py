@@ -1,0 +1,181 @@
+"""`python -m benchmarks.fork_server_bench --out FILE`: the python fork server against its floors.
+
+Each figure is a ratio against a baseline measured in the same run, on the same machine:
+- `print(1)` runs/s at concurrency 16 through a real `toolenv sandboxd serve` (fork server on)
+  over the bare `/usr/bin/python3 -c` spawn floor at concurrency 16 (target >= 2.5x);
+- `print(1)` p50 at concurrency 1, round-robin with bare python so both see the same load
+  (target <= 0.5x);
+- `/v1/run_tests` with 100 small python cases: time per case with the fork server over the
+  warm-spawn path (a second server with `TOOLENV_SANDBOX_FORK_SERVER=false`), alternated
+  (target >= 5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.sandboxd_bench import PROGRAM, PYTHON, Server, closed_loop, interleaved_c1
+from benchmarks.sandboxd_bench import time_subprocess as spawn_floor
+
+TARGETS = {"rps_c16_over_bare": 2.5, "p50_c1_over_bare": 0.5, "run_tests_speedup": 5.0}
+CASES = 100
+RUN_TESTS_BODY = {
+    "code": "n = int(input())\nprint(n * n)\n",
+    "language": "python",
+    "cases": [{"stdin": f"{i}\n", "expected_stdout": f"{i * i}\n"} for i in range(CASES)],
+}
+
+
+def start_server(fork_server: bool, max_concurrency: int) -> Server:
+    previous = os.environ.get("TOOLENV_SANDBOX_FORK_SERVER")
+    os.environ["TOOLENV_SANDBOX_FORK_SERVER"] = "true" if fork_server else "false"
+    try:
+        server = Server("process", ["--max-concurrency", str(max_concurrency)])
+    finally:
+        if previous is None:
+            os.environ.pop("TOOLENV_SANDBOX_FORK_SERVER")
+        else:
+            os.environ["TOOLENV_SANDBOX_FORK_SERVER"] = previous
+    server.wait_ready(60)
+    mode = httpx.get(server.url + "/v1/sandbox/status", timeout=5).json()["python_mode"]
+    expected = "fork_server" if fork_server else "warm_spawn"
+    if mode != expected:
+        server.stop()
+        raise RuntimeError(f"sandboxd runs python as {mode!r}, not {expected!r}")
+    return server
+
+
+def run_tests_once(url: str) -> float:
+    """Seconds per case for one /v1/run_tests call of CASES cases (all must pass)."""
+    started = time.perf_counter()
+    r = httpx.post(url + "/v1/run_tests", json=RUN_TESTS_BODY, timeout=300)
+    elapsed = time.perf_counter() - started
+    body = r.json()
+    if r.status_code != 200 or body.get("passed") != CASES:
+        raise RuntimeError(f"run_tests failed: {r.status_code} {json.dumps(body)[:500]}")
+    return elapsed / CASES
+
+
+async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    n_c16, n_c1, rounds = (400, 40, 3) if args.quick else (2000, 200, 8)
+    fork = start_server(True, args.max_concurrency)
+    warm = start_server(False, args.max_concurrency)
+    try:
+        console.print("warming up both servers")
+        await closed_loop(fork.url, 4, 50)
+        await closed_loop(warm.url, 4, 50)
+        console.print(f"c16 throughput: bare python floor, then the fork server ({n_c16} each)")
+        bare_c16 = spawn_floor([PYTHON, "-c", PROGRAM], n_c16, 16)
+        fork_c16 = await closed_loop(fork.url, 16, n_c16)
+        fork_c16.pop("_latencies")
+        bare_c16_again = spawn_floor([PYTHON, "-c", PROGRAM], n_c16, 16)
+        console.print(f"c1 p50: {n_c1} rounds interleaved with bare python")
+        c1 = await interleaved_c1(fork.url, n_c1)
+        console.print(f"run_tests, {CASES} cases: {rounds} rounds alternating the two paths")
+        per_case: dict[str, list[float]] = {"fork_server": [], "warm_spawn": []}
+        for _ in range(rounds):
+            per_case["fork_server"].append(run_tests_once(fork.url))
+            per_case["warm_spawn"].append(run_tests_once(warm.url))
+        status = httpx.get(fork.url + "/v1/sandbox/status", timeout=5).json()
+    finally:
+        fork.stop()
+        warm.stop()
+    floor_rps = statistics.mean([bare_c16["rps"], bare_c16_again["rps"]])
+    fork_ms = statistics.median(per_case["fork_server"]) * 1000
+    warm_ms = statistics.median(per_case["warm_spawn"]) * 1000
+    ratios = {
+        "rps_c16_over_bare": round(fork_c16["rps"] / floor_rps, 2),
+        "p50_c1_over_bare": round(c1["service"]["p50_ms"] / c1["bare_python"]["p50_ms"], 2),
+        "run_tests_speedup": round(warm_ms / fork_ms, 2),
+    }
+    return {
+        "bare_python_c16": {"before": bare_c16, "after": bare_c16_again, "rps_mean": floor_rps},
+        "fork_server_c16": fork_c16,
+        "c1_interleaved": c1,
+        "run_tests_ms_per_case": {
+            "fork_server": round(fork_ms, 3),
+            "warm_spawn": round(warm_ms, 3),
+            "rounds": {k: [round(v * 1000, 3) for v in vs] for k, vs in per_case.items()},
+        },
+        "fork_server_status": status.get("fork_server"),
+        "ratios": ratios,
+        "targets": TARGETS,
+        "meets": {
+            "rps_c16_over_bare": ratios["rps_c16_over_bare"] >= TARGETS["rps_c16_over_bare"],
+            "p50_c1_over_bare": ratios["p50_c1_over_bare"] <= TARGETS["p50_c1_over_bare"],
+            "run_tests_speedup": ratios["run_tests_speedup"] >= TARGETS["run_tests_speedup"],
+        },
+    }
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    t = Table(title="python fork server: print(1) and run_tests", title_justify="left")
+    for col in ("what", "measured", "baseline (same run)", "ratio", "target"):
+        t.add_column(col)
+    c1 = report["c1_interleaved"]
+    rt = report["run_tests_ms_per_case"]
+    r, tg = report["ratios"], report["targets"]
+    t.add_row(
+        "runs/s at c16",
+        str(report["fork_server_c16"]["rps"]),
+        f"{report['bare_python_c16']['rps_mean']:.1f} (bare python -c)",
+        str(r["rps_c16_over_bare"]),
+        f">= {tg['rps_c16_over_bare']}",
+    )
+    t.add_row(
+        "p50 ms at c1",
+        str(c1["service"]["p50_ms"]),
+        f"{c1['bare_python']['p50_ms']} (bare python -c)",
+        str(r["p50_c1_over_bare"]),
+        f"<= {tg['p50_c1_over_bare']}",
+    )
+    t.add_row(
+        f"run_tests ms/case ({CASES} cases)",
+        str(rt["fork_server"]),
+        f"{rt['warm_spawn']} (warm spawn)",
+        f"{r['run_tests_speedup']}x faster",
+        f">= {tg['run_tests_speedup']}x",
+    )
+    console.print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    parser.add_argument("--quick", action="store_true", help="fewer runs (for a smoke check)")
+    parser.add_argument("--max-concurrency", type=int, default=16)
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
+    report: dict[str, Any] = {
+        "benchmark": "fork_server",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_avg_at_start": os.getloadavg(),
+        },
+    }
+    report.update(asyncio.run(measure(args, console)))
+    report["machine"]["load_avg_at_end"] = os.getloadavg()
+    print_report(report, console)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

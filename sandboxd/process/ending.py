@@ -1,0 +1,66 @@
+"""How a step ended, from its exit status, why it was killed and what its cgroup saw."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from ..models import ExecStatus
+from .cgroups import CgroupStats
+from .limits import StepLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    status: ExecStatus
+    exit_code: int | None
+    signal: int | None
+    message: str
+
+
+def classify(
+    returncode: int | None,
+    *,
+    isolated: bool,
+    killed: tuple[ExecStatus, str] | None,
+    stats: CgroupStats | None,
+    lim: StepLimits,
+    cpu_time_s: float | None,
+) -> Ending:
+    """The status a step is reported with: a kill by the service names its reason; else the
+    memory cgroup, the CPU rlimit and SIGXFSZ explain a death; else it finished by itself."""
+    rc = returncode
+    exit_code: int | None = rc
+    sig: int | None = None
+    if rc is not None and rc < 0:  # bwrap (or a direct child) itself killed
+        sig = -rc
+    elif isolated and rc is not None and 128 < rc <= 128 + 64:
+        sig = rc - 128  # bwrap (and the fork server) report a signal death as 128 + signal
+    if sig is not None:
+        exit_code = -sig
+    status, message = ExecStatus.FINISHED, ""
+    if killed is not None:
+        status, message = killed
+    elif stats is not None and (
+        stats.oom_killed or (stats.hit_memory_limit and rc != 0 and _near_memory_limit(stats, lim))
+    ):
+        status = ExecStatus.MEMORY_LIMIT
+        message = f"memory limit of {lim.memory_bytes // (1 << 20)} MB exceeded"
+    elif (
+        sig == signal.SIGKILL
+        and stats is not None
+        and cpu_time_s is not None
+        and cpu_time_s >= lim.cpu_s - 1.5
+    ):
+        status = ExecStatus.TIME_LIMIT
+        message = f"CPU-time limit of {lim.cpu_s} s exceeded"
+    elif sig == signal.SIGXFSZ:
+        message = "file size limit exceeded"
+    return Ending(status, exit_code, sig, message)
+
+
+def _near_memory_limit(stats: CgroupStats, lim: StepLimits) -> bool:
+    """A failing program that pushed against its memory limit (not just page-cache reclaim)."""
+    if stats.peak_memory_kb is None:
+        return False
+    return stats.peak_memory_kb * 1024 >= 0.8 * lim.memory_bytes
