@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.sandboxd_bench import PROGRAM, PYTHON, Server, closed_loop, interleaved_c1
-from benchmarks.sandboxd_bench import time_subprocess as spawn_floor
+from .harness import ServerProcess, free_port
+from .sandboxd_bench import PROGRAM, PYTHON, closed_loop, interleaved_c1
+from .sandboxd_bench import time_subprocess as spawn_floor
 
 TARGETS = {"rps_c16_over_bare": 2.5, "p50_c1_over_bare": 0.5, "run_tests_speedup": 5.0}
 CASES = 100
@@ -38,17 +40,13 @@ RUN_TESTS_BODY = {
 }
 
 
-def start_server(fork_server: bool, max_concurrency: int) -> Server:
-    previous = os.environ.get("TOOLENV_SANDBOX_FORK_SERVER")
-    os.environ["TOOLENV_SANDBOX_FORK_SERVER"] = "true" if fork_server else "false"
-    try:
-        server = Server("process", ["--max-concurrency", str(max_concurrency)])
-    finally:
-        if previous is None:
-            os.environ.pop("TOOLENV_SANDBOX_FORK_SERVER")
-        else:
-            os.environ["TOOLENV_SANDBOX_FORK_SERVER"] = previous
-    server.wait_ready(60)
+def start_server(fork_server: bool, max_concurrency: int) -> ServerProcess:
+    """A real `toolenv sandboxd serve` with the fork server on or off (checked in its status)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--backend", "process"]
+    argv += ["--max-concurrency", str(max_concurrency), "--host", "127.0.0.1", "--port", str(port)]
+    env = {"TOOLENV_SANDBOX_FORK_SERVER": "true" if fork_server else "false"}
+    server = ServerProcess(argv, port, stop_timeout_s=30, env=env).start()
     mode = httpx.get(server.url + "/v1/sandbox/status", timeout=5).json()["python_mode"]
     expected = "fork_server" if fork_server else "warm_spawn"
     if mode != expected:

@@ -63,11 +63,10 @@ def zygote_argv(bwrap: str, root: Path, cgroup_root: Path | None) -> list[str]:
         "--proc", "/proc",
         "--dev", "/dev",
         "--tmpfs", "/tmp",
-        "--dir", "/sandbox",
         "--dir", "/newroot",
         "--bind", str(root), "/runs",
-        "--ro-bind", str(ZYGOTE_SCRIPT), "/zygote/main.py",
-        "--chdir", "/zygote",
+        "--ro-bind", str(ZYGOTE_SCRIPT), "/sandbox/main.py",
+        "--chdir", "/sandbox",
     ]  # fmt: skip
     if cgroup_root is not None:
         argv += ["--bind", str(cgroup_root), str(cgroup_root)]

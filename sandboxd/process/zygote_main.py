@@ -1,22 +1,19 @@
 """The python fork server (zygote): stdlib only; runs inside its own bwrap as `python3 main.py`.
 
-It is started exactly as a program is (`/usr/bin/python3 main.py`, the same environment), so the
-interpreter's start-up is done once and is the same start-up a run would have had. It never runs
-user code itself: per request it forks a runner that
+Started exactly as a program is (same argv, same environment), it does the interpreter's
+start-up once and never runs user code. It keeps `prefork` runners forked ahead of time: each
+enters fresh mount, PID, network, IPC and UTS namespaces, pivots into a fresh root laid out like
+a bwrap sandbox, and forks the program's process (PID 1 of its namespace), which waits for a
+request: then it binds the run dir at /sandbox, joins the run's cgroup, detaches the zygote's
+root, sets rlimits, drops every capability, becomes 65534 with no_new_privs, forgets the
+zygote's modules and runs /sandbox/main.py as `__main__`. The runner exits with the program's
+status (128 + signal for a signal death, as bwrap reports it).
 
-- joins the run's cgroup, enters fresh mount, PID, network, IPC and UTS namespaces, binds the
-  run's working dir at /sandbox, mounts a fresh tmpfs on /tmp and /dev/shm, detaches everything
-  of the zygote's own (the run dirs, the cgroup tree, this script), brings up a fresh loopback;
-- forks the program (PID 1 of the new PID namespace, its own session), which mounts a fresh
-  /proc, sets the rlimits, drops the capability bounding set, becomes uid/gid 65534 with
-  `no_new_privs`, forgets every module the zygote imported, and runs /sandbox/main.py as
-  `__main__` (the zygote's frames are compensated in the recursion limit);
-- waits for the program and exits with its status (128 + signal for a signal death, as bwrap).
-
-Protocol on fd 0 (a SOCK_SEQPACKET socket; fd 0 is then /dev/null): a request is one JSON
-message with three fds (stdin, stdout, stderr); the zygote answers {"id", "pid"} after the fork
-and {"id", "status", "cpu"} when the runner is reaped; a runner that fails its set-up sends
-{"id", "error"} itself. EOF: the service is gone: every runner is killed and the zygote exits.
+Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null): {"prefork": K} first; a request is
+one JSON message with three fds (stdin, stdout, stderr), answered by {"id", "pid"} when a runner
+takes it and {"id", "status", "cpu"} (or {"id", "error"}) when the runner is reaped; {"idle":
+[pids]} and {"anomaly": why} tell the service about the idle runners. EOF: the service is gone:
+every runner is killed and the zygote exits.
 """
 
 import sys
@@ -42,12 +39,14 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 SANDBOX_UID = 65534
 RUNS = "/runs"  # the service's run dirs, bound here for the zygote only
 NEWROOT = "/newroot"  # where a runner builds its root before pivot_root
-ZYGOTE_ONLY = frozenset({"runs", "sys", "zygote", "newroot"})  # never in a program's root
+ZYGOTE_ONLY = frozenset({"runs", "sys", "newroot"})  # never in a program's root
+PLAIN_DIRS = frozenset({"/proc", "/sandbox", "/dev/shm", "/dev/pts"})  # made empty, filled later
+OWNER = f"uid={SANDBOX_UID},gid={SANDBOX_UID}"
 DEVPTS = "newinstance,ptmxmode=0666,mode=620"
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
 SETUP_FAILED = 125
@@ -135,32 +134,52 @@ class RecursionCompensation:
 
 def _prepare_runner():
     """In a new runner (root, zygote namespaces), ahead of any request: fresh namespaces and a
-    fresh root that looks like the programs' bwrap root; the zygote's root stays reachable at
-    /.oldroot (for the run dir and the cgroup) until the request is in."""
+    fresh root laid out, owned and permissioned as a bwrap sandbox shows it to its program; the
+    zygote's root stays at /.oldroot (for the run dir and the cgroup) until the request is in."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     _check(libc.unshare(flags), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    _tmpfs(NEWROOT, "0755")
     for name in os.listdir("/"):
-        source, target = f"/{name}", f"{NEWROOT}/{name}"
-        if name in ZYGOTE_ONLY:
-            continue
-        if os.path.islink(source):
-            os.symlink(os.readlink(source), target)
-        elif name in ("proc", "tmp", "sandbox"):
-            os.mkdir(target)
-        elif os.path.isdir(source):
-            os.mkdir(target)
-            _mount(source, target, None, MS_BIND | MS_REC)
-    _mount("tmpfs", f"{NEWROOT}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    _mount("tmpfs", f"{NEWROOT}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+        if name not in ZYGOTE_ONLY:
+            _replicate(f"/{name}", f"{NEWROOT}/{name}")
     _mount("devpts", f"{NEWROOT}/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, DEVPTS)
     os.mkdir(f"{NEWROOT}/.oldroot")
     os.chdir(NEWROOT)
     _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b".oldroot"), "pivot_root")
     os.chdir("/")
     _loopback_up()
+
+
+def _tmpfs(target, mode):
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},{OWNER}")
+
+
+def _replicate(source, target):
+    """`target` as bwrap would make `source`: its own dirs (owned by the program's uid), the
+    host's read-only trees and device nodes bound in, fresh tmpfs for /tmp and /dev."""
+    if os.path.islink(source):
+        os.symlink(os.readlink(source), target)
+        os.lchown(target, SANDBOX_UID, SANDBOX_UID)
+    elif source in ("/tmp", "/dev"):
+        os.mkdir(target)
+        _tmpfs(target, "0755")
+        if source == "/dev":
+            for name in os.listdir(source):
+                _replicate(f"{source}/{name}", f"{target}/{name}")
+    elif source in PLAIN_DIRS or (os.path.isdir(source) and not os.path.ismount(source)):
+        os.mkdir(target, 0o700 if source == "/etc" else 0o755)
+        os.chown(target, SANDBOX_UID, SANDBOX_UID)
+        if source not in PLAIN_DIRS:
+            for name in os.listdir(source):
+                _replicate(f"{source}/{name}", f"{target}/{name}")
+    else:  # a bind mount of the host's (a tree, a file or a device node)
+        if os.path.isdir(source):
+            os.mkdir(target)
+        else:
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
+        _mount(source, target, None, MS_BIND | MS_REC)
 
 
 def _prepare_program():
@@ -191,6 +210,7 @@ def _become_program(req, fds):
     os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by the uid change
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as any process (its /proc files are its own)
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
     os.closerange(3, 65536)
@@ -362,7 +382,7 @@ class Zygote:
 def _forget_zygote_modules():
     for name in [m for m in sys.modules if m not in BASELINE_MODULES]:
         del sys.modules[name]
-    sys.path_importer_cache.pop("/zygote", None)
+    sys.path_importer_cache.pop("/sandbox", None)
 
 
 def _exit_status(exc):

@@ -230,7 +230,15 @@ def test_beyond_capacity_waits_in_a_bounded_queue_then_429(
     assert server.client.get("/v1/sandbox/status").json()["admission"]["rejected_total"] == 2
 
 
-def test_python_runs_take_a_warm_sandbox_which_is_refilled(api: SandboxdServer) -> None:
+def test_python_runs_take_a_warm_sandbox_which_is_refilled(
+    sandboxd_factory: Callable[..., SandboxdServer],
+) -> None:
+    """With the fork server off (else python forks from the zygote: test_fork_server.py)."""
+    api = sandboxd_factory(
+        "--backend", "process", "--max-concurrency", "4",
+        env={"TOOLENV_SANDBOX_FORK_SERVER": "false"},
+    )  # fmt: skip
+
     def status() -> dict:
         return api.client.get("/v1/sandbox/status").json()
 
@@ -243,6 +251,7 @@ def test_python_runs_take_a_warm_sandbox_which_is_refilled(api: SandboxdServer) 
         raise AssertionError(f"warm pool not refilled: {status()}")
 
     before = wait_full()
+    assert before["python_mode"] == "warm_spawn"
     res = api.run_code(code="import os; print(os.listdir('.'), os.getpid())")
     assert res["run_result"]["stdout"] == "['main.py'] 1\n"
     after = wait_full()

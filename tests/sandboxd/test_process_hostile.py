@@ -40,6 +40,12 @@ def run(server: SandboxdServer, code: str, **kw: object) -> tuple[dict, float]:
     return result, time.monotonic() - started
 
 
+def test_python_here_forks_from_the_fork_server(sandboxd: SandboxdServer) -> None:
+    """Every python case of this suite runs on the fork server (its default)."""
+    status = sandboxd.client.get("/v1/sandbox/status").json()
+    assert status["python_mode"] == "fork_server", status["fork_server"]
+
+
 def test_infinite_loop_is_killed_at_the_run_timeout(sandboxd: SandboxdServer) -> None:
     res, elapsed = run(sandboxd, "while True: pass", run_timeout=1)
     assert res["status"] == "Failed"
