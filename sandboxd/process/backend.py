@@ -13,6 +13,7 @@ host's disk; the dir is removed after the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
@@ -28,9 +29,9 @@ from ..languages import Language, UnknownLanguage, get_language
 from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
 from ..settings import SandboxSettings
 from . import bwrap
-from .cgroups import CGROUP_ROOT, PREFIX, CgroupPool, CgroupSlot
+from .cgroups import PREFIX, CgroupPool, CgroupSlot
 from .execution import ExecContext, Execution, Step
-from .forkserver import ForkServer
+from .forkserver import ForkFailed, ForkServer, Runner
 from .limits import StepLimits
 from .paths import (
     InvalidPath,
@@ -86,10 +87,9 @@ class ProcessBackend:
         self.cgroups.start()
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         if prefix is not None and self.bwrap is not None and s.fork_server:
-            cgroup_root = CGROUP_ROOT if self.cgroups.controllers else None
             prefork = max(1, s.concurrency if s.warm_sandboxes < 0 else s.warm_sandboxes)
             self.fork_server = ForkServer(
-                self.bwrap, self.root, cgroup_root, s.fork_server_max_forks, prefork
+                self.bwrap, self.root, self.cgroups, s.fork_server_max_forks, prefork
             )
             self.fork_server.start()
         self._ctx = ExecContext(prefix, self._cgroup_writer, self._track, self.fork_server)
@@ -188,10 +188,12 @@ class ProcessBackend:
         run_id = f"proc-{os.getpid()}-{next(self._ids)}"
         self._runs += counted
         self._running += 1
-        warm = None
-        forked = self._forks(lang)
+        warm = runner = None
+        if self._forks(lang) and self.fork_server is not None:
+            with contextlib.suppress(ForkFailed):  # the zygote is being replaced: spawn instead
+                runner = self.fork_server.take()
         if (
-            not forked
+            runner is None
             and self.warm is not None
             and lang.name in self.settings.warm_languages
             and not lang.compiled
@@ -200,13 +202,18 @@ class ProcessBackend:
             warm = self.warm.take(lang.run_argv)
         if warm is not None:
             workdir, slot = warm.workdir, warm.slot
+        elif runner is not None:
+            workdir, slot = new_workdir(root), runner.slot
         else:
             workdir, slot = new_workdir(root), self.cgroups.acquire()
         try:
-            return await self._run_in(spec, lang, workdir, slot, deadline, run_id, warm, forked)
+            return await self._run_in(spec, lang, workdir, slot, deadline, run_id, warm, runner)
         finally:
             self._running -= 1
-            if warm is not None and not warm.used and self.warm is not None:
+            if runner is not None and not runner.used and self.fork_server is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+                self.fork_server.give_back(runner)  # never used: it waits for the next run
+            elif warm is not None and not warm.used and self.warm is not None:
                 warm.sandbox.kill_child()  # never started: kill it, reap in the background
                 self._track(self.warm.dispose_later(warm))
             else:
@@ -223,11 +230,12 @@ class ProcessBackend:
         deadline: Deadline,
         run_id: str,
         warm: Warm | None = None,
-        forked: bool = False,
+        runner: Runner | None = None,
     ) -> RunResult:
         result = RunResult(sandbox_id=run_id, backend=self.name)
+        owner = bwrap.SANDBOX_UID if runner is not None else None
         try:
-            write_inputs(workdir, spec, lang, bwrap.SANDBOX_UID if forked else None)
+            write_inputs(workdir, spec, lang, owner)
             if spec.prebuilt is not None and lang.artifact is not None:
                 artifact = workdir / lang.artifact
                 artifact.write_bytes(spec.prebuilt)
@@ -253,7 +261,7 @@ class ProcessBackend:
             deadline,
             slot,
             warm,
-            forked,
+            runner,
         )
         cap = spec.run_limits.max_output_bytes or self.settings.max_output_bytes
         result.files = fetch_files(workdir, spec.fetch_files, cap)
@@ -294,7 +302,7 @@ class ProcessBackend:
         deadline: Deadline,
         slot: CgroupSlot | None,
         warm: Warm | None = None,
-        forked: bool = False,
+        runner: Runner | None = None,
     ) -> ExecResult:
         root, ctx = self._require_started()
         lim = StepLimits.resolve(self.settings, limits, deadline)
@@ -310,7 +318,7 @@ class ProcessBackend:
             except OSError as exc:
                 return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
         stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(root, stdin)
-        execution = Execution(ctx, Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, forked))
+        execution = Execution(ctx, Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, runner))
         try:
             return await execution.run()
         finally:

@@ -29,7 +29,7 @@ from ..models import ExecResult, ExecStatus
 from .bwrap import Blocked, spawn_blocked
 from .cgroups import CgroupSlot
 from .ending import classify
-from .forkserver import ForkedRun, ForkFailed, ForkServer
+from .forkserver import ForkedRun, ForkFailed, ForkServer, Runner
 from .limits import StepLimits, confine, has_memory_cgroup
 from .warm import Warm
 
@@ -62,7 +62,7 @@ class Step:
     stdin_fd: int  # a cold spawn's stdin (a file or /dev/null)
     stdin: bytes = b""  # a warm sandbox's stdin (written into its pipe)
     warm: Warm | None = None
-    forked: bool = False  # fork it from the fork server's zygote (python)
+    runner: Runner | None = None  # run it on this fork-server runner (python)
 
 
 class Execution:
@@ -99,8 +99,8 @@ class Execution:
         step = self.step
         if self.ctx.bwrap_prefix is None:
             return await self._run_direct()
-        if step.forked and self.ctx.fork_server is not None:
-            return await self._run_forked(self.ctx.fork_server)
+        if step.runner is not None and self.ctx.fork_server is not None:
+            return await self._run_forked(self.ctx.fork_server, step.runner)
         try:
             if step.warm is not None:
                 step.warm.used = True
@@ -182,9 +182,9 @@ class Execution:
         self.child_pid = self.proc.pid
         return await self._supervise(out_r, err_r)
 
-    async def _run_forked(self, server: ForkServer) -> ExecResult:
-        """Fork the program from the zygote: it joins the slot's cgroup and sets the rlimits
-        itself, in the runner, before any user code."""
+    async def _run_forked(self, server: ForkServer, runner: Runner) -> ExecResult:
+        """Run on a fork-server runner: its program already waits in the slot's cgroup; it sets
+        the rlimits and everything else itself before any user code."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         self.fds += [out_r, err_r]
@@ -192,11 +192,13 @@ class Execution:
         request = {
             "workdir": self.step.workdir.name,
             "rlimits": self.lim.rlimits(has_memory_cgroup(slot)),
-            "cgroup_procs": [str(p) for p in slot.procs_files()] if slot else [],
+            "cpu_quota": bool(self.lim.cpu_cores),
         }
+        if slot is not None:
+            slot.reset()  # measure from here: the waiting program's own charge is baseline
         self.started_at = time.monotonic()
         try:
-            self.forked = await server.fork(request, [self.step.stdin_fd, out_w, err_w])
+            self.forked = await server.fork(runner, request, [self.step.stdin_fd, out_w, err_w])
         except ForkFailed as exc:
             return ExecResult(status=ExecStatus.ERROR, message=f"fork server: {exc}")
         finally:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..languages import CHILD_ENV
 from .bwrap import system_binds
+from .cgroups import CgroupPool, CgroupSlot
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("zygote_main.py")
 START_TIMEOUT_S = 10.0
@@ -28,7 +29,18 @@ REPLY_TIMEOUT_S = 5.0
 
 
 class ForkFailed(RuntimeError):
-    """The zygote could not fork this run (it is being replaced)."""
+    """The zygote could not run this request (it is being replaced)."""
+
+
+@dataclass
+class Runner:
+    """A runner forked ahead of time, its program waiting in `slot`'s cgroup for a request."""
+
+    zygote: Zygote
+    key: int
+    slot: CgroupSlot | None
+    pid: int = 0
+    used: bool = False  # a run was sent to it (else it goes back to the idle pool)
 
 
 @dataclass
@@ -77,7 +89,7 @@ def zygote_argv(bwrap: str, root: Path, cgroup_root: Path | None) -> list[str]:
 
 
 class Zygote:
-    """One zygote process and the control socket to it."""
+    """One zygote process, the control socket to it, and its idle runners."""
 
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
         self.proc = proc
@@ -85,7 +97,7 @@ class Zygote:
         self.forks = 0
         self.alive = True
         self.anomaly = ""
-        self.idle_runners: list[int] = []
+        self.idle: dict[int, Runner] = {}
         self.runs: dict[int, ForkedRun] = {}
         self._pids: dict[int, asyncio.Future[int]] = {}
         self._loop = asyncio.get_running_loop()
@@ -93,7 +105,7 @@ class Zygote:
         self._loop.add_reader(sock.fileno(), self._on_message)
 
     @classmethod
-    def start(cls, argv: list[str], prefork: int) -> Zygote:
+    def start(cls, argv: list[str]) -> Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
@@ -109,29 +121,44 @@ class Zygote:
             raise
         finally:
             theirs.close()
-        ours.send(json.dumps({"prefork": prefork}).encode())
         return cls(proc, ours)
 
     @property
     def in_flight(self) -> int:
         return len(self.runs)
 
-    async def fork(self, run_id: int, request: dict[str, Any], fds: list[int]) -> ForkedRun:
-        """Send one run; returns once the zygote has forked it (the runner's pid is known)."""
+    def spawn(self, key: int, slot: CgroupSlot | None) -> Runner:
+        """Ask for one more runner; its program joins `slot` (pids, memory) ahead of time."""
+        runner = Runner(self, key, slot)
+        procs = (
+            [str(d / "cgroup.procs") for c, d in slot.dirs.items() if c != "cpu"] if slot else []
+        )
+        cpu = slot.dirs.get("cpu") if slot else None
+        message = {"spawn": key, "cgroup_procs": procs}
+        if cpu is not None:
+            message["cpu_procs"] = str(cpu / "cgroup.procs")
+        self.sock.send(json.dumps(message).encode())
+        self.idle[key] = runner
+        return runner
+
+    async def fork(
+        self, runner: Runner, run_id: int, request: dict[str, Any], fds: list[int]
+    ) -> ForkedRun:
+        """Hand one run to `runner`; returns once the zygote has passed it on."""
         if not self.alive:
-            raise ForkFailed("the zygote is gone")
+            raise ForkFailed(self.anomaly or "the zygote is gone")
         run = ForkedRun(run_id)
         pid_reply: asyncio.Future[int] = self._loop.create_future()
         self.runs[run_id] = run
         self._pids[run_id] = pid_reply
         self.forks += 1
         try:
-            payload = json.dumps({"id": run_id, **request}).encode()
+            payload = json.dumps({"id": run_id, "runner": runner.key, **request}).encode()
             socket.send_fds(self.sock, [payload], fds)
             run.pid = await asyncio.wait_for(asyncio.shield(pid_reply), REPLY_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             self.runs.pop(run_id, None)
-            self._fail(f"the zygote did not fork: {exc or type(exc).__name__}")
+            self._fail(f"the zygote did not answer: {exc or type(exc).__name__}")
             raise ForkFailed(str(exc) or "the zygote did not answer") from exc
         finally:
             self._pids.pop(run_id, None)
@@ -148,28 +175,33 @@ class Zygote:
             if not data:
                 self._fail("the zygote exited")
                 return
-            msg = json.loads(data)
-            if "idle" in msg:
-                self.idle_runners = [int(p) for p in msg["idle"]]
-                continue
-            if "anomaly" in msg:
-                self.alive = False
-                self.anomaly = str(msg["anomaly"])
-                continue
-            run_id = msg.get("id")
-            if "pid" in msg:
-                waiter = self._pids.get(run_id)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(int(msg["pid"]))
-                continue
-            run = self.runs.pop(run_id, None)
-            if run is None or run.ended.done():
-                continue
-            if "error" in msg:
-                run.ended.set_result(str(msg["error"]))
-                self.alive = False  # an anomaly: no more forks from this zygote
-            else:
-                run.ended.set_result((int(msg["status"]), float(msg["cpu"])))
+            self._handle(json.loads(data))
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        if "spawned" in msg:
+            runner = self.idle.get(msg["spawned"])
+            if runner is not None:
+                runner.pid = int(msg["pid"])
+            return
+        if "anomaly" in msg:
+            self.alive = False
+            self.anomaly = str(msg["anomaly"])
+            return
+        run_id = msg.get("id")
+        if "pid" in msg:
+            waiter = self._pids.get(run_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(int(msg["pid"]))
+            return
+        run = self.runs.pop(run_id, None)
+        if run is None or run.ended.done():
+            return
+        if "error" in msg:
+            run.ended.set_result(str(msg["error"]))
+            self.alive = False  # an anomaly: no more runs on this zygote
+            self.anomaly = str(msg["error"])
+        else:
+            run.ended.set_result((int(msg["status"]), float(msg["cpu"])))
 
     def idle_pids(self) -> list[int]:
         """The zygote's processes that are not a run: bwrap, the zygote, the idle runners and
@@ -177,12 +209,14 @@ class Zygote:
         if not self.alive:
             return []
         pids = [self.proc.pid, *_children(self.proc.pid)]
-        for runner in self.idle_runners:
-            pids += [runner, *_children(runner)]
+        for runner in self.idle.values():
+            if runner.pid:
+                pids += [runner.pid, *_children(runner.pid)]
         return pids
 
     def _fail(self, why: str) -> None:
         self.alive = False
+        self.anomaly = self.anomaly or why
         for waiter in self._pids.values():
             if not waiter.done():
                 waiter.set_exception(ForkFailed(why))
@@ -196,8 +230,9 @@ class Zygote:
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self.sock.fileno())
 
-    def close(self) -> None:
-        """EOF to the zygote: it kills whatever it still runs and exits; reap it."""
+    def close(self) -> list[CgroupSlot]:
+        """EOF to the zygote: it kills whatever it still runs and exits; reap it. Returns the
+        idle runners' slots (their tasks are dead or dying) for the caller to release."""
         self.alive = False
         self._stop_reading()
         self.sock.close()
@@ -206,15 +241,26 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        slots = [r.slot for r in self.idle.values() if r.slot is not None]
+        self.idle.clear()
+        return slots
 
 
 class ForkServer:
-    """Keeps one healthy zygote; replaces it after `max_forks` or on any anomaly."""
+    """Keeps one healthy zygote with `prefork` idle runners; replaces the zygote after
+    `max_forks` runs or on any anomaly."""
 
     def __init__(
-        self, bwrap: str, root: Path, cgroup_root: Path | None, max_forks: int, prefork: int
+        self,
+        bwrap: str,
+        root: Path,
+        cgroups: CgroupPool,
+        max_forks: int,
+        prefork: int,
     ) -> None:
+        cgroup_root = Path("/sys/fs/cgroup") if cgroups.controllers else None
         self.argv = zygote_argv(bwrap, root, cgroup_root)
+        self.cgroups = cgroups
         self.max_forks = max_forks
         self.prefork = prefork
         self.current: Zygote | None = None
@@ -242,18 +288,28 @@ class ForkServer:
 
     def _replace(self) -> None:
         old = self.current
-        self.current = Zygote.start(self.argv, self.prefork)
+        self.current = Zygote.start(self.argv)
         self.started_total += 1
         if old is not None:
             self._retired.append(old)
         self._close_idle_retired()
+        self._top_up(self.current)
+
+    def _top_up(self, z: Zygote) -> None:
+        while len(z.idle) < self.prefork and z.alive:
+            z.spawn(next(self._ids), self.cgroups.acquire())
 
     def _close_idle_retired(self) -> None:
         for z in [z for z in self._retired if z.in_flight == 0]:
             self._retired.remove(z)
-            z.close()
+            self._release(z.close())
 
-    async def fork(self, request: dict[str, Any], fds: list[int]) -> ForkedRun:
+    def _release(self, slots: list[CgroupSlot]) -> None:
+        for slot in slots:
+            self.cgroups.release(slot)
+
+    def take(self) -> Runner:
+        """An idle runner of a healthy zygote (spawned now if none is idle); raises ForkFailed."""
         z = self.current
         if z is None or not self.available:
             raise ForkFailed(self.reason or "the fork server is off")
@@ -264,7 +320,24 @@ class ForkServer:
             self._replace()
             z = self.current
             assert z is not None
-        return await z.fork(next(self._ids), request, fds)
+        if z.idle:
+            runner = z.idle.pop(next(iter(z.idle)))
+        else:
+            runner = z.spawn(next(self._ids), self.cgroups.acquire())
+            z.idle.pop(runner.key)
+        self._top_up(z)
+        return runner
+
+    async def fork(self, runner: Runner, request: dict[str, Any], fds: list[int]) -> ForkedRun:
+        runner.used = True
+        return await runner.zygote.fork(runner, next(self._ids), request, fds)
+
+    def give_back(self, runner: Runner) -> None:
+        """A runner taken for a run that never started: idle again (or freed with its zygote)."""
+        if runner.zygote.alive and runner.zygote is self.current:
+            runner.zygote.idle[runner.key] = runner
+        elif runner.slot is not None:
+            self.cgroups.release(runner.slot)
 
     def run_ended(self) -> None:
         """A run's result is in: retired zygotes with nothing in flight can go."""
@@ -278,6 +351,7 @@ class ForkServer:
             "reason": self.reason or None,
             "zygote_pid": z.proc.pid if z is not None and z.alive else None,
             "forks": z.forks if z is not None else 0,
+            "idle_runners": len(z.idle) if z is not None else 0,
             "max_forks": self.max_forks,
             "prefork": self.prefork,
             "zygotes_started": self.started_total,
@@ -291,6 +365,6 @@ class ForkServer:
 
     def close(self) -> None:
         for z in [*self._retired, *([self.current] if self.current else [])]:
-            z.close()
+            self._release(z.close())
         self._retired.clear()
         self.current = None

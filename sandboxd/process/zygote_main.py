@@ -1,19 +1,20 @@
 """The python fork server (zygote): stdlib only; runs inside its own bwrap as `python3 main.py`.
 
 Started exactly as a program is (same argv, same environment), it does the interpreter's
-start-up once and never runs user code. It keeps `prefork` runners forked ahead of time: each
-enters fresh mount, PID, network, IPC and UTS namespaces, pivots into a fresh root laid out like
-a bwrap sandbox, and forks the program's process (PID 1 of its namespace), which waits for a
-request: then it binds the run dir at /sandbox, joins the run's cgroup, detaches the zygote's
-root, sets rlimits, drops every capability, becomes 65534 with no_new_privs, forgets the
-zygote's modules and runs /sandbox/main.py as `__main__`. The runner exits with the program's
+start-up once and never runs user code. It forks runners ahead of time: each enters fresh mount,
+PID, network, IPC and UTS namespaces, pivots into a fresh root laid out like a bwrap sandbox, and
+forks the program's process (PID 1 of its namespace), which joins its cgroup and waits for a
+request: then it binds the run dir at /sandbox, detaches the zygote's root, sets rlimits, drops
+every capability, becomes 65534 with no_new_privs, forgets the zygote's modules and runs
+/sandbox/main.py as `__main__`. The runner exits with the program's
 status (128 + signal for a signal death, as bwrap reports it).
 
-Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null): {"prefork": K} first; a request is
-one JSON message with three fds (stdin, stdout, stderr), answered by {"id", "pid"} when a runner
-takes it and {"id", "status", "cpu"} (or {"id", "error"}) when the runner is reaped; {"idle":
-[pids]} and {"anomaly": why} tell the service about the idle runners. EOF: the service is gone:
-every runner is killed and the zygote exits.
+Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each:
+{"spawn": key, "cgroup_procs", "cpu_procs"} forks a runner whose program joins that cgroup
+ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir", "rlimits",
+"cpu_quota"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
+then {"id", "status", "cpu"} or {"id", "error"}); {"anomaly", "runner"} says an idle runner
+died. EOF: the service is gone: every runner is killed and the zygote exits.
 """
 
 import sys
@@ -182,20 +183,26 @@ def _replicate(source, target):
         _mount(source, target, None, MS_BIND | MS_REC)
 
 
-def _prepare_program():
-    """In the program's process (PID 1 of its namespace), still ahead of any request."""
+def _prepare_program(spawn):
+    """In the program's process (PID 1 of its namespace), still ahead of any request: its own
+    session, a fresh /proc, and the run's cgroup joined (a task migration can take milliseconds:
+    not on the request's path). The CPU controller, joined only for a CPU quota, stays open."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-
-
-def _become_program(req, fds):
-    """The request is in: the run's dir, cgroup, limits, identity and stdio; then nothing of
-    the zygote's is left visible."""
-    _mount(f"/.oldroot{RUNS}/{req['workdir']}", "/sandbox", None, MS_BIND | MS_REC)
-    for procs in req["cgroup_procs"]:
+    for procs in spawn["cgroup_procs"]:
         with open(f"/.oldroot{procs}", "w") as f:
             f.write("0")
+    cpu = spawn.get("cpu_procs")
+    return os.open(f"/.oldroot{cpu}", os.O_WRONLY | os.O_CLOEXEC) if cpu else None
+
+
+def _become_program(req, fds, cpu_procs):
+    """The request is in: the run's dir, limits, identity and stdio; then nothing of the
+    zygote's is left visible."""
+    _mount(f"/.oldroot{RUNS}/{req['workdir']}", "/sandbox", None, MS_BIND | MS_REC)
+    if req.get("cpu_quota") and cpu_procs is not None:
+        os.write(cpu_procs, b"0")
     _detach("/.oldroot")
     os.rmdir("/.oldroot")
     os.chdir("/sandbox")
@@ -216,7 +223,7 @@ def _become_program(req, fds):
     os.closerange(3, 65536)
 
 
-def _runner(link):
+def _runner(link, spawn):
     """A forked runner: prepare, fork the program, wait for it, exit with its status (128 +
     signal for a signal death, as bwrap). Returns only in the program, with its request."""
     try:
@@ -227,7 +234,7 @@ def _runner(link):
         os._exit(SETUP_FAILED)
     if pid == 0:
         try:
-            _prepare_program()
+            cpu_procs = _prepare_program(spawn)
             data, fds, _, _ = socket.recv_fds(link, 65536, 3)
         except Exception as exc:
             _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
@@ -236,7 +243,7 @@ def _runner(link):
             os._exit(0)  # the zygote is gone before this runner was used
         req = json.loads(data)
         try:
-            _become_program(req, fds)
+            _become_program(req, fds, cpu_procs)
         except Exception as exc:
             _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
             os._exit(SETUP_FAILED)
@@ -263,73 +270,64 @@ def _send(sock, message):
 
 
 class Zygote:
-    """The loop: keep `prefork` runners ready; hand each request to one; report exits."""
+    """The loop: fork the runners the service asks for; hand each request to the runner it
+    names; report every runner's end."""
 
     def __init__(self):
         self.ctl = socket.socket(fileno=os.dup(0))
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        self.prefork = 1
-        self.idle = []  # [(pid, pidfd, link)] ready for a request, oldest first
+        self.idle = {}  # runner key -> (pid, pidfd, link): prepared, waiting for a request
         self.busy = {}  # pidfd -> (run id, pid, link)
         self.poller = select.poll()
         self.poller.register(self.ctl.fileno(), select.POLLIN)
 
-    def spawn_runner(self):
-        """Fork one runner; in the runner this returns the program's request (in the zygote:
-        None)."""
+    def spawn_runner(self, spawn):
+        """Fork one runner; in the runner's program this returns its request (else None)."""
         mine, link = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            keep = link.fileno()
-            others = [self.ctl, mine] + [r[2] for r in self.idle]
-            others += [r[2] for r in self.busy.values()]
-            for sock in others:
+            for sock in [self.ctl, mine, *(r[2] for r in self.idle.values())]:
                 sock.close()
-            for pidfd in [r[1] for r in self.idle] + list(self.busy):
+            for _, _, sock in self.busy.values():
+                sock.close()
+            for pidfd in [r[1] for r in self.idle.values()] + list(self.busy):
                 os.close(pidfd)
-            assert keep == link.fileno()
-            return _runner(link)
+            return _runner(link, spawn)
         link.close()
         pidfd = os.pidfd_open(pid)
         self.poller.register(pidfd, select.POLLIN)
-        self.idle.append((pid, pidfd, mine))
-        return None
-
-    def fill(self):
-        while len(self.idle) < self.prefork:
-            job = self.spawn_runner()
-            if job is not None:
-                return job
-        _send(self.ctl, {"idle": [r[0] for r in self.idle]})
+        self.idle[spawn["spawn"]] = (pid, pidfd, mine)
+        _send(self.ctl, {"spawned": spawn["spawn"], "pid": pid})
         return None
 
     def serve(self):
         """Returns only in a forked program, with its request."""
         while True:
             for fd, _ in self.poller.poll():
-                job = self.on_exit(fd) if fd != self.ctl.fileno() else self.on_request()
+                job = self.on_exit(fd) if fd != self.ctl.fileno() else self.on_message()
                 if job is not None:
                     return job
 
-    def on_request(self):
+    def on_message(self):
         data, fds, _, _ = socket.recv_fds(self.ctl, 65536, 3)
         if not data:  # the service is gone: so is everything this zygote started
-            for pid, _, _ in self.idle:
+            for pid, _, _ in self.idle.values():
                 os.kill(pid, signal.SIGKILL)
             for _, pid, _ in self.busy.values():
                 os.kill(pid, signal.SIGKILL)
             os._exit(0)
         req = json.loads(data)
-        if "prefork" in req:
-            self.prefork = max(1, int(req["prefork"]))
-            return self.fill()
-        if not self.idle:
-            job = self.spawn_runner()
-            if job is not None:
-                return job
-        pid, pidfd, link = self.idle.pop(0)
+        if "spawn" in req:
+            return self.spawn_runner(req)
+        runner = self.idle.pop(req.get("runner"), None)
+        if runner is None:
+            _send(self.ctl, {"id": req["id"], "error": "no such idle runner"})
+            for received in fds:
+                os.close(received)
+            return None
+        pid, pidfd, link = runner
         try:
             socket.send_fds(link, [data], fds)
         except OSError as exc:
@@ -338,11 +336,12 @@ class Zygote:
             os.close(received)
         self.busy[pidfd] = (req["id"], pid, link)
         _send(self.ctl, {"id": req["id"], "pid": pid})
-        return self.fill()
+        return None
 
     def on_exit(self, pidfd):
         self.poller.unregister(pidfd)
-        _, status, usage = os.wait4(self._pid_of(pidfd), 0)
+        pid = self._pid_of(pidfd)
+        _, status, usage = os.wait4(pid, 0)
         os.close(pidfd)
         code = os.waitstatus_to_exitcode(status)
         if pidfd in self.busy:
@@ -355,17 +354,16 @@ class Zygote:
                 cpu = usage.ru_utime + usage.ru_stime
                 _send(self.ctl, {"id": run_id, "status": code, "cpu": cpu})
             return None
-        for i, (_, idle_pidfd, link) in enumerate(self.idle):
-            if idle_pidfd == pidfd:  # a runner died before its request: an anomaly
-                del self.idle[i]
+        for key, (idle_pid, _, link) in list(self.idle.items()):
+            if idle_pid == pid:  # a runner died before its request: an anomaly
+                del self.idle[key]
                 error = self._pending_error(link) or f"an idle runner exited ({code})"
                 link.close()
-                _send(self.ctl, {"anomaly": error})
-                break
-        return self.fill()
+                _send(self.ctl, {"anomaly": error, "runner": key})
+        return None
 
     def _pid_of(self, pidfd):
-        for pid, fd, _ in self.idle:
+        for pid, fd, _ in self.idle.values():
             if fd == pidfd:
                 return pid
         return self.busy[pidfd][1]
