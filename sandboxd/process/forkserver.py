@@ -293,11 +293,23 @@ class ForkServer:
         if old is not None:
             self._retired.append(old)
         self._close_idle_retired()
-        self._top_up(self.current)
+        with contextlib.suppress(ForkFailed):
+            self._top_up(self.current)
 
     def _top_up(self, z: Zygote) -> None:
         while len(z.idle) < self.prefork and z.alive:
-            z.spawn(next(self._ids), self.cgroups.acquire())
+            self._spawn(z)
+
+    def _spawn(self, z: Zygote) -> Runner:
+        slot = self.cgroups.acquire()
+        try:
+            return z.spawn(next(self._ids), slot)
+        except OSError as exc:  # the zygote is gone: the next take replaces it
+            if slot is not None:
+                self.cgroups.release(slot)
+            z.alive = False
+            z.anomaly = z.anomaly or f"the zygote did not take a spawn: {exc}"
+            raise ForkFailed(z.anomaly) from exc
 
     def _close_idle_retired(self) -> None:
         for z in [z for z in self._retired if z.in_flight == 0]:
@@ -317,15 +329,19 @@ class ForkServer:
             if not z.alive:
                 self.anomalies += 1
                 self.last_anomaly = z.anomaly or "the zygote failed"
-            self._replace()
+            try:
+                self._replace()
+            except OSError as exc:
+                raise ForkFailed(f"a new zygote could not start: {exc}") from exc
             z = self.current
             assert z is not None
         if z.idle:
             runner = z.idle.pop(next(iter(z.idle)))
         else:
-            runner = z.spawn(next(self._ids), self.cgroups.acquire())
+            runner = self._spawn(z)
             z.idle.pop(runner.key)
-        self._top_up(z)
+        with contextlib.suppress(ForkFailed):
+            self._top_up(z)
         return runner
 
     async def fork(self, runner: Runner, request: dict[str, Any], fds: list[int]) -> ForkedRun:
