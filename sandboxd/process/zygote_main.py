@@ -142,9 +142,22 @@ def _prepare_runner():
     _check(libc.unshare(flags), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _tmpfs(NEWROOT, "0755")
-    for name in os.listdir("/"):
-        if name not in ZYGOTE_ONLY:
-            _replicate(f"/{name}", f"{NEWROOT}/{name}")
+    for op, source, target in ROOT_PLAN:
+        if op == "symlink":
+            os.symlink(source, target)
+            os.lchown(target, SANDBOX_UID, SANDBOX_UID)
+        elif op == "tmpfs":
+            os.mkdir(target)
+            _tmpfs(target, "0755")
+        elif op == "dir":
+            os.mkdir(target, 0o700 if source == "/etc" else 0o755)
+            os.chown(target, SANDBOX_UID, SANDBOX_UID)
+        else:  # a bind mount of the host's (a tree, a file or a device node)
+            if op == "bind_dir":
+                os.mkdir(target)
+            else:
+                os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
+            _mount(source, target, None, MS_BIND | MS_REC)
     _mount("devpts", f"{NEWROOT}/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, DEVPTS)
     os.mkdir(f"{NEWROOT}/.oldroot")
     os.chdir(NEWROOT)
@@ -157,30 +170,33 @@ def _tmpfs(target, mode):
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},{OWNER}")
 
 
-def _replicate(source, target):
-    """`target` as bwrap would make `source`: its own dirs (owned by the program's uid), the
-    host's read-only trees and device nodes bound in, fresh tmpfs for /tmp and /dev."""
+def _plan(source, target, ops):
+    """How to make `target` as bwrap made `source` (computed once, replayed by every runner):
+    its own dirs (owned by the program's uid), the host's read-only trees and device nodes bound
+    in, fresh tmpfs for /tmp and /dev."""
     if os.path.islink(source):
-        os.symlink(os.readlink(source), target)
-        os.lchown(target, SANDBOX_UID, SANDBOX_UID)
+        ops.append(("symlink", os.readlink(source), target))
     elif source in ("/tmp", "/dev"):
-        os.mkdir(target)
-        _tmpfs(target, "0755")
+        ops.append(("tmpfs", source, target))
         if source == "/dev":
-            for name in os.listdir(source):
-                _replicate(f"{source}/{name}", f"{target}/{name}")
+            for name in sorted(os.listdir(source)):
+                _plan(f"{source}/{name}", f"{target}/{name}", ops)
     elif source in PLAIN_DIRS or (os.path.isdir(source) and not os.path.ismount(source)):
-        os.mkdir(target, 0o700 if source == "/etc" else 0o755)
-        os.chown(target, SANDBOX_UID, SANDBOX_UID)
+        ops.append(("dir", source, target))
         if source not in PLAIN_DIRS:
-            for name in os.listdir(source):
-                _replicate(f"{source}/{name}", f"{target}/{name}")
-    else:  # a bind mount of the host's (a tree, a file or a device node)
-        if os.path.isdir(source):
-            os.mkdir(target)
-        else:
-            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
-        _mount(source, target, None, MS_BIND | MS_REC)
+            for name in sorted(os.listdir(source)):
+                _plan(f"{source}/{name}", f"{target}/{name}", ops)
+    else:
+        ops.append(("bind_dir" if os.path.isdir(source) else "bind_file", source, target))
+    return ops
+
+
+def _root_plan():
+    ops = []
+    for name in sorted(os.listdir("/")):
+        if name not in ZYGOTE_ONLY:
+            _plan(f"/{name}", f"{NEWROOT}/{name}", ops)
+    return ops
 
 
 def _prepare_program(spawn):
@@ -461,6 +477,7 @@ def _run(main, path):
 
 
 RECURSION = RecursionCompensation()
+ROOT_PLAN = _root_plan()
 gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
 JOB = Zygote().serve()
 # From here on: the program's process. Make it look like `python3 main.py` in /sandbox.

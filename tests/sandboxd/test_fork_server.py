@@ -55,7 +55,7 @@ async def run(backend: ProcessBackend, code: str, **limits: object) -> ExecResul
         language="python",
         code=code,
         stdin=STDIN,
-        run_limits=Limits(**{"wall_time_s": 3.0, "memory_mb": 256, **limits}),
+        run_limits=Limits(**{"wall_time_s": 2.0, "memory_mb": 256, **limits}),
     )
     result = await backend.run(spec, Deadline.after(30))
     assert result.run is not None, result
