@@ -476,20 +476,21 @@ def _run(main, path):
     _exit(0, main)
 
 
-RECURSION = RecursionCompensation()
-ROOT_PLAN = _root_plan()
-gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
-JOB = Zygote().serve()
-# From here on: the program's process. Make it look like `python3 main.py` in /sandbox.
-_forget_zygote_modules()
-sys.argv[:] = ["main.py", *JOB.get("argv", [])]
-sys.path[0] = "/sandbox"
-_main = type(sys)("__main__")
-_main.__file__ = "/sandbox/main.py"
-_main.__cached__ = None
-_main.__annotations__ = {}
-_main.__loader__ = type(__loader__)("__main__", "/sandbox/main.py")
-_main.__builtins__ = __builtins__
-sys.modules["__main__"] = _main
-del JOB
-_run(_main, "/sandbox/main.py")
+if __name__ == "__main__":  # run as the zygote (never on import)
+    RECURSION = RecursionCompensation()
+    ROOT_PLAN = _root_plan()
+    gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
+    JOB = Zygote().serve()
+    # From here on: the program's process. Make it look like `python3 main.py` in /sandbox.
+    _forget_zygote_modules()
+    sys.argv[:] = ["main.py", *JOB.get("argv", [])]
+    sys.path[0] = "/sandbox"
+    _main = type(sys)("__main__")
+    _main.__file__ = "/sandbox/main.py"
+    _main.__cached__ = None
+    _main.__annotations__ = {}
+    _main.__loader__ = type(__loader__)("__main__", "/sandbox/main.py")
+    _main.__builtins__ = __builtins__
+    sys.modules["__main__"] = _main
+    del JOB
+    _run(_main, "/sandbox/main.py")
