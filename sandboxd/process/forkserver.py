@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import socket
 import subprocess
 from dataclasses import dataclass, field
@@ -62,9 +63,9 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def zygote_argv(bwrap: str, root: Path, cgroup_root: Path | None) -> list[str]:
+def zygote_argv(bwrap: str, root: Path) -> list[str]:
     """The zygote's own sandbox: the programs' file system view, kept capabilities (it builds
-    each run's namespaces), no network, and only the run dirs and the cgroup tree besides."""
+    each run's namespaces), no network, and only the run dirs besides."""
     argv = [
         bwrap,
         "--unshare-ipc", "--unshare-net", "--unshare-uts",
@@ -80,8 +81,6 @@ def zygote_argv(bwrap: str, root: Path, cgroup_root: Path | None) -> list[str]:
         "--ro-bind", str(ZYGOTE_SCRIPT), "/sandbox/main.py",
         "--chdir", "/sandbox",
     ]  # fmt: skip
-    if cgroup_root is not None:
-        argv += ["--bind", str(cgroup_root), str(cgroup_root)]
     argv += ["--clearenv"]
     for key, value in CHILD_ENV.items():
         argv += ["--setenv", key, value]
@@ -130,14 +129,15 @@ class Zygote:
     def spawn(self, key: int, slot: CgroupSlot | None) -> Runner:
         """Ask for one more runner; its program joins `slot` (pids, memory) ahead of time."""
         runner = Runner(self, key, slot)
-        procs = (
-            [str(d / "cgroup.procs") for c, d in slot.dirs.items() if c != "cpu"] if slot else []
-        )
-        cpu = slot.dirs.get("cpu") if slot else None
-        message = {"spawn": key, "cgroup_procs": procs}
-        if cpu is not None:
-            message["cpu_procs"] = str(cpu / "cgroup.procs")
-        self.sock.send(json.dumps(message).encode())
+        dirs = slot.dirs if slot is not None else {}
+        order = [c for c in dirs if c != "cpu"] + [c for c in dirs if c == "cpu"]
+        fds = [os.open(dirs[c] / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for c in order]
+        try:  # the cgroup files go as fds: the zygote sees no cgroup file system
+            message = {"spawn": key, "cpu": "cpu" in dirs}
+            socket.send_fds(self.sock, [json.dumps(message).encode()], fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         self.idle[key] = runner
         return runner
 
@@ -258,8 +258,7 @@ class ForkServer:
         max_forks: int,
         prefork: int,
     ) -> None:
-        cgroup_root = Path("/sys/fs/cgroup") if cgroups.controllers else None
-        self.argv = zygote_argv(bwrap, root, cgroup_root)
+        self.argv = zygote_argv(bwrap, root)
         self.cgroups = cgroups
         self.max_forks = max_forks
         self.prefork = prefork

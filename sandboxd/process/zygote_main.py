@@ -10,8 +10,8 @@ every capability, becomes 65534 with no_new_privs, forgets the zygote's modules 
 status (128 + signal for a signal death, as bwrap reports it).
 
 Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each:
-{"spawn": key, "cgroup_procs", "cpu_procs"} forks a runner whose program joins that cgroup
-ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir", "rlimits",
+{"spawn": key, "cpu"} with the cgroup.procs fds of the run's slot (the cpu one last, when
+"cpu") forks a runner whose program joins that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir", "rlimits",
 "cpu_quota"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
 then {"id", "status", "cpu"} or {"id", "error"}); {"anomaly", "runner"} says an idle runner
 died. EOF: the service is gone: every runner is killed and the zygote exits.
@@ -34,6 +34,7 @@ import socket  # noqa: E402
 import struct  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
@@ -139,6 +140,7 @@ def _prepare_runner():
     zygote's root stays at /.oldroot (for the run dir and the cgroup) until the request is in."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    flags |= CLONE_NEWCGROUP  # rooted at the service's cgroup, as bwrap's
     _check(libc.unshare(flags), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _tmpfs(NEWROOT, "0755")
@@ -199,18 +201,18 @@ def _root_plan():
     return ops
 
 
-def _prepare_program(spawn):
+def _prepare_program(spawn, cgroup_fds):
     """In the program's process (PID 1 of its namespace), still ahead of any request: its own
     session, a fresh /proc, and the run's cgroup joined (a task migration can take milliseconds:
     not on the request's path). The CPU controller, joined only for a CPU quota, stays open."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for procs in spawn["cgroup_procs"]:
-        with open(f"/.oldroot{procs}", "w") as f:
-            f.write("0")
-    cpu = spawn.get("cpu_procs")
-    return os.open(f"/.oldroot{cpu}", os.O_WRONLY | os.O_CLOEXEC) if cpu else None
+    cpu = cgroup_fds.pop() if spawn["cpu"] else None
+    for fd in cgroup_fds:
+        os.write(fd, b"0")
+        os.close(fd)
+    return cpu
 
 
 def _become_program(req, fds, cpu_procs):
@@ -239,7 +241,7 @@ def _become_program(req, fds, cpu_procs):
     os.closerange(3, 65536)
 
 
-def _runner(link, spawn):
+def _runner(link, spawn, cgroup_fds):
     """A forked runner: prepare, fork the program, wait for it, exit with its status (128 +
     signal for a signal death, as bwrap). Returns only in the program, with its request."""
     try:
@@ -248,9 +250,12 @@ def _runner(link, spawn):
     except Exception as exc:  # any failure is an anomaly: the zygote is replaced
         _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
         os._exit(SETUP_FAILED)
+    if pid != 0:
+        for fd in cgroup_fds:
+            os.close(fd)
     if pid == 0:
         try:
-            cpu_procs = _prepare_program(spawn)
+            cpu_procs = _prepare_program(spawn, cgroup_fds)
             data, fds, _, _ = socket.recv_fds(link, 65536, 3)
         except Exception as exc:
             _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
@@ -299,7 +304,7 @@ class Zygote:
         self.poller = select.poll()
         self.poller.register(self.ctl.fileno(), select.POLLIN)
 
-    def spawn_runner(self, spawn):
+    def spawn_runner(self, spawn, cgroup_fds):
         """Fork one runner; in the runner's program this returns its request (else None)."""
         mine, link = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -310,8 +315,10 @@ class Zygote:
                 sock.close()
             for pidfd in [r[1] for r in self.idle.values()] + list(self.busy):
                 os.close(pidfd)
-            return _runner(link, spawn)
+            return _runner(link, spawn, cgroup_fds)
         link.close()
+        for fd in cgroup_fds:
+            os.close(fd)
         pidfd = os.pidfd_open(pid)
         self.poller.register(pidfd, select.POLLIN)
         self.idle[spawn["spawn"]] = (pid, pidfd, mine)
@@ -327,7 +334,7 @@ class Zygote:
                     return job
 
     def on_message(self):
-        data, fds, _, _ = socket.recv_fds(self.ctl, 65536, 3)
+        data, fds, _, _ = socket.recv_fds(self.ctl, 65536, 8)
         if not data:  # the service is gone: so is everything this zygote started
             for pid, _, _ in self.idle.values():
                 os.kill(pid, signal.SIGKILL)
@@ -336,7 +343,7 @@ class Zygote:
             os._exit(0)
         req = json.loads(data)
         if "spawn" in req:
-            return self.spawn_runner(req)
+            return self.spawn_runner(req, fds)
         runner = self.idle.pop(req.get("runner"), None)
         if runner is None:
             _send(self.ctl, {"id": req["id"], "error": "no such idle runner"})
