@@ -129,11 +129,14 @@ async def record_workload(
 ) -> list[TrajectoryRecord]:
     """The calibration workload on the real engine: all launched at once, async; its records."""
     tools = SimTools({}, default=ToolModel(scale=tool_scale))
+    launched = _relabel(plans, "calibration")
     report = await run_rollout(
-        _settings("async", len(plans), "wall"), iter(_relabel(plans, "calibration")),
-        engine=engine, tools=tools,
+        _settings("async", len(plans), "wall"), iter(launched), engine=engine, tools=tools,
     )  # fmt: skip
-    return report["_records"]
+    # Records come in completion order; a replay must launch them in the order they were launched
+    # (with fewer slots than requests, the order decides who queues).
+    order = {p.trajectory_id: i for i, p in enumerate(launched)}
+    return sorted(report["_records"], key=lambda r: order[r.trajectory_id])
 
 
 async def calibrate_and_run(
