@@ -199,3 +199,47 @@ async def test_long_prompts_prefilled_in_chunks_keep_their_forced_lengths(engine
         )
     )
     assert [len(g.token_ids) for g in gens] == [9] * 12
+
+
+async def test_engine_model_predicts_real_vllm_under_each_policy(engine, polytrace_dir) -> None:
+    """`calibrate --check` on the shared engine (16 sequences, 64 trajectories): fit the model
+    from this vLLM (microbenchmark, then a replay of a recorded calibration workload), run a
+    different workload on both under sync, async and async+overlap, compare. The accuracy is
+    printed, not asserted: real timings on a shared 2-core machine swing by 30% and this small
+    configuration is far from the 95% target (docs/rollout.md has the figures). What must hold:
+    the whole check runs on the real engine, the fit reproduces what it was fitted on, and the
+    model orders the policies as the real engine does."""
+    from rollout_client.calibrate import CalibrationPlan, measure, profile_from
+    from rollout_client.enginecheck import (
+        compare,
+        fit_on_records,
+        real_runs,
+        record_workload,
+        simulated_runs,
+    )
+    from rollout_client.workloads.replay import LengthScale, replay_plans
+
+    plan = CalibrationPlan(batches=[1, 4, 16], prompt_lens=[32, 256], decode_tokens=16)
+    samples = await measure(engine, plan, engine.vocab_size or 1024)
+    first = profile_from(engine, plan, samples, "check")
+    assert first.fit_error is not None and first.fit_error["samples"] == len(samples)
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    plans = list(
+        replay_plans([trace], scale=LengthScale(0.1, None, 32, 128), exact=True, limit=144)
+    )
+    check, calibration = plans[:80], plans[80:]
+    recorded = await record_workload(engine, calibration, tool_scale=0.1)
+    real = await real_runs(engine, check, 64, tool_scale=0.1)
+    cost = await asyncio.to_thread(fit_on_records, first, recorded)
+    assert cost.fit_error["replay_makespan_accuracy"] > 0.8  # the fit matches what it saw
+    sim = await asyncio.to_thread(simulated_runs, cost, check, 64, 0.1)
+    rows = {r["policy"]: r for r in compare(real, sim)}
+    print(json.dumps(rows, indent=1))  # the figures, for the record
+    assert set(rows) == {"sync", "async", "async+overlap"}
+    for row in rows.values():
+        assert row["completed"][0] >= 64 and row["completed"][1] >= 64, row
+        assert row["makespan_real_s"] > 0 and row["makespan_sim_s"] > 0
+    # Both agree on what the policies do: overlap closes the step before sync does.
+    for side in ("real", "sim"):
+        key = f"makespan_{side}_s"
+        assert rows["async+overlap"][key] < rows["sync"][key]
