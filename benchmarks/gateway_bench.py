@@ -1,13 +1,19 @@
 """Gateway overhead: the same zero-delay search emulator called directly and through the gateway.
 
     python -m benchmarks.gateway_bench --out bench-results/benchmarks.gateway_bench.json [--quick]
+        [--rates 500,2000,4000] [--no-pin] [--nice -10]
 
 Three processes on loopback: the emulator (`toolenv emulators serve`, a constant 0 s profile),
-the gateway in proxy mode in front of it (`toolenv gateway serve --mode proxy`), and the open-loop
-load generator (`stress`, latency measured from each request's scheduled send
-time, so stalls are not hidden). Rounds alternate direct and gateway at each rate, so drift on a
-shared machine hits both alike. The added latency is gateway minus direct at each percentile;
-the ratio is gateway over direct (the baseline measured in the same run).
+the gateway in proxy mode in front of it (`toolenv gateway serve`, trace capture on), and the
+open-loop load generator (`stress`, latency measured from each request's scheduled send time, so
+stalls are not hidden). Every request carries a deadline and the trajectory, step and turn
+headers, so the gateway's deadline, admission, metrics and trace capture all run. With two or
+more CPUs the gateway is pinned alone to the last one (taskset) and the emulator and generator to
+the others: "one gateway process on one core". Rounds alternate direct, through the gateway
+(`/retrieve`, pass-through) and the generic call (`/v1/tools/search/call`) at each rate, so drift
+on a shared machine hits all alike. Added = gateway minus direct at each percentile; ratio =
+gateway over direct (the baseline measured in the same run). CPU per call = the process's CPU
+time (/proc) over the calls it served in that window.
 """
 
 from __future__ import annotations
@@ -24,14 +30,29 @@ import numpy as np
 import yaml
 
 from stress import LoadSpec, run_load
+from toolenv_core import headers as h
 
 from .harness import ServerProcess, toolenv_server
 
 BODY = {"queries": ["who wrote hamlet"], "topk": 3}
+HEADERS = {h.DEADLINE: "10000", h.TRAJECTORY: "bench-trajectory", h.STEP: "3", h.TURN: "1"}
 PERCENTILES = (50, 90, 99, 99.9)
+PATHS = {"gateway": ("/retrieve", BODY), "generic": ("/v1/tools/search/call", {"arguments": BODY})}
+TARGET = {"rate_rps": 4000, "gateway_cpu_us_per_call": 100.0, "added_p99_ms": 5.0}
 
 
-def _start(workdir: Path) -> tuple[ServerProcess, ServerProcess]:
+def _cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(gateway CPUs, everything else's CPUs): the last CPU for the gateway alone."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None, None
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+def _start(workdir: Path, pin: bool) -> tuple[ServerProcess, ServerProcess]:
+    gateway_cpus, other_cpus = _cpu_split(pin)
+    if other_cpus is not None:
+        os.sched_setaffinity(0, other_cpus)  # the load generator (this process)
     emu_cfg = workdir / "emulators.yaml"
     emu_cfg.write_text(
         yaml.safe_dump(
@@ -46,13 +67,15 @@ def _start(workdir: Path) -> tuple[ServerProcess, ServerProcess]:
             }
         )
     )
-    emulator = toolenv_server("emulators", "serve", "--config", str(emu_cfg)).start()
+    emulator = toolenv_server("emulators", "serve", "--config", str(emu_cfg), cpus=other_cpus)
+    emulator.start()
     gw_cfg = workdir / "gateway.yaml"
     gw_cfg.write_text(
         yaml.safe_dump(
             {
                 "gateway": {
                     "log_level": "warning",
+                    "trace_path": str(workdir / "capture.jsonl"),
                     "tools": [
                         {
                             "name": "search",
@@ -68,7 +91,8 @@ def _start(workdir: Path) -> tuple[ServerProcess, ServerProcess]:
         )
     )
     try:
-        gateway = toolenv_server("gateway", "serve", "--config", str(gw_cfg)).start()
+        gateway = toolenv_server("gateway", "serve", "--config", str(gw_cfg), cpus=gateway_cpus)
+        gateway.start()
     except Exception:
         emulator.stop()
         raise
@@ -81,11 +105,14 @@ def _percentiles(latencies_ms: np.ndarray) -> dict[str, float]:
     return {f"p{p:g}": float(np.percentile(latencies_ms, p)) for p in PERCENTILES}
 
 
-def _run(url: str, rate: float, duration_s: float) -> dict[str, Any]:
+def _run(
+    url: str, rate: float, duration_s: float, path: str = "/retrieve", body: Any = None
+) -> dict[str, Any]:
     result = run_load(
         LoadSpec(
-            url=url + "/retrieve",
-            body=BODY,
+            url=url + path,
+            body=BODY if body is None else body,
+            headers=HEADERS,
             rate=rate,
             duration_s=duration_s,
             arrival="constant",
@@ -105,61 +132,94 @@ def _run(url: str, rate: float, duration_s: float) -> dict[str, Any]:
     }
 
 
-def measure(rates: list[float], duration_s: float, rounds: int) -> dict[str, Any]:
+def measure(rates: list[float], duration_s: float, rounds: int, pin: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="toolenv-gw-bench-") as tmp:
-        emulator, gateway = _start(Path(tmp))
+        emulator, gateway = _start(Path(tmp), pin)
         try:
-            # warm both paths (connections, caches) before measuring
+            # warm every path (connections, caches) before measuring
             _run(emulator.url, 200, 1.0)
-            _run(gateway.url, 200, 1.0)
+            for path, body in PATHS.values():
+                _run(gateway.url, 200, 1.0, path, body)
             report: dict[str, Any] = {}
             for rate in rates:
-                direct: list[np.ndarray] = []
-                through: list[np.ndarray] = []
+                samples: dict[str, list[np.ndarray]] = {"direct": [], **{k: [] for k in PATHS}}
+                cpu = dict.fromkeys(["emulator", *PATHS], 0.0)
+                calls = dict.fromkeys(["direct", *PATHS], 0)
                 runs: list[dict[str, Any]] = []
-                cpu = {"emulator_direct": 0.0, "emulator_via_gateway": 0.0, "gateway": 0.0}
-                calls = {"direct": 0, "gateway": 0}
                 for _ in range(rounds):
                     e0 = emulator.cpu_s()
-                    d = _run(emulator.url, rate, duration_s)
-                    e1, g1 = emulator.cpu_s(), gateway.cpu_s()
-                    g = _run(gateway.url, rate, duration_s)
-                    e2, g2 = emulator.cpu_s(), gateway.cpu_s()
-                    cpu["emulator_direct"] += e1 - e0
-                    cpu["emulator_via_gateway"] += e2 - e1
-                    cpu["gateway"] += g2 - g1
-                    calls["direct"] += d["sent"]
-                    calls["gateway"] += g["sent"]
-                    direct.append(d.pop("_ok"))
-                    through.append(g.pop("_ok"))
-                    runs.append({"direct": d, "gateway": g, "loadavg_1m": os.getloadavg()[0]})
-                dp = _percentiles(np.concatenate(direct))
-                gp = _percentiles(np.concatenate(through))
-                report[f"{rate:g}rps"] = {
-                    "direct_ms": dp,
-                    "gateway_ms": gp,
-                    "added_ms": {k: gp[k] - dp[k] for k in dp},
-                    "ratio_gateway_over_direct": {k: gp[k] / dp[k] if dp[k] else None for k in dp},
-                    # CPU per call does not depend on how busy the machine is: the steadier figure
-                    "cpu_us_per_call": {
-                        "emulator (baseline)": 1e6
-                        * cpu["emulator_direct"]
-                        / max(1, calls["direct"]),
-                        "gateway": 1e6 * cpu["gateway"] / max(1, calls["gateway"]),
-                    },
-                    "rounds": runs,
+                    one = {"direct": _run(emulator.url, rate, duration_s)}
+                    cpu["emulator"] += emulator.cpu_s() - e0
+                    for name, (path, body) in PATHS.items():
+                        g0 = gateway.cpu_s()
+                        one[name] = _run(gateway.url, rate, duration_s, path, body)
+                        cpu[name] += gateway.cpu_s() - g0
+                    for name, r in one.items():
+                        calls[name] += r["sent"]
+                        samples[name].append(r.pop("_ok"))
+                    runs.append({**one, "loadavg_1m": os.getloadavg()[0]})
+                pct = {k: _percentiles(np.concatenate(v)) for k, v in samples.items()}
+                dp = pct["direct"]
+                entry: dict[str, Any] = {"direct_ms": dp}
+                for name in PATHS:
+                    gp = pct[name]
+                    entry[f"{name}_ms"] = gp
+                    entry[f"{name}_added_ms"] = {k: gp[k] - dp[k] for k in dp}
+                    entry[f"{name}_ratio_over_direct"] = {
+                        k: gp[k] / dp[k] if dp[k] else None for k in dp
+                    }
+                # CPU per call does not depend on how busy the machine is: the steadier figure
+                entry["cpu_us_per_call"] = {
+                    "emulator (baseline)": 1e6 * cpu["emulator"] / max(1, calls["direct"]),
+                    **{name: 1e6 * cpu[name] / max(1, calls[name]) for name in PATHS},
                 }
+                entry["achieved_rps"] = {
+                    name: round(sum(r[name]["achieved_rps"] for r in runs) / len(runs), 1)
+                    for name in calls
+                }
+                entry["ok_fraction"] = {
+                    name: sum(r[name]["ok"] for r in runs) / max(1, calls[name]) for name in calls
+                }
+                entry["rounds"] = runs
+                report[f"{rate:g}rps"] = entry
             return report
         finally:
             gateway.stop()
             emulator.stop()
 
 
+def _verdict(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The issue's target at its rate: gateway CPU per call and added p99, every call answered."""
+    entry = results.get(f"{TARGET['rate_rps']:g}rps")
+    if entry is None:
+        return None
+    out: dict[str, Any] = {}
+    for name in PATHS:
+        cpu = entry["cpu_us_per_call"][name]
+        added = entry[f"{name}_added_ms"]["p99"]
+        sustained = (
+            entry["ok_fraction"][name] == 1.0
+            and entry["achieved_rps"][name] >= 0.97 * (TARGET["rate_rps"])
+        )
+        out[name] = {
+            "cpu_us_per_call": round(cpu, 1),
+            "added_p99_ms": round(added, 3),
+            "sustained": sustained,
+            "met": sustained
+            and cpu <= TARGET["gateway_cpu_us_per_call"]
+            and added <= TARGET["added_p99_ms"],
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test, noisy)")
-    parser.add_argument("--rates", default="500,2000")
+    parser.add_argument("--rates", default="500,2000,4000")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="leave every process free to use every CPU"
+    )
     parser.add_argument(
         "--nice",
         type=int,
@@ -172,45 +232,63 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(args.nice)  # inherited by the emulator and gateway processes started below
     rates = [float(r) for r in args.rates.split(",")]
     duration, rounds = (3.0, 1) if args.quick else (10.0, 3)
+    gateway_cpus, other_cpus = _cpu_split(not args.no_pin)
     started = time.monotonic()
-    results = measure(rates, duration, rounds)
+    load_at_start = os.getloadavg()[0]
+    results = measure(rates, duration, rounds, not args.no_pin)
     report = {
-        "benchmark": "gateway overhead (proxy mode, zero-delay search emulator, /retrieve)",
+        "benchmark": "gateway overhead and CPU per call (proxy mode, zero-delay search emulator; "
+        "/retrieve pass-through and the generic call)",
         "command": "python -m benchmarks.gateway_bench --out FILE"
         + (" --quick" if args.quick else "")
+        + (f" --rates {args.rates}" if args.rates != "500,2000,4000" else "")
+        + (" --no-pin" if args.no_pin else "")
         + (f" --nice {args.nice}" if args.nice else ""),
         "duration_s_per_run": duration,
         "rounds": rounds,
         "cpus": os.cpu_count(),
-        "loadavg_1m_at_start": os.getloadavg()[0],
+        "gateway_cpus": sorted(gateway_cpus) if gateway_cpus else None,
+        "emulator_and_generator_cpus": sorted(other_cpus) if other_cpus else None,
+        "loadavg_1m_at_start": load_at_start,
+        "loadavg_1m_at_end": os.getloadavg()[0],
         "niceness": os.nice(0),
-        "target_500rps": {"added_p50_ms": 1.0, "added_p99_ms": 5.0},
+        "target": TARGET,
+        "verdict": _verdict(results),
         "results": results,
         "seconds": round(time.monotonic() - started, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    print(
-        f"{'rate':>8} {'pct':>6} {'direct ms':>10} {'gateway ms':>11} {'added ms':>9} {'ratio':>6}"
-    )
-    for rate, r in results.items():
-        for k in r["direct_ms"]:
-            ratio = r["ratio_gateway_over_direct"][k]
-            print(
-                f"{rate:>8} {k:>6} {r['direct_ms'][k]:>10.3f} {r['gateway_ms'][k]:>11.3f} "
-                f"{r['added_ms'][k]:>9.3f} {ratio if ratio is None else round(ratio, 2):>6}"
-            )
-    for rate, r in results.items():
-        cpu = r["cpu_us_per_call"]
-        print(
-            f"{rate:>8} CPU per call: gateway {cpu['gateway']:.0f} us, emulator {cpu['emulator (baseline)']:.0f} us "
-            f"(ratio {cpu['gateway'] / max(cpu['emulator (baseline)'], 1e-9):.2f})"
-        )
-    print(
-        f"load average (1 min) at start: {report['loadavg_1m_at_start']:.1f} on {os.cpu_count()} CPUs"
-    )
+    _print(report)
     print(f"wrote {args.out}")
     return 0
+
+
+def _print(report: dict[str, Any]) -> None:
+    results = report["results"]
+    print(f"{'rate':>8} {'path':>8} {'pct':>6} {'direct ms':>10} {'via gw ms':>10} {'added ms':>9}")
+    for rate, r in results.items():
+        for name in PATHS:
+            for k in r["direct_ms"]:
+                print(
+                    f"{rate:>8} {name:>8} {k:>6} {r['direct_ms'][k]:>10.3f} "
+                    f"{r[f'{name}_ms'][k]:>10.3f} {r[f'{name}_added_ms'][k]:>9.3f}"
+                )
+    for rate, r in results.items():
+        cpu, got = r["cpu_us_per_call"], r["achieved_rps"]
+        base = cpu["emulator (baseline)"]
+        print(
+            f"{rate:>8} CPU per call: pass-through {cpu['gateway']:.0f} us, generic "
+            f"{cpu['generic']:.0f} us, emulator {base:.0f} us (ratio {cpu['gateway'] / base:.2f}); "
+            f"achieved rps direct {got['direct']}, via gateway {got['gateway']} / {got['generic']}"
+        )
+    if report["verdict"]:
+        print(f"target {report['target']}: {json.dumps(report['verdict'])}")
+    print(
+        f"gateway on CPUs {report['gateway_cpus']}, the rest on {report['emulator_and_generator_cpus']}; "
+        f"load average (1 min) {report['loadavg_1m_at_start']:.1f} -> "
+        f"{report['loadavg_1m_at_end']:.1f} on {report['cpus']} CPUs"
+    )
 
 
 if __name__ == "__main__":

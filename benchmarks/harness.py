@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -128,10 +129,14 @@ def toolenv_server(
     ready_timeout_s: float = 60.0,
     stop_timeout_s: float = 10.0,
     env: dict[str, str] | None = None,
+    cpus: Iterable[int] | None = None,
 ) -> ServerProcess:
-    """`python -m toolenv <args> --host 127.0.0.1 --port <free port>` (not started yet)."""
+    """`python -m toolenv <args> --host 127.0.0.1 --port <free port>` (not started yet), pinned
+    to `cpus` with taskset (threads included) when given."""
     port = free_port()
     argv = [sys.executable, "-m", "toolenv", *args, "--host", "127.0.0.1", "--port", str(port)]
+    if cpus is not None:
+        argv = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *argv]
     return ServerProcess(
         argv, port, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s, env=env
     )

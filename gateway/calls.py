@@ -13,7 +13,6 @@ from typing import Any
 
 from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
-from toolenv_core.polytrace.records import ToolCallRecord
 
 from .dispatch import Outcome, ToolRuntime, UpstreamCall
 from .trace import TraceWriter, parse_int_header
@@ -117,15 +116,15 @@ def _capture(ctx: CallContext, runtime: ToolRuntime, outcome: Outcome) -> None:
     if ctx.trace is None or not trajectory:
         return
     ctx.trace.record(
-        ToolCallRecord(
-            tool_name=runtime.name,
-            turn=parse_int_header(ctx.headers.get(_TURN)) or 0,
-            latency_s=outcome.elapsed_s,
-            status="success" if outcome.kind == "ok" else outcome.kind,
-            response_bytes=len(outcome.reply.body) if outcome.reply is not None else 0,
-            trajectory_id=trajectory[:256],
-            step=parse_int_header(ctx.headers.get(_STEP)),
-        )
+        {
+            "tool_name": runtime.name,
+            "turn": parse_int_header(ctx.headers.get(_TURN)) or 0,
+            "latency_s": outcome.elapsed_s,
+            "status": "success" if outcome.kind == "ok" else outcome.kind,
+            "response_bytes": len(outcome.reply.body) if outcome.reply is not None else 0,
+            "trajectory_id": trajectory[:256],
+            "step": parse_int_header(ctx.headers.get(_STEP)),
+        }
     )
 
 

@@ -64,6 +64,44 @@ class Outcome:
     deadline_ms: float | None = None
 
 
+class Expiry:
+    """`asyncio.timeout(delay)` with the same semantics (the task is cancelled at expiry and the
+    block's CancelledError leaves as TimeoutError; a cancellation from elsewhere stays one) at
+    about half its cost: one timer handle and no state machine, on every call's path."""
+
+    __slots__ = ("delay", "task", "handle", "fired", "cancelling")
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.task: asyncio.Task | None = None
+        self.handle: asyncio.TimerHandle | None = None
+        self.fired = False
+        self.cancelling = 0
+
+    async def __aenter__(self) -> Expiry:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.cancelling = task.cancelling()
+        self.handle = asyncio.get_running_loop().call_later(max(0.0, self.delay), self._fire)
+        return self
+
+    def _fire(self) -> None:
+        self.fired = True
+        assert self.task is not None
+        self.task.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        assert self.handle is not None and self.task is not None
+        self.handle.cancel()
+        if (
+            self.fired
+            and self.task.uncancel() <= self.cancelling
+            and exc_type is asyncio.CancelledError
+        ):
+            raise TimeoutError from exc
+
+
 class ToolRuntime:
     def __init__(self, config: ToolConfig, backend: Backend, metrics: GatewayMetrics) -> None:
         self.config = config
@@ -120,7 +158,7 @@ class ToolRuntime:
         queue_wait = 0.0
         self.budget.record_call()
         try:
-            async with asyncio.timeout(call.deadline.remaining()):
+            async with Expiry(call.deadline.remaining()):
                 if not self.admission.try_acquire():
                     await self.admission.acquire()
                 admitted = True

@@ -70,6 +70,7 @@ class LaneProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.gateway = gateway
         self.lane: LaneCycle | None = None  # the lane request being read, until it is complete
+        self.idle_since: float | None = None  # loop time the last answer went out, while idle
 
     # -- parser callbacks (uvicorn's, with the lane first)
     def on_headers_complete(self) -> None:
@@ -79,9 +80,16 @@ class LaneProtocol(HttpToolsProtocol):
             return
         self.lane = lane
         self.cycle = lane  # type: ignore[assignment]  # uvicorn sees a cycle in progress
-        lane.body_timer = self.loop.call_later(
-            self.gateway.door.body_timeout_s, self._body_late, lane
-        )
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        lane = self.lane
+        if lane is not None and lane.body_timer is None and not self.transport.is_closing():
+            # A lane request still incomplete after this chunk: its body now has a deadline
+            # (armed here rather than per request: nearly every request arrives in one chunk).
+            lane.body_timer = self.loop.call_later(
+                self.gateway.door.body_timeout_s, self._body_late, lane
+            )
 
     def on_body(self, body: bytes) -> None:
         lane = self.lane
@@ -101,6 +109,36 @@ class LaneProtocol(HttpToolsProtocol):
         task = self.loop.create_task(self._answer(lane))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+
+    # -- keep-alive: one timer per idle spell, not one armed and cancelled per request
+    def _unset_keepalive_if_required(self) -> None:
+        self.idle_since = None  # data arrived: busy (the timer, if armed, finds it so and lapses)
+
+    def on_response_complete(self) -> None:
+        """uvicorn's own, except that the keep-alive timer is armed only if none is."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self.idle_since = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self._idle_check
+            )
+
+    def _idle_check(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self.idle_since is None or self.transport.is_closing():
+            return  # busy: re-armed when this request is answered
+        left = self.idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._idle_check)
+        else:
+            self.timeout_keep_alive_handler()
 
     # -- the lane
     def _take(self) -> LaneCycle | None:

@@ -152,20 +152,34 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
     if reply is None:
         await _failure(send, runtime, outcome, ctx)
         return
-    try:
-        result = json.loads(reply.body) if reply.body else None
-    except ValueError:
-        result = reply.body.decode("utf-8", errors="replace")
-    answer = {
-        "tool": runtime.name,
-        "status": outcome.kind,
-        "result": result,
+    head = {"tool": runtime.name, "status": outcome.kind}
+    tail = {
         "error": outcome.error,
         "elapsed_s": round(outcome.elapsed_s, 6),
         "request_id": ctx.request_id,
     }
     where = {k: reply.headers[k] for k in EXECUTOR_HEADERS if k in reply.headers}
-    await _json(send, 200, answer, where)
+    result = _json_text(reply.body)
+    if result is None:  # not JSON: the body as text
+        text = reply.body.decode("utf-8", errors="replace") if reply.body else None
+        await _json(send, 200, {**head, "result": text, **tail}, where)
+        return
+    # The tool's JSON goes in as it came (checked, not parsed and written again: the larger
+    # half of the JSON work of a call).
+    payload = f'{json.dumps(head)[:-1]}, "result": {result}, {json.dumps(tail)[1:]}'.encode()
+    await _raw_json(send, 200, payload, where)
+
+
+def _json_text(body: bytes) -> str | None:
+    """`body` as text if it is one well-formed UTF-8 JSON document, else None."""
+    if not body:
+        return None
+    try:
+        text = body.decode("utf-8")
+        json.loads(text)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError both
+        return None
+    return text
 
 
 _INVALID = object()
@@ -223,7 +237,12 @@ async def _read(receive) -> bytes | None:
 async def _json(
     send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> None:
-    payload = json.dumps(body).encode()
+    await _raw_json(send, status, json.dumps(body).encode(), headers)
+
+
+async def _raw_json(
+    send, status: int, payload: bytes, headers: dict[str, str] | None = None
+) -> None:
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})

@@ -4,8 +4,9 @@ Each line is an `toolenv_core.polytrace.records.ToolCallRecord` (the multi-turn 
 shape: tool_name, turn, latency_s, status, response_bytes, trajectory_id, step), so a workload
 recorded through the gateway replays with the emulators: `to_multiturn` groups the calls of each
 trajectory into one multi-turn `TrajectoryRecord` line, which `toolenv_core.polytrace` reads like a
-published trace (`toolenv gateway trace-to-multiturn CAPTURE OUT`). Lines are queued in memory and written by a worker thread in batches:
-the event loop never waits on the disk.
+published trace (`toolenv gateway trace-to-multiturn CAPTURE OUT`). Calls are queued in memory and
+written by a worker thread in batches (at most every 50 ms): the event loop never waits on the
+disk.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
+from pydantic import TypeAdapter, ValidationError
 
 from toolenv_core.polytrace.records import ToolCallRecord, TrajectoryRecord, TurnRecord
 
@@ -24,21 +27,32 @@ log = logging.getLogger("toolenv.gateway")
 
 
 class TraceWriter:
-    def __init__(self, path: str | Path, max_pending: int = 100_000) -> None:
+    """Queues each call's fields on the event loop (no model built there: a validated record costs
+    several microseconds a call); a worker thread validates and serializes them a batch at a time
+    as `ToolCallRecord`s, appends the lines and flushes."""
+
+    def __init__(
+        self, path: str | Path, max_pending: int = 100_000, flush_interval_s: float = 0.05
+    ) -> None:
         self.path = Path(path)
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=max_pending)
+        # Batches at most this often: each hand-over to the thread costs a wake-up (and the GIL
+        # going back and forth), which per call would cost more than the record.
+        self.flush_interval_s = flush_interval_s
+        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=max_pending)
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0
+        self.invalid = 0
         self.written = 0
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._task = asyncio.create_task(self._run(), name="trace-writer")
 
-    def record(self, record: ToolCallRecord) -> None:
-        """Queue one record (never blocks; a full queue drops and counts rather than stall calls)."""
+    def record(self, fields: dict[str, Any]) -> None:
+        """Queue one call's `ToolCallRecord` fields (never blocks; a full queue drops and counts
+        rather than stall calls)."""
         try:
-            self._queue.put_nowait(record.model_dump_json(exclude_none=True))
+            self._queue.put_nowait(fields)
         except asyncio.QueueFull:
             self.dropped += 1
 
@@ -47,18 +61,34 @@ class TraceWriter:
         try:
             stop = False
             while not stop:
-                lines = [await self._queue.get()]
+                batch = [await self._queue.get()]
                 while not self._queue.empty():
-                    lines.append(self._queue.get_nowait())
-                if None in lines:
+                    batch.append(self._queue.get_nowait())
+                if None in batch:
                     stop = True
-                    lines = [line for line in lines if line is not None]
-                if lines:
-                    text = "\n".join(lines) + "\n"
-                    await anyio.to_thread.run_sync(_write_flush, handle, text)
-                    self.written += len(lines)
+                calls = [fields for fields in batch if fields is not None]
+                if calls:
+                    await anyio.to_thread.run_sync(self._write, handle, calls)
+                if not stop:
+                    await asyncio.sleep(self.flush_interval_s)
         finally:
             await anyio.to_thread.run_sync(handle.close)
+
+    def _write(self, handle, calls: list[dict[str, Any]]) -> None:
+        """In the worker thread: one batch validated at once, written as JSON lines."""
+        try:
+            records = _CALLS.validate_python(calls)
+        except ValidationError:  # one bad call must not cost the batch: keep the good ones
+            records = []
+            for fields in calls:
+                try:
+                    records.append(ToolCallRecord.model_validate(fields))
+                except ValidationError:
+                    self.invalid += 1
+        if records:
+            text = "\n".join(r.model_dump_json(exclude_none=True) for r in records) + "\n"
+            _write_flush(handle, text)
+            self.written += len(records)
 
     async def close(self) -> None:
         if self._task is None:
@@ -68,8 +98,14 @@ class TraceWriter:
             await asyncio.wait_for(self._task, 10)
         except Exception as exc:  # never let shut-down hang on a stuck disk
             log.error("trace writer did not finish", extra={"error": str(exc)})
-        if self.dropped:
-            log.warning("trace capture dropped records", extra={"dropped": self.dropped})
+        if self.dropped or self.invalid:
+            log.warning(
+                "trace capture dropped records",
+                extra={"dropped": self.dropped, "invalid": self.invalid},
+            )
+
+
+_CALLS = TypeAdapter(list[ToolCallRecord])
 
 
 def _write_flush(handle, text: str) -> None:

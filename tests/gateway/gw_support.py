@@ -73,7 +73,9 @@ class GatewayServer:
     """A real gateway on a loopback port, served by uvicorn in a thread, wired as `toolenv serve`
     wires it (its embedded tools' apps built from the config file's sections)."""
 
-    def __init__(self, settings: GatewaySettings, config_file: str | None = None) -> None:
+    def __init__(
+        self, settings: GatewaySettings, config_file: str | None = None, keep_alive_s: float = 5.0
+    ) -> None:
         self.settings = settings
         sections = read_config_file(config_file) if config_file else {}
         self.app = build_gateway(settings, sections)
@@ -83,7 +85,7 @@ class GatewayServer:
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False,
             lifespan="on", loop="asyncio", timeout_graceful_shutdown=2,
-            http=lane_protocol(state_of_app(self.app)),
+            http=lane_protocol(state_of_app(self.app)), timeout_keep_alive=keep_alive_s,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -3,13 +3,18 @@ hot route, answered in order and in full whichever path (lane or app) serves eac
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 
 import httpx
-from gw_support import proxy_tool
+import pytest
+from gw_support import GatewayServer, proxy_tool
+
+from gateway.dispatch import Expiry
+from gateway.settings import GatewaySettings
 
 KEY = "lane-key-0123456789"
 
@@ -169,3 +174,48 @@ def test_shutdown_answers_the_call_in_flight_then_closes(upstream, gateway) -> N
     assert status == 200 and json.loads(body)["status"] == "ok"
     assert headers.get("connection") == "close"
     assert _closed(sock)
+
+
+def test_keep_alive_closes_idle_connections_only(upstream) -> None:
+    up = upstream("a")
+    gw = GatewayServer(GatewaySettings(tools=[proxy_tool("echo", up.url)]), keep_alive_s=0.6)
+    try:
+        sock = _connect(gw.url)
+        for n in range(8):  # busy for longer than the keep-alive: never idle that long
+            sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": n}}))
+            (status, _, body), = _read_responses(sock, 1)  # fmt: skip
+            assert status == 200 and json.loads(body)["result"]["body"] == {"n": n}
+            idle = time.monotonic()
+            time.sleep(0.2 if n < 7 else 0)
+        assert _closed(sock)
+        assert 0.55 <= time.monotonic() - idle <= 3.0
+    finally:
+        gw.stop()
+
+
+def test_expiry_is_asyncio_timeout() -> None:
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            async with Expiry(0.05):
+                await asyncio.sleep(5)
+        async with Expiry(5):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)  # nothing left pending on the task
+        outer = asyncio.ensure_future(_sleep_in_expiry())
+        await asyncio.sleep(0.05)
+        outer.cancel()  # a cancellation from elsewhere stays a cancellation
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        async with Expiry(-1) as gone:  # already expired: cancelled at the first await
+            pass
+        assert gone.handle is not None
+        with pytest.raises(TimeoutError):
+            async with Expiry(0):
+                await asyncio.sleep(1)
+
+    asyncio.run(main())
+
+
+async def _sleep_in_expiry() -> None:
+    async with Expiry(5):
+        await asyncio.sleep(5)
