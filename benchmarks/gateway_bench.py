@@ -13,7 +13,9 @@ the others: "one gateway process on one core". Rounds alternate direct, through 
 (`/retrieve`, pass-through) and the generic call (`/v1/tools/search/call`) at each rate, so drift
 on a shared machine hits all alike. Added = gateway minus direct at each percentile; ratio =
 gateway over direct (the baseline measured in the same run). CPU per call = the process's CPU
-time (/proc) over the calls it served in that window.
+time (/proc) over the calls it served in that window; its baseline is the floor proxy
+(`benchmarks/floor_proxy.py`: uvloop, httptools and the same upstream client, nothing else), run
+in the same rounds on the gateway's CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +35,7 @@ import yaml
 from stress import LoadSpec, run_load
 from toolenv_core import headers as h
 
-from .harness import ServerProcess, toolenv_server
+from .harness import ServerProcess, free_port, toolenv_server
 
 BODY = {"queries": ["who wrote hamlet"], "topk": 3}
 HEADERS = {h.DEADLINE: "10000", h.TRAJECTORY: "bench-trajectory", h.STEP: "3", h.TURN: "1"}
@@ -49,7 +52,9 @@ def _cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
     return {cpus[-1]}, set(cpus[:-1])
 
 
-def _start(workdir: Path, pin: bool) -> tuple[ServerProcess, ServerProcess]:
+def _start(workdir: Path, pin: bool) -> tuple[ServerProcess, ServerProcess, ServerProcess]:
+    """The emulator, the gateway in front of it, and the floor proxy (benchmarks/floor_proxy.py)
+    in front of it on the gateway's CPU."""
     gateway_cpus, other_cpus = _cpu_split(pin)
     if other_cpus is not None:
         os.sched_setaffinity(0, other_cpus)  # the load generator (this process)
@@ -90,13 +95,20 @@ def _start(workdir: Path, pin: bool) -> tuple[ServerProcess, ServerProcess]:
             }
         )
     )
+    started = [emulator]
     try:
         gateway = toolenv_server("gateway", "serve", "--config", str(gw_cfg), cpus=gateway_cpus)
-        gateway.start()
+        started.append(gateway.start())
+        port = free_port()
+        argv = [sys.executable, str(Path(__file__).with_name("floor_proxy.py")), emulator.url]
+        if gateway_cpus is not None:
+            argv = ["taskset", "-c", ",".join(map(str, sorted(gateway_cpus))), *argv]
+        floor = ServerProcess([*argv, str(port)], port).start()
     except Exception:
-        emulator.stop()
+        for server in started:
+            server.stop()
         raise
-    return emulator, gateway
+    return emulator, gateway, floor
 
 
 def _percentiles(latencies_ms: np.ndarray) -> dict[str, float]:
@@ -134,26 +146,28 @@ def _run(
 
 def measure(rates: list[float], duration_s: float, rounds: int, pin: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="toolenv-gw-bench-") as tmp:
-        emulator, gateway = _start(Path(tmp), pin)
+        emulator, gateway, floor = _start(Path(tmp), pin)
         try:
             # warm every path (connections, caches) before measuring
             _run(emulator.url, 200, 1.0)
+            _run(floor.url, 200, 1.0)
             for path, body in PATHS.values():
                 _run(gateway.url, 200, 1.0, path, body)
             report: dict[str, Any] = {}
+            names = ["direct", "floor", *PATHS]
             for rate in rates:
-                samples: dict[str, list[np.ndarray]] = {"direct": [], **{k: [] for k in PATHS}}
-                cpu = dict.fromkeys(["emulator", *PATHS], 0.0)
-                calls = dict.fromkeys(["direct", *PATHS], 0)
+                samples: dict[str, list[np.ndarray]] = {k: [] for k in names}
+                cpu = dict.fromkeys(names, 0.0)
+                calls = dict.fromkeys(names, 0)
                 runs: list[dict[str, Any]] = []
                 for _ in range(rounds):
-                    e0 = emulator.cpu_s()
-                    one = {"direct": _run(emulator.url, rate, duration_s)}
-                    cpu["emulator"] += emulator.cpu_s() - e0
-                    for name, (path, body) in PATHS.items():
-                        g0 = gateway.cpu_s()
-                        one[name] = _run(gateway.url, rate, duration_s, path, body)
-                        cpu[name] += gateway.cpu_s() - g0
+                    one: dict[str, dict[str, Any]] = {}
+                    for name in names:
+                        server = {"direct": emulator, "floor": floor}.get(name, gateway)
+                        path, body = PATHS.get(name, ("/retrieve", BODY))
+                        c0 = server.cpu_s()
+                        one[name] = _run(server.url, rate, duration_s, path, body)
+                        cpu[name] += server.cpu_s() - c0
                     for name, r in one.items():
                         calls[name] += r["sent"]
                         samples[name].append(r.pop("_ok"))
@@ -161,31 +175,38 @@ def measure(rates: list[float], duration_s: float, rounds: int, pin: bool) -> di
                 pct = {k: _percentiles(np.concatenate(v)) for k, v in samples.items()}
                 dp = pct["direct"]
                 entry: dict[str, Any] = {"direct_ms": dp}
-                for name in PATHS:
+                for name in ["floor", *PATHS]:
                     gp = pct[name]
                     entry[f"{name}_ms"] = gp
                     entry[f"{name}_added_ms"] = {k: gp[k] - dp[k] for k in dp}
                     entry[f"{name}_ratio_over_direct"] = {
                         k: gp[k] / dp[k] if dp[k] else None for k in dp
                     }
-                # CPU per call does not depend on how busy the machine is: the steadier figure
+                # CPU per call does not depend on how busy the machine is as much as latency does;
+                # the floor proxy, measured in the same run on the same CPU, says what it is now
+                per_call = {name: 1e6 * cpu[name] / max(1, calls[name]) for name in names}
                 entry["cpu_us_per_call"] = {
-                    "emulator (baseline)": 1e6 * cpu["emulator"] / max(1, calls["direct"]),
-                    **{name: 1e6 * cpu[name] / max(1, calls[name]) for name in PATHS},
+                    "emulator (baseline)": per_call["direct"],
+                    "floor proxy (baseline)": per_call["floor"],
+                    **{name: per_call[name] for name in PATHS},
+                }
+                entry["cpu_ratio_over_floor"] = {
+                    name: per_call[name] / per_call["floor"] if per_call["floor"] else None
+                    for name in PATHS
                 }
                 entry["achieved_rps"] = {
                     name: round(sum(r[name]["achieved_rps"] for r in runs) / len(runs), 1)
-                    for name in calls
+                    for name in names
                 }
                 entry["ok_fraction"] = {
-                    name: sum(r[name]["ok"] for r in runs) / max(1, calls[name]) for name in calls
+                    name: sum(r[name]["ok"] for r in runs) / max(1, calls[name]) for name in names
                 }
                 entry["rounds"] = runs
                 report[f"{rate:g}rps"] = entry
             return report
         finally:
-            gateway.stop()
-            emulator.stop()
+            for server in (floor, gateway, emulator):
+                server.stop()
 
 
 def _verdict(results: dict[str, Any]) -> dict[str, Any] | None:
@@ -266,9 +287,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(report: dict[str, Any]) -> None:
     results = report["results"]
-    print(f"{'rate':>8} {'path':>8} {'pct':>6} {'direct ms':>10} {'via gw ms':>10} {'added ms':>9}")
+    print(f"{'rate':>8} {'path':>8} {'pct':>6} {'direct ms':>10} {'via it ms':>10} {'added ms':>9}")
     for rate, r in results.items():
-        for name in PATHS:
+        for name in ["floor", *PATHS]:
             for k in r["direct_ms"]:
                 print(
                     f"{rate:>8} {name:>8} {k:>6} {r['direct_ms'][k]:>10.3f} "
@@ -276,11 +297,13 @@ def _print(report: dict[str, Any]) -> None:
                 )
     for rate, r in results.items():
         cpu, got = r["cpu_us_per_call"], r["achieved_rps"]
-        base = cpu["emulator (baseline)"]
+        floor = cpu["floor proxy (baseline)"]
         print(
             f"{rate:>8} CPU per call: pass-through {cpu['gateway']:.0f} us, generic "
-            f"{cpu['generic']:.0f} us, emulator {base:.0f} us (ratio {cpu['gateway'] / base:.2f}); "
-            f"achieved rps direct {got['direct']}, via gateway {got['gateway']} / {got['generic']}"
+            f"{cpu['generic']:.0f} us; floor proxy {floor:.0f} us (ratios "
+            f"{r['cpu_ratio_over_floor']['gateway']:.2f} / {r['cpu_ratio_over_floor']['generic']:.2f}), "
+            f"emulator {cpu['emulator (baseline)']:.0f} us; achieved rps direct {got['direct']}, "
+            f"floor {got['floor']}, gateway {got['gateway']} / {got['generic']}"
         )
     if report["verdict"]:
         print(f"target {report['target']}: {json.dumps(report['verdict'])}")
