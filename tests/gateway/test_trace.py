@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 from gw_support import proxy_tool
 from typer.testing import CliRunner
 
-from gateway.trace import read_captured_calls
+from gateway.trace import TraceWriter, read_captured_calls
 from toolenv.cli import build_app
 from toolenv_core.polytrace.latencies import tool_latencies
 from toolenv_core.polytrace.multiturn import read_multiturn
@@ -64,3 +65,27 @@ def test_capture_writes_tool_call_records_and_they_replay(upstream, gateway, tmp
     assert [c.turn for c in trajectories[0].tool_calls_after(1)] == [1, 1]
     latencies = tool_latencies([out], "search")  # what `toolenv emulators fit` reads
     assert len(latencies) == 3 and latencies.max() >= 0.05
+
+
+def test_a_bad_call_record_is_dropped_alone_and_counted(tmp_path) -> None:
+    async def main() -> TraceWriter:
+        writer = TraceWriter(tmp_path / "capture.jsonl", flush_interval_s=0.01)
+        await writer.start()
+        good = {
+            "tool_name": "search",
+            "turn": 1,
+            "latency_s": 0.01,
+            "trajectory_id": "t",
+            "step": 2,
+        }
+        writer.record(good)
+        writer.record({**good, "latency_s": -1.0})  # not a ToolCallRecord: negative latency
+        writer.record({**good, "turn": 2})
+        await writer.close()
+        return writer
+
+    writer = asyncio.run(main())
+    records = list(read_captured_calls(tmp_path / "capture.jsonl"))
+    assert [r.turn for r in records] == [1, 2]
+    assert records[0].step == 2 and records[0].trajectory_id == "t"
+    assert writer.written == 2 and writer.invalid == 1 and writer.dropped == 0
