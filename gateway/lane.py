@@ -156,9 +156,9 @@ class LaneProtocol(HttpToolsProtocol):
         call = hot_call(self.gateway, path)
         if call is None:
             return None
-        verdict = self.gateway.door.check(self.headers, path, self.client)
-        if not verdict.status and not verdict.length_known:
+        if not any(name == b"content-length" for name, _ in self.headers):
             return None  # a body without Content-Length: the app's guard counts it as it comes
+        verdict = self.gateway.door.check(self.headers, path, self.client)  # once per request
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
         return LaneCycle(call, verdict, self.headers, keep_alive)
 

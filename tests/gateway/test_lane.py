@@ -219,3 +219,22 @@ def test_expiry_is_asyncio_timeout() -> None:
 async def _sleep_in_expiry() -> None:
     async with Expiry(5):
         await asyncio.sleep(5)
+
+
+def test_each_request_is_charged_once_by_the_rate_limit_whichever_path(upstream, gateway) -> None:
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)], rate_limit_per_s=0.001, rate_limit_burst=3)
+    sock = _connect(gw.url)
+    data = json.dumps({"arguments": {"n": 1}}).encode()
+    chunked = (
+        b"POST /v1/tools/echo/call HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n"
+    )  # fmt: skip
+    sock.sendall(chunked)  # the app's path
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 2}}))  # the lane
+    sock.sendall(chunked)
+    sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 4}}))  # over the burst of 3
+    answers = _read_responses(sock, 4)
+    assert [a[0] for a in answers] == [200, 200, 200, 429]
+    assert answers[3][1]["retry-after"]
+    sock.close()
