@@ -2,13 +2,18 @@
 
 Argv lists are exec'd directly inside the sandbox's working directory (never through a shell),
 with absolute interpreter and compiler paths so no PATH lookup (and no pyenv shim, which costs
-about 90 ms per start) is involved. The paths hold on Debian hosts and in the sandbox image,
-which is built from a Debian base.
+about 90 ms per start) is involved. The compilers and bash hold on Debian hosts and images; the
+Python interpreter comes from configuration (`find_python`, sandboxd's `python` setting).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+DEFAULT_PYTHON = "/usr/bin/python3"
 
 # The whole environment a sandboxed program starts with, on every backend.
 CHILD_ENV: dict[str, str] = {
@@ -34,6 +39,12 @@ class Language:
     def compiled(self) -> bool:
         return self.compile_argv is not None
 
+    def with_python(self, python: str) -> Language:
+        """This language with Python programs run by `python` (other languages unchanged)."""
+        if self.name != "python":
+            return self
+        return replace(self, run_argv=(python, *self.run_argv[1:]))
+
 
 LANGUAGES: dict[str, Language] = {
     lang.name: lang
@@ -41,7 +52,7 @@ LANGUAGES: dict[str, Language] = {
         Language(
             name="python",
             source_file="main.py",
-            run_argv=("/usr/bin/python3", "main.py"),
+            run_argv=(DEFAULT_PYTHON, "main.py"),
             aliases=("python3", "py"),
         ),
         Language(
@@ -93,3 +104,24 @@ def get_language(name: str) -> Language:
     if lang is None:
         raise UnknownLanguage(name)
     return lang
+
+
+class PythonNotFound(RuntimeError):
+    """No interpreter for Python programs: the message says which setting names one."""
+
+
+def find_python(configured: str | None) -> str:
+    """The interpreter Python programs run with, resolved to a real file (no shim, no symlink).
+
+    The setting wins; else /usr/bin/python3 (a distribution's, fastest to start); else `python3`
+    on PATH.
+    """
+    candidate = configured or (
+        DEFAULT_PYTHON if os.access(DEFAULT_PYTHON, os.X_OK) else shutil.which("python3")
+    )
+    if not candidate or not os.access(candidate, os.X_OK):
+        raise PythonNotFound(
+            f"no Python interpreter for sandboxed programs ({candidate or 'python3 not on PATH'}); "
+            "set TOOLENV_SANDBOX_PYTHON (sandbox.python) to one"
+        )
+    return str(Path(candidate).resolve())

@@ -54,6 +54,10 @@ class SandboxSettings(ServiceSettings):
     max_tests_per_request: int = Field(default=1000, ge=1)
 
     # ---- process backend
+    python: str | None = Field(
+        default=None,
+        description="interpreter Python programs run with; default /usr/bin/python3, else python3 on PATH",
+    )
     bwrap_path: str | None = Field(default=None, description="default: `bwrap` on PATH")
     insecure_no_isolation: bool = Field(
         default=False, description="run programs without bubblewrap (only for trusted code)"

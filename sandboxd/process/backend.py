@@ -25,7 +25,14 @@ from typing import Any
 from toolenv_core.deadline import Deadline
 
 from ..backend import SandboxUnavailable
-from ..languages import Language, UnknownLanguage, get_language
+from ..languages import (
+    DEFAULT_PYTHON,
+    Language,
+    PythonNotFound,
+    UnknownLanguage,
+    find_python,
+    get_language,
+)
 from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
 from ..settings import SandboxSettings
 from . import bwrap
@@ -54,6 +61,7 @@ class ProcessBackend:
         self.settings = settings
         self.isolated = not settings.insecure_no_isolation
         self.bwrap: str | None = None
+        self.python = DEFAULT_PYTHON  # resolved from the `python` setting at start
         self.root: Path | None = None
         self.cgroups = CgroupPool(settings.cgroup_pool_size or settings.concurrency * 2)
         self.warm: WarmPool | None = None
@@ -73,11 +81,15 @@ class ProcessBackend:
     async def start(self) -> None:
         s = self.settings
         self.bwrap = s.bwrap_path or shutil.which("bwrap")
+        try:
+            self.python = find_python(s.python)
+        except PythonNotFound as exc:
+            raise SandboxUnavailable(str(exc)) from exc
         prefix: list[str] | None = None
         if self.isolated:
             if self.bwrap is None or not os.access(self.bwrap, os.X_OK):
                 raise SandboxUnavailable(f"bwrap not found. {bwrap.BWRAP_INSTALL_HINT}")
-            prefix = bwrap.sandbox_prefix(self.bwrap)
+            prefix = bwrap.sandbox_prefix(self.bwrap, self.python)
             bwrap.probe(prefix)
         root_parent = Path(s.workdir_root) if s.workdir_root else default_workdir_root()
         root_parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +101,7 @@ class ProcessBackend:
         if prefix is not None and self.bwrap is not None and s.fork_server:
             prefork = max(1, s.concurrency if s.warm_sandboxes < 0 else s.warm_sandboxes)
             self.fork_server = ForkServer(
-                self.bwrap, self.root, self.cgroups, s.fork_server_max_forks, prefork
+                self.bwrap, self.root, self.cgroups, s.fork_server_max_forks, prefork, self.python
             )
             self.fork_server.start()
         self._ctx = ExecContext(prefix, self._cgroup_writer, self._track, self.fork_server)
@@ -100,7 +112,7 @@ class ProcessBackend:
         if prefix is not None and target:  # warm sandboxes are bwrap sandboxes
             self.warm = WarmPool(target, prefix, self.root, self.cgroups, self._cgroup_writer)
             for name in s.warm_languages:
-                lang = get_language(name)
+                lang = self._language(name)
                 if not lang.compiled and not self._forks(lang):
                     self.warm.kick(lang.run_argv)
 
@@ -139,6 +151,7 @@ class ProcessBackend:
             "backend": self.name,
             "isolation": "bubblewrap" if self.isolated else "none (insecure_no_isolation)",
             "bwrap": self.bwrap,
+            "python": self.python,
             "running": self._running,
             "runs_total": self._runs,
             "compiles_total": self._compiles,
@@ -163,6 +176,10 @@ class ProcessBackend:
             return "warm_spawn"
         return "spawn"
 
+    def _language(self, name: str) -> Language:
+        """The language table entry, with Python run by the configured interpreter."""
+        return get_language(name).with_python(self.python)
+
     def _track(self, work: Coroutine[Any, Any, None]) -> None:
         """Run background clean-up that `close()` waits for."""
         task = asyncio.get_running_loop().create_task(work)
@@ -182,7 +199,7 @@ class ProcessBackend:
     async def _run_program(self, spec: RunSpec, deadline: Deadline, *, counted: bool) -> RunResult:
         root, _ = self._require_started()
         try:
-            lang = get_language(spec.language)
+            lang = self._language(spec.language)
         except UnknownLanguage as exc:
             return RunResult(message=str(exc), backend=self.name)
         run_id = f"proc-{os.getpid()}-{next(self._ids)}"
@@ -270,7 +287,7 @@ class ProcessBackend:
     async def compile(self, spec: RunSpec, deadline: Deadline) -> tuple[ExecResult, bytes | None]:
         """Compile once (for many runs of the same program): the result and the artifact."""
         root, _ = self._require_started()
-        lang = get_language(spec.language)
+        lang = self._language(spec.language)
         if lang.compile_argv is None or lang.artifact is None:
             raise ValueError(f"{lang.name} has no compile step")
         workdir = new_workdir(root)

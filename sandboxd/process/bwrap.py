@@ -47,7 +47,15 @@ def system_binds() -> list[str]:
     return args
 
 
-def sandbox_prefix(bwrap: str) -> list[str]:
+def interpreter_binds(python: str) -> list[str]:
+    """Read-only bind of the Python interpreter's install prefix when it lies outside /usr."""
+    prefix = Path(python).parents[1]
+    if prefix == Path("/usr") or Path("/usr") in prefix.parents:
+        return []
+    return ["--ro-bind", str(prefix), str(prefix)]
+
+
+def sandbox_prefix(bwrap: str, python: str) -> list[str]:
     """The argv every sandbox starts with: all namespaces new, uid 65534, no capabilities."""
     return [
         bwrap,
@@ -60,6 +68,7 @@ def sandbox_prefix(bwrap: str) -> list[str]:
         "--cap-drop", "ALL",
         "--hostname", "sandbox",
         *system_binds(),
+        *interpreter_binds(python),
         "--proc", "/proc",
         "--dev", "/dev",
         "--tmpfs", "/tmp",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..languages import CHILD_ENV
-from .bwrap import system_binds
+from .bwrap import interpreter_binds, system_binds
 from .cgroups import CgroupPool, CgroupSlot
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("zygote_main.py")
@@ -63,7 +63,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def zygote_argv(bwrap: str, root: Path) -> list[str]:
+def zygote_argv(bwrap: str, root: Path, python: str) -> list[str]:
     """The zygote's own sandbox: the programs' file system view, kept capabilities (it builds
     each run's namespaces), no network, and only the run dirs besides."""
     argv = [
@@ -84,7 +84,7 @@ def zygote_argv(bwrap: str, root: Path) -> list[str]:
     argv += ["--clearenv"]
     for key, value in CHILD_ENV.items():
         argv += ["--setenv", key, value]
-    return [*argv, "--", "/usr/bin/python3", "main.py"]
+    return [*argv, *interpreter_binds(python), "--", python, "main.py"]
 
 
 class Zygote:
@@ -257,8 +257,9 @@ class ForkServer:
         cgroups: CgroupPool,
         max_forks: int,
         prefork: int,
+        python: str,
     ) -> None:
-        self.argv = zygote_argv(bwrap, root)
+        self.argv = zygote_argv(bwrap, root, python)
         self.cgroups = cgroups
         self.max_forks = max_forks
         self.prefork = prefork

@@ -28,7 +28,8 @@ def safe_relative_path(name: str) -> Path:
 def default_workdir_root() -> Path:
     """/dev/shm (a tmpfs: what a program writes is charged to its memory cgroup), else tmp."""
     shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
+    # A container's /dev/shm is mounted noexec: compiled programs could not run from it.
+    if shm.is_dir() and os.access(shm, os.W_OK) and not os.statvfs(shm).f_flag & os.ST_NOEXEC:
         return shm
     return Path(tempfile.gettempdir())
 

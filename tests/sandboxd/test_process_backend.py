@@ -217,3 +217,25 @@ async def test_any_failure_is_reported_in_the_body_not_500() -> None:
     await service.close()
     assert r.status_code == 200 and r.json()["status"] == "SandboxError"
     assert t.status_code == 200 and t.json()["verdict"] == "sandbox_error"
+
+
+async def test_python_programs_run_with_the_configured_interpreter(bwrap_path: str) -> None:
+    # An interpreter outside /usr (the test venv's base Python): its prefix is bound read-only.
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    backend = ProcessBackend(settings(bwrap_path=bwrap_path, python=str(base), warm_sandboxes=0))
+    await backend.start()
+    try:
+        assert backend.status()["python"] == str(base.resolve())
+        r = await backend.run(
+            RunSpec(language="python", code="import sys; print(sys.base_prefix)"),
+            Deadline.after(30),
+        )
+        assert r.run is not None and r.run.stdout.strip() == sys.base_prefix, r
+    finally:
+        await backend.close()
+
+
+async def test_a_missing_interpreter_is_refused_naming_the_setting() -> None:
+    backend = ProcessBackend(settings(python="/nonexistent/python3"))
+    with pytest.raises(SandboxUnavailable, match="TOOLENV_SANDBOX_PYTHON"):
+        await backend.start()

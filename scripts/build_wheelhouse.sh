@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Fill compose/wheelhouse/ with the toolenv image's dependency wheels, built on the host: inside
+# this machine kind's containers HTTPS goes through an intercepting proxy, so the image build
+# installs from these with no index. The wheels are cached by pyproject hash and hard-linked in.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+python="${PYTHON:-$root/.venv/bin/python}"
+hash="$(cat "$root/pyproject.toml" "$0" | sha256sum | cut -c1-16)"  # new wheels when either changes
+cache="${TOOLENV_WHEEL_CACHE:-$HOME/.cache/toolenv/wheels}/$hash"
+house="$root/compose/wheelhouse"
+
+if [ ! -f "$cache/.complete" ]; then
+  echo "[setup] building dependency wheels for the toolenv image (cached in $cache)"
+  rm -rf "$cache"; mkdir -p "$cache"
+  # The same versions the test venv runs, so the image behaves like the tests.
+  "$python" -m pip freeze --exclude-editable | grep -v '^-e' > "$cache/constraints.txt"
+  "$python" -m pip wheel -q -c "$cache/constraints.txt" -w "$cache" "$root" setuptools wheel
+  rm -f "$cache"/toolenv-*.whl
+  rm -rf "$root/build"  # setuptools leaves it behind; stale files there would ride along next time
+  touch "$cache/.complete"
+fi
+find "$house" -maxdepth 1 -name '*.whl' -delete
+cp -l "$cache"/*.whl "$house/" 2>/dev/null || cp "$cache"/*.whl "$house/"
