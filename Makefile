@@ -50,10 +50,10 @@ fmt: venv-test
 
 compose-up: setup-system venv
 	scripts/build_toolenv_image.sh
-	docker compose -f compose/docker-compose.yml up
+	TOOLENV_BASE_IMAGE=toolenv/debian-base:bookworm docker compose up
 
 compose-down:
-	docker compose -f compose/docker-compose.yml down -v
+	docker compose down -v
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -285,6 +285,9 @@ class ToolRuntime:
                 ):
                     raise
                 self.m.retried.inc()
+                wait = policy.backoff_ms / 1000 * 2 ** (attempt - 1)
+                if wait:
+                    await asyncio.sleep(min(wait, max(deadline.remaining() - 0.05, 0)))
                 attempt += 1
                 endpoint = pick(self.backend.endpoints, exclude=[endpoint], turn=self._turn)
 

@@ -50,6 +50,13 @@ class RetryPolicy(BaseModel):
     max_attempts: int = Field(
         default=3, ge=1, le=10, description="attempts in total, first included"
     )
+    backoff_ms: float = Field(
+        default=0.0,
+        ge=0,
+        le=10_000,
+        description="wait before the first retry, doubled each time (rides out a restart); "
+        "never past the call's deadline",
+    )
     budget_ratio: float = Field(default=0.2, ge=0, description="retries allowed per call made")
     min_retries_per_s: float = Field(
         default=10.0, ge=0, description="retries always allowed per second"

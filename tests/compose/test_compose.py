@@ -1,96 +1,196 @@
-"""`docker compose up` brings the whole environment up: gateway (proxy) -> sandboxd, emulators."""
+"""The compose stack: every language, least privilege, both directories, faults and trace capture.
+
+One stack (conftest.py) serves every test; the fault tests come last in file order because they
+crash and restart its services.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
-import sys
-from pathlib import Path
+import re
+import signal
+import threading
+import time
 
 import httpx
-import pytest
+from compose_support import REPO, Stack
 
-REPO = Path(__file__).resolve().parents[2]
-COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
+PROGRAMS = {
+    "python": "print(6 * 7)",
+    "bash": "echo $((6 * 7))",
+    "c": '#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }\n',
+    "cpp": "#include <iostream>\nint main() { std::cout << 6 * 7 << std::endl; }\n",
+}
+CAP_SETFCAP = 1 << 31
 
 
-def _compose(
-    project: str, *args: str, env: dict[str, str], timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["docker", "compose", "-p", project, "-f", str(COMPOSE_FILE), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+def run_code(stack: Stack, code: str, language: str = "python", **kw: object) -> httpx.Response:
+    return stack.client.post("/run_code", json={"code": code, "language": language, **kw})
+
+
+def test_every_language_and_tool_answers_through_the_gateway(stack: Stack) -> None:
+    assert stack.client.get("/readyz").status_code == 200
+    for language, code in PROGRAMS.items():
+        r = run_code(stack, code, language)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "Success", (language, body)
+        assert body["run_result"]["stdout"].strip() == "42", (language, body)
+    found = stack.client.post("/retrieve", json={"queries": ["who wrote hamlet"], "topk": 3})
+    assert found.status_code == 200 and len(found.json()["result"][0]) == 3, found.text
+    call = stack.client.post("/v1/tools/search/call", json={"arguments": {"query": "rl"}})
+    assert call.status_code == 200 and call.json()["status"] == "ok", call.text
+    tools = {t["function"]["name"] for t in stack.client.get("/v1/tools").json()["tools"]}
+    assert {"sandbox", "search", "reward"} <= tools
+
+
+def test_up_from_the_compose_dir_is_the_same_project(stack: Stack) -> None:
+    root = stack.compose("config")
+    sub = stack.compose("config", cwd=REPO / "compose")
+    assert root.returncode == 0 and root.stdout == sub.stdout, sub.stderr
+    up = stack.compose("up", "-d", "--wait", "--wait-timeout", "120", cwd=REPO / "compose")
+    assert up.returncode == 0, up.stderr
+    r = run_code(stack, PROGRAMS["cpp"], "cpp")
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "42\n", r.text
+
+
+def test_sandbox_container_runs_with_least_privilege(stack: Stack) -> None:
+    host = stack.inspect("sandbox")["HostConfig"]
+    assert host["Privileged"] is False
+    assert host["CapDrop"] == ["ALL"]
+    assert [c.removeprefix("CAP_") for c in host["CapAdd"]] == ["SETFCAP"]
+    assert host["CgroupnsMode"] == "private"
+    opts = host["SecurityOpt"]
+    assert "no-new-privileges:true" in opts
+    assert not any(o.endswith("unconfined") and not o.startswith("systempaths") for o in opts)
+    profile = json.loads(next(o for o in opts if o.startswith("seccomp="))[len("seccomp=") :])
+    unconditional = [r for r in profile["syscalls"] if "toolenv" in r.get("comment", "")]
+    assert len(unconditional) == 1
+    assert sorted(unconditional[0]["names"]) == sorted(
+        ["clone", "unshare", "mount", "umount2", "pivot_root", "sethostname"]
     )
-
-
-@pytest.fixture(scope="module")
-def toolenv_image(compose_v2: str, base_image: str) -> str:
-    image = "toolenv/toolenv:test"
-    env = {
-        **os.environ,
-        "TOOLENV_IMAGE": image,
-        "TOOLENV_BASE_IMAGE": base_image,
-        "PYTHON": sys.executable,
-    }
-    out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "build_toolenv_image.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    sources = [m["Source"] for m in stack.inspect("sandbox")["Mounts"] if m["Type"] == "bind"]
+    cgroup = [s for s in sources if s.startswith("/sys/fs/cgroup")]
+    assert cgroup and all(s.endswith(f"/toolenv/{stack.project}") for s in cgroup), cgroup
+    status = stack.exec("sandbox", "cat", "/proc/1/status")
+    eff = int(re.search(r"CapEff:\s*([0-9a-f]+)", status).group(1), 16)
+    assert eff == CAP_SETFCAP, hex(eff)
+    # the host's hierarchy is not writable from the container: only the delegated subtree is
+    probe = stack.compose(
+        "exec", "-T", "sandbox", "sh", "-c", "mkdir /sys/fs/cgroup/devices/escape"
     )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return image
+    assert probe.returncode != 0
+    # runs get their own cgroups in the delegated subtree, with the configured interpreter
+    r = run_code(stack, "print(open('/proc/self/cgroup').read())")
+    assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+    state = stack.sandbox_state()
+    assert state["running"] == 0
 
 
-def _containers(project: str) -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"],
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.split()
+def _crash(stack: Stack, service: str) -> None:
+    """SIGKILL the service's process (the child of the container's init): a crash."""
+    stack.exec(service, "sh", "-c", "kill -9 $(cat /proc/1/task/1/children)")
 
 
-def test_compose_up_serves_every_tool_through_the_gateway(toolenv_image: str, port: int) -> None:
-    project = f"toolenv-test-{os.getpid()}"
-    env = {**os.environ, "TOOLENV_IMAGE": toolenv_image, "TOOLENV_PORT": str(port)}
-    url = f"http://127.0.0.1:{port}"
-    try:
-        up = _compose(project, "up", "-d", "--wait", "--wait-timeout", "180", env=env)
-        logs = _compose(project, "logs", "--no-color", env=env).stdout if up.returncode else ""
-        assert up.returncode == 0, up.stderr + logs
+def _wait_for(predicate: object, timeout: float, step: float = 0.1) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():  # type: ignore[operator]
+            return time.monotonic() - start
+        time.sleep(step)
+    raise AssertionError(f"condition not met within {timeout} s")
 
-        ready = httpx.get(url + "/readyz", timeout=10)
-        assert ready.status_code == 200, ready.text
 
-        run = httpx.post(
-            url + "/run_code", json={"code": "print(6*7)", "language": "python"}, timeout=60
-        )
-        assert run.status_code == 200, run.text
-        body = run.json()
-        assert body["status"] == "Success", body
-        assert body["run_result"]["stdout"].strip() == "42"
+def _sandbox_answers(stack: Stack) -> bool:
+    ping = "import urllib.request as u; u.urlopen('http://127.0.0.1:8002/v1/ping', timeout=1)"
+    out = stack.compose("exec", "-T", "sandbox", "python", "-c", ping, timeout=30)
+    return out.returncode == 0
 
-        found = httpx.post(
-            url + "/retrieve", json={"queries": ["who wrote hamlet"], "topk": 3}, timeout=60
-        )
-        assert found.status_code == 200, found.text
-        assert len(found.json()["result"][0]) == 3
 
-        call = httpx.post(
-            url + "/v1/tools/search/call", json={"arguments": {"query": "rl"}}, timeout=60
-        )
-        assert call.status_code == 200 and call.json()["status"] == "ok", call.text
+def test_crashed_sandbox_restarts_and_readyz_follows(stack: Stack) -> None:
+    _crash(stack, "sandbox")
+    # a call during the restart: a clear 503 naming the tool (sandbox calls are not retried)
+    r = run_code(stack, "print(1)")
+    assert r.status_code == 503, r.text
+    assert "sandbox" in r.text
+    _wait_for(lambda: stack.client.get("/readyz").status_code == 503, timeout=6)
+    assert "sandbox" in stack.client.get("/readyz").json()["detail"]
+    # restarts on its own; once it answers, /readyz follows within one health interval (2 s)
+    _wait_for(lambda: _sandbox_answers(stack), timeout=90, step=0.2)
+    followed = _wait_for(lambda: stack.client.get("/readyz").status_code == 200, timeout=10)
+    assert followed <= 2.5, followed
+    r = run_code(stack, PROGRAMS["c"], "c")
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "42\n", r.text
 
-        tools = {
-            t["function"]["name"] for t in httpx.get(url + "/v1/tools", timeout=10).json()["tools"]
-        }
-        assert {"sandbox", "search", "reward"} <= tools
-    finally:
-        down = _compose(project, "down", "-v", "--timeout", "5", env=env)
-        assert down.returncode == 0, down.stderr
-    assert _containers(project) == [], "compose down left containers behind"
+
+def test_idempotent_calls_ride_out_a_restart(stack: Stack) -> None:
+    retried_before = _metric(stack, "toolenv_gateway_retried_total", 'tool="search"')
+    _crash(stack, "search")
+    r = stack.client.post("/retrieve", json={"queries": ["hamlet"], "topk": 2})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["result"][0]) == 2
+    assert _metric(stack, "toolenv_gateway_retried_total", 'tool="search"') > retried_before
+    stack.wait_healthy("search")
+
+
+def _metric(stack: Stack, name: str, label: str) -> float:
+    for line in stack.client.get("/metrics").text.splitlines():
+        if line.startswith(name) and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_killed_sandbox_container_fails_the_run_cleanly_and_the_pool_refills(
+    stack: Stack,
+) -> None:
+    stack.wait_healthy("sandbox")
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        started = time.monotonic()
+        code = "import time\nprint('started', flush=True)\ntime.sleep(30)\n"
+        result["response"] = run_code(stack, code, run_timeout=40)
+        result["elapsed"] = time.monotonic() - started
+
+    t = threading.Thread(target=call)
+    t.start()
+    _wait_for(lambda: stack.sandbox_state()["running"] == 1, timeout=10, step=0.2)
+    os.kill(stack.inspect("sandbox")["State"]["Pid"], signal.SIGKILL)  # the container's init
+    t.join(60)
+    r = result["response"]
+    assert isinstance(r, httpx.Response)
+    assert r.status_code in (502, 503), r.text
+    assert "sandbox" in r.text
+    assert result["elapsed"] < 10  # failed when the container died, not at the run timeout
+    stack.wait_healthy("sandbox")
+    _wait_for(lambda: (s := stack.sandbox_state())["warm"] == s["warm_target"], 30, 0.5)
+    state = stack.sandbox_state()
+    assert state["procs"] == [] and state["tasks"] == [] and state["dirs"] == [], state
+    _wait_for(lambda: stack.client.get("/readyz").status_code == 200, timeout=10)
+    r = run_code(stack, PROGRAMS["cpp"], "cpp")
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "42\n", r.text
+
+
+def test_trace_capture_on_the_volume_survives_a_gateway_restart(stack: Stack) -> None:
+    trajectory = f"compose-{time.time_ns()}"
+
+    def calls(n: int, turn0: int) -> None:
+        for turn in range(turn0, turn0 + n):
+            r = stack.client.post(
+                "/v1/tools/search/call",
+                json={"arguments": {"query": "rl"}},
+                headers={"X-Trajectory-Id": trajectory, "X-Turn": str(turn), "X-Step": "0"},
+            )
+            assert r.status_code == 200, r.text
+
+    calls(20, 0)
+    restart = stack.compose("restart", "gateway")
+    assert restart.returncode == 0, restart.stderr
+    stack.wait_healthy("gateway")
+    calls(15, 20)
+    stack.compose("restart", "gateway")  # closing the writer flushes the last batch
+    stack.wait_healthy("gateway")
+    lines = stack.exec("gateway", "cat", "/var/lib/toolenv/traces/gateway.jsonl").splitlines()
+    mine = [json.loads(x) for x in lines if trajectory in x]
+    assert sorted(rec["turn"] for rec in mine) == list(range(35)), len(mine)

@@ -1,0 +1,130 @@
+"""The compose test stack: `docker compose up` from the repository root, and ways to inspect it.
+
+The stack is built from this machine's local base image and a wheelhouse built on the host (the
+offline build arguments), on a free loopback port, under its own project name, and torn down at
+the end of the session with a check that nothing is left: no container, network, volume or
+delegated cgroup.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "toolenv/toolenv:test"
+CGROUP_CONTROLLERS = ("pids", "memory", "cpu")
+
+# Run inside the sandbox container: what sandboxd has started beyond its idle warm sandboxes.
+LEAK_PROBE = r"""
+import json, os, urllib.request as u
+st = json.load(u.urlopen('http://127.0.0.1:8002/v1/sandbox/status', timeout=10))
+warm_pids, warm_dirs = set(st['warm_pids']), set(st['warm_workdirs'])
+procs = {}
+for p in os.listdir('/proc'):
+    if p.isdigit():
+        try:
+            procs[int(p)] = int(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1])
+        except OSError:
+            pass
+server = [p for p, pp in procs.items() if pp == 1 and b'sandboxd' in open(f'/proc/{p}/cmdline', 'rb').read()][0]
+children = {}
+for p, pp in procs.items():
+    children.setdefault(pp, []).append(p)
+extra, stack = [], [server]
+while stack:
+    for c in children.get(stack.pop(), []):
+        if c not in warm_pids:
+            extra.append(c); stack.append(c)
+root = st['workdir_root']
+dirs = sorted(set(os.listdir(root)) - warm_dirs)
+base = f'/sys/fs/cgroup/pids/toolenv-sandboxd-{server}'
+tasks = []
+for d in os.listdir(base):
+    if os.path.isdir(f'{base}/{d}'):
+        tasks += [int(t) for t in open(f'{base}/{d}/cgroup.procs').read().split()]
+tasks = sorted(set(tasks) - warm_pids - {c for w in warm_pids for c in children.get(w, [])})
+print(json.dumps({'procs': extra, 'dirs': dirs, 'tasks': tasks, 'running': st['running'],
+                  'draining': st['cgroups_draining'], 'warm': sum(st['warm'].values()),
+                  'warm_target': st['warm_target']}))
+"""
+
+
+@dataclass
+class Stack:
+    """A running compose project and the commands to inspect and hurt it."""
+
+    project: str
+    url: str
+    env: dict[str, str]
+    started_s: float = 0.0
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def compose(
+        self, *args: str, cwd: Path = REPO, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker", "compose", *args],
+            cwd=cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def container(self, service: str) -> str:
+        out = self.compose("ps", "-q", service)
+        assert out.returncode == 0 and out.stdout.strip(), out.stderr
+        return out.stdout.strip()
+
+    def inspect(self, service: str) -> dict:
+        out = subprocess.run(
+            ["docker", "inspect", self.container(service)], capture_output=True, text=True
+        )
+        return json.loads(out.stdout)[0]
+
+    def exec(self, service: str, *argv: str, timeout: float = 60) -> str:
+        out = self.compose("exec", "-T", service, *argv, timeout=timeout)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    def sandbox_state(self) -> dict:
+        return json.loads(self.exec("sandbox", "python", "-c", LEAK_PROBE))
+
+    def wait_healthy(self, service: str, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                health = self.inspect(service)["State"].get("Health", {}).get("Status")
+            except (AssertionError, json.JSONDecodeError, IndexError):
+                health = None
+            if health == "healthy":
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{service} not healthy after {timeout} s")
+
+    def logs(self) -> str:
+        return self.compose("logs", "--no-color", "--tail", "80").stdout
+
+
+def project_leftovers(project: str) -> dict[str, list[str]]:
+    label = f"label=com.docker.compose.project={project}"
+    left = {}
+    for kind in ("container", "network", "volume"):
+        cmd = ["docker", kind, "ls", "-q", "--filter", label]
+        if kind == "container":
+            cmd.insert(3, "-a")
+        left[kind] = subprocess.run(cmd, capture_output=True, text=True).stdout.split()
+    return left
+
+
+def delegated_cgroups(project: str) -> list[Path]:
+    return [Path("/sys/fs/cgroup") / c / "toolenv" / project for c in CGROUP_CONTROLLERS]
