@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,20 @@ def _read(path: Path) -> str:
         return os.read(fd, 65536).decode()
     finally:
         os.close(fd)
+
+
+def _left_by_dead_instance(d: Path, pid: int) -> bool:
+    """The instance that made `d` (named with its pid) is gone: no such process, or one that
+    started after `d` was made and reuses the pid (a restarted container's PID namespace)."""
+    if pid == os.getpid():
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return True
+    started = boot + int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return started > d.stat().st_ctime + 0.5
 
 
 @dataclass
@@ -221,7 +236,7 @@ class CgroupPool:
         with contextlib.suppress(OSError):
             for d in parent.glob(f"{PREFIX}*"):
                 pid = d.name.removeprefix(PREFIX)
-                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                if pid.isdigit() and _left_by_dead_instance(d, int(pid)):
                     for sub in d.iterdir():
                         if sub.is_dir():
                             with contextlib.suppress(OSError):

@@ -110,10 +110,16 @@ def _sandbox_answers(stack: Stack) -> bool:
 
 def test_crashed_sandbox_restarts_and_readyz_follows(stack: Stack) -> None:
     _crash(stack, "sandbox")
-    # a call during the restart: a clear 503 naming the tool (sandbox calls are not retried)
-    r = run_code(stack, "print(1)")
-    assert r.status_code == 503, r.text
-    assert "sandbox" in r.text
+    # Calls during the restart: a clear 503 naming the tool (sandbox calls are not retried). The
+    # first may instead find its pooled connection reset by the dying service: a 502 naming it.
+    statuses = []
+    for _ in range(3):
+        r = run_code(stack, "print(1)")
+        assert "sandbox" in r.text, r.text
+        statuses.append(r.status_code)
+        if r.status_code == 503:
+            break
+    assert statuses[-1] == 503 and set(statuses) <= {502, 503}, statuses
     _wait_for(lambda: stack.client.get("/readyz").status_code == 503, timeout=6)
     assert "sandbox" in stack.client.get("/readyz").json()["detail"]
     # restarts on its own; once it answers, /readyz follows within one health interval (2 s)
@@ -184,13 +190,19 @@ def test_trace_capture_on_the_volume_survives_a_gateway_restart(stack: Stack) ->
             )
             assert r.status_code == 200, r.text
 
+    def recorded() -> list[int]:
+        out = stack.exec("gateway", "cat", "/var/lib/toolenv/traces/gateway.jsonl")
+        return sorted(json.loads(x)["turn"] for x in out.splitlines() if trajectory in x)
+
     calls(20, 0)
-    restart = stack.compose("restart", "gateway")
-    assert restart.returncode == 0, restart.stderr
-    stack.wait_healthy("gateway")
-    calls(15, 20)
-    stack.compose("restart", "gateway")  # closing the writer flushes the last batch
-    stack.wait_healthy("gateway")
-    lines = stack.exec("gateway", "cat", "/var/lib/toolenv/traces/gateway.jsonl").splitlines()
-    mine = [json.loads(x) for x in lines if trajectory in x]
-    assert sorted(rec["turn"] for rec in mine) == list(range(35)), len(mine)
+    for batch in (1, 2):
+        started = time.monotonic()
+        restart = stack.compose("restart", "gateway")
+        assert restart.returncode == 0, restart.stderr
+        stack.wait_healthy("gateway")
+        took = time.monotonic() - started
+        got = recorded()
+        logs = stack.compose("logs", "--no-color", "--tail", "40", "gateway").stdout
+        assert got == list(range(20 if batch == 1 else 35)), (batch, took, got, logs)
+        if batch == 1:
+            calls(15, 20)

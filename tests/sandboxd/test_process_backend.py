@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ from sandboxd.api import build_router
 from sandboxd.backend import SandboxUnavailable
 from sandboxd.models import Limits, RunResult, RunSpec
 from sandboxd.process import ProcessBackend
+from sandboxd.process.cgroups import _left_by_dead_instance
 from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
 from toolenv_core.deadline import Deadline
@@ -239,3 +241,18 @@ async def test_a_missing_interpreter_is_refused_naming_the_setting() -> None:
     backend = ProcessBackend(settings(python="/nonexistent/python3"))
     with pytest.raises(SandboxUnavailable, match="TOOLENV_SANDBOX_PYTHON"):
         await backend.start()
+
+
+def test_a_cgroup_left_by_a_dead_instance_is_told_from_a_live_one(tmp_path: Path) -> None:
+    made = tmp_path / "toolenv-sandboxd-7"
+    made.mkdir()
+    assert not _left_by_dead_instance(made, os.getpid())
+    assert not _left_by_dead_instance(made, 1)  # running since before the dir was made
+    time.sleep(1.2)
+    later = subprocess.Popen(["sleep", "30"])  # the pid reused, as after a container restart
+    try:
+        assert _left_by_dead_instance(made, later.pid)
+    finally:
+        later.kill()
+        later.wait()
+    assert _left_by_dead_instance(made, later.pid)  # no such process any more
