@@ -287,7 +287,7 @@ class ToolRuntime:
                 self.m.retried.inc()
                 wait = policy.backoff_ms / 1000 * 2 ** (attempt - 1)
                 if wait:
-                    await asyncio.sleep(min(wait, max(deadline.remaining() - 0.05, 0)))
+                    await asyncio.sleep(min(wait, max(call.deadline.remaining() - 0.05, 0)))
                 attempt += 1
                 endpoint = pick(self.backend.endpoints, exclude=[endpoint], turn=self._turn)
 

@@ -188,6 +188,17 @@ class SandboxService:
             for lang in LANGUAGES.values()
         ]
 
+    def _admission_why(self) -> dict[str, str | None]:
+        """The limit's origin, and why a call would wait now (None: it would not)."""
+        a = self.admission
+        waits = None
+        if a.in_flight >= a.limit or a.waiting:
+            waits = (
+                f"all {a.limit} program slots are in flight; {a.waiting} calls queued ahead "
+                "of a new one, each starts when a running program ends"
+            )
+        return {"limit_from": self.settings.admission_reason(), "waits_because": waits}
+
     def status(self) -> dict[str, Any]:
         backend_status: dict[str, Any] = {}
         if self.backend is not None:
@@ -198,6 +209,6 @@ class SandboxService:
         return {
             "backend": self.settings.backend,
             "started": self.started,
-            "admission": self.admission.status(),
+            "admission": {**self.admission.status(), **self._admission_why()},
             **{k: v for k, v in backend_status.items() if k != "backend"},
         }

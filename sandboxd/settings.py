@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import ServiceSettings
+
+from .sizing import host_sizing
 
 
 class SandboxSettings(ServiceSettings):
@@ -25,7 +26,9 @@ class SandboxSettings(ServiceSettings):
 
     # ---- admission: how many programs run at once, how many wait, how long they may wait
     max_concurrency: int = Field(
-        default=0, ge=0, description="programs running at once; 0: 2 x CPU cores"
+        default=0,
+        ge=0,
+        description="programs in flight at once; 0: sized from cores and memory (sandboxd.sizing)",
     )
     queue_size: int = Field(default=256, ge=0, description="requests waiting beyond that; then 429")
     queue_timeout_s: float = Field(
@@ -84,7 +87,13 @@ class SandboxSettings(ServiceSettings):
     @property
     def concurrency(self) -> int:
         """The effective number of programs run at once."""
-        return self.max_concurrency or 2 * (os.cpu_count() or 1)
+        return self.max_concurrency or host_sizing(self.default_memory_mb).limit
+
+    def admission_reason(self) -> str:
+        """Where the limit on programs in flight comes from (for /v1/sandbox/status)."""
+        if self.max_concurrency:
+            return f"{self.max_concurrency} programs in flight: the max_concurrency setting"
+        return host_sizing(self.default_memory_mb).describe()
 
     # ---- docker backend (warm pool of containers from the project's sandbox image)
     docker_image: str = Field(default="toolenv/sandbox:0.1.0", description="built when missing")
