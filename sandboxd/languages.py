@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 DEFAULT_PYTHON = "/usr/bin/python3"
 
@@ -111,7 +110,7 @@ class PythonNotFound(RuntimeError):
 
 
 def find_python(configured: str | None) -> str:
-    """The interpreter Python programs run with, resolved to a real file (no shim, no symlink).
+    """The interpreter Python programs run with, as an absolute path.
 
     The setting wins; else /usr/bin/python3 (a distribution's, fastest to start); else `python3`
     on PATH.
@@ -124,4 +123,4 @@ def find_python(configured: str | None) -> str:
             f"no Python interpreter for sandboxed programs ({candidate or 'python3 not on PATH'}); "
             "set TOOLENV_SANDBOX_PYTHON (sandbox.python) to one"
         )
-    return str(Path(candidate).resolve())
+    return os.path.abspath(candidate)

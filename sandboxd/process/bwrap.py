@@ -48,11 +48,14 @@ def system_binds() -> list[str]:
 
 
 def interpreter_binds(python: str) -> list[str]:
-    """Read-only bind of the Python interpreter's install prefix when it lies outside /usr."""
-    prefix = Path(python).parents[1]
-    if prefix == Path("/usr") or Path("/usr") in prefix.parents:
-        return []
-    return ["--ro-bind", str(prefix), str(prefix)]
+    """Read-only binds of the Python interpreter's install prefix (and of its symlink target's)
+    when they lie outside /usr."""
+    binds: list[str] = []
+    for path in dict.fromkeys((Path(python), Path(python).resolve())):
+        prefix = path.parents[1]
+        if prefix != Path("/usr") and Path("/usr") not in prefix.parents:
+            binds += ["--ro-bind", str(prefix), str(prefix)]
+    return binds
 
 
 def sandbox_prefix(bwrap: str, python: str) -> list[str]:

@@ -227,7 +227,7 @@ async def test_python_programs_run_with_the_configured_interpreter(bwrap_path: s
     backend = ProcessBackend(settings(bwrap_path=bwrap_path, python=str(base), warm_sandboxes=0))
     await backend.start()
     try:
-        assert backend.status()["python"] == str(base.resolve())
+        assert backend.status()["python"] == str(base)
         r = await backend.run(
             RunSpec(language="python", code="import sys; print(sys.base_prefix)"),
             Deadline.after(30),
