@@ -24,6 +24,7 @@ BENCHMARK_MODULES = [
     "benchmarks.emulators_bench",
     "benchmarks.gateway_bench",
     "benchmarks.stress_bench",
+    "benchmarks.ray_bench",
     "benchmarks.rollout_virtual_bench",
 ]
 

@@ -1,0 +1,259 @@
+"""Sandbox runs through the Ray gateway (1 and 2 nodes) against the local gateway, same run.
+
+    python -m benchmarks.ray_bench --out bench-results/benchmarks.ray_bench.json [--seconds 8]
+
+Every node is a network namespace on this machine (`toolenv.ray.netns`), so all set-ups share
+the same cores: "2 nodes" is the same total CPU split over two raylets, and the figure that
+matters is the ratio to the local gateway measured in the same run. Load (the project's own
+`stress`, closed loop) runs inside the head's namespace against each gateway's loopback:
+`print(1)` sequentially (per-call latency: the p50 difference is what Ray adds) and with 16
+callers (runs/s). Rounds alternate local and Ray so drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from stress import LoadSpec, run_load
+from toolenv.ray.netns import NetnsCluster
+
+CODE = {"code": "print(1)", "language": "python"}
+LOCAL_PORT, RAY_PORT = 8080, 8000
+CALLERS = 16
+
+
+def _sandbox(config: dict[str, Any]) -> dict[str, Any]:
+    sandbox = {"warm_sandboxes": 8, "max_concurrency": CALLERS}  # Ray: max_ongoing_requests
+    return {**config, "sandbox": sandbox, "gateway": {"log_level": "warning"}}
+
+
+def _ray_config(nodes: int) -> dict[str, Any]:
+    per_replica = 8 if nodes == 1 else CALLERS // 2
+    return _sandbox(
+        {
+            "ray": {
+                "http_port": RAY_PORT,
+                "proxy_location": "HeadOnly",
+                "gateway": {"num_cpus": 0, "resources": {"node_head": 0.01}},
+                "sandbox": {
+                    "num_cpus": 1,
+                    "max_ongoing_requests": per_replica,
+                    "min_replicas": 2,
+                    "max_replicas": 2,
+                },
+                "emulators": {"num_cpus": 0},
+            }
+        }
+    )
+
+
+# ------------------------------------------------------------------ inside the namespace
+
+
+def load(url: str, callers: int, seconds: float) -> dict[str, Any]:
+    """One closed-loop run (waits for /readyz first); runs/s and latency of the answered calls."""
+    end = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > end:
+            raise SystemExit(f"{url} never became ready")
+        time.sleep(0.5)
+    spec = LoadSpec(url=url + "/run_code", body=CODE, arrival="closed", concurrency=callers,
+                    duration_s=seconds, timeout_s=30)  # fmt: skip
+    result = run_load(spec)
+    ok = result.latencies_ms("ok", corrected=False)
+    return {
+        "ok": int(ok.size),
+        "sent": int(result.n),
+        "runs_per_s": ok.size / result.wall_s,
+        "p50_ms": float(statistics.median(ok)) if ok.size else None,
+        "p99_ms": float(sorted(ok)[int(0.99 * (ok.size - 1))]) if ok.size else None,
+    }
+
+
+# ------------------------------------------------------------------ orchestration
+
+
+def _in_ns(cluster: NetnsCluster, argv: list[str], timeout: float = 600) -> str:
+    done = subprocess.run(cluster.exec_argv(argv), env=cluster.env(), capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def _measure(cluster: NetnsCluster, port: int, callers: int, seconds: float) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "benchmarks.ray_bench", "load", f"http://127.0.0.1:{port}",
+            "--callers", str(callers), "--seconds", str(seconds)]  # fmt: skip
+    return json.loads(_in_ns(cluster, argv).strip().splitlines()[-1])
+
+
+def _deploy(cluster: NetnsCluster, config: dict[str, Any], workdir: Path) -> None:
+    path = workdir / "ray.yaml"
+    path.write_text(yaml.safe_dump(config))
+    _in_ns(cluster, [sys.executable, "-m", "toolenv", "serve", "--ray", cluster.address,
+                     "-c", str(path), "--detach"])  # fmt: skip
+
+
+def _local_gateway(cluster: NetnsCluster, workdir: Path) -> subprocess.Popen[bytes]:
+    path = workdir / "local.yaml"
+    path.write_text(yaml.safe_dump(_sandbox({})))
+    argv = [sys.executable, "-m", "toolenv", "serve", "--port", str(LOCAL_PORT), "-c", str(path)]
+    return subprocess.Popen(cluster.exec_argv(argv), env=cluster.env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _rounds(cluster: NetnsCluster, rounds: int, seconds: float, local: bool) -> dict[str, Any]:
+    """Alternate the Ray gateway and (when `local`) the local one, sequential then 16 callers."""
+    out: dict[str, list[dict[str, Any]]] = {"ray_seq": [], "ray_conc": []}
+    if local:
+        out |= {"local_seq": [], "local_conc": []}
+    for _ in range(rounds):
+        for name, port in (("local", LOCAL_PORT), ("ray", RAY_PORT)):
+            if name == "local" and not local:
+                continue
+            out[f"{name}_seq"].append(_measure(cluster, port, 1, seconds / 2))
+            out[f"{name}_conc"].append(_measure(cluster, port, CALLERS, seconds))
+    return {k: _median(v) for k, v in out.items()}
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("runs_per_s", "p50_ms", "p99_ms")
+    return {k: round(statistics.median(r[k] for r in runs), 2) for k in keys} | {"runs": runs}
+
+
+def bench(seconds: float, rounds: int, console: Console) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="toolenv-ray-bench-") as tmp:
+        workdir = Path(tmp)
+        with console.status("one node: cluster, local gateway and the Ray deployment"):
+            cluster = NetnsCluster(workers=0, num_cpus=2).start()
+        try:
+            local = _local_gateway(cluster, workdir)
+            try:
+                with console.status("one node: deploying on Ray"):
+                    _deploy(cluster, _ray_config(1), workdir)
+                _measure(cluster, LOCAL_PORT, 4, 1)  # warm both paths
+                _measure(cluster, RAY_PORT, 4, 1)
+                with console.status(f"one node: {rounds} rounds, local and Ray alternating"):
+                    report["one_node"] = _rounds(cluster, rounds, seconds, local=True)
+            finally:
+                local.terminate()
+                local.wait(30)
+        finally:
+            cluster.stop()
+        with console.status("two nodes: cluster and the Ray deployment"):
+            cluster = NetnsCluster(workers=1, num_cpus=1).start()
+        try:
+            _deploy(cluster, _ray_config(2), workdir)
+            _measure(cluster, RAY_PORT, 4, 1)
+            with console.status(f"two nodes: {rounds} rounds"):
+                report["two_nodes"] = _rounds(cluster, rounds, seconds, local=False)
+        finally:
+            cluster.stop()
+    one, two = report["one_node"], report["two_nodes"]
+    report["summary"] = {
+        "local_p50_ms": one["local_seq"]["p50_ms"],
+        "ray_p50_ms": one["ray_seq"]["p50_ms"],
+        "ray_p50_overhead_ms": round(one["ray_seq"]["p50_ms"] - one["local_seq"]["p50_ms"], 2),
+        "local_runs_per_s": one["local_conc"]["runs_per_s"],
+        "ray_1node_runs_per_s": one["ray_conc"]["runs_per_s"],
+        "ray_2nodes_runs_per_s": two["ray_conc"]["runs_per_s"],
+        "ray_1node_ratio": round(one["ray_conc"]["runs_per_s"] / one["local_conc"]["runs_per_s"], 3),
+        "ray_2nodes_ratio": round(two["ray_conc"]["runs_per_s"] / one["local_conc"]["runs_per_s"], 3),
+    }  # fmt: skip
+    return report
+
+
+def print_report(console: Console, report: dict[str, Any]) -> None:
+    s = report["summary"]
+    table = Table(
+        title=f"sandbox print(1): Ray gateway vs local gateway (same run, {CALLERS} callers)"
+    )
+    for col in ("set-up", "p50 sequential", "runs/s", "vs local"):
+        table.add_column(col)
+    one, two = report["one_node"], report["two_nodes"]
+    table.add_row(
+        "local gateway", f"{s['local_p50_ms']:.2f} ms", f"{s['local_runs_per_s']:.1f}", "1.00"
+    )
+    table.add_row(
+        "Ray, 1 node",
+        f"{s['ray_p50_ms']:.2f} ms",
+        f"{s['ray_1node_runs_per_s']:.1f}",
+        f"{s['ray_1node_ratio']:.2f}",
+    )
+    table.add_row(
+        "Ray, 2 nodes",
+        f"{two['ray_seq']['p50_ms']:.2f} ms",
+        f"{s['ray_2nodes_runs_per_s']:.1f}",
+        f"{s['ray_2nodes_ratio']:.2f}",
+    )
+    console.print(table)
+    console.print(f"p50 overhead Ray adds per call: {s['ray_p50_overhead_ms']:.2f} ms (target <= 2 ms)"
+                  f"; local p99 {one['local_seq']['p99_ms']:.1f} ms, Ray p99 {one['ray_seq']['p99_ms']:.1f} ms")  # fmt: skip
+
+
+def write_plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = report["summary"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    names = ["local", "Ray 1 node", "Ray 2 nodes"]
+    a.bar(names, [s["local_runs_per_s"], s["ray_1node_runs_per_s"], s["ray_2nodes_runs_per_s"]])
+    a.set_title(f"runs/s, {CALLERS} callers")
+    b.bar(names[:2], [s["local_p50_ms"], s["ray_p50_ms"]])
+    b.set_title("p50 ms, sequential")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd")
+    ld = sub.add_parser("load", help="(internal) one run inside the head's namespace")
+    ld.add_argument("url")
+    ld.add_argument("--callers", type=int, default=1)
+    ld.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/benchmarks.ray_bench.json"))
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    if args.cmd == "load":
+        print(json.dumps(load(args.url, args.callers, args.seconds)))
+        return 0
+    console = Console(stderr=True)
+    report = bench(args.seconds, args.rounds, console)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    write_plot(report, args.out.with_suffix(".png"))
+    if args.json:
+        print(json.dumps(report["summary"], indent=2))
+    else:
+        print_report(Console(), report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

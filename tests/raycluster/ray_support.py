@@ -1,0 +1,127 @@
+"""A real two-node Ray cluster on this machine, and what the tests do with it.
+
+Each node is its own network namespace (its own loopback, its own address on a veth), so the
+two are two hosts to Ray and no Ray traffic leaves namespaces this fixture made. The cluster,
+the Serve HTTP proxy and every client run inside the head's namespace. Teardown deletes the
+application gracefully, stops every process in the namespaces by PID and deletes them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toolenv.ray.netns import NetnsCluster
+
+HERE = Path(__file__).parent
+APP = "toolenv"
+URL = "http://127.0.0.1:8000"  # the head namespace's own loopback
+
+BASE_CONFIG: dict[str, Any] = {
+    "ray": {
+        "app_name": APP,
+        "http_port": 8000,
+        "proxy_location": "HeadOnly",
+        # the ingress stays on the head: the node that dies is a sandbox node
+        "gateway": {"num_cpus": 0, "resources": {"node_head": 0.01}},
+        "sandbox": {
+            "num_cpus": 0.5, "max_ongoing_requests": 4, "min_replicas": 2, "max_replicas": 2,
+        },
+        "emulators": {
+            "num_cpus": 0, "max_ongoing_requests": 256, "min_replicas": 2, "max_replicas": 2,
+        },
+    },
+    "gateway": {
+        "tools": [
+            {"name": "sandbox", "kind": "sandbox", "concurrency": 64, "queue": 256},
+            # the same deployment behind a tight admission bound: 429 + Retry-After
+            {"name": "sandbox_tight", "kind": "sandbox", "concurrency": 1, "queue": 0},
+            {
+                "name": "search", "kind": "search", "concurrency": 64, "queue": 256,
+                "retry": {"enabled": True, "max_attempts": 5, "min_retries_per_s": 100},
+            },
+        ],
+    },
+    "sandbox": {"warm_sandboxes": 2},
+    "emulators": {"search_profile": {"tool": "search", "model": {"kind": "constant", "value_s": 0.2}}},
+}  # fmt: skip
+
+
+@dataclass
+class RayEnv:
+    """The cluster plus what the tests do with it (every command runs in the head namespace)."""
+
+    cluster: NetnsCluster
+    workdir: Path
+
+    @property
+    def trace(self) -> Path:
+        """The gateway replica's trace capture (the nodes share this machine's disk)."""
+        return self.workdir / "trace.jsonl"
+
+    @property
+    def head_ip(self) -> str:
+        return self.cluster.nodes[0].ip
+
+    @property
+    def worker_ip(self) -> str:
+        return self.cluster.nodes[1].ip
+
+    def deploy(self, config: dict[str, Any], name: str) -> Path:
+        """`toolenv serve --ray ADDRESS -c FILE --detach` (deploys, or updates in place)."""
+        path = self.workdir / f"{name}.yaml"
+        config = {**config, "gateway": {**config["gateway"], "trace_path": str(self.trace)}}
+        path.write_text(yaml.safe_dump(config))
+        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", self.cluster.address]
+        done = self.run([*argv, "-c", str(path), "--detach"], timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return path
+
+    def run(self, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.cluster.exec_argv(argv),
+            env=self.cluster.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def helper_argv(self, *args: str) -> list[str]:
+        return self.cluster.exec_argv([sys.executable, str(HERE / "in_cluster.py"), *args])
+
+    def helper(self, *args: str, timeout: float = 120) -> Any:
+        done = subprocess.run(
+            self.helper_argv(*args),
+            env=self.cluster.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def load(self, *args: str, timeout: float = 180) -> list[dict[str, Any]]:
+        return self.helper("load", URL, *args, timeout=timeout)
+
+    def replicas(self) -> dict[str, Any]:
+        return self.helper("replicas", self.cluster.address, APP)
+
+    def wait_replicas(
+        self, deployment: str, running: int, timeout_s: float, alive_nodes: int | None = None
+    ) -> dict[str, Any]:
+        end = time.monotonic() + timeout_s
+        while True:
+            status = self.replicas()
+            ok = status[deployment].get("RUNNING", 0) == running and (
+                alive_nodes is None or len(status["_alive_nodes"]) == alive_nodes
+            )
+            if ok or time.monotonic() > end:
+                return status
+            time.sleep(1)

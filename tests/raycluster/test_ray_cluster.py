@@ -1,0 +1,201 @@
+"""toolenv on a real two-node Ray cluster (two network namespaces on this machine).
+
+In file order: load spreads over sandbox replicas on both nodes; the gateway contract holds
+through Ray (deadline kills the program, 429 + Retry-After, metrics, trace capture);
+autoscaling follows queued calls within its bounds and back; the second node's raylet dies
+under load and every call still gets a clean answer, the deployment recovers on the surviving
+node and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from ray_support import BASE_CONFIG, URL, RayEnv
+
+pytestmark = [pytest.mark.slow, pytest.mark.bwrap, pytest.mark.timeout(600)]
+
+PREFIX = "toolenv-sandboxd-"
+
+
+def leftovers(pids: set[int]) -> list[str]:
+    """Run dirs, cgroups and processes that belong to sandbox replicas with these PIDs."""
+    names = {f"{PREFIX}{p}" for p in pids}
+    found = [str(d) for d in Path("/dev/shm").glob(f"{PREFIX}*") if d.name in names]
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        for root, dirs, _ in os.walk(controller):
+            if Path(root).relative_to(controller).parts.__len__() >= 4:
+                dirs.clear()
+            found += [os.path.join(root, d) for d in dirs if d in names]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if any(n in cmdline for n in names):
+            found.append(f"pid {proc.name}: {cmdline[:200]}")
+    return found
+
+
+def statuses(results: list[dict]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r in results:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def test_load_reaches_sandbox_replicas_on_both_nodes(ray_env: RayEnv) -> None:
+    results = ray_env.load("--calls", "24", "--concurrency", "4", "--sleep-s", "0.05")
+    assert statuses(results) == {200: 24}, results[:3]
+    assert all(json.loads(r["body"])["status"] == "Success" for r in results)
+    nodes = {r["node"].split("/")[0] for r in results}
+    assert nodes == {ray_env.head_ip, ray_env.worker_ip}
+    assert len({r["replica"] for r in results}) == 2
+
+
+def test_deadline_is_forwarded_and_the_replica_kills_the_program(ray_env: RayEnv) -> None:
+    marker = "987.25"  # a sleep nobody else runs: find it in the process table
+    code = f"import os\nos.execv('/bin/sleep', ['sleep', '{marker}'])\n"
+    results = ray_env.load("--calls", "2", "--concurrency", "2", "--code", code,
+                           "--deadline-ms", "1500")  # fmt: skip
+    for r in results:
+        assert r["status"] == 504, r
+        assert r["elapsed_s"] < 1.5 + 1.0, r
+        assert json.loads(r["body"])["tool"] == "sandbox"
+    time.sleep(1.0)
+    running = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    assert running.stdout.strip() == "", "the program outlived its deadline"
+
+
+def test_admission_answers_429_with_retry_after(ray_env: RayEnv) -> None:
+    results = ray_env.load("--tool", "sandbox_tight", "--calls", "6", "--concurrency", "6",
+                           "--sleep-s", "1")  # fmt: skip
+    counts = statuses(results)
+    assert counts.get(200, 0) >= 1 and counts.get(429, 0) >= 1, counts
+    assert set(counts) <= {200, 429}
+    assert all(r["retry_after"] for r in results if r["status"] == 429)
+
+
+def test_metrics_and_trace_capture_through_ray(ray_env: RayEnv) -> None:
+    results = ray_env.load("--tool", "search", "--calls", "4", "--trajectory", "traj-ray-1")
+    assert statuses(results) == {200: 4}
+    metrics = ray_env.helper("get", f"{URL}/metrics")["text"]
+    assert 'tool="search"' in metrics and 'tool="sandbox"' in metrics
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        lines = ray_env.trace.read_text().splitlines() if ray_env.trace.exists() else []
+        captured = [json.loads(x) for x in lines if "traj-ray-1" in x]
+        if len(captured) == 4:
+            break
+        time.sleep(0.2)
+    assert sorted(r["turn"] for r in captured) == [0, 1, 2, 3]
+    assert all(r["tool_name"] == "search" and r["status"] == "success" for r in captured)
+
+
+def test_autoscaling_follows_queued_calls_within_bounds(ray_env: RayEnv) -> None:
+    config = copy.deepcopy(BASE_CONFIG)
+    config["ray"]["sandbox"] = {
+        "num_cpus": 0.25, "max_ongoing_requests": 1, "min_replicas": 1, "max_replicas": 3,
+        "target_ongoing_requests": 1, "upscale_delay_s": 0.5, "downscale_delay_s": 2,
+    }  # fmt: skip
+    ray_env.deploy(config, "autoscale")
+    assert ray_env.wait_replicas("sandbox", 1, 60)["sandbox"].get("RUNNING") == 1
+    load = subprocess.Popen(
+        ray_env.helper_argv(
+            "load",
+            URL,
+            "--calls",
+            "40",
+            "--concurrency",
+            "8",
+            "--sleep-s",
+            "1",
+            "--deadline-ms",
+            "30000",
+            "--max-s",
+            "40",
+        ),  # fmt: skip
+        env=ray_env.cluster.env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    peak = 1
+    while load.poll() is None:
+        running = ray_env.replicas()["sandbox"].get("RUNNING", 0)
+        peak = max(peak, running)
+        assert running <= 3
+    out, _ = load.communicate(timeout=60)
+    results = json.loads(out.strip().splitlines()[-1])
+    assert statuses(results) == {200: 40}
+    assert peak > 1, "queued calls did not add a replica"
+    after = ray_env.wait_replicas("sandbox", 1, 60)
+    assert after["sandbox"].get("RUNNING") == 1, after
+
+
+def test_node_death_mid_load(ray_env: RayEnv) -> None:
+    ray_env.deploy(BASE_CONFIG, "base-again")
+    before = ray_env.wait_replicas("sandbox", 2, 60)
+    assert before["sandbox"].get("RUNNING") == 2
+    warm = ray_env.load("--calls", "8", "--concurrency", "4")
+    assert {r["node"].split("/")[0] for r in warm} == {ray_env.head_ip, ray_env.worker_ip}
+    worker_pids = set(ray_env.cluster.pids(1))
+    deadline_ms = 5000
+    common = ["--deadline-ms", str(deadline_ms), "--grace-s", "5", "--max-s", "30"]
+    loads = [
+        subprocess.Popen(
+            ray_env.helper_argv(
+                "load",
+                URL,
+                "--tool",
+                tool,
+                "--calls",
+                "80",
+                "--concurrency",
+                "4",
+                "--sleep-s",
+                "0.2",
+                *common,
+            ),  # fmt: skip
+            env=ray_env.cluster.env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for tool in ("sandbox", "search")
+    ]
+    time.sleep(3)
+    ray_env.cluster.kill_raylet(1)
+    results = []
+    for load in loads:
+        out, _ = load.communicate(timeout=120)
+        results += json.loads(out.strip().splitlines()[-1])
+
+    for r in results:
+        assert r["status"] != 0, f"no answer: {r}"
+        assert r["elapsed_s"] <= deadline_ms / 1000 + 1.0, f"answered after its deadline: {r}"
+        if r["status"] != 200:
+            assert r["tool"] == "sandbox" and r["status"] in (502, 503), f"{r}"
+            assert json.loads(r["body"])["tool"] == "sandbox", r
+    sandbox = [r for r in results if r["tool"] == "sandbox"]
+    assert sum(r["status"] == 200 for r in sandbox) >= len(sandbox) // 2
+    assert statuses([r for r in results if r["tool"] == "search"]) == {200: 80}
+
+    after = ray_env.wait_replicas("sandbox", 2, 90, alive_nodes=1)
+    assert after["sandbox"].get("RUNNING") == 2, after
+    assert after["_alive_nodes"] == [ray_env.head_ip]
+    again = ray_env.load("--calls", "8", "--concurrency", "4")
+    assert statuses(again) == {200: 8}
+    assert {r["node"].split("/")[0] for r in again} == {ray_env.head_ip}
+    assert len({r["replica"] for r in again}) == 2
+
+    end = time.monotonic() + 20
+    while (left := leftovers(worker_pids)) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert left == [], left
