@@ -31,13 +31,17 @@ from stress import LoadSpec, run_load
 from toolenv.ray.netns import NetnsCluster
 
 CODE = {"code": "print(1)", "language": "python"}
+SEARCH = {"queries": ["who wrote hamlet"], "topk": 3}  # a zero-delay emulator: the path's own cost
+PATHS = {"sandbox": ("/run_code", CODE), "search": ("/retrieve", SEARCH)}
 LOCAL_PORT, RAY_PORT = 8080, 8000
 CALLERS = 16
 
 
 def _sandbox(config: dict[str, Any]) -> dict[str, Any]:
     sandbox = {"warm_sandboxes": 8, "max_concurrency": CALLERS}  # Ray: max_ongoing_requests
-    return {**config, "sandbox": sandbox, "gateway": {"log_level": "warning"}}
+    emulators = {"search_profile": {"tool": "search", "model": {"kind": "constant", "value_s": 0}}}
+    return {**config, "sandbox": sandbox, "emulators": emulators,
+            "gateway": {"log_level": "warning"}}  # fmt: skip
 
 
 def _ray_config(nodes: int) -> dict[str, Any]:
@@ -63,7 +67,7 @@ def _ray_config(nodes: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ inside the namespace
 
 
-def load(url: str, callers: int, seconds: float) -> dict[str, Any]:
+def load(url: str, callers: int, seconds: float, tool: str = "sandbox") -> dict[str, Any]:
     """One closed-loop run (waits for /readyz first); runs/s and latency of the answered calls."""
     end = time.monotonic() + 180
     while True:
@@ -75,7 +79,8 @@ def load(url: str, callers: int, seconds: float) -> dict[str, Any]:
         if time.monotonic() > end:
             raise SystemExit(f"{url} never became ready")
         time.sleep(0.5)
-    spec = LoadSpec(url=url + "/run_code", body=CODE, arrival="closed", concurrency=callers,
+    path, body = PATHS[tool]
+    spec = LoadSpec(url=url + path, body=body, arrival="closed", concurrency=callers,
                     duration_s=seconds, timeout_s=30)  # fmt: skip
     result = run_load(spec)
     ok = result.latencies_ms("ok", corrected=False)
@@ -99,9 +104,11 @@ def _in_ns(cluster: NetnsCluster, argv: list[str], timeout: float = 600) -> str:
     return done.stdout
 
 
-def _measure(cluster: NetnsCluster, port: int, callers: int, seconds: float) -> dict[str, Any]:
+def _measure(
+    cluster: NetnsCluster, port: int, callers: int, seconds: float, tool: str = "sandbox"
+) -> dict[str, Any]:
     argv = [sys.executable, "-m", "benchmarks.ray_bench", "load", f"http://127.0.0.1:{port}",
-            "--callers", str(callers), "--seconds", str(seconds)]  # fmt: skip
+            "--callers", str(callers), "--seconds", str(seconds), "--tool", tool]  # fmt: skip
     return json.loads(_in_ns(cluster, argv).strip().splitlines()[-1])
 
 
@@ -122,15 +129,16 @@ def _local_gateway(cluster: NetnsCluster, workdir: Path) -> subprocess.Popen[byt
 
 def _rounds(cluster: NetnsCluster, rounds: int, seconds: float, local: bool) -> dict[str, Any]:
     """Alternate the Ray gateway and (when `local`) the local one, sequential then 16 callers."""
-    out: dict[str, list[dict[str, Any]]] = {"ray_seq": [], "ray_conc": []}
+    out: dict[str, list[dict[str, Any]]] = {"ray_seq": [], "ray_conc": [], "ray_search": []}
     if local:
-        out |= {"local_seq": [], "local_conc": []}
+        out |= {"local_seq": [], "local_conc": [], "local_search": []}
     for _ in range(rounds):
         for name, port in (("local", LOCAL_PORT), ("ray", RAY_PORT)):
             if name == "local" and not local:
                 continue
             out[f"{name}_seq"].append(_measure(cluster, port, 1, seconds / 2))
             out[f"{name}_conc"].append(_measure(cluster, port, CALLERS, seconds))
+            out[f"{name}_search"].append(_measure(cluster, port, CALLERS, seconds / 2, "search"))
     return {k: _median(v) for k, v in out.items()}
 
 
@@ -178,6 +186,10 @@ def bench(seconds: float, rounds: int, console: Console) -> dict[str, Any]:
         "ray_2nodes_runs_per_s": two["ray_conc"]["runs_per_s"],
         "ray_1node_ratio": round(one["ray_conc"]["runs_per_s"] / one["local_conc"]["runs_per_s"], 3),
         "ray_2nodes_ratio": round(two["ray_conc"]["runs_per_s"] / one["local_conc"]["runs_per_s"], 3),
+        "local_search_calls_per_s": one["local_search"]["runs_per_s"],
+        "ray_search_calls_per_s": one["ray_search"]["runs_per_s"],
+        "local_search_p50_ms": one["local_search"]["p50_ms"],
+        "ray_search_p50_ms": one["ray_search"]["p50_ms"],
     }  # fmt: skip
     return report
 
@@ -208,6 +220,9 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
     console.print(table)
     console.print(f"p50 overhead Ray adds per call: {s['ray_p50_overhead_ms']:.2f} ms (target <= 2 ms)"
                   f"; local p99 {one['local_seq']['p99_ms']:.1f} ms, Ray p99 {one['ray_seq']['p99_ms']:.1f} ms")  # fmt: skip
+    console.print(f"zero-delay search, {CALLERS} callers (the path's own cost): local "
+                  f"{s['local_search_calls_per_s']:.0f} calls/s p50 {s['local_search_p50_ms']:.1f} ms; "
+                  f"Ray {s['ray_search_calls_per_s']:.0f} calls/s p50 {s['ray_search_p50_ms']:.1f} ms")  # fmt: skip
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:
@@ -235,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     ld.add_argument("url")
     ld.add_argument("--callers", type=int, default=1)
     ld.add_argument("--seconds", type=float, default=5)
+    ld.add_argument("--tool", choices=sorted(PATHS), default="sandbox")
     parser.add_argument("--out", type=Path, default=Path("bench-results/benchmarks.ray_bench.json"))
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     if args.cmd == "load":
-        print(json.dumps(load(args.url, args.callers, args.seconds)))
+        print(json.dumps(load(args.url, args.callers, args.seconds, args.tool)))
         return 0
     console = Console(stderr=True)
     report = bench(args.seconds, args.rounds, console)

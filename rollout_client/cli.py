@@ -489,6 +489,16 @@ def study(
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("rollout-study"),
     as_json: Annotated[bool, typer.Option("--json", help="Print study.json to stdout.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            flag_value="local",
+            metavar="[ADDRESS]",
+            help="Spread the cells over a Ray cluster as tasks (`auto`, HOST:PORT; no value: a "
+            "local one). Same report as a local run for the same seed.",
+        ),
+    ] = None,
 ) -> None:
     """Every straggler policy against every tool scenario on full steps, in virtual time."""
     import sys
@@ -498,7 +508,7 @@ def study(
 
     from toolenv_core.polytrace import TraceFormatError
 
-    from .study import StudyPlan, run_study
+    from .study import JobRunner, StudyPlan, run_here, run_study
     from .study_report import markdown, write
 
     plan = (
@@ -509,6 +519,13 @@ def study(
     plan.steps, plan.cost_profile = steps, cost_profile
     if batch is not None:
         plan.batch = batch
+    runner: JobRunner = run_here
+    if ray_address is not None:
+        try:  # Ray is an optional extra (`pip install toolenv[ray]`)
+            from .study_ray import RayRunner
+        except ImportError as exc:
+            _fail(f"--ray needs Ray: pip install 'toolenv[ray]' ({exc})")
+        runner = RayRunner(None if ray_address == "local" else ray_address)
     scenarios = [s for s in plan.scenarios if not s.reward or plan.reward_traces]
     total = len(scenarios) * len(plan.policies)
     progress = Progress(
@@ -526,12 +543,12 @@ def study(
             progress.update(
                 task,
                 advance=1,
-                last=f"{row['scenario']} / {row['policy']}: {row['speedup_over_sync']:.2f}x, "
+                last=f"{row['scenario']} / {row['policy']}: {row['trajectories_per_s']:.2f} traj/s, "
                 f"{row['calls_cut_share']:.1%} cut",
             )
 
         try:
-            result = run_study(plan, on_cell)
+            result = run_study(plan, on_cell, runner)
         except (TraceFormatError, ValueError) as exc:
             _fail(_one_line(exc))
     command = "toolenv rollout study " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])

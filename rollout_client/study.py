@@ -261,24 +261,67 @@ def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     return plans, recorded
 
 
+@dataclass(frozen=True)
+class StudyInputs:
+    """What every cell reads: loaded once, then shared (with Ray: put in the object store once)."""
+
+    plan: StudyPlan
+    plans: list[TrajectoryPlan]
+    recorded: np.ndarray
+    reward: np.ndarray | None
+
+
+CellJob = tuple[Scenario, PolicyCell]
+# Runs the jobs (any order, anywhere), calls `on_done(index, row)` as each ends, returns the rows
+# in job order. `run_here` runs them one after another in this process; `rollout_client.study_ray`
+# spreads them over a Ray cluster.
+JobRunner = Callable[
+    [StudyInputs, list[CellJob], Callable[[int, dict[str, Any]], None]], list[dict[str, Any]]
+]
+
+
+def run_job(inputs: StudyInputs, job: CellJob) -> dict[str, Any]:
+    """One cell, from the shared inputs alone (deterministic: same inputs, same row)."""
+    scenario, cell = job
+    tools = ScenarioTools(scenario, inputs.recorded, inputs.reward)
+    return run_cell(inputs.plan, cell, tools, inputs.plans)
+
+
+def run_here(
+    inputs: StudyInputs, jobs: list[CellJob], on_done: Callable[[int, dict[str, Any]], None]
+) -> list[dict[str, Any]]:
+    rows = []
+    for i, job in enumerate(jobs):
+        rows.append(run_job(inputs, job))
+        on_done(i, rows[-1])
+    return rows
+
+
 def run_study(
-    plan: StudyPlan, on_cell: Callable[[dict[str, Any]], None] | None = None
+    plan: StudyPlan,
+    on_cell: Callable[[dict[str, Any]], None] | None = None,
+    runner: JobRunner = run_here,
 ) -> dict[str, Any]:
     plans, recorded = load_plans(plan)
     reward = reward_latencies(plan.reward_traces) if plan.reward_traces else None
-    cells: list[dict[str, Any]] = []
     scenarios = [s for s in plan.scenarios if not s.reward or reward is not None]
-    for scenario in scenarios:
-        tools = ScenarioTools(scenario, recorded, reward)
-        base: float | None = None
-        for cell in plan.policies:
-            row = run_cell(plan, cell, tools, plans)
-            if cell.spec == "sync":
-                base = row["trajectories_per_s"]
-            row["speedup_over_sync"] = round(row["trajectories_per_s"] / base, 3) if base else None
-            cells.append(row)
-            if on_cell is not None:
-                on_cell(row)
+    jobs = [(scenario, cell) for scenario in scenarios for cell in plan.policies]
+    base: dict[str, float] = {}  # scenario -> the sync cell's trajectories/s
+
+    def speedup(row: dict[str, Any]) -> float | None:
+        sync = base.get(row["scenario"])
+        return round(row["trajectories_per_s"] / sync, 3) if sync else None
+
+    def on_done(i: int, row: dict[str, Any]) -> None:
+        if jobs[i][1].spec == "sync":
+            base[row["scenario"]] = row["trajectories_per_s"]
+        row["speedup_over_sync"] = speedup(row)  # None while its scenario's sync is running
+        if on_cell is not None:
+            on_cell(row)
+
+    cells = runner(StudyInputs(plan, plans, recorded, reward), jobs, on_done)
+    for row in cells:
+        row["speedup_over_sync"] = speedup(row)
     return {
         "study": {
             "traces": [str(p) for p in plan.traces],

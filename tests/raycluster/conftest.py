@@ -12,7 +12,7 @@ from toolenv.ray.netns import NetnsCluster
 
 @pytest.fixture(scope="module")
 def ray_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayEnv]:
-    cluster = NetnsCluster(workers=1, num_cpus=1)
+    cluster = NetnsCluster(workers=1, num_cpus=2)
     cluster.start()
     env = RayEnv(cluster, tmp_path_factory.mktemp("ray"))
     try:

@@ -1,10 +1,11 @@
 """toolenv on a real two-node Ray cluster (two network namespaces on this machine).
 
 In file order: load spreads over sandbox replicas on both nodes; the gateway contract holds
-through Ray (deadline kills the program, 429 + Retry-After, metrics, trace capture);
-autoscaling follows queued calls within its bounds and back; the second node's raylet dies
-under load and every call still gets a clean answer, the deployment recovers on the surviving
-node and nothing is left behind.
+through Ray (deadline kills the program, 429 + Retry-After, metrics, trace capture); the study's
+cells as Ray tasks give the local report; the second node's raylet dies under load and every
+call still gets a clean answer, the deployment recovers on the surviving node and nothing is
+left behind; then, on the surviving node, autoscaling follows queued calls within its bounds
+and back.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -100,49 +102,32 @@ def test_metrics_and_trace_capture_through_ray(ray_env: RayEnv) -> None:
     assert all(r["tool_name"] == "search" and r["status"] == "success" for r in captured)
 
 
-def test_autoscaling_follows_queued_calls_within_bounds(ray_env: RayEnv) -> None:
-    config = copy.deepcopy(BASE_CONFIG)
-    config["ray"]["sandbox"] = {
-        "num_cpus": 0.25, "max_ongoing_requests": 1, "min_replicas": 1, "max_replicas": 3,
-        "target_ongoing_requests": 1, "upscale_delay_s": 0.5, "downscale_delay_s": 2,
-    }  # fmt: skip
-    ray_env.deploy(config, "autoscale")
-    assert ray_env.wait_replicas("sandbox", 1, 60)["sandbox"].get("RUNNING") == 1
-    load = subprocess.Popen(
-        ray_env.helper_argv(
-            "load",
-            URL,
-            "--calls",
-            "40",
-            "--concurrency",
-            "8",
-            "--sleep-s",
-            "1",
-            "--deadline-ms",
-            "30000",
-            "--max-s",
-            "40",
-        ),  # fmt: skip
-        env=ray_env.cluster.env(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    peak = 1
-    while load.poll() is None:
-        running = ray_env.replicas()["sandbox"].get("RUNNING", 0)
-        peak = max(peak, running)
-        assert running <= 3
-    out, _ = load.communicate(timeout=60)
-    results = json.loads(out.strip().splitlines()[-1])
-    assert statuses(results) == {200: 40}
-    assert peak > 1, "queued calls did not add a replica"
-    after = ray_env.wait_replicas("sandbox", 1, 60)
-    assert after["sandbox"].get("RUNNING") == 1, after
+def test_study_on_ray_gives_the_local_report(ray_env: RayEnv, polytrace_dir: Path) -> None:
+    args = [
+        "rollout", "study", "--quick", "--batch", "32", "--steps", "1", "--json", "--no-plots",
+        "--trace", str(polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"),
+        "--reward-trace", str(polytrace_dir / "rllm_deepcoder" / "reward_timings_step_0.jsonl"),
+    ]  # fmt: skip
+    local = subprocess.run([sys.executable, "-m", "toolenv", *args, "--out", str(ray_env.workdir / "local")],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert local.returncode == 0, local.stderr[-2000:]
+    on_ray = ray_env.run([sys.executable, "-m", "toolenv", *args, "--out", str(ray_env.workdir / "ray"),
+                          "--ray", ray_env.cluster.address], timeout=300)  # fmt: skip
+    assert on_ray.returncode == 0, on_ray.stderr[-2000:]
+
+    def comparable(out: str) -> dict:
+        study = json.loads(out)
+        for cell in study["cells"]:
+            cell.pop("wall_s")  # how long the cell took to compute: the one thing that differs
+        return study
+
+    here, there = comparable(local.stdout), comparable(on_ray.stdout)
+    assert len(here["cells"]) == 35
+    assert there == here
 
 
 def test_node_death_mid_load(ray_env: RayEnv) -> None:
-    ray_env.deploy(BASE_CONFIG, "base-again")
-    before = ray_env.wait_replicas("sandbox", 2, 60)
+    before = ray_env.wait_replicas("sandbox", 2, 60)  # the fixture's deployment
     assert before["sandbox"].get("RUNNING") == 2
     warm = ray_env.load("--calls", "8", "--concurrency", "4")
     assert {r["node"].split("/")[0] for r in warm} == {ray_env.head_ip, ray_env.worker_ip}
@@ -199,3 +184,43 @@ def test_node_death_mid_load(ray_env: RayEnv) -> None:
     while (left := leftovers(worker_pids)) and time.monotonic() < end:
         time.sleep(0.5)
     assert left == [], left
+
+
+def test_autoscaling_follows_queued_calls_within_bounds(ray_env: RayEnv) -> None:
+    config = copy.deepcopy(BASE_CONFIG)
+    config["ray"]["sandbox"] = {
+        "num_cpus": 0.25, "max_ongoing_requests": 1, "min_replicas": 1, "max_replicas": 3,
+        "target_ongoing_requests": 1, "upscale_delay_s": 0.5, "downscale_delay_s": 2,
+    }  # fmt: skip
+    ray_env.deploy(config, "autoscale")
+    assert ray_env.wait_replicas("sandbox", 1, 60)["sandbox"].get("RUNNING") == 1
+    load = subprocess.Popen(
+        ray_env.helper_argv(
+            "load",
+            URL,
+            "--calls",
+            "40",
+            "--concurrency",
+            "8",
+            "--sleep-s",
+            "1",
+            "--deadline-ms",
+            "30000",
+            "--max-s",
+            "40",
+        ),  # fmt: skip
+        env=ray_env.cluster.env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    peak = 1
+    while load.poll() is None:
+        running = ray_env.replicas()["sandbox"].get("RUNNING", 0)
+        peak = max(peak, running)
+        assert running <= 3
+    out, _ = load.communicate(timeout=60)
+    results = json.loads(out.strip().splitlines()[-1])
+    assert statuses(results) == {200: 40}
+    assert peak > 1, "queued calls did not add a replica"
+    after = ray_env.wait_replicas("sandbox", 1, 60)
+    assert after["sandbox"].get("RUNNING") == 1, after

@@ -1,0 +1,55 @@
+"""The study's cells as Ray tasks: `toolenv rollout study --ray [ADDRESS]`.
+
+The inputs (trajectory plans, recorded latencies) are loaded once by the driver and put in the
+object store once, so the nodes need no trace files. Each cell is one task of one CPU; the rows
+come back in job order, so the report is the local run's for the same seed (only each cell's
+`wall_s`, how long it took, differs). Only the CLI imports this module: the rest of
+rollout_client runs without Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from .study import CellJob, StudyInputs, run_job
+
+
+@ray.remote(num_cpus=1)
+def _cell(inputs: StudyInputs, job: CellJob) -> dict[str, Any]:
+    return run_job(inputs, job)
+
+
+class RayRunner:
+    """A `JobRunner` that runs every cell as a Ray task on the cluster at `address`."""
+
+    def __init__(self, address: str | None) -> None:
+        self.address = address  # None: start a local cluster
+
+    def __call__(
+        self,
+        inputs: StudyInputs,
+        jobs: list[CellJob],
+        on_done: Callable[[int, dict[str, Any]], None],
+    ) -> list[dict[str, Any]]:
+        started_here = not ray.is_initialized()
+        if started_here:
+            ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+        try:
+            shared = ray.put(inputs)
+            refs = [_cell.remote(shared, job) for job in jobs]
+            index = {ref: i for i, ref in enumerate(refs)}
+            rows: list[dict[str, Any] | None] = [None] * len(jobs)
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    i = index[ref]
+                    rows[i] = ray.get(ref)
+                    on_done(i, rows[i])
+            return [row for row in rows if row is not None]
+        finally:
+            if started_here:
+                ray.shutdown()
