@@ -36,6 +36,12 @@ class ReplicaConfig(BaseModel):
     upscale_delay_s: float = Field(default=2.0, ge=0)
     downscale_delay_s: float = Field(default=20.0, ge=0)
     max_replicas_per_node: int | None = Field(default=None, ge=1)
+    metrics_interval_s: float = Field(
+        default=0.5, gt=0, description="autoscaling: how often queue lengths are reported"
+    )
+    look_back_period_s: float = Field(
+        default=2.0, gt=0, description="autoscaling: the window queue lengths are averaged over"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaConfig:
@@ -65,8 +71,8 @@ class ReplicaConfig(BaseModel):
                 "target_ongoing_requests": self.target_ongoing_requests,
                 "upscale_delay_s": self.upscale_delay_s,
                 "downscale_delay_s": self.downscale_delay_s,
-                "metrics_interval_s": 0.5,
-                "look_back_period_s": 2.0,
+                "metrics_interval_s": self.metrics_interval_s,
+                "look_back_period_s": self.look_back_period_s,
             }
         else:
             options["num_replicas"] = self.max_replicas
