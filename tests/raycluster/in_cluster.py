@@ -56,7 +56,7 @@ async def load(args: argparse.Namespace) -> list[dict]:
                     "elapsed_s": time.monotonic() - started,
                     "node": node,
                     "replica": replica,
-                    "body": text[:400],
+                    "body": text[:8000],
                     "retry_after": resp.headers.get("retry-after") if status else None,
                 }
             )

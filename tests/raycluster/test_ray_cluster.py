@@ -187,7 +187,6 @@ def test_node_death_mid_load(ray_env: RayEnv) -> None:
     again = ray_env.load("--calls", "8", "--concurrency", "4")
     assert statuses(again) == {200: 8}
     assert {r["node"].split("/")[0] for r in again} == {ray_env.head_ip}
-    assert len({r["replica"] for r in again}) == 2
 
     end = time.monotonic() + 20
     while (left := leftovers(worker_pids)) and time.monotonic() < end:
