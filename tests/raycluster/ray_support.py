@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ class RayEnv:
 
     cluster: NetnsCluster
     workdir: Path
+    dead_node_pids: set[int] = field(default_factory=set)  # the node the node-death test killed
 
     @property
     def trace(self) -> Path:
