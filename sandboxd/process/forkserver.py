@@ -114,6 +114,9 @@ class Zygote:
                 stderr=subprocess.DEVNULL,
                 env={},
                 close_fds=True,
+                # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
+                # must drain the service, not kill the zygote under runs in flight.
+                start_new_session=True,
             )
         except OSError:
             ours.close()
