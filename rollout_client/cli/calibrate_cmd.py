@@ -1,0 +1,140 @@
+"""`toolenv rollout calibrate`: the engine cost model from a real engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..settings import RolloutSettings
+from .common import fail, one_line
+
+
+def calibrate(
+    engine: Annotated[str, typer.Option("--engine", help="vllm | openai")] = "vllm",
+    model: Annotated[Path | None, typer.Option("--model", help="Model directory (vllm).")] = None,
+    openai_url: Annotated[
+        list[str] | None, typer.Option("--openai-url", help="OpenAI-compatible server.")
+    ] = None,
+    batches: Annotated[
+        str, typer.Option("--batches", help="Batch sizes to measure, comma-separated.")
+    ] = "1,4,16",
+    prompt_lens: Annotated[
+        str, typer.Option("--prompt-lens", help="Prompt lengths, comma-separated.")
+    ] = "64,512",
+    decode_tokens: Annotated[
+        int, typer.Option("--decode-tokens", help="Tokens generated per request.")
+    ] = 32,
+    name: Annotated[str, typer.Option("--name", help="Profile name.")] = "calibrated",
+    out: Annotated[Path, typer.Option("--out", help="Where to write the profile JSON.")] = Path(
+        "cost-profile.json"
+    ),
+    check: Annotated[
+        Path | None,
+        typer.Option(
+            "--check",
+            help="Then replay this search_r1 trace on the engine and on the fitted model (virtual "
+            "time) under sync, async, async+overlap, and report their agreement.",
+        ),
+    ] = None,
+    check_trajectories: Annotated[
+        int, typer.Option("--check-trajectories", help="Trajectories per check step.")
+    ] = 64,
+    check_length_scale: Annotated[
+        float, typer.Option("--check-length-scale", help="Scale of the check's trace lengths.")
+    ] = 0.1,
+    check_max_output: Annotated[
+        int, typer.Option("--check-max-output", help="Cap on each check turn's output.")
+    ] = 32,
+    check_tool_scale: Annotated[
+        float, typer.Option("--check-tool-scale", help="Scale of the check's tool latencies.")
+    ] = 0.1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+) -> None:
+    """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
+    import asyncio
+    import math
+
+    from ..calibrate import CalibrationPlan, calibrate_engine
+    from ..engines.openai_engine import EngineUnreachable
+
+    try:
+        plan = CalibrationPlan(
+            batches=[int(x) for x in batches.split(",") if x.strip()],
+            prompt_lens=[int(x) for x in prompt_lens.split(",") if x.strip()],
+            decode_tokens=decode_tokens,
+        )
+        settings = RolloutSettings.load(
+            None, engine=engine, model=str(model) if model else None, openai_urls=openai_url or []
+        )
+        from ..session import build_engine, model_vocab_size
+
+        if settings.engine == "sim":
+            fail("calibrate measures a real engine: --engine vllm or --engine openai")
+        eng = build_engine(settings)
+        vocab = model_vocab_size(settings.model) if settings.model else settings.vocab_size
+        rows = None
+        if check is None:
+            profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
+        else:
+            from toolenv_core.polytrace.kinds import files_of_kind
+
+            from ..enginecheck import calibrate_and_run, compare, fit_on_records, simulated_runs
+            from ..workloads.replay import LengthScale, replay_plans
+
+            n_check = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
+            scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
+            files = files_of_kind([check], "multiturn")
+            limit = n_check + check_trajectories  # then as many again to calibrate on
+            plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
+            if len(plans) < limit:
+                fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
+            from rich.console import Console
+
+            status = Console(stderr=True).status(
+                "calibrating, then replaying the check workload on the engine"
+            )
+            with status:
+                first, recorded, real = asyncio.run(
+                    calibrate_and_run(
+                        eng,
+                        plan,
+                        name=name,
+                        vocab_size=vocab,
+                        plans=plans[:n_check],
+                        calibration=plans[n_check:],
+                        batch=check_trajectories,
+                        tool_scale=check_tool_scale,
+                    )
+                )
+            with Console(stderr=True).status("fitting the model, then the check in virtual time"):
+                profile = fit_on_records(first, recorded)
+                rows = compare(
+                    real,
+                    simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),
+                )
+    except EngineUnreachable as exc:
+        fail(str(exc), code=3)
+    except ValueError as exc:
+        fail(one_line(exc))
+    profile.save(out)
+    if as_json:
+        typer.echo(json.dumps({"profile": profile.model_dump(), "check": rows}, indent=2))
+        return
+    err = profile.fit_error or {}
+    typer.echo(
+        f"prefill {profile.prefill_per_token_s * 1e6:.1f} us/token; decode iteration "
+        f"{profile.decode_base_s * 1e3:.2f} ms + {profile.decode_per_seq_s * 1e3:.3f} ms/seq + "
+        f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token (fit: mean |error| "
+        f"{err.get('iteration_mean_abs_rel_error', 0):.1%} per iteration, R2 "
+        f"{err.get('iteration_r2', 0):.3f}); wrote {out}"
+    )
+    for row in rows or []:
+        typer.echo(
+            f"{row['policy']:>14}: makespan real {row['makespan_real_s']:.3f} s, sim "
+            f"{row['makespan_sim_s']:.3f} s (accuracy {row['makespan_accuracy']:.1%}); mean turn "
+            f"latency real {row['turn_latency_real_s']:.3f} s, sim {row['turn_latency_sim_s']:.3f} s "
+            f"(accuracy {row['turn_latency_accuracy']:.1%})"
+        )

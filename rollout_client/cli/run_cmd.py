@@ -1,0 +1,439 @@
+"""`toolenv rollout run`: one rollout, live or in virtual time, with its report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..settings import RolloutSettings
+from .common import POLICY_HELP, fail, one_line, setting_default, tool_pairs
+
+
+def run(
+    trace: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trace",
+            help="PolyTrace multi-turn JSONL, or a directory of them; a name not on disk is looked "
+            "up in the trace cache (`toolenv traces fetch`). Repeatable.",
+        ),
+    ] = None,
+    synthetic: Annotated[
+        Path | None,
+        typer.Option(
+            "--synthetic", help="intern_s1 fitted-parameters JSON: draw trajectories from it."
+        ),
+    ] = None,
+    live: Annotated[
+        Path | None,
+        typer.Option(
+            "--live",
+            help="JSONL of chat prompts: the model's text decides the tool calls (needs --model).",
+        ),
+    ] = None,
+    max_turns: Annotated[
+        int | None,
+        typer.Option(
+            "--max-turns",
+            show_default=setting_default("live_max_turns"),
+            help="live: turns per trajectory at most.",
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            show_default=setting_default("live_max_tokens"),
+            help="live: tokens per turn at most.",
+        ),
+    ] = None,
+    gateway: Annotated[
+        str | None,
+        typer.Option(
+            "--gateway", show_default=setting_default("gateway_url"), help="Gateway base URL."
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine", show_default=setting_default("engine"), help="vllm | openai | sim"
+        ),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            show_default=setting_default("model"),
+            help="Model directory (vllm; vocab size).",
+        ),
+    ] = None,
+    openai_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--openai-url",
+            show_default=setting_default("openai_urls"),
+            help="OpenAI-compatible server (repeatable).",
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option("--policy", show_default=setting_default("policy"), help=POLICY_HELP),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", show_default=setting_default("steps"), help="Rollout steps."),
+    ] = None,
+    batch: Annotated[
+        int | None,
+        typer.Option(
+            "--batch",
+            show_default=setting_default("batch"),
+            help="Trajectories completing each step (N).",
+        ),
+    ] = None,
+    tool_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--tool-timeout",
+            show_default=setting_default("tool_timeout_s"),
+            help="Seconds per tool call (timeout policy).",
+        ),
+    ] = None,
+    overlap_ratio: Annotated[
+        float | None,
+        typer.Option(
+            "--overlap-ratio",
+            show_default=setting_default("overlap_ratio"),
+            help="overlap launches N*(1+ratio).",
+        ),
+    ] = None,
+    unfinished: Annotated[
+        str | None,
+        typer.Option(
+            "--unfinished",
+            show_default=setting_default("overlap_unfinished"),
+            help="overlap: carry | abort.",
+        ),
+    ] = None,
+    exact: Annotated[
+        bool | None,
+        typer.Option(
+            "--exact/--no-exact",
+            show_default=setting_default("exact"),
+            help="Replay each call's recorded latency.",
+        ),
+    ] = None,
+    length_scale: Annotated[
+        float | None,
+        typer.Option(
+            "--length-scale",
+            show_default=setting_default("length_scale"),
+            help="Multiply every trace length.",
+        ),
+    ] = None,
+    max_prompt: Annotated[
+        int | None,
+        typer.Option(
+            "--max-prompt",
+            show_default=setting_default("max_prompt"),
+            help="Cap on the prompt length.",
+        ),
+    ] = None,
+    max_output: Annotated[
+        int | None,
+        typer.Option(
+            "--max-output",
+            show_default=setting_default("max_output"),
+            help="Cap on each turn's output.",
+        ),
+    ] = None,
+    max_append: Annotated[
+        int | None,
+        typer.Option(
+            "--max-append",
+            show_default=setting_default("max_append"),
+            help="Cap on each tool response.",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            show_default=setting_default("limit"),
+            help="Use at most this many trajectories.",
+        ),
+    ] = None,
+    sample: Annotated[
+        float | None,
+        typer.Option(
+            "--sample",
+            show_default=setting_default("sample"),
+            help="Keep each trajectory with this probability.",
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", show_default=setting_default("seed"))
+    ] = None,
+    cost_profile: Annotated[
+        str | None,
+        typer.Option(
+            "--cost-profile",
+            show_default=setting_default("cost_profile"),
+            help="sim: built-in name or calibrate JSON.",
+        ),
+    ] = None,
+    time_scale: Annotated[
+        float | None,
+        typer.Option(
+            "--time-scale",
+            show_default=setting_default("time_scale"),
+            help="sim: run this many times faster.",
+        ),
+    ] = None,
+    clock: Annotated[
+        str | None,
+        typer.Option(
+            "--clock",
+            help="sim: wall (real time, tools through the gateway) or virtual (a simulated clock: "
+            "no sleeping, no HTTP, deterministic for a seed).",
+        ),
+    ] = None,
+    tool_profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tool-profile",
+            help="virtual: TOOL=FILE latency profile (e.g. search=emulators/profiles/"
+            "search_default.yaml); without one a tool replays recorded latencies (--exact).",
+        ),
+    ] = None,
+    tool_scale: Annotated[
+        float | None,
+        typer.Option(
+            "--tool-scale",
+            show_default=setting_default("tool_scale"),
+            help="virtual: multiply every tool latency.",
+        ),
+    ] = None,
+    hedge_quantile: Annotated[
+        float | None,
+        typer.Option(
+            "--hedge-quantile",
+            show_default=setting_default("hedge_quantile"),
+            help="hedge policy: second attempt after this quantile.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", show_default=setting_default("out_dir"), help="Output directory."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the JSON report instead of the table.")
+    ] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
+    ] = None,
+) -> None:
+    """Run rollout steps and write report.json, trajectories.jsonl (a replayable trace) and PNG plots."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from toolenv_core.polytrace import TraceFormatError
+
+    from ..clock import run_virtual
+    from ..engines.openai_engine import EngineUnreachable
+    from ..gateway_client import GatewayUnreachable
+    from ..policies import build_policy
+
+    overrides = {
+        "gateway_url": gateway,
+        "engine": engine,
+        "model": str(model) if model else None,
+        "openai_urls": openai_url or None,
+        "policy": policy,
+        "steps": steps,
+        "batch": batch,
+        "tool_timeout_s": tool_timeout,
+        "overlap_ratio": overlap_ratio,
+        "overlap_unfinished": unfinished,
+        "exact": exact,
+        "length_scale": length_scale,
+        "max_prompt": max_prompt,
+        "max_output": max_output,
+        "max_append": max_append,
+        "limit": limit,
+        "sample": sample,
+        "seed": seed,
+        "cost_profile": cost_profile,
+        "time_scale": time_scale,
+        "clock": clock,
+        "tool_profiles": tool_pairs(tool_profile, "--tool-profile") if tool_profile else None,
+        "tool_scale": tool_scale,
+        "hedge_quantile": hedge_quantile,
+        "out_dir": str(out) if out else None,
+        "live_max_turns": max_turns,
+        "live_max_tokens": max_tokens,
+    }
+    try:
+        settings = RolloutSettings.load(
+            config, **{k: v for k, v in overrides.items() if v is not None}
+        )
+        if settings.clock == "virtual" and settings.engine != "sim":
+            raise ValueError("--clock virtual needs --engine sim (a real engine runs in real time)")
+        if settings.clock == "virtual" and not settings.exact and not settings.tool_profiles:
+            raise ValueError(
+                "--clock virtual answers tools in process: replay recorded latencies with --exact "
+                "or draw them from --tool-profile TOOL=FILE (e.g. search=emulators/profiles/"
+                "search_default.yaml)"
+            )
+        build_policy(
+            settings.policy, tool_timeout_s=settings.tool_timeout_s, over=settings.overlap_ratio
+        )
+    except (ValidationError, ValueError) as exc:
+        fail(one_line(exc))
+    if not trace and synthetic is None:
+        fail(
+            "give at least one --trace PATH (PolyTrace multi-turn JSONL) or --synthetic PARAMS.json"
+        )
+    if (
+        settings.engine == "sim"
+        and settings.clock == "wall"
+        and settings.time_scale != 1
+        and not (trace and settings.exact and not live)
+    ):
+        fail(
+            "--time-scale compresses the simulated engine, the tool timeouts and the recorded delays "
+            "that --trace ... --exact replays; without them the emulator draws tool latencies in "
+            "real time, so tools would run time-scale times too slow: add --exact or drop --time-scale"
+        )
+    if settings.model:
+        from ..session import model_vocab_size
+
+        try:
+            settings = settings.model_copy(update={"vocab_size": model_vocab_size(settings.model)})
+        except (OSError, ValueError, KeyError) as exc:
+            fail(f"cannot read the vocabulary size from {settings.model}/config.json: {exc}")
+    out_dir = Path(settings.out_dir)
+    try:
+        main = _run_with_progress(settings, trace or [], synthetic, out_dir, live)
+        report = run_virtual(main) if settings.clock == "virtual" else asyncio.run(main)
+    except TraceFormatError as exc:
+        fail(str(exc))
+    except (GatewayUnreachable, EngineUnreachable) as exc:
+        fail(str(exc), code=3)
+    except ValueError as exc:
+        fail(one_line(exc))
+    from ..report import plot, print_table
+
+    timelines = report.pop("_timelines", [])
+    report.pop("_records", None)
+    for note in report["notes"]:
+        typer.echo(note, err=True)
+    if not no_plots and report["steps"]:
+        plot(report, timelines, out_dir)
+    summary = report["summary"]
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+        s = report["summary"]
+        modelled = sum(step["modeled_makespan_s"] for step in report["steps"])
+        typer.echo(
+            f"{s.get('completed', 0)} trajectories in {modelled:.2f} modelled s "
+            f"(wall {report['wall']['elapsed_s']:.2f} s); "
+            f"engine busy {s.get('engine_busy_fraction', 0):.0%}; wrote {out_dir}/report.json, "
+            f"{out_dir}/trajectories.jsonl" + ("" if no_plots else " and PNG plots")
+        )
+        if report.get("sim_lag_s", 0) > 0.05 * max(s.get("total_makespan_s", 0), 1e-9):
+            typer.echo(
+                f"note: the simulator fell {report['sim_lag_s']:.1f} s behind its cost model "
+                "(CPU starved); lower --time-scale for faithful timings",
+                err=True,
+            )
+    if summary.get("failed"):
+        first = next(f for step in report["steps"] for f in step["failures"])
+        typer.echo(f"error: {summary['failed']} trajectories failed, e.g. {first}", err=True)
+        raise typer.Exit(1)
+
+
+async def _run_with_progress(
+    settings, traces: list[Path], synthetic: Path | None, out_dir: Path, live: Path | None = None
+) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..session import build_live, build_plans, run_rollout
+
+    driver = None
+    if live is not None:
+        plans, driver = build_live(settings, live)
+    else:
+        # Parse the whole trace selection first: a malformed line fails before any engine starts.
+        plans = list(build_plans(settings, traces, synthetic))
+    if not plans:
+        raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
+    from ..policies import build_policy
+
+    launch = build_policy(
+        settings.policy, over=settings.overlap_ratio, hedge_quantile=settings.hedge_quantile
+    ).launch_count(settings.batch)
+    notes = []
+    if len(plans) < launch * settings.steps:
+        notes.append(
+            f"note: {len(plans)} trajectories selected (trace size, --limit, --sample) for "
+            f"{settings.steps} step(s) of --batch {settings.batch} (launching {launch} each): "
+            + (
+                f"the first step runs {len(plans)}"
+                if len(plans) < launch
+                else "later steps run short or not at all"
+            )
+        )
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "turns {task.fields[turns]}  tool calls {task.fields[tools]}  timeouts {task.fields[timeouts]}"
+        ),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),  # stdout stays clean for --json
+        transient=False,
+    )
+    state = {"task": None, "step": 0}
+
+    def on_event(event) -> None:
+        if state["task"] is None:
+            state["task"] = progress.add_task(
+                f"step {state['step']}",
+                total=min(settings.batch, len(plans)),
+                turns=0,
+                tools=0,
+                timeouts=0,
+            )
+        task = progress.tasks[[t.id for t in progress.tasks].index(state["task"])]
+        fields = dict(task.fields)
+        if event.kind == "turn_done":
+            fields["turns"] += 1
+        elif event.kind in ("tool_done", "tool_error"):
+            fields["tools"] += 1
+        elif event.kind == "tool_timeout":
+            fields["tools"] += 1
+            fields["timeouts"] += 1
+        progress.update(
+            state["task"], advance=1 if event.kind == "trajectory_done" else 0, **fields
+        )
+
+    def on_step(metrics: dict) -> None:
+        state["step"] = metrics["step"] + 1
+        state["task"] = None
+
+    with progress:
+        report = await run_rollout(
+            settings, iter(plans), out_dir=out_dir, on_event=on_event, on_step=on_step
+        )
+    report["notes"] = notes
+    return report

@@ -1,0 +1,114 @@
+"""`toolenv rollout study`: the policy x scenario matrix in virtual time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .common import fail, one_line
+
+
+def study(
+    trace: Annotated[
+        list[Path],
+        typer.Option(
+            "--trace",
+            help="search_r1 multi-turn JSONL or its directory, on disk or in the trace cache "
+            "(repeatable; 3 steps for full runs).",
+        ),
+    ],
+    reward_trace: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--reward-trace",
+            help="rllm_deepcoder reward_timings JSONL or its directory, on disk or in the trace "
+            "cache (repeatable): the reward scenario.",
+        ),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="256 trajectories per step and 7 policies (about a minute)."),
+    ] = False,
+    batch: Annotated[
+        int | None, typer.Option("--batch", help="Trajectories per step (default 2048; quick 256).")
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per cell.")] = 2,
+    cost_profile: Annotated[
+        str, typer.Option("--cost-profile", help="Built-in engine profile or calibrate JSON.")
+    ] = "searchr1-qwen7b",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("rollout-study"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print study.json to stdout.")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            flag_value="local",
+            metavar="[ADDRESS]",
+            help="Spread the cells over a Ray cluster as tasks (`auto`, HOST:PORT; no value: a "
+            "local one). Same report as a local run for the same seed.",
+        ),
+    ] = None,
+) -> None:
+    """Every straggler policy against every tool scenario on full steps, in virtual time."""
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from toolenv_core.polytrace import TraceFormatError
+
+    from ..study import JobRunner, StudyPlan, run_here, run_study
+    from ..study_report import markdown, write
+
+    plan = (
+        StudyPlan.quick(trace, reward_trace or [], seed=seed)
+        if quick
+        else StudyPlan(trace, reward_trace or [], seed=seed)
+    )
+    plan.steps, plan.cost_profile = steps, cost_profile
+    if batch is not None:
+        plan.batch = batch
+    runner: JobRunner = run_here
+    if ray_address is not None:
+        try:  # Ray is an optional extra (`pip install toolenv[ray]`)
+            from ..study_ray import RayRunner
+        except ImportError as exc:
+            fail(f"--ray needs Ray: pip install 'toolenv[ray]' ({exc})")
+        runner = RayRunner(None if ray_address == "local" else ray_address)
+    scenarios = [s for s in plan.scenarios if not s.reward or plan.reward_traces]
+    total = len(scenarios) * len(plan.policies)
+    progress = Progress(
+        TextColumn("[bold]study"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[last]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+    with progress:
+        task = progress.add_task("cells", total=total, last="")
+
+        def on_cell(row: dict) -> None:
+            progress.update(
+                task,
+                advance=1,
+                last=f"{row['scenario']} / {row['policy']}: {row['trajectories_per_s']:.2f} traj/s, "
+                f"{row['calls_cut_share']:.1%} cut",
+            )
+
+        try:
+            result = run_study(plan, on_cell, runner)
+        except (TraceFormatError, ValueError) as exc:
+            fail(one_line(exc))
+    command = "toolenv rollout study " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])
+    write(result, out, command.strip(), plots=not no_plots)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo(markdown(result, command.strip()))
+        typer.echo(f"wrote {out}/study.md, {out}/study.json" + ("" if no_plots else " and PNGs"))

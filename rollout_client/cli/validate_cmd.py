@@ -1,0 +1,115 @@
+"""`toolenv rollout validate`: a recorded step replayed against its own timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .common import fail, one_line
+
+
+def validate(
+    trace: Annotated[
+        list[Path],
+        typer.Option("--trace", help="search_r1 step(s) to report on (multi-turn JSONL)."),
+    ],
+    cost_profile: Annotated[
+        str, typer.Option("--cost-profile", help="Built-in engine profile or calibrate JSON.")
+    ] = "searchr1-qwen7b",
+    fit: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--fit", help="Fit the profile on these steps first (never the reported ones)."
+        ),
+    ] = None,
+    save_profile: Annotated[
+        Path | None, typer.Option("--save-profile", help="Write the fitted profile here.")
+    ] = None,
+    plot_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot-dir", help="Write validation-<step>.png (recorded vs simulated CDFs)."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Replay recorded steps under verl's policy in virtual time and compare with their timings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from toolenv_core.polytrace import TraceFormatError
+    from toolenv_core.polytrace.kinds import files_of_kind
+
+    from ..engines.costmodel import load_cost_model
+    from ..validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step
+
+    console = Console(stderr=True)
+    try:
+        trace = files_of_kind(trace, "multiturn")  # directories, names in the trace cache
+        fit = files_of_kind(fit, "multiturn") if fit else None
+        cost = load_cost_model(cost_profile)
+        fitted = None
+        if fit:
+            if set(map(str, fit)) & set(map(str, trace)):
+                fail("--fit and --trace must be different steps (never fit on what you report)")
+            fit_steps = [load_step(p) for p in fit]
+            with console.status("fitting the engine model") as status:
+                start = initial_guess(fit_steps[0], cost)
+                cost, loss = fit_cost_model(
+                    fit_steps,
+                    start,
+                    on_trial=lambda c, v: status.update(f"fitting: loss {v:.3f}"),
+                )
+            cost = cost.model_copy(
+                update={"source": f"toolenv rollout validate --fit {' --fit '.join(map(str, fit))}"}
+            )
+            fitted = {"profile": cost.model_dump(), "loss": round(loss, 4)}
+            if save_profile is not None:
+                cost.save(save_profile)
+        results = []
+        for path in trace:
+            with console.status(f"replaying {path.name} in virtual time"):
+                records = load_step(path)
+                if plot_dir is not None:
+                    png = plot_dir / f"validation-{path.stem}.png"
+                    result = plot_step(records, cost, png, f"{path.name} replayed in virtual time")
+                else:
+                    result = validate_step(records, cost)
+                results.append({"trace": str(path), **result})
+    except (TraceFormatError, ValueError, OSError) as exc:
+        fail(one_line(exc))
+    report = {
+        "cost_profile": cost.name,
+        "policy": "async (verl SGLang multi-turn)",
+        "fit": fitted,
+        "steps": results,
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    table = Table(
+        title=f"validation against recorded timings (profile {cost.name})", title_justify="left"
+    )
+    for col in (
+        "step",
+        "makespan rec/sim (s)",
+        "accuracy",
+        "completion KS",
+        "turn p50 rec/sim",
+        "turn p90 rec/sim",
+    ):
+        table.add_column(col, justify="right")
+    for r in results:
+        rec, sim = r["turn_latency_recorded_s"], r["turn_latency_simulated_s"]
+        table.add_row(
+            Path(r["trace"]).name,
+            f"{r['makespan_recorded_s']:.1f} / {r['makespan_simulated_s']:.1f}",
+            f"{r['makespan_accuracy']:.1%}",
+            f"{r['completion_ks']:.3f}",
+            f"{rec['p50']:.1f} / {sim['p50']:.1f}",
+            f"{rec['p90']:.1f} / {sim['p90']:.1f}",
+        )
+    Console().print(table)
