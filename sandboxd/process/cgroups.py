@@ -237,15 +237,7 @@ class CgroupPool:
             for d in parent.glob(f"{PREFIX}*"):
                 pid = d.name.removeprefix(PREFIX)
                 if pid.isdigit() and _left_by_dead_instance(d, int(pid)):
-                    for sub in d.iterdir():
-                        if sub.is_dir():
-                            with contextlib.suppress(OSError):
-                                for task in _read(sub / "cgroup.procs").split():
-                                    with contextlib.suppress(ProcessLookupError):
-                                        os.kill(int(task), signal.SIGKILL)
-                                sub.rmdir()
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
+                    _kill_and_remove_children(d)
 
     def _create(self) -> CgroupSlot:
         self._counter += 1
@@ -298,12 +290,19 @@ class CgroupPool:
             slot.remove()
         self._free.clear()
         for base in self.bases.values():
-            for sub in list(base.iterdir()) if base.exists() else []:
-                if sub.is_dir():
-                    with contextlib.suppress(OSError):
-                        for task in _read(sub / "cgroup.procs").split():
-                            with contextlib.suppress(ProcessLookupError):
-                                os.kill(int(task), signal.SIGKILL)
-                        sub.rmdir()
-            with contextlib.suppress(OSError):
-                base.rmdir()
+            if base.exists():
+                _kill_and_remove_children(base)
+
+
+def _kill_and_remove_children(parent: Path) -> None:
+    """SIGKILL every task in each child cgroup of `parent`, remove the children, then `parent`."""
+    with contextlib.suppress(OSError):
+        for sub in list(parent.iterdir()):
+            if sub.is_dir():
+                with contextlib.suppress(OSError):
+                    for task in _read(sub / "cgroup.procs").split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(task), signal.SIGKILL)
+                    sub.rmdir()
+    with contextlib.suppress(OSError):
+        parent.rmdir()
