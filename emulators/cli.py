@@ -8,6 +8,10 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
+from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latencies, tool_latencies
+from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
+
 app = typer.Typer(
     help="Latency-replaying tool emulators: fit, describe, serve.", no_args_is_help=True
 )
@@ -52,10 +56,6 @@ def fit_command(
     from rich.console import Console
     from rich.table import Table
 
-    from toolenv_core.latency.profile import save_profile
-    from toolenv_core.polytrace import TraceFormatError, iter_latencies
-    from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
-
     from .fit import build_profile, fit
 
     console = Console(stderr=as_json)
@@ -71,7 +71,6 @@ def fit_command(
             report = fit(data, tool)
     except (TraceFormatError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
-    from toolenv_core.polytrace import detect_format
 
     wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
     used = [p for p in expand_paths(traces) if p.is_file() and detect_format(p) in wanted]
@@ -128,9 +127,6 @@ def describe_command(
     """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
     from rich.console import Console
     from rich.table import Table
-
-    from toolenv_core.latency.profile import ProfileError, load_profile
-    from toolenv_core.polytrace import TraceFormatError, tool_latencies
 
     from .describe import describe, plot_cdf
 

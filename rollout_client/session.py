@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolenv_core.hedging import LatencyWindow
+from toolenv_core.latency import load_profile
 from toolenv_core.polytrace import write_multiturn
 from toolenv_core.polytrace.kinds import files_of_kind
 
@@ -65,7 +66,6 @@ def build_engine(settings: RolloutSettings) -> Engine:
 
 def build_tools(settings: RolloutSettings, hedge_quantile: float | None) -> SimTools:
     """The in-process gateway of a virtual-clock run: recorded latencies or profile draws."""
-    from toolenv_core.latency import load_profile
 
     tools: dict[str, ToolModel] = {}
     for tool, path in settings.tool_profiles.items():

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from toolenv_core.config import ConfigFileError
+
 app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
 
 
@@ -42,8 +44,6 @@ def serve(
 ) -> None:
     """Serve the sandbox API alone (`/run_code`, `/v1/run_tests`, `/v1/ping`, ...)."""
     import uvicorn
-
-    from toolenv_core.config import ConfigFileError
 
     from .app import create_app
     from .settings import SandboxSettings

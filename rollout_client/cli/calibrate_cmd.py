@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.polytrace.kinds import files_of_kind
+
 from ..settings import RolloutSettings
 from .common import fail, one_line
 
@@ -79,8 +81,6 @@ def calibrate(
         if check is None:
             profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
         else:
-            from toolenv_core.polytrace.kinds import files_of_kind
-
             from ..enginecheck import calibrate_and_run, compare, fit_on_records, simulated_runs
             from ..workloads.replay import LengthScale, replay_plans
 

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.polytrace import TraceFormatError
+
 from ..settings import RolloutSettings
 from .common import POLICY_HELP, fail, one_line, setting_default, tool_pairs
 
@@ -241,8 +243,6 @@ def run(
     import asyncio
 
     from pydantic import ValidationError
-
-    from toolenv_core.polytrace import TraceFormatError
 
     from ..clock import run_virtual
     from ..engines.openai_engine import EngineUnreachable

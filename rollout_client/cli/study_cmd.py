@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.polytrace import TraceFormatError
+
 from .common import fail, one_line
 
 
@@ -59,8 +61,6 @@ def study(
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from toolenv_core.polytrace import TraceFormatError
 
     from ..study import JobRunner, StudyPlan, run_here, run_study
     from ..study_report import markdown, write

@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.polytrace import TraceFormatError
+from toolenv_core.polytrace.kinds import files_of_kind
+
 from .common import fail, one_line
 
 
@@ -39,9 +42,6 @@ def validate(
     """Replay recorded steps under verl's policy in virtual time and compare with their timings."""
     from rich.console import Console
     from rich.table import Table
-
-    from toolenv_core.polytrace import TraceFormatError
-    from toolenv_core.polytrace.kinds import files_of_kind
 
     from ..engines.costmodel import load_cost_model
     from ..validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step

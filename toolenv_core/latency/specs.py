@@ -15,6 +15,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from scipy import stats
 
+from toolenv_core.polytrace.latencies import tool_latencies
+
 from .faults import Fault
 from .samplers import (
     DriftSampler,
@@ -265,7 +267,6 @@ class TraceReplay(_Spec):
     def values(self) -> np.ndarray:
         if self.values_s is not None:
             return np.asarray(self.values_s, dtype=float)
-        from toolenv_core.polytrace.latencies import tool_latencies
 
         return tool_latencies([Path(p) for p in self.paths or []], self.tool)
 
