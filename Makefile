@@ -53,7 +53,7 @@ compose-up: setup-system venv
 	TOOLENV_BASE_IMAGE=toolenv/debian-base:bookworm docker compose up
 
 compose-down:
-	docker compose down -v
+	docker compose --profile "*" down -v
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

