@@ -18,21 +18,21 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-
-from toolenv_core.polytrace import TrajectoryRecord
+from scipy import optimize
 
 from .calibrate import CalibrationPlan, measure, profile_from
 from .clock import run_virtual
 from .engines.base import Engine
 from .engines.costmodel import CostModel
 from .engines.eventsim import EventSimEngine
+from .itertimes import StreamLog, fit_iterations, iterations
 from .session import run_rollout
 from .settings import RolloutSettings
 from .simtools import SimTools, ToolModel
-from .validate import fit_cost_model, validate_step
 from .workloads.plan import TrajectoryPlan
 
 CHECK_POLICIES = ("sync", "async", "async+overlap")
+Runs = dict[str, list[dict[str, float]]]  # policy -> figures of each real run
 
 
 def _settings(policy: str, batch: int, clock: str) -> RolloutSettings:
@@ -62,21 +62,60 @@ def figures(report: dict[str, Any]) -> dict[str, float]:
     }
 
 
-async def real_runs(
-    engine: Engine, plans: list[TrajectoryPlan], batch: int, tool_scale: float
-) -> dict[str, dict[str, float]]:
-    """Each policy on the started real engine, in real time (the engine stays up throughout)."""
-    out = {}
-    for policy in CHECK_POLICIES:
-        tools = SimTools({}, default=ToolModel(scale=tool_scale))
-        report = await run_rollout(
-            _settings(policy, batch, "wall"),
-            iter(_relabel(plans, policy)),
-            engine=engine,
-            tools=tools,
-        )
-        out[policy] = figures(report)
-    return out
+async def run_real(
+    engine: Engine,
+    plans: list[TrajectoryPlan],
+    policy: str,
+    batch: int,
+    tool_scale: float,
+    tag: str,
+) -> dict[str, float]:
+    """One policy on the started real engine, in real time; fresh ids (prompts) per `tag`."""
+    tools = SimTools({}, default=ToolModel(scale=tool_scale))
+    report = await run_rollout(
+        _settings(policy, batch, "wall"), iter(_relabel(plans, tag)), engine=engine, tools=tools
+    )
+    return figures(report)
+
+
+async def real_rounds(
+    engine: StreamLog,
+    check: list[TrajectoryPlan],
+    calibration: list[TrajectoryPlan],
+    batch: int,
+    tool_scale: float,
+    rounds: int,
+) -> tuple[Runs, Runs, np.ndarray]:
+    """Both workloads under every policy, `rounds` times, interleaved (calibration, check, next
+    policy), after one discarded warm-up run: load on the machine and the engine's warm-up drift
+    then fall on both alike, and the medians shed a stalled run. Also returns the iterations of
+    the calibration runs (`itertimes.iterations`)."""
+    await run_real(engine, calibration, "async", batch, tool_scale, "warmup")
+    fitted: Runs = {p: [] for p in CHECK_POLICIES}
+    checked: Runs = {p: [] for p in CHECK_POLICIES}
+    rows = []
+    for r in range(rounds):
+        for policy in CHECK_POLICIES:
+            tag = f"{policy.replace('+', '_')}-{r}"
+            engine.requests.clear()
+            fitted[policy].append(
+                await run_real(engine, calibration, policy, batch, tool_scale, "cal-" + tag)
+            )
+            rows.append(iterations(engine.requests))
+            checked[policy].append(await run_real(engine, check, policy, batch, tool_scale, tag))
+    engine.requests.clear()
+    return fitted, checked, np.vstack(rows)
+
+
+def median_figures(runs: Runs) -> dict[str, dict[str, float]]:
+    return {
+        policy: {
+            "makespan_s": float(np.median([f["makespan_s"] for f in rs])),
+            "mean_turn_latency_s": float(np.median([f["mean_turn_latency_s"] for f in rs])),
+            "completed": min(f["completed"] for f in rs),
+        }
+        for policy, rs in runs.items()
+    }
 
 
 def simulated_runs(
@@ -101,42 +140,38 @@ def accuracy(real: float, simulated: float) -> float:
     return round(1 - abs(simulated - real) / real, 4) if real > 0 else 0.0
 
 
-def compare(
-    real: dict[str, dict[str, float]], simulated: dict[str, dict[str, float]]
-) -> list[dict[str, Any]]:
+def compare(real: Runs, simulated: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """Per policy: the model against the median real run, and against each real run."""
     rows = []
-    for policy in CHECK_POLICIES:
-        r, s = real[policy], simulated[policy]
+    for policy, (r, s) in zip(
+        CHECK_POLICIES,
+        ((median_figures(real)[p], simulated[p]) for p in CHECK_POLICIES),
+        strict=True,
+    ):
+        runs = real[policy]
         rows.append(
             {
                 "policy": policy,
-                "makespan_real_s": r["makespan_s"],
+                "makespan_real_s": round(r["makespan_s"], 4),
                 "makespan_sim_s": s["makespan_s"],
                 "makespan_accuracy": accuracy(r["makespan_s"], s["makespan_s"]),
-                "turn_latency_real_s": r["mean_turn_latency_s"],
+                "turn_latency_real_s": round(r["mean_turn_latency_s"], 4),
                 "turn_latency_sim_s": s["mean_turn_latency_s"],
                 "turn_latency_accuracy": accuracy(
                     r["mean_turn_latency_s"], s["mean_turn_latency_s"]
                 ),
                 "completed": [r["completed"], s["completed"]],
+                "makespan_real_runs_s": [f["makespan_s"] for f in runs],
+                "turn_latency_real_runs_s": [f["mean_turn_latency_s"] for f in runs],
+                "makespan_accuracy_per_run": [
+                    accuracy(f["makespan_s"], s["makespan_s"]) for f in runs
+                ],
+                "turn_latency_accuracy_per_run": [
+                    accuracy(f["mean_turn_latency_s"], s["mean_turn_latency_s"]) for f in runs
+                ],
             }
         )
     return rows
-
-
-async def record_workload(
-    engine: Engine, plans: list[TrajectoryPlan], tool_scale: float
-) -> list[TrajectoryRecord]:
-    """The calibration workload on the real engine: all launched at once, async; its records."""
-    tools = SimTools({}, default=ToolModel(scale=tool_scale))
-    launched = _relabel(plans, "calibration")
-    report = await run_rollout(
-        _settings("async", len(plans), "wall"), iter(launched), engine=engine, tools=tools,
-    )  # fmt: skip
-    # Records come in completion order; a replay must launch them in the order they were launched
-    # (with fewer slots than requests, the order decides who queues).
-    order = {p.trajectory_id: i for i, p in enumerate(launched)}
-    return sorted(report["_records"], key=lambda r: order[r.trajectory_id])
 
 
 async def calibrate_and_run(
@@ -149,48 +184,87 @@ async def calibrate_and_run(
     calibration: list[TrajectoryPlan],
     batch: int,
     tool_scale: float,
-) -> tuple[CostModel, list[TrajectoryRecord], dict[str, dict[str, float]]]:
-    """Start the real engine once: microbenchmark it, record the calibration workload on it,
-    then run the check workload under each policy."""
+    rounds: int = 3,
+) -> tuple[CostModel, Runs, Runs]:
+    """Start the real engine once: microbenchmark it, run the calibration and the check workloads
+    under each policy, `rounds` times interleaved (see `real_rounds`), and fit the cost model to
+    the calibration runs' iterations. Returns that fit (start of `fit_on_policies`) and the runs."""
+    logged = StreamLog(engine)
     await engine.start()
     try:
         samples = await measure(engine, plan, vocab_size)
         first = profile_from(engine, plan, samples, name)
-        recorded = await record_workload(engine, calibration, tool_scale)
-        return first, recorded, await real_runs(engine, plans, batch, tool_scale)
+        fitted, checked, rows = await real_rounds(
+            logged, plans, calibration, batch, tool_scale, rounds
+        )
     finally:
         await engine.close()
+    return fit_iterations(rows, first), fitted, checked
 
 
+# Every coefficient a replay can tell apart: the per-sequence and per-context terms trade off
+# against the fixed one between a full batch (sync) and a draining tail (async).
 REPLAY_FIT_FIELDS = (
     "decode_base_s",
     "decode_per_seq_s",
+    "decode_per_ctx_token_s",
     "prefill_per_token_s",
+    "prefill_per_seq_s",
     "request_latency_s",
 )
 
 
-def check_loss(result: dict[str, Any]) -> float:
-    """A small workload: makespan, the completion-time distance and the mean turn latency."""
-    rec, sim = result["turn_latency_mean_recorded_s"], result["turn_latency_mean_simulated_s"]
-    turn = abs(sim - rec) / max(rec, 1e-9)
-    return (1 - result["makespan_accuracy"]) + result["completion_w1_rel"] + turn
+def policy_loss(real: dict[str, dict[str, float]], sim: dict[str, dict[str, float]]) -> float:
+    """Mean over the policies of the makespan and mean-turn-latency relative errors."""
+    errors = [
+        abs(sim[p][k] - real[p][k]) / max(real[p][k], 1e-9)
+        for p in CHECK_POLICIES
+        for k in ("makespan_s", "mean_turn_latency_s")
+    ]
+    return float(np.mean(errors))
 
 
-def fit_on_records(first: CostModel, recorded: list[TrajectoryRecord]) -> CostModel:
-    """Refine the microbenchmark fit by replaying the recorded calibration workload (validate's
-    fit, batch limit known), and keep both fit errors."""
-    cost, loss = fit_cost_model(
-        [recorded], first, fields=REPLAY_FIT_FIELDS, max_evaluations=150, loss_fn=check_loss
+def fit_on_policies(
+    first: CostModel,
+    calibration: list[TrajectoryPlan],
+    real: Runs,
+    batch: int,
+    tool_scale: float,
+    max_evaluations: int = 300,
+) -> CostModel:
+    """Refine the microbenchmark's coefficients so the model replays the calibration workload
+    as the engine ran it under every policy (Nelder-Mead over their logarithms, started from the
+    microbenchmark fit; a few seconds, each trial is three virtual-time replays)."""
+    target = median_figures(real)
+    start = first.model_copy(update={"request_latency_s": max(first.request_latency_s, 1e-3)})
+    x0 = np.log([max(float(getattr(start, f)), 1e-9) for f in REPLAY_FIT_FIELDS])
+
+    def model(x: np.ndarray) -> CostModel:
+        return start.model_copy(
+            update=dict(zip(REPLAY_FIT_FIELDS, np.exp(x).tolist(), strict=True))
+        )
+
+    def loss(x: np.ndarray) -> float:
+        return policy_loss(target, simulated_runs(model(x), calibration, batch, tool_scale))
+
+    result = optimize.minimize(
+        loss,
+        x0,
+        method="Nelder-Mead",
+        options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4},
     )
-    replay = validate_step(recorded, cost)
+    cost = model(result.x)
+    replay = compare(real, simulated_runs(cost, calibration, batch, tool_scale))
     return cost.model_copy(
         update={
             "fit_error": {
                 **(first.fit_error or {}),
-                "replay_fit_loss": round(loss, 4),
-                "replay_makespan_accuracy": replay["makespan_accuracy"],
-                "replay_completion_ks": replay["completion_ks"],
+                "replay_fit_loss": round(float(result.fun), 4),
+                **{
+                    f"replay_{row['policy']}_{key}": row[key]
+                    for row in replay
+                    for key in ("makespan_accuracy", "turn_latency_accuracy")
+                },
             }
         }
     )

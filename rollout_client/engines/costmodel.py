@@ -2,6 +2,8 @@
 
     iteration_s = decode_base_s + decode_per_seq_s * batch + decode_per_ctx_token_s * context_tokens
                   + prefill_per_token_s * tokens_prefilled_this_iteration
+                  + prefill_per_seq_s * sequences_prefilled_this_iteration
+                  (+ idle_wake_s on the first iteration after the engine sat idle)
 
 `context_tokens` is the sum of every running sequence's length (attention reads the whole KV
 cache each iteration). Built-in profiles and where their numbers come from:
@@ -44,6 +46,18 @@ class CostModel(BaseModel):
     kv_capacity_tokens: int | None = Field(
         default=None, ge=1, description="KV-cache size in tokens (None: never full)"
     )
+    prefill_per_seq_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="per sequence prefilled in an iteration, whatever its length (the engine's "
+        "per-request set-up: block tables, input batch, first-token sampling)",
+    )
+    idle_wake_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="added to the first iteration after the engine sat idle (its loop and worker "
+        "threads waking; paid once per turn by a turn-synchronous rollout)",
+    )
     prefill_budget_tokens: int = Field(
         default=8192, ge=1, description="prompt tokens prefilled per iteration at most"
     )
@@ -57,7 +71,9 @@ class CostModel(BaseModel):
         default=None, description="how far the fit is from what it was fitted on"
     )
 
-    def iteration_s(self, batch: int, context_tokens: int, prefill_tokens: int) -> float:
+    def iteration_s(
+        self, batch: int, context_tokens: int, prefill_tokens: int, prefill_seqs: int = 0
+    ) -> float:
         decode = 0.0
         if batch:
             decode = (
@@ -65,7 +81,11 @@ class CostModel(BaseModel):
                 + self.decode_per_seq_s * batch
                 + self.decode_per_ctx_token_s * context_tokens
             )
-        return decode + self.prefill_per_token_s * prefill_tokens
+        return (
+            decode
+            + self.prefill_per_token_s * prefill_tokens
+            + self.prefill_per_seq_s * prefill_seqs
+        )
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.model_dump_json(indent=2) + "\n")

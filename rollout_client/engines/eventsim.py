@@ -19,6 +19,7 @@ alike. What it models, after vLLM's scheduler:
 - prefix-cache hits by whole block: a trajectory's next turn reuses its previous prompt + output,
   floored to `block_size`, while those blocks stay cached (freed blocks are evicted oldest first
   when running sequences need the room);
+- a wake-up cost on the first iteration after the engine sat idle (`idle_wake_s`);
 - a fixed latency per request outside the batch (`request_latency_s`: API, IPC, detokenizing),
   which matters for a tiny model on a CPU and not for a 7B model on a GPU.
 
@@ -72,7 +73,9 @@ class _Segment:
     batch: int = 0
     ctx0: int = 0  # context tokens read by the first iteration
     prefill: int = 0
+    prefill_seqs: int = 0  # sequences that took a prefill chunk in this (single) iteration
     joining: list[_Seq] = field(default_factory=list)  # prefills that complete in this segment
+    wake: float = 0.0  # the engine was idle before this (single-iteration) segment
 
 
 @dataclass
@@ -113,6 +116,7 @@ class EventSimEngine(Engine):
         self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
         self._seg_end = -math.inf
         self._tiebreak = 0
+        self._waking = False  # the engine sat idle: its next iteration pays `idle_wake_s`
 
     # ------------------------------------------------------------------ interface
 
@@ -178,22 +182,23 @@ class EventSimEngine(Engine):
 
     # ------------------------------------------------------------------ the model
 
-    def _iteration_s(self, batch: int, ctx: int, prefill: int) -> float:
-        return self.cost.iteration_s(batch, ctx, prefill) / self.time_scale
+    def _iteration_s(self, batch: int, ctx: int, prefill: int, prefill_seqs: int) -> float:
+        return self.cost.iteration_s(batch, ctx, prefill, prefill_seqs) / self.time_scale
 
     def _segment_s(self, seg: _Segment, k: int) -> float:
         """Seconds for the first `k` iterations of `seg` (closed form, see the module doc)."""
         if seg.batch == 0:
-            return k * self._iteration_s(0, 0, seg.prefill)
+            return k * self._iteration_s(0, 0, seg.prefill, seg.prefill_seqs) + seg.wake
         c = self.cost
         per = (
             c.decode_base_s
             + c.decode_per_seq_s * seg.batch
             + c.decode_per_ctx_token_s * seg.ctx0
             + c.prefill_per_token_s * seg.prefill
+            + c.prefill_per_seq_s * seg.prefill_seqs
         )
         grow = c.decode_per_ctx_token_s * seg.batch * k * (k - 1) / 2
-        return (k * per + grow) / self.time_scale
+        return (k * per + grow) / self.time_scale + seg.wake
 
     def _elapsed_iterations(self, t: float) -> int:
         """Whole iterations of the current segment finished by time `t` (0 .. k-1)."""
@@ -243,6 +248,7 @@ class EventSimEngine(Engine):
         if self._handle is None:
             self._seg = _Segment(t0=now)
             self._seg_end = now
+            self._waking = True
             self._handle = self._loop.call_soon(self._tick)
             return
         seg = self._seg
@@ -359,7 +365,7 @@ class EventSimEngine(Engine):
         """Schedule the next event: one prefill iteration, or decode up to the next event."""
         assert self._loop is not None
         budget = self.cost.prefill_budget_tokens
-        chunk = 0
+        chunk = seqs = 0
         joining: list[_Seq] = []
         for seq in self._prefilling:
             if budget <= 0:
@@ -368,6 +374,7 @@ class EventSimEngine(Engine):
             seq.to_prefill -= take
             budget -= take
             chunk += take
+            seqs += 1
             if seq.to_prefill == 0:
                 joining.append(seq)
         batch = len(self._running)
@@ -386,6 +393,8 @@ class EventSimEngine(Engine):
             self._seg_end = now
             return
         self.counters.prefill_tokens += chunk
-        self._seg = _Segment(now, k, batch, ctx0, chunk, joining)
+        self._seg = _Segment(now, k, batch, ctx0, chunk, seqs, joining=joining)
+        if self._waking:  # the first iteration after idling: k is 1 (nothing runs, it prefills)
+            self._seg.wake, self._waking = self.cost.idle_wake_s / self.time_scale, False
         self._seg_end = now + self._segment_s(self._seg, k)
         self._handle = self._loop.call_at(self._seg_end, self._tick)

@@ -1,0 +1,164 @@
+"""The engine's iterations, read off its token stream, and the cost model fitted on them.
+
+A continuous-batching engine hands every running request its new tokens at the end of each
+iteration, so chunks that reach the client within a fraction of a millisecond of each other
+came out of one iteration. `StreamLog` wraps a real engine and keeps every chunk's arrival time;
+`iterations` groups them back into iterations and rebuilds each one's batch from what the
+requests had made so far (a request's first chunk: its prefill, less what the prefix cache
+held; later chunks: decode at its current length), and `fit_iterations` is the least-squares
+fit of the cost model's iteration formula to their durations. Fitted on a workload run under the
+very conditions the model is checked in (same client, same policies, same machine load), it
+measures what a microbenchmark of isolated batches cannot: what an iteration costs in a rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .clock import now
+from .engines.base import Chunk, Engine, PrefixCacheStats
+from .engines.costmodel import CostModel
+
+
+@dataclass
+class RequestLog:
+    submitted: float
+    prompt_len: int
+    cached: int = 0
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens)
+
+
+class StreamLog(Engine):
+    """Another engine, with every request's chunk arrival times kept (`requests`)."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(capacity=inner.monitor.capacity)
+        self.inner = inner
+        self.name = inner.name
+        self.block_size = inner.block_size
+        self.prefill_budget_tokens = inner.prefill_budget_tokens
+        self.vocab_size = inner.vocab_size
+        self.requests: dict[str, RequestLog] = {}
+
+    async def _raw_stream(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        min_tokens: int,
+        ignore_eos: bool,
+        route_key: str | None,
+    ) -> AsyncIterator[Chunk]:
+        log = self.requests[request_id] = RequestLog(now(), len(prompt_ids))
+        async for chunk in self.inner._raw_stream(
+            request_id, prompt_ids, max_tokens, min_tokens, ignore_eos, route_key
+        ):
+            if chunk.cached_tokens is not None:
+                log.cached = chunk.cached_tokens
+            if chunk.token_ids:
+                log.chunks.append((now(), len(chunk.token_ids)))
+            yield chunk
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def _undelivered(self, request_id: str) -> list[int]:
+        return self.inner._undelivered(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    async def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return await self.inner.prefix_cache_stats()
+
+
+# Columns of `iterations`: duration, then the formula's terms.
+DURATION, DECODING, CONTEXT, PREFILL_TOKENS, PREFILL_SEQS, WAKE = range(6)
+
+
+def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarray:
+    """One row per iteration: (duration, decoding sequences, their context tokens, prompt tokens
+    prefilled, sequences prefilled, 1 if the engine sat idle before it). An iteration starts when
+    the previous one ended, or, after the engine went idle, when its first request was submitted
+    (so that one also carries the request's way in)."""
+    events = sorted(
+        (t, rid, n, k == 0) for rid, log in requests.items() for k, (t, n) in enumerate(log.chunks)
+    )
+    if not events:
+        return np.zeros((0, 6))
+    groups: list[list[tuple[float, str, int, bool]]] = [[events[0]]]
+    for event in events[1:]:
+        if event[0] - groups[-1][-1][0] > gap_s:
+            groups.append([])
+        groups[-1].append(event)
+    made = dict.fromkeys(requests, 0)
+    rows = []
+    prev: float | None = None
+    for group in groups:
+        ids = [e[1] for e in group]
+        fresh = [rid for _, rid, _, first in group if first]
+        decoding = [rid for _, rid, _, first in group if not first]
+        earliest = min(requests[rid].submitted for rid in ids)
+        woke = prev is None or earliest >= prev
+        start = earliest if woke else prev
+        end = group[-1][0]
+        rows.append(
+            (
+                end - start,
+                len(decoding),
+                sum(requests[r].prompt_len + made[r] for r in decoding),
+                sum(requests[r].prompt_len - requests[r].cached for r in fresh),
+                len(fresh),
+                float(woke),
+            )
+        )
+        for _, rid, n, _ in group:
+            made[rid] += n
+        prev = end
+    return np.asarray(rows, dtype=float)
+
+
+def fit_iterations(rows: np.ndarray, start: CostModel) -> CostModel:
+    """Least squares of the iteration formula on measured iterations (coefficients >= 0)."""
+    from scipy import optimize
+
+    if len(rows) < 8:
+        raise ValueError(f"{len(rows)} iterations are too few to fit the cost model")
+    design = np.c_[
+        rows[:, DECODING] > 0,
+        rows[:, DECODING],
+        rows[:, CONTEXT],
+        rows[:, PREFILL_TOKENS],
+        rows[:, PREFILL_SEQS],
+        rows[:, WAKE],
+    ].astype(float)
+    scale = np.maximum(design.max(axis=0), 1e-12)  # comparable columns for the solver
+    fit = optimize.lsq_linear(design / scale, rows[:, DURATION], bounds=(0, np.inf))
+    base, per_seq, per_ctx, per_token, per_prefill, wake = (fit.x / scale).tolist()
+    predicted = design @ (fit.x / scale)
+    measured = rows[:, DURATION]
+    return start.model_copy(
+        update={
+            "decode_base_s": base,
+            "decode_per_seq_s": per_seq,
+            "decode_per_ctx_token_s": per_ctx,
+            "prefill_per_token_s": per_token,
+            "prefill_per_seq_s": per_prefill,
+            "idle_wake_s": wake,
+            "fit_error": {
+                **(start.fit_error or {}),
+                "workload_iterations": len(rows),
+                "workload_iteration_mean_abs_rel_error": round(
+                    float(np.mean(np.abs(predicted - measured) / np.maximum(measured, 1e-9))), 4
+                ),
+                "workload_busy_s_measured": round(float(measured.sum()), 4),
+                "workload_busy_s_fitted": round(float(predicted.sum()), 4),
+            },
+        }
+    )
