@@ -1,13 +1,14 @@
 """Does the engine model predict a real engine? The same workload on both, policy by policy.
 
-`toolenv rollout calibrate --check TRACE` fits the cost model from the real engine (a
-microbenchmark of prefill and decode, then refined by replaying a calibration workload recorded on
-the engine, as `validate` fits PolyTrace's timings), then runs a different small replay (e.g. 64 scaled search_r1 trajectories) on that engine in real time and on the
-event-driven model in virtual time, under sync, async and async+overlap, and reports
+`toolenv rollout calibrate --check TRACE` runs two disjoint sets of scaled search_r1
+trajectories on the real engine under sync, async and async+overlap, `ROUNDS` times, interleaved:
+the calibration set, whose iterations (read off the token stream, `itertimes`) the cost model is
+fitted on, and the check set, which the fitted model then replays in virtual time. It reports
 
     accuracy = 1 - |simulated - real| / real
 
-for the step makespan and the mean turn latency (submit to last token). Tools are the
+for the step makespan and the mean turn latency (submit to last token), against the median of
+the real runs and against each one (the run-to-run spread of a shared 2-core machine). Tools are the
 in-process `SimTools` in both runs (recorded latencies, scaled): the check isolates the engine
 model; the gateway and the emulators are tested on their own.
 """
@@ -18,7 +19,6 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from scipy import optimize
 
 from .calibrate import CalibrationPlan, measure, profile_from
 from .clock import run_virtual
@@ -33,6 +33,7 @@ from .workloads.plan import TrajectoryPlan
 
 CHECK_POLICIES = ("sync", "async", "async+overlap")
 Runs = dict[str, list[dict[str, float]]]  # policy -> figures of each real run
+ROUNDS = 5  # real runs per policy and workload (their medians are compared)
 
 
 def _settings(policy: str, batch: int, clock: str) -> RolloutSettings:
@@ -174,6 +175,47 @@ def compare(real: Runs, simulated: dict[str, dict[str, float]]) -> list[dict[str
     return rows
 
 
+async def measure_and_run(
+    engine: Engine,
+    plan: CalibrationPlan,
+    *,
+    name: str,
+    vocab_size: int,
+    plans: list[TrajectoryPlan],
+    calibration: list[TrajectoryPlan],
+    batch: int,
+    tool_scale: float,
+    rounds: int = ROUNDS,
+) -> tuple[CostModel, Runs, Runs]:
+    """On a started engine: microbenchmark it (isolated batches: a first profile, and a warm-up),
+    run the calibration and the check workloads under each policy (`real_rounds`), and fit the
+    cost model to the iterations of the calibration runs. Returns that profile, with how well it
+    replays the calibration runs in its fit error, and the real runs of both workloads."""
+    samples = await measure(engine, plan, vocab_size)
+    first = profile_from(engine, plan, samples, name)
+    fitted, checked, rows = await real_rounds(
+        StreamLog(engine), plans, calibration, batch, tool_scale, rounds
+    )
+    cost = fit_iterations(rows, first).model_copy(
+        update={
+            "source": f"toolenv rollout calibrate --engine {engine.name} --check: "
+            f"{len(rows)} iterations of {rounds} x {len(CHECK_POLICIES)} calibration runs "
+            f"({len(calibration)} trajectories; microbenchmark: {len(samples)} requests)"
+        }
+    )
+    replay = compare(fitted, simulated_runs(cost, calibration, batch, tool_scale))
+    errors = {
+        f"calibration_{row['policy']}_{key}": row[key]
+        for row in replay
+        for key in ("makespan_accuracy", "turn_latency_accuracy")
+    }
+    return (
+        cost.model_copy(update={"fit_error": {**(cost.fit_error or {}), **errors}}),
+        fitted,
+        checked,
+    )
+
+
 async def calibrate_and_run(
     engine: Engine,
     plan: CalibrationPlan,
@@ -184,87 +226,21 @@ async def calibrate_and_run(
     calibration: list[TrajectoryPlan],
     batch: int,
     tool_scale: float,
-    rounds: int = 3,
+    rounds: int = ROUNDS,
 ) -> tuple[CostModel, Runs, Runs]:
-    """Start the real engine once: microbenchmark it, run the calibration and the check workloads
-    under each policy, `rounds` times interleaved (see `real_rounds`), and fit the cost model to
-    the calibration runs' iterations. Returns that fit (start of `fit_on_policies`) and the runs."""
-    logged = StreamLog(engine)
+    """`measure_and_run` on an engine it starts and closes."""
     await engine.start()
     try:
-        samples = await measure(engine, plan, vocab_size)
-        first = profile_from(engine, plan, samples, name)
-        fitted, checked, rows = await real_rounds(
-            logged, plans, calibration, batch, tool_scale, rounds
+        return await measure_and_run(
+            engine,
+            plan,
+            name=name,
+            vocab_size=vocab_size,
+            plans=plans,
+            calibration=calibration,
+            batch=batch,
+            tool_scale=tool_scale,
+            rounds=rounds,
         )
     finally:
         await engine.close()
-    return fit_iterations(rows, first), fitted, checked
-
-
-# Every coefficient a replay can tell apart: the per-sequence and per-context terms trade off
-# against the fixed one between a full batch (sync) and a draining tail (async).
-REPLAY_FIT_FIELDS = (
-    "decode_base_s",
-    "decode_per_seq_s",
-    "decode_per_ctx_token_s",
-    "prefill_per_token_s",
-    "prefill_per_seq_s",
-    "request_latency_s",
-)
-
-
-def policy_loss(real: dict[str, dict[str, float]], sim: dict[str, dict[str, float]]) -> float:
-    """Mean over the policies of the makespan and mean-turn-latency relative errors."""
-    errors = [
-        abs(sim[p][k] - real[p][k]) / max(real[p][k], 1e-9)
-        for p in CHECK_POLICIES
-        for k in ("makespan_s", "mean_turn_latency_s")
-    ]
-    return float(np.mean(errors))
-
-
-def fit_on_policies(
-    first: CostModel,
-    calibration: list[TrajectoryPlan],
-    real: Runs,
-    batch: int,
-    tool_scale: float,
-    max_evaluations: int = 300,
-) -> CostModel:
-    """Refine the microbenchmark's coefficients so the model replays the calibration workload
-    as the engine ran it under every policy (Nelder-Mead over their logarithms, started from the
-    microbenchmark fit; a few seconds, each trial is three virtual-time replays)."""
-    target = median_figures(real)
-    start = first.model_copy(update={"request_latency_s": max(first.request_latency_s, 1e-3)})
-    x0 = np.log([max(float(getattr(start, f)), 1e-9) for f in REPLAY_FIT_FIELDS])
-
-    def model(x: np.ndarray) -> CostModel:
-        return start.model_copy(
-            update=dict(zip(REPLAY_FIT_FIELDS, np.exp(x).tolist(), strict=True))
-        )
-
-    def loss(x: np.ndarray) -> float:
-        return policy_loss(target, simulated_runs(model(x), calibration, batch, tool_scale))
-
-    result = optimize.minimize(
-        loss,
-        x0,
-        method="Nelder-Mead",
-        options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-4},
-    )
-    cost = model(result.x)
-    replay = compare(real, simulated_runs(cost, calibration, batch, tool_scale))
-    return cost.model_copy(
-        update={
-            "fit_error": {
-                **(first.fit_error or {}),
-                "replay_fit_loss": round(float(result.fun), 4),
-                **{
-                    f"replay_{row['policy']}_{key}": row[key]
-                    for row in replay
-                    for key in ("makespan_accuracy", "turn_latency_accuracy")
-                },
-            }
-        }
-    )

@@ -37,8 +37,9 @@ def calibrate(
         Path | None,
         typer.Option(
             "--check",
-            help="Then replay this search_r1 trace on the engine and on the fitted model (virtual "
-            "time) under sync, async, async+overlap, and report their agreement.",
+            help="Fit on a workload instead: run two sets of this search_r1 trace's trajectories "
+            "on the engine under sync, async, async+overlap; fit the model on the first set's "
+            "iterations, replay the second in virtual time and report the agreement.",
         ),
     ] = None,
     check_trajectories: Annotated[
@@ -53,6 +54,10 @@ def calibrate(
     check_tool_scale: Annotated[
         float, typer.Option("--check-tool-scale", help="Scale of the check's tool latencies.")
     ] = 0.1,
+    check_rounds: Annotated[
+        int,
+        typer.Option("--check-rounds", min=1, help="Real runs per policy (medians compared)."),
+    ] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
@@ -81,23 +86,23 @@ def calibrate(
         if check is None:
             profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
         else:
-            from ..enginecheck import calibrate_and_run, compare, fit_on_records, simulated_runs
+            from ..enginecheck import calibrate_and_run, compare, simulated_runs
             from ..workloads.replay import LengthScale, replay_plans
 
             n_check = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
             scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
             files = files_of_kind([check], "multiturn")
-            limit = n_check + check_trajectories  # then as many again to calibrate on
+            limit = 2 * n_check  # the check set, then as many again to calibrate on
             plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
             if len(plans) < limit:
                 fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
             from rich.console import Console
 
             status = Console(stderr=True).status(
-                "calibrating, then replaying the check workload on the engine"
+                f"calibrating, then {check_rounds} rounds of both workloads on the engine"
             )
             with status:
-                first, recorded, real = asyncio.run(
+                profile, _, real = asyncio.run(
                     calibrate_and_run(
                         eng,
                         plan,
@@ -107,14 +112,13 @@ def calibrate(
                         calibration=plans[n_check:],
                         batch=check_trajectories,
                         tool_scale=check_tool_scale,
+                        rounds=check_rounds,
                     )
                 )
-            with Console(stderr=True).status("fitting the model, then the check in virtual time"):
-                profile = fit_on_records(first, recorded)
-                rows = compare(
-                    real,
-                    simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),
-                )
+            rows = compare(
+                real,
+                simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),
+            )
     except EngineUnreachable as exc:
         fail(str(exc), code=3)
     except ValueError as exc:
@@ -125,16 +129,20 @@ def calibrate(
         return
     err = profile.fit_error or {}
     typer.echo(
-        f"prefill {profile.prefill_per_token_s * 1e6:.1f} us/token; decode iteration "
+        f"prefill {profile.prefill_per_token_s * 1e6:.1f} us/token + "
+        f"{profile.prefill_per_seq_s * 1e3:.3f} ms/sequence; decode iteration "
         f"{profile.decode_base_s * 1e3:.2f} ms + {profile.decode_per_seq_s * 1e3:.3f} ms/seq + "
-        f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token (fit: mean |error| "
-        f"{err.get('iteration_mean_abs_rel_error', 0):.1%} per iteration, R2 "
-        f"{err.get('iteration_r2', 0):.3f}); wrote {out}"
+        f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token; waking from idle "
+        f"{profile.idle_wake_s * 1e3:.1f} ms (microbenchmark fit: mean |error| "
+        f"{err.get('iteration_mean_abs_rel_error', 0):.1%} per iteration); wrote {out}"
     )
     for row in rows or []:
+        spread = ", ".join(f"{a:.1%}" for a in row["makespan_accuracy_per_run"])
+        turn_spread = ", ".join(f"{a:.1%}" for a in row["turn_latency_accuracy_per_run"])
         typer.echo(
-            f"{row['policy']:>14}: makespan real {row['makespan_real_s']:.3f} s, sim "
-            f"{row['makespan_sim_s']:.3f} s (accuracy {row['makespan_accuracy']:.1%}); mean turn "
-            f"latency real {row['turn_latency_real_s']:.3f} s, sim {row['turn_latency_sim_s']:.3f} s "
-            f"(accuracy {row['turn_latency_accuracy']:.1%})"
+            f"{row['policy']:>14}: makespan real {row['makespan_real_s']:.3f} s (median), sim "
+            f"{row['makespan_sim_s']:.3f} s (accuracy {row['makespan_accuracy']:.1%}; per run "
+            f"{spread}); mean turn latency real {row['turn_latency_real_s']:.3f} s, sim "
+            f"{row['turn_latency_sim_s']:.3f} s (accuracy {row['turn_latency_accuracy']:.1%}; "
+            f"per run {turn_spread})"
         )

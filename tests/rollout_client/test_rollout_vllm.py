@@ -202,44 +202,41 @@ async def test_long_prompts_prefilled_in_chunks_keep_their_forced_lengths(engine
 
 
 async def test_engine_model_predicts_real_vllm_under_each_policy(engine, polytrace_dir) -> None:
-    """`calibrate --check` on the shared engine (16 sequences, 64 trajectories): fit the model
-    from this vLLM (microbenchmark, then a replay of a recorded calibration workload), run a
-    different workload on both under sync, async and async+overlap, compare. The accuracy is
-    printed, not asserted: real timings on a shared 2-core machine swing by 30% and this small
-    configuration is far from the 95% target (docs/rollout.md has the figures). What must hold:
-    the whole check runs on the real engine, the fit reproduces what it was fitted on, and the
-    model orders the policies as the real engine does."""
-    from rollout_client.calibrate import CalibrationPlan, measure, profile_from
-    from rollout_client.enginecheck import (
-        compare,
-        fit_on_records,
-        real_runs,
-        record_workload,
-        simulated_runs,
-    )
+    """`calibrate --check` on the shared engine (16 sequences, 64 trajectories): fit the model on
+    the iterations of one set of trajectories run on this vLLM under sync, async and
+    async+overlap, then replay a disjoint set in virtual time and compare it with the same set
+    on vLLM (median of `ROUNDS` interleaved real runs). The figures are printed for the record."""
+    from rollout_client.calibrate import CalibrationPlan
+    from rollout_client.enginecheck import ROUNDS, compare, measure_and_run, simulated_runs
     from rollout_client.workloads.replay import LengthScale, replay_plans
 
-    plan = CalibrationPlan(batches=[1, 4, 16], prompt_lens=[32, 256], decode_tokens=16)
-    samples = await measure(engine, plan, engine.vocab_size or 1024)
-    first = profile_from(engine, plan, samples, "check")
-    assert first.fit_error is not None and first.fit_error["samples"] == len(samples)
     trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
     plans = list(
-        replay_plans([trace], scale=LengthScale(0.1, None, 32, 128), exact=True, limit=144)
+        replay_plans([trace], scale=LengthScale(0.1, None, 32, 128), exact=True, limit=160)
     )
     check, calibration = plans[:80], plans[80:]
-    recorded = await record_workload(engine, calibration, tool_scale=0.1)
-    real = await real_runs(engine, check, 64, tool_scale=0.1)
-    cost = await asyncio.to_thread(fit_on_records, first, recorded)
-    assert cost.fit_error["replay_makespan_accuracy"] > 0.8  # the fit matches what it saw
+    cost, fitted, real = await measure_and_run(
+        engine,
+        CalibrationPlan(batches=[1, 4, 16], prompt_lens=[32, 256], decode_tokens=16),
+        name="check",
+        vocab_size=engine.vocab_size or 1024,
+        plans=check,
+        calibration=calibration,
+        batch=64,
+        tool_scale=0.1,
+    )
     sim = await asyncio.to_thread(simulated_runs, cost, check, 64, 0.1)
     rows = {r["policy"]: r for r in compare(real, sim)}
-    print(json.dumps(rows, indent=1))  # the figures, for the record
+    print(json.dumps({"profile": cost.model_dump(), "rows": rows}, indent=1))  # for the record
     assert set(rows) == {"sync", "async", "async+overlap"}
+    assert cost.fit_error["workload_iterations"] > 500  # every calibration run was read
+    assert cost.idle_wake_s > 0  # waking from idle costs vLLM an iteration's worth
     for row in rows.values():
+        assert len(row["makespan_real_runs_s"]) == ROUNDS
         assert row["completed"][0] >= 64 and row["completed"][1] >= 64, row
-        assert row["makespan_real_s"] > 0 and row["makespan_sim_s"] > 0
-    # Both agree on what the policies do: overlap closes the step before sync does.
-    for side in ("real", "sim"):
-        key = f"makespan_{side}_s"
-        assert rows["async+overlap"][key] < rows["sync"][key]
+        # The target: the model within 5% of the real engine's median run, for both figures.
+        assert row["makespan_accuracy"] >= ACCURACY, row
+        assert row["turn_latency_accuracy"] >= ACCURACY, row
+
+
+ACCURACY = 0.95  # see docs/rollout.md ("Against a real engine") for the measured spread

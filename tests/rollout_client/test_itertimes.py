@@ -1,0 +1,112 @@
+"""The engine model's wake-up cost, and iterations read back from a token stream's timings."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from rollout_client.clock import now, run_virtual
+from rollout_client.engines import CostModel, EventSimEngine
+from rollout_client.itertimes import (
+    DURATION,
+    WAKE,
+    RequestLog,
+    StreamLog,
+    fit_iterations,
+    iterations,
+)
+
+COST = CostModel(
+    prefill_per_token_s=0.0,
+    prefill_per_seq_s=0.002,
+    decode_base_s=0.001,
+    decode_per_seq_s=0.0,
+    idle_wake_s=0.01,
+    max_batch=8,
+)
+
+
+def test_waking_from_idle_costs_once_per_idle_period() -> None:
+    async def main() -> list[float]:
+        engine = EventSimEngine(COST)
+        await engine.start()
+        one = await engine.generate("a", [1] * 8, max_tokens=3, min_tokens=3, ignore_eos=True)
+        a, b = await asyncio.gather(
+            engine.generate("b", [1] * 8, max_tokens=3, min_tokens=3, ignore_eos=True),
+            engine.generate("c", [1] * 8, max_tokens=3, min_tokens=3, ignore_eos=True),
+        )
+        return [g.finished_at - g.submitted_at for g in (one, a, b)]
+
+    alone, b, c = run_virtual(main())
+    # Idle engine: wake + prefill (one sequence) + 2 decode iterations.
+    assert alone == pytest.approx(0.01 + 0.002 + 2 * 0.001)
+    # Two arrivals together: one wake, one prefill iteration of two sequences.
+    assert b == c == pytest.approx(0.01 + 2 * 0.002 + 2 * 0.001)
+
+
+def test_iterations_are_rebuilt_from_chunk_arrivals() -> None:
+    # Two requests submitted at 0: a prefill iteration ends at 0.010 (both first tokens), decode
+    # iterations at 0.012 and 0.014; then idle, and a third request at 0.050 (cached 32 of 64).
+    logs = {
+        "a": RequestLog(0.0, 100, 0, [(0.0100, 1), (0.0120, 1), (0.0140, 1)]),
+        "b": RequestLog(0.0, 50, 0, [(0.0101, 1), (0.0121, 1)]),
+        "c": RequestLog(0.050, 64, 32, [(0.060, 1), (0.0615, 1)]),
+    }
+    rows = iterations(logs)
+    assert rows[:, DURATION] == pytest.approx([0.0101, 0.002, 0.0019, 0.010, 0.0015], abs=1e-6)
+    assert rows[:, 1].tolist() == [0, 2, 1, 0, 1]  # decoding sequences
+    assert rows[:, 2].tolist() == [0, 152, 102, 0, 65]  # their context (prompt + made so far)
+    assert rows[:, 3].tolist() == [150, 0, 0, 32, 0]  # prompt tokens prefilled (minus cached)
+    assert rows[:, 4].tolist() == [2, 0, 0, 1, 0]  # sequences prefilled
+    assert rows[:, WAKE].tolist() == [1, 0, 0, 1, 0]  # after idle
+
+
+def test_fit_recovers_the_formula_from_iterations() -> None:
+    rng = np.random.default_rng(0)
+    n = 400
+    decoding = rng.integers(0, 16, n)
+    context = decoding * rng.integers(50, 400, n)
+    fresh = rng.integers(0, 3, n) * (rng.random(n) < 0.4)
+    prefill = fresh * rng.integers(20, 300, n)
+    wake = (rng.random(n) < 0.05).astype(int)
+    truth = dict(
+        decode_base_s=0.0015,
+        decode_per_seq_s=6e-5,
+        decode_per_ctx_token_s=2e-7,
+        prefill_per_token_s=1.5e-5,
+        prefill_per_seq_s=3e-4,
+        idle_wake_s=0.011,
+    )
+    duration = (
+        (decoding > 0) * truth["decode_base_s"]
+        + decoding * truth["decode_per_seq_s"]
+        + context * truth["decode_per_ctx_token_s"]
+        + prefill * truth["prefill_per_token_s"]
+        + fresh * truth["prefill_per_seq_s"]
+        + wake * truth["idle_wake_s"]
+    ) * rng.normal(1, 0.01, n)
+    rows = np.c_[duration, decoding, context, prefill, fresh, wake].astype(float)
+    fitted = fit_iterations(
+        rows, CostModel(prefill_per_token_s=0, decode_base_s=0, decode_per_seq_s=0)
+    )
+    for key, value in truth.items():
+        assert getattr(fitted, key) == pytest.approx(value, rel=0.2), key
+    assert fitted.fit_error["workload_iterations"] == n
+    with pytest.raises(ValueError, match="too few"):
+        fit_iterations(rows[:3], fitted)
+
+
+def test_stream_log_keeps_every_chunk_of_the_engine_it_wraps() -> None:
+    async def main() -> StreamLog:
+        engine = StreamLog(EventSimEngine(COST))
+        await engine.start()
+        await engine.generate("x", [1] * 40, max_tokens=4, min_tokens=4, ignore_eos=True)
+        assert now() > 0
+        return engine
+
+    logged = run_virtual(main())
+    log = logged.requests["x"]
+    assert (log.submitted, log.prompt_len) == (0.0, 40)
+    assert sum(n for _, n in log.chunks) == 4  # the simulator hands its tokens over in one chunk
