@@ -15,6 +15,7 @@ model; the gateway and the emulators are tested on their own.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -203,7 +204,9 @@ async def measure_and_run(
             f"({len(calibration)} trajectories; microbenchmark: {len(samples)} requests)"
         }
     )
-    replay = compare(fitted, simulated_runs(cost, calibration, batch, tool_scale))
+    # Virtual time runs its own loop: in a thread, off the one the real engine runs on.
+    sim = await asyncio.to_thread(simulated_runs, cost, calibration, batch, tool_scale)
+    replay = compare(fitted, sim)
     errors = {
         f"calibration_{row['policy']}_{key}": row[key]
         for row in replay
