@@ -22,7 +22,10 @@ cache each iteration). Built-in profiles and where their numbers come from:
   --batches 1,4,16 --prompt-lens 64,512 --decode-tokens 32` on this project's 2-core machine
   (shared with other work at the time, so on the slow side) with the tiny test model
   (random-weight Llama, 2 layers, hidden 128), block size 32: prefill 10.5 us/token, decode
-  iteration 7.9 ms + 0.252 ms/sequence + 0.297 us/context token.
+  iteration 7.9 ms + 0.252 ms/sequence + 0.297 us/context token. A microbenchmark of isolated
+  batches: no wake-up or per-sequence prefill term. `toolenv rollout calibrate --check TRACE`
+  fits every term on the iterations of a rollout run on the engine (docs/rollout.md: on the
+  same machine, waking from idle 11-12 ms).
 `toolenv rollout calibrate` writes a profile of this shape to JSON; `--cost-profile FILE` loads it.
 """
 
