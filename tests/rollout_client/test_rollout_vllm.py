@@ -240,7 +240,7 @@ async def test_engine_model_predicts_real_vllm_under_each_policy(engine, polytra
         assert row["turn_latency_accuracy"] >= TURN_LATENCY_ACCURACY, row
 
 
-# Three runs of this test on the shared 2-core machine (docs/rollout.md, "Against a real engine"):
+# Four runs of this test on the shared 2-core machine (docs/rollout.md, "Against a real engine"):
 # median-run accuracy 91.8-98.8% for the makespan, 87.4-99.9% for the mean turn latency, while
 # single real runs of one policy differ from each other by up to 55%. The bounds sit just under
 # the lowest figures measured.
