@@ -55,6 +55,13 @@ class SandboxSettings(ServiceSettings):
     default_output_bytes: int = Field(default=1024 * 1024, ge=1024, description="stdout/stderr cap")
     max_output_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     max_tests_per_request: int = Field(default=1000, ge=1)
+    run_cpu_shares: int = Field(
+        default=1024,
+        ge=2,
+        le=262144,
+        description="CPU weight of each run (cgroup cpu.shares; a docker container's cpu_shares): "
+        "the CPU is shared per run, not per process",
+    )
 
     # ---- process backend
     python: str | None = Field(

@@ -108,6 +108,7 @@ class DockerBackend:
             "image": self.settings.docker_image,
             "running": self._running,
             "runs_total": self._runs,
+            "cpu_shares": {"per_run": self.settings.run_cpu_shares},
             **pool,
         }
 

@@ -69,6 +69,7 @@ def container_config(
         "mem_limit": f"{settings.docker_memory_mb}m",
         "memswap_limit": f"{settings.docker_memory_mb}m",
         "nano_cpus": int(settings.docker_cpus * 1e9),
+        "cpu_shares": settings.run_cpu_shares,  # one run per container: the run's CPU weight
         "pids_limit": settings.docker_pids_limit,
         "ulimits": [Ulimit(name="nofile", soft=4096, hard=4096)],
         "cap_drop": ["ALL"],

@@ -63,7 +63,11 @@ class ProcessBackend:
         self.bwrap: str | None = None
         self.python = DEFAULT_PYTHON  # resolved from the `python` setting at start
         self.root: Path | None = None
-        self.cgroups = CgroupPool(settings.cgroup_pool_size or settings.concurrency * 2)
+        self.cgroups = CgroupPool(
+            settings.cgroup_pool_size or settings.concurrency * 2,
+            cpu_shares=settings.run_cpu_shares,
+            in_flight=settings.concurrency,
+        )
         self.warm: WarmPool | None = None
         self.fork_server: ForkServer | None = None
         self._ctx: ExecContext | None = None
@@ -157,11 +161,18 @@ class ProcessBackend:
             "compiles_total": self._compiles,
             "cgroups": self.cgroups.controllers or self.cgroups.unavailable_reason,
             "cgroups_draining": self.cgroups.draining,
+            "cpu_shares": self._cpu_shares(),
             "workdir_root": str(self.root) if self.root else None,
             **self._warm_status(),
             "python_mode": self._python_mode(),
             "fork_server": self.fork_server.status() if self.fork_server is not None else None,
         }
+
+    def _cpu_shares(self) -> dict[str, int] | None:
+        """Each run's CPU weight and all runs' together (None: no cpu cgroup controller)."""
+        if "cpu" not in self.cgroups.bases:
+            return None
+        return {"per_run": self.cgroups.cpu_shares, "all_runs": self.cgroups.group_cpu_shares}
 
     def _warm_status(self) -> dict[str, Any]:
         status = self.warm.status() if self.warm is not None else WarmPool.off_status()

@@ -1,4 +1,4 @@
-"""Per-run cgroups (v1): pids.max against fork bombs, memory limit and peak, CPU quota.
+"""Per-run cgroups (v1): pids.max against fork bombs, memory limit and peak, CPU weight and quota.
 
 Each run gets one `CgroupSlot`: a directory per controller, nested under the service's own
 cgroup (so whatever bounds the service also bounds its programs). Slots are created once and
@@ -7,6 +7,11 @@ than the rest of the per-run bookkeeping. A slot goes back to the pool only when
 (no task left), with its counters reset; one that cannot be emptied is killed again and removed.
 At start-up, directories left by a crashed earlier instance (named with a pid that no longer
 runs) are removed.
+
+Every run has its own CPU group with the same weight (cpu.shares): the scheduler shares the CPU
+per run, not per process, so a program that forks eight busy workers gets one run's share and a
+short program in flight beside it still gets its own. The runs' parent group weighs as many runs
+as may be in flight, so together they keep the standing on the host that as many processes would.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ PREFIX = "toolenv-sandboxd-"
 # cpuacct is left out on purpose: every cgroup.procs write is a task migration, which can stall
 # for milliseconds on a busy host (it waits on an RCU grace period); CPU time comes from wait4.
 CONTROLLERS = ("pids", "memory", "cpu")
+MAX_SHARES = 262144  # the kernel's bound on cpu.shares
 
 
 def _own_cgroup_paths() -> dict[str, str]:
@@ -51,6 +57,15 @@ def _read(path: Path) -> str:
         return os.read(fd, 65536).decode()
     finally:
         os.close(fd)
+
+
+def set_cpu_weight(d: Path, shares: int) -> None:
+    """cpu.shares (v1) of `d`, or the equivalent cpu.weight (v2, systemd's mapping)."""
+    shares = max(2, min(shares, MAX_SHARES))
+    if (d / "cpu.shares").exists():
+        _write(d / "cpu.shares", str(shares))
+    else:
+        _write(d / "cpu.weight", str(1 + (shares - 2) * 9999 // (MAX_SHARES - 2)))
 
 
 def _left_by_dead_instance(d: Path, pid: int) -> bool:
@@ -116,19 +131,10 @@ class CgroupSlot:
                 _write(cpu / "cpu.cfs_quota_us", str(quota))
                 self._cpu_quota = quota
 
-    def attach(self, pid: int, controllers: tuple[str, ...] | None = None) -> None:
-        """Move `pid` (not yet running user code) into this slot (cpu only when a quota is set)."""
-        for c, d in self.dirs.items():
-            if controllers is not None and c not in controllers:
-                continue
-            if c != "cpu" or self._cpu_quota > 0:
-                _write(d / "cgroup.procs", str(pid))
-
-    def procs_files(self) -> list[Path]:
-        """The cgroup.procs files `attach` writes (for a child that attaches itself)."""
-        return [
-            d / "cgroup.procs" for c, d in self.dirs.items() if c != "cpu" or self._cpu_quota > 0
-        ]
+    def attach(self, pid: int) -> None:
+        """Move `pid` (not yet running user code) into this slot, every controller."""
+        for d in self.dirs.values():
+            _write(d / "cgroup.procs", str(pid))
 
     def pids(self) -> list[int]:
         d = self.dirs.get("pids") or next(iter(self.dirs.values()))
@@ -190,8 +196,10 @@ class CgroupSlot:
 class CgroupPool:
     """Pre-created per-run cgroups under `<own cgroup>/toolenv-sandboxd-<pid>/`."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, cpu_shares: int = 1024, in_flight: int = 1) -> None:
         self.size = size
+        self.cpu_shares = cpu_shares  # each run's weight
+        self.group_cpu_shares = min(cpu_shares * in_flight, MAX_SHARES)  # all runs together
         self.bases: dict[str, Path] = {}
         self._free: list[CgroupSlot] = []
         self._counter = 0
@@ -220,6 +228,8 @@ class CgroupPool:
                 if c == "memory":
                     with contextlib.suppress(OSError):
                         _write(base / "memory.use_hierarchy", "1")
+                elif c == "cpu":
+                    set_cpu_weight(base, self.group_cpu_shares)
             except OSError as exc:
                 self.unavailable_reason = f"cannot create {base}: {exc}"
                 continue
@@ -246,6 +256,8 @@ class CgroupPool:
         for c, base in self.bases.items():
             d = base / name
             d.mkdir(exist_ok=True)
+            if c == "cpu":
+                set_cpu_weight(d, self.cpu_shares)
             dirs[c] = d
         slot = CgroupSlot(name, dirs)
         slot.reset()

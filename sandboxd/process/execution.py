@@ -105,18 +105,18 @@ class Execution:
             if step.warm is not None:
                 step.warm.used = True
                 sandbox = step.warm.sandbox
-                controllers: tuple[str, ...] | None = ("cpu",) if self.lim.cpu_cores else ()
+                join = False  # a warm sandbox joined its slot ahead of time
             else:
                 sandbox = await spawn_blocked(
                     self.ctx.bwrap_prefix, step.workdir, step.argv, step.stdin_fd
                 )
-                controllers = None  # every controller: a cold sandbox has joined none yet
+                join = True
         except OSError as exc:
             return ExecResult(
                 status=ExecStatus.ERROR, message=f"could not start the program: {exc}"
             )
         self.sandbox, self.proc, self.child_pid = sandbox, sandbox.proc, sandbox.child_pid
-        if not await self._arm(sandbox, controllers):
+        if not await self._arm(sandbox, join):
             await self._wait_exit(EXIT_GRACE_S)
             return ExecResult(
                 status=ExecStatus.ERROR,
@@ -125,15 +125,13 @@ class Execution:
             )
         return await self._supervise(sandbox.out_r, sandbox.err_r)
 
-    async def _arm(self, sandbox: Blocked, controllers: tuple[str, ...] | None) -> bool:
+    async def _arm(self, sandbox: Blocked, join: bool) -> bool:
         """Give the blocked sandbox this step's cgroup, limits and stdin, then let it exec."""
         if sandbox.child_pid is None:
             self.kill_message = "bwrap did not start the sandbox"
             return False
         try:
-            await confine(
-                sandbox.child_pid, self.slot, self.lim, self.ctx.cgroup_writer, controllers
-            )
+            await confine(sandbox.child_pid, self.slot, self.lim, self.ctx.cgroup_writer, join)
             if self.step.warm is not None and self.slot is not None:
                 self.slot.reset()  # measure from here: the warm child's own charge is baseline
             sandbox.feed_stdin(self.step.stdin)  # a warm one's pipe: never blocks (size-checked)
@@ -192,7 +190,6 @@ class Execution:
         request = {
             "workdir": self.step.workdir.name,
             "rlimits": self.lim.rlimits(has_memory_cgroup(slot)),
-            "cpu_quota": bool(self.lim.cpu_cores),
         }
         if slot is not None:
             slot.reset()  # measure from here: the waiting program's own charge is baseline

@@ -130,13 +130,12 @@ class Zygote:
         return len(self.runs)
 
     def spawn(self, key: int, slot: CgroupSlot | None) -> Runner:
-        """Ask for one more runner; its program joins `slot` (pids, memory) ahead of time."""
+        """Ask for one more runner; its program joins `slot` (every controller) ahead of time."""
         runner = Runner(self, key, slot)
-        dirs = slot.dirs if slot is not None else {}
-        order = [c for c in dirs if c != "cpu"] + [c for c in dirs if c == "cpu"]
-        fds = [os.open(dirs[c] / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for c in order]
+        dirs = slot.dirs.values() if slot is not None else ()
+        fds = [os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for d in dirs]
         try:  # the cgroup files go as fds: the zygote sees no cgroup file system
-            message = {"spawn": key, "cpu": "cpu" in dirs}
+            message = {"spawn": key}
             socket.send_fds(self.sock, [json.dumps(message).encode()], fds)
         finally:
             for fd in fds:

@@ -68,14 +68,14 @@ async def confine(
     slot: CgroupSlot | None,
     lim: StepLimits,
     writer: Executor,
-    controllers: tuple[str, ...] | None,
+    join: bool,
 ) -> None:
-    """Move `pid` into `slot` (the given controllers; None: all) and set its rlimits.
+    """Move `pid` into `slot` (unless `join` is False: it is in already) and set its rlimits.
 
     A task migration can wait on an RCU grace period: it runs on `writer`, off the event loop.
     Raises OSError / ValueError when the process is gone or a limit cannot be set.
     """
-    if slot is not None and controllers != ():
-        await asyncio.get_running_loop().run_in_executor(writer, slot.attach, pid, controllers)
+    if slot is not None and join:
+        await asyncio.get_running_loop().run_in_executor(writer, slot.attach, pid)
     for res, value in lim.rlimits(has_memory_cgroup(slot)):
         resource.prlimit(pid, res, (value, value))

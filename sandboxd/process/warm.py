@@ -2,7 +2,7 @@
 
 For the languages in `warm_languages` (python by default) up to `warm_sandboxes` sandboxes per
 language wait with a fresh empty working dir bound, their namespaces built and their cgroup
-joined (pids, memory). A run writes its files into that dir, its stdin into the pipe, sets the
+joined (pids, memory, cpu). A run writes its files into that dir, its stdin into the pipe, sets the
 limits and unblocks one (a refill starts at once), so the critical path is the interpreter's own
 start, not bwrap's set-up. A warm sandbox is used once; nothing runs in it before the request's
 code. It is made by the same `spawn_blocked` handshake as a cold run.
@@ -101,7 +101,7 @@ class WarmPool:
                 raise OSError("bwrap did not start the sandbox")
             if slot is not None:
                 await asyncio.get_running_loop().run_in_executor(
-                    self.writer, slot.attach, sandbox.child_pid, ("pids", "memory")
+                    self.writer, slot.attach, sandbox.child_pid
                 )
             return w
         except (OSError, asyncio.CancelledError) as exc:

@@ -10,9 +10,9 @@ every capability, becomes 65534 with no_new_privs, forgets the zygote's modules 
 status (128 + signal for a signal death, as bwrap reports it).
 
 Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each:
-{"spawn": key, "cpu"} with the cgroup.procs fds of the run's slot (the cpu one last, when
-"cpu") forks a runner whose program joins that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir", "rlimits",
-"cpu_quota"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
+{"spawn": key} with the cgroup.procs fds of the run's slot forks a runner whose program joins
+that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir",
+"rlimits"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
 then {"id", "status", "cpu"} or {"id", "error"}); {"anomaly", "runner"} says an idle runner
 died. EOF: the service is gone: every runner is killed and the zygote exits.
 """
@@ -201,29 +201,25 @@ def _root_plan():
     return ops
 
 
-def _prepare_program(spawn, cgroup_fds):
+def _prepare_program(cgroup_fds):
     """In the program's process (PID 1 of its namespace), still ahead of any request: its own
     session, a fresh /proc, and the run's cgroup joined (a task migration can take milliseconds:
-    not on the request's path). The CPU controller, joined only for a CPU quota, stays open."""
+    not on the request's path)."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     exec(compile("_ = [str(i) for i in range(64)]\n", "<warm-up>", "exec"), {})  # noqa: S102
     # (the compiler's and the allocator's pages are copied from the zygote here, not on the
     # request's path)
-    cpu = cgroup_fds.pop() if spawn["cpu"] else None
     for fd in cgroup_fds:
         os.write(fd, b"0")
         os.close(fd)
-    return cpu
 
 
-def _become_program(req, fds, cpu_procs):
+def _become_program(req, fds):
     """The request is in: the run's dir, limits, identity and stdio; then nothing of the
     zygote's is left visible."""
     _mount(f"/.oldroot{RUNS}/{req['workdir']}", "/sandbox", None, MS_BIND | MS_REC)
-    if req.get("cpu_quota") and cpu_procs is not None:
-        os.write(cpu_procs, b"0")
     _detach("/.oldroot")
     os.rmdir("/.oldroot")
     os.chdir("/sandbox")
@@ -244,7 +240,7 @@ def _become_program(req, fds, cpu_procs):
     os.closerange(3, 65536)
 
 
-def _runner(link, spawn, cgroup_fds):
+def _runner(link, cgroup_fds):
     """A forked runner: prepare, fork the program, wait for it, exit with its status (128 +
     signal for a signal death, as bwrap). Returns only in the program, with its request."""
     try:
@@ -258,7 +254,7 @@ def _runner(link, spawn, cgroup_fds):
             os.close(fd)
     if pid == 0:
         try:
-            cpu_procs = _prepare_program(spawn, cgroup_fds)
+            _prepare_program(cgroup_fds)
             data, fds, _, _ = socket.recv_fds(link, 65536, 3)
         except Exception as exc:
             _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
@@ -267,7 +263,7 @@ def _runner(link, spawn, cgroup_fds):
             os._exit(0)  # the zygote is gone before this runner was used
         req = json.loads(data)
         try:
-            _become_program(req, fds, cpu_procs)
+            _become_program(req, fds)
         except Exception as exc:
             _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
             os._exit(SETUP_FAILED)
@@ -318,7 +314,7 @@ class Zygote:
                 sock.close()
             for pidfd in [r[1] for r in self.idle.values()] + list(self.busy):
                 os.close(pidfd)
-            return _runner(link, spawn, cgroup_fds)
+            return _runner(link, cgroup_fds)
         link.close()
         for fd in cgroup_fds:
             os.close(fd)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from sbx_support import SandboxdServer, start_sandboxd
@@ -13,8 +14,8 @@ def sandboxd_factory(bwrap_path: str) -> Iterator[Callable[..., SandboxdServer]]
     """Start real `toolenv sandboxd serve` processes; all are stopped at module end."""
     servers: list[SandboxdServer] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> SandboxdServer:
-        server = start_sandboxd(*args, env=env)
+    def start(*args: str, env: dict[str, str] | None = None, **kw: Any) -> SandboxdServer:
+        server = start_sandboxd(*args, env=env, **kw)
         servers.append(server)
         return server
 

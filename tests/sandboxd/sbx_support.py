@@ -171,10 +171,15 @@ class SandboxdServer:
                 self.proc.wait()
 
 
-def start_sandboxd(*args: str, env: dict[str, str] | None = None) -> SandboxdServer:
+def start_sandboxd(
+    *args: str, env: dict[str, str] | None = None, cpu_cgroup: Path | None = None
+) -> SandboxdServer:
+    """`cpu_cgroup`: the server starts in that cpu cgroup (as in a container or a systemd unit)."""
     port = free_port()
     argv = [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--host", "127.0.0.1"]
     argv += ["--port", str(port), *args]
+    if cpu_cgroup is not None:  # the shell joins it, then becomes the server (same pid)
+        argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cpu_cgroup), *argv]
     full_env = {**os.environ, "TOOLENV_TEST_SECRET": SECRET, **(env or {})}
     proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -53,7 +53,7 @@ def portal() -> Iterator[BlockingPortal]:
 
 @pytest.fixture(scope="module")
 def backend(portal: BlockingPortal, image: str) -> Iterator[DockerBackend]:
-    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=2))
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=2, run_cpu_shares=512))
     portal.call(b.start)
     yield b
     pool_id = b.pool.pool_id
@@ -163,6 +163,7 @@ def test_container_isolation_flags(backend) -> None:
     assert host["MemorySwap"] == host["Memory"]
     assert host["PidsLimit"] == backend.settings.docker_pids_limit
     assert host["NanoCpus"] == int(backend.settings.docker_cpus * 1e9)
+    assert host["CpuShares"] == 512  # one run per container: the run's CPU weight
     assert set(host["Tmpfs"]) == {"/sandbox", "/tmp"}
     labels = attrs["Config"]["Labels"]
     assert labels["toolenv.sandbox"] == "1" and labels["toolenv.pool"] == backend.pool.pool_id
