@@ -119,12 +119,12 @@ def test_each_run_has_its_own_cpu_weight(
         if language == "python"
         else f"sleep {marker}\necho woken"
     )
-    call = threading.Thread(
-        target=lambda: results.append(
-            server.run_code(code=code, language=language, run_timeout=40)
-        )
-    )
     results: list[dict] = []
+
+    def call_it() -> None:
+        results.append(server.run_code(code=code, language=language, run_timeout=40))
+
+    call = threading.Thread(target=call_it)
     call.start()
     try:
         sleeper = _find(marker)
@@ -171,4 +171,24 @@ def test_a_short_program_gets_its_share_beside_forking_hogs(
     assert running == 2  # the short programs ran while both hogs spun
     assert all(r["status"] == "Finished" for r in shorts)
     shares = [r["cpu_time"] / r["execution_time"] for r in shorts]
+    print(f"short program's share of a core beside the hogs: {[round(x, 2) for x in shares]}")
     assert max(shares) >= 0.3, f"shares of a core: {shares}"
+
+
+@pytest.mark.parametrize("env", [{}, {"TOOLENV_SANDBOX_FORK_SERVER": "false"}])
+def test_a_cpu_limit_still_caps_a_run_in_its_weighted_group(
+    sandboxd_factory: Callable[..., SandboxdServer], env: dict[str, str]
+) -> None:
+    """The program joined its cpu cgroup ahead of time (fork server, warm sandbox); the request's
+    quota is written to that group at the start of the run and holds."""
+    server = sandboxd_factory("--backend", "process", "--max-concurrency", "2", env=env)
+    try:
+        busy = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end:\n    pass"
+        res = server.run_code(code=busy, cpu_limit=0.25, run_timeout=20)["run_result"]
+        free = server.run_code(code=busy, run_timeout=20)["run_result"]
+    finally:
+        server.stop()
+    assert res["status"] == free["status"] == "Finished"
+    # 0.25 cores: 0.4 s of CPU takes at least 1.2 s (CFS may overrun a period slightly)
+    assert res["execution_time"] >= 1.2, res
+    assert free["execution_time"] < res["execution_time"]
