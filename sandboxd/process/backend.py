@@ -261,7 +261,9 @@ class ProcessBackend:
         runner: Runner | None = None,
     ) -> RunResult:
         result = RunResult(sandbox_id=run_id, backend=self.name)
-        owner = bwrap.SANDBOX_UID if runner is not None else None
+        # a fork-server run outside a user namespace is uid 65534 itself: its files are made its
+        server = self.fork_server
+        owner = bwrap.SANDBOX_UID if runner and server and not server.userns else None
         try:
             write_inputs(workdir, spec, lang, owner)
             if spec.prebuilt is not None and lang.artifact is not None:

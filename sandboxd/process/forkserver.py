@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ..languages import CHILD_ENV
-from .bwrap import interpreter_binds, system_binds
+from .bwrap import SANDBOX_UID, interpreter_binds, system_binds
 from .cgroups import CgroupPool, CgroupSlot
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("zygote_main.py")
 START_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 5.0
+CAP_CHOWN, CAP_SYS_ADMIN = 0, 21
 
 
 class ForkFailed(RuntimeError):
@@ -63,18 +64,52 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def zygote_argv(bwrap: str, root: Path, python: str) -> list[str]:
+def needs_user_namespace() -> bool:
+    """Whether the zygote needs a user namespace of its own to hold the capabilities it builds
+    runs with: yes unless the service is root with CAP_SYS_ADMIN and CAP_CHOWN (a container
+    with least privilege has neither)."""
+    if os.geteuid() != 0:
+        return True
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            eff = int(line.split()[1], 16)
+            return not (eff & (1 << CAP_CHOWN) and eff & (1 << CAP_SYS_ADMIN))
+    return True
+
+
+def _dev_without_devpts() -> list[str]:
+    """What `--dev /dev` lays out, minus the devpts mount (each runner mounts its own). With
+    `--dev`, bwrap mounts devpts as uid 0 of a first user namespace and then moves into a second
+    one: runners' mount namespaces would then lock the zygote's /proc under its read-only
+    overmounts, and the kernel refuses a fresh /proc where none is fully visible."""
+    argv = ["--tmpfs", "/dev"]
+    for node in ("full", "null", "random", "tty", "urandom", "zero"):
+        argv += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]
+    links = {"core": "/proc/kcore", "fd": "/proc/self/fd", "ptmx": "pts/ptmx"}
+    links |= {name: f"/proc/self/fd/{i}" for i, name in enumerate(("stdin", "stdout", "stderr"))}
+    for name, target in links.items():
+        argv += ["--symlink", target, f"/dev/{name}"]
+    return [*argv, "--dir", "/dev/pts", "--dir", "/dev/shm"]
+
+
+def zygote_argv(bwrap: str, root: Path, python: str, userns: bool = False) -> list[str]:
     """The zygote's own sandbox: the programs' file system view, kept capabilities (it builds
-    each run's namespaces), no network, and only the run dirs besides."""
+    each run's namespaces), no network, and only the run dirs besides.
+
+    `userns`: the zygote runs as uid/gid 65534 in a user namespace of its own that maps them to
+    the service's; every capability it keeps is that namespace's, and its programs' files, the
+    service's, are theirs without a chown (as in a bwrap sandbox made without privileges)."""
+    user = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     argv = [
         bwrap,
+        *(user if userns else []),
         "--unshare-ipc", "--unshare-net", "--unshare-uts",
         "--die-with-parent", "--new-session",
         "--cap-add", "ALL",
         "--hostname", "sandbox",
         *system_binds(),
         "--proc", "/proc",
-        "--dev", "/dev",
+        *(_dev_without_devpts() if userns else ["--dev", "/dev"]),
         "--tmpfs", "/tmp",
         "--dir", "/newroot",
         "--bind", str(root), "/runs",
@@ -261,7 +296,8 @@ class ForkServer:
         prefork: int,
         python: str,
     ) -> None:
-        self.argv = zygote_argv(bwrap, root, python)
+        self.userns = needs_user_namespace()
+        self.argv = zygote_argv(bwrap, root, python, self.userns)
         self.cgroups = cgroups
         self.max_forks = max_forks
         self.prefork = prefork
@@ -372,6 +408,7 @@ class ForkServer:
             "idle_runners": len(z.idle) if z is not None else 0,
             "max_forks": self.max_forks,
             "prefork": self.prefork,
+            "user_namespace": self.userns,
             "zygotes_started": self.started_total,
             "anomalies": self.anomalies,
             "last_anomaly": self.last_anomaly or None,

@@ -42,6 +42,7 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, LINUX_CAPABILITY_VERSION_3 = 47, 4, 0x20080522
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 SANDBOX_UID = 65534
 RUNS = "/runs"  # the service's run dirs, bound here for the zygote only
@@ -229,15 +230,27 @@ def _become_program(req, fds):
         last_cap = int(f.read())
     for cap in range(last_cap + 1):
         _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability")
-    os.setgroups([])
+    if not SETGROUPS_DENIED:  # (in a user namespace made without privileges: nothing to drop)
+        os.setgroups([])
     os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
     os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+    _clear_capabilities()
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by the uid change
     libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as any process (its /proc files are its own)
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
     os.closerange(3, 65536)
+
+
+def _clear_capabilities():
+    """Ambient, effective, permitted and inheritable sets emptied. The uid change clears them
+    when the zygote is root; in a user namespace the zygote already is uid 65534 (with every
+    capability of that namespace), and a change to the same uid clears nothing."""
+    _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
+    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
+    data = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable}: all zero
+    _check(libc.capset(header, data), "capset")
 
 
 def _runner(link, cgroup_fds):
@@ -483,6 +496,8 @@ def _run(main, path):
 
 
 if __name__ == "__main__":  # run as the zygote (never on import)
+    with open("/proc/self/setgroups") as _f:
+        SETGROUPS_DENIED = _f.read().strip() == "deny"
     RECURSION = RecursionCompensation()
     ROOT_PLAN = _root_plan()
     gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
