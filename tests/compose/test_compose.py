@@ -88,6 +88,32 @@ def test_sandbox_container_runs_with_least_privilege(stack: Stack) -> None:
     assert state["running"] == 0
 
 
+STATUS = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8002/v1/sandbox/status').read().decode())"
+IDENTITY = """import os
+status = dict(line.split(':', 1) for line in open('/proc/self/status'))
+print(os.getuid(), os.getgid(), *(status[k].strip() for k in ('CapEff', 'CapPrm', 'CapAmb', 'NoNewPrivs')))
+print(os.stat('main.py').st_uid, os.listdir('/dev/pts'))
+"""
+
+
+def test_python_runs_through_the_fork_server_without_privileges(stack: Stack) -> None:
+    """The zygote holds its capabilities in a user namespace of its own; a run is uid 65534 with
+    none, owns its files, and has its own devpts."""
+    status = json.loads(stack.exec("sandbox", "python", "-c", STATUS))
+    assert status["python_mode"] == "fork_server", status["fork_server"]
+    assert status["fork_server"]["user_namespace"] is True
+    forks = status["fork_server"]["forks"]
+    r = run_code(stack, IDENTITY)
+    assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+    zero = "0000000000000000"
+    assert r.json()["run_result"]["stdout"].splitlines() == [
+        f"65534 65534 {zero} {zero} {zero} 1",
+        "65534 ['ptmx']",
+    ]
+    after = json.loads(stack.exec("sandbox", "python", "-c", STATUS))["fork_server"]
+    assert after["forks"] == forks + 1 and after["anomalies"] == 0
+
+
 def _crash(stack: Stack, service: str) -> None:
     """SIGKILL the service's process (the child of the container's init): a crash."""
     stack.exec(service, "sh", "-c", "kill -9 $(cat /proc/1/task/1/children)")
