@@ -51,7 +51,9 @@ for d in os.listdir(base):
 tasks = sorted(set(tasks) - warm_pids - {c for w in warm_pids for c in children.get(w, [])})
 print(json.dumps({'procs': extra, 'dirs': dirs, 'tasks': tasks, 'running': st['running'],
                   'draining': st['cgroups_draining'], 'warm': sum(st['warm'].values()),
-                  'warm_target': st['warm_target']}))
+                  'warm_target': st['warm_target'], 'python_mode': st['python_mode'],
+                  'runners': (st['fork_server'] or {}).get('idle_runners'),
+                  'prefork': (st['fork_server'] or {}).get('prefork')}))
 """
 
 
@@ -98,6 +100,14 @@ class Stack:
 
     def sandbox_state(self) -> dict:
         return json.loads(self.exec("sandbox", "python", "-c", LEAK_PROBE))
+
+    def python_ready(self) -> bool:
+        """Python runs have what they start from ready: the fork server's idle runners, or
+        (without it) the warm sandboxes."""
+        s = self.sandbox_state()
+        if s["python_mode"] == "fork_server":
+            return s["runners"] == s["prefork"]
+        return s["warm"] == s["warm_target"]
 
     def wait_healthy(self, service: str, timeout: float = 90) -> None:
         end = time.monotonic() + timeout

@@ -196,7 +196,7 @@ def test_killed_sandbox_container_fails_the_run_cleanly_and_the_pool_refills(
     assert "sandbox" in r.text
     assert result["elapsed"] < 10  # failed when the container died, not at the run timeout
     stack.wait_healthy("sandbox")
-    _wait_for(lambda: (s := stack.sandbox_state())["warm"] == s["warm_target"], 30, 0.5)
+    _wait_for(stack.python_ready, 30, 0.5)
     state = stack.sandbox_state()
     assert state["procs"] == [] and state["tasks"] == [] and state["dirs"] == [], state
     _wait_for(lambda: stack.client.get("/readyz").status_code == 200, timeout=10)
