@@ -93,6 +93,33 @@ async def test_every_corpus_program_behaves_as_in_a_fresh_interpreter(bwrap_path
     assert not differences, "\n".join(differences)
 
 
+async def test_in_a_user_namespace_too(bwrap_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mode a service without CAP_SYS_ADMIN and CAP_CHOWN takes (a compose container): the
+    zygote in a user namespace of its own. Chosen here for a root service, whose runs then go
+    the same way; the corpus still matches the warm-spawn path."""
+    monkeypatch.setattr("sandboxd.process.forkserver.needs_user_namespace", lambda: True)
+    backend = await started()
+    try:
+        status = backend.status()["fork_server"]
+        assert status["available"] and status["user_namespace"], status
+        me = await run(backend, IDENTITY)
+    finally:
+        await backend.close()
+    zero = "0000000000000000"
+    assert me.stdout.splitlines() == [f"65534 65534 {zero} {zero} {zero} 1", "65534 ['ptmx']"]
+    fork_mode, forked = await run_corpus()
+    _, spawned = await run_corpus(fork_server=False)
+    assert fork_mode == "fork_server"
+    assert {n: r for n, r in forked.items() if r != spawned[n]} == {}
+
+
+IDENTITY = """import os
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+caps = (status[k].strip() for k in ("CapEff", "CapPrm", "CapAmb", "NoNewPrivs"))
+print(os.getuid(), os.getgid(), *caps)
+print(os.stat("main.py").st_uid, os.listdir("/dev/pts"))
+"""
+
 POLLUTER = """
 import builtins, json, os, subprocess, sys, threading, time
 builtins.len = lambda x: 42
