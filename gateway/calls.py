@@ -22,6 +22,7 @@ log = logging.getLogger("toolenv.gateway")
 FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream_failed": 502}
 _DEADLINE = h.DEADLINE.lower()
 _TRAJECTORY, _STEP, _TURN = h.TRAJECTORY.lower(), h.STEP.lower(), h.TURN.lower()
+_FORWARDED = tuple((name, name.lower()) for name in h.FORWARDED_CALL_HEADERS)
 _WANTED = {
     name.lower().encode() for name in ("content-type", h.DEADLINE, *h.FORWARDED_CALL_HEADERS)
 }
@@ -82,11 +83,15 @@ async def run_call(
     """Send one call to the tool, with the call-context headers (trajectory, step, turn) passed on,
     so a tool behind the gateway sees what the caller said (a drifting profile, the training step).
     The tool is told the deadline `reserve_s` early (see `UpstreamCall`)."""
+    sent = ctx.headers  # lower-cased names
     headers = {
-        "content-type": ctx.headers.get("content-type", "application/json"),
+        "content-type": sent.get("content-type", "application/json"),
         h.REQUEST_ID: ctx.request_id,
-        **h.forwarded_call_headers(ctx.headers),
     }
+    for name, lower in _FORWARDED:
+        value = sent.get(lower)
+        if value is not None:
+            headers[name] = value
     call = UpstreamCall("POST", path, body, headers, deadline, reserve_s)
     outcome = await runtime.call(call, deadline_ms)
     _capture(ctx, runtime, outcome)

@@ -69,21 +69,23 @@ class Expiry:
     block's CancelledError leaves as TimeoutError; a cancellation from elsewhere stays one) at
     about half its cost: one timer handle and no state machine, on every call's path."""
 
-    __slots__ = ("delay", "task", "handle", "fired", "cancelling")
+    __slots__ = ("delay", "loop", "task", "handle", "fired", "cancelling")
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.delay = delay
+        self.loop = loop  # the running loop, if the caller has it (looking it up costs a getpid)
         self.task: asyncio.Task | None = None
         self.handle: asyncio.TimerHandle | None = None
         self.fired = False
         self.cancelling = 0
 
     async def __aenter__(self) -> Expiry:
-        task = asyncio.current_task()
+        loop = self.loop or asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None
         self.task = task
         self.cancelling = task.cancelling()
-        self.handle = asyncio.get_running_loop().call_later(max(0.0, self.delay), self._fire)
+        self.handle = loop.call_later(max(0.0, self.delay), self._fire)
         return self
 
     def _fire(self) -> None:
@@ -118,6 +120,7 @@ class ToolRuntime:
         # In-process handlers may take a while to unwind (a sandbox reaping its process): those
         # calls run in their own task so the caller can be answered before the unwinding ends.
         self.inline = isinstance(backend, RemoteBackend) and not self.hedging
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop calls run on, once seen
 
     # ---------------------------------------------------------------- public
 
@@ -157,8 +160,11 @@ class ToolRuntime:
         admitted = False
         queue_wait = 0.0
         self.budget.record_call()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         try:
-            async with Expiry(call.deadline.remaining()):
+            async with Expiry(call.deadline.remaining(), loop):
                 if not self.admission.try_acquire():
                     await self.admission.acquire()
                 admitted = True
@@ -172,7 +178,7 @@ class ToolRuntime:
                     finally:
                         self.admission.release(time.perf_counter() - started - queue_wait)
                 else:
-                    task = asyncio.create_task(self._attempts(call))
+                    task = loop.create_task(self._attempts(call))
                     self._tasks.add(task)
                     task.add_done_callback(self._release_when_done(time.perf_counter()))
                     reply = await asyncio.shield(task)

@@ -35,6 +35,7 @@ from .state import GatewayState
 
 log = logging.getLogger("toolenv.gateway")
 JSON = (b"content-type", b"application/json")
+_TASK_NAME = "gateway-lane"
 
 
 @dataclass(eq=False, slots=True)
@@ -73,13 +74,27 @@ class LaneProtocol(HttpToolsProtocol):
         self.idle_since: float | None = None  # loop time the last answer went out, while idle
 
     # -- parser callbacks (uvicorn's, with the lane first)
+    def on_message_begin(self) -> None:
+        """uvicorn's, less the ASGI scope: built only for a request the lane leaves to the app."""
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
     def on_headers_complete(self) -> None:
         lane = self._take()
         if lane is None:
+            self._new_scope()
             super().on_headers_complete()
             return
         self.lane = lane
         self.cycle = lane  # type: ignore[assignment]  # uvicorn sees a cycle in progress
+
+    def _new_scope(self) -> None:
+        """The scope uvicorn's `on_message_begin` makes (what was parsed since kept)."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        HttpToolsProtocol.on_message_begin(self)
+        self.url, self.expect_100_continue = url, expect
+        self.headers = self.scope["headers"] = headers
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -106,7 +121,8 @@ class LaneProtocol(HttpToolsProtocol):
         self.lane = None
         if lane.body_timer is not None:
             lane.body_timer.cancel()
-        task = self.loop.create_task(self._answer(lane))
+        # named: an unnamed task formats "Task-<n>" for its name, on every call
+        task = asyncio.Task(self._answer(lane), loop=self.loop, name=_TASK_NAME)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
@@ -235,9 +251,7 @@ class _Writer:
         protocol, lane = self.protocol, self.lane
         if lane.disconnected or protocol.transport.is_closing():
             return
-        parts = [STATUS_LINE[status]]
-        for name, value in protocol.server_state.default_headers:
-            parts += [name, b": ", value, b"\r\n"]
+        parts = [STATUS_LINE[status], _default_block(protocol.server_state.default_headers)]
         for name, value in headers:
             if name != b"content-length":
                 parts += [name, b": ", value, b"\r\n"]
@@ -249,6 +263,17 @@ class _Writer:
             parts.append(b"connection: close\r\n")
         parts += [b"\r\n", body]
         protocol.transport.write(b"".join(parts))
+
+
+_BLOCK: list[Any] = [None, b""]  # uvicorn's default headers (a new list each second), written
+
+
+def _default_block(default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """uvicorn's default headers (date, server) as one block, written once per list uvicorn
+    makes (it replaces the list when the date changes)."""
+    if _BLOCK[0] is not default_headers:
+        _BLOCK[:] = [default_headers, b"".join(n + b": " + v + b"\r\n" for n, v in default_headers)]
+    return _BLOCK[1]
 
 
 def lane_protocol(gateway: GatewayState) -> Callable[..., LaneProtocol]:

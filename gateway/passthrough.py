@@ -47,14 +47,20 @@ def hot_call(state: GatewayState, path: str) -> HotCall | None:
     toolset = state.toolset
     if toolset is None:
         return None
+    known = toolset.hot_calls.get(path)
+    if known is not None:
+        return known  # type: ignore[return-value]
+    call = None
     route = ROUTES.get(path)
     if route is not None:
         runtime = toolset.first_of_kind(route[0])
-        return HotCall(runtime, route[1]) if runtime is not None else None
-    if path.startswith(_GENERIC_PREFIX) and path.endswith(_GENERIC_SUFFIX):
+        call = HotCall(runtime, route[1]) if runtime is not None else None
+    elif path.startswith(_GENERIC_PREFIX) and path.endswith(_GENERIC_SUFFIX):
         runtime = toolset.tools.get(path[len(_GENERIC_PREFIX) : -len(_GENERIC_SUFFIX)])
-        return HotCall(runtime, None) if runtime is not None else None
-    return None
+        call = HotCall(runtime, None) if runtime is not None else None
+    if call is not None:
+        toolset.hot_calls[path] = call  # bounded: the hot routes and one path per tool
+    return call
 
 
 async def serve(ctx: CallContext, call: HotCall, body: bytes, send) -> None:

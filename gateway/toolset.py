@@ -37,6 +37,8 @@ class ToolSet:
         self.tools: dict[str, ToolRuntime] = {}
         self.embedded: dict[str, EmbeddedApp] = {}
         self.skipped: dict[str, str] = {}
+        # hot-route path -> its resolved call (`passthrough.hot_call`; only paths that resolve)
+        self.hot_calls: dict[str, object] = {}
 
     def first_of_kind(self, kind: str) -> ToolRuntime | None:
         for runtime in self.tools.values():

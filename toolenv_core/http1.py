@@ -246,12 +246,14 @@ class Response:
 
 
 class _PoolConnection(BodyConnection):
-    __slots__ = ("waiter", "idle_since")
+    __slots__ = ("waiter", "idle_since", "loop")
 
-    def __init__(self, owner: Owner) -> None:
+    def __init__(self, owner: Owner, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(owner)
         self.waiter: asyncio.Future[Response] | None = None
         self.idle_since = 0.0
+        # the loop it lives on, kept: `asyncio.get_running_loop()` costs a getpid() per call
+        self.loop = loop
 
 
 _BROKEN = {
@@ -317,7 +319,7 @@ class Pool:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _PoolConnection(self), self.host, self.port
+                    lambda: _PoolConnection(self, loop), self.host, self.port
                 )
         except TimeoutError as exc:
             raise ConnectFailed("connect timed out") from exc
@@ -337,7 +339,7 @@ class Pool:
     async def _send(self, conn: _PoolConnection, payload: bytes) -> Response:
         if conn.closed or conn.transport is None:
             raise ConnectionBroken("the connection was already closed", True)
-        waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Response] = conn.loop.create_future()
         conn.waiter = waiter
         conn.send(0, payload)
         try:
