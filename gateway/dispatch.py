@@ -244,6 +244,8 @@ class ToolRuntime:
         self._turn += 1
         first = pick(self.backend.endpoints, turn=self._turn)
         if not self.hedging:
+            if not self.config.retry.enabled:
+                return await self._send_once(first, call)  # `_attempt` without retries
             return await self._attempt(first, call)
         return await self._hedged(first, call)
 

@@ -172,7 +172,10 @@ class LaneProtocol(HttpToolsProtocol):
         call = hot_call(self.gateway, path)
         if call is None:
             return None
-        if not any(name == b"content-length" for name, _ in self.headers):
+        for name, _ in self.headers:
+            if name == b"content-length":
+                break
+        else:
             return None  # a body without Content-Length: the app's guard counts it as it comes
         verdict = self.gateway.door.check(self.headers, path, self.client)  # once per request
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()

@@ -84,6 +84,8 @@ def pick(endpoints: list[Endpoint], exclude: Iterable[Endpoint] = (), turn: int 
 
     Ties go round-robin from position `turn`, so an idle pool still spreads its calls.
     """
+    if len(endpoints) == 1:
+        return endpoints[0]  # the common case: nothing to choose
     excluded = set(map(id, exclude))
     candidates = [e for e in endpoints if id(e) not in excluded] or endpoints
     healthy = [e for e in candidates if e.healthy] or candidates
