@@ -1,9 +1,9 @@
 """Precise delays on the event loop: sleep to an absolute monotonic target, never per-request threads.
 
-The event loop's timers have about a millisecond of granularity and may fire a little early; we
-sleep towards the absolute target and re-check, so the handler never wakes before the target it
-asked for and overshoots only by the loop's latency. (A timer that fires a fraction of a
-millisecond early costs one more pass of the loop, not a busy wait.)
+uvloop's timers keep whole milliseconds (a wake-up lands up to a millisecond late, or early and
+slept again), so on Linux every sleep is woken by one timerfd per loop (`PreciseTimer`):
+the handler never wakes before the target it asked for and overshoots only by the loop's latency
+(tens of microseconds when it is idle). Elsewhere the loop's own timers are re-checked.
 
 What a client sees is later still: after the wake-up the reply is built and written. `Pacer`
 measures that response path (wake-up overshoot + building + writing) on every paced reply and

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import threading
 import time
 
@@ -14,7 +16,14 @@ import yaml
 from pydantic import ValidationError
 from scipy import stats
 
-from emulators.timing import RECEIVED_AT, Pacer, StampingHttpToolsProtocol, received_at
+from emulators.timing import (
+    RECEIVED_AT,
+    Pacer,
+    StampingHttpToolsProtocol,
+    precise_timer,
+    received_at,
+    sleep_until,
+)
 from toolenv_core.latency import (
     LATENCY_MODEL,
     Drift,
@@ -347,3 +356,26 @@ def test_the_stamping_protocol_marks_when_a_request_reached_the_process() -> Non
     assert seen[0][0] < seen[1][0] < seen[2][0]  # one stamp per request, not per connection
     before = time.monotonic()
     assert received_at({"type": "http"}) >= before  # in-process calls: now
+
+
+def test_sleep_until_wakes_at_the_target_never_before_and_in_order() -> None:
+    """Many sleepers at once, some abandoned: each wakes at or after its own target (the timerfd
+    of this loop on Linux, whose millisecond-free wake-ups the emulators' timing relies on)."""
+    import uvloop
+
+    async def main() -> tuple[list[float], list[float], bool]:
+        loop = asyncio.get_running_loop()
+        base = time.monotonic() + 0.005
+        targets = [base + (i * 7919 % 200) * 0.0001 for i in range(200)]  # 0-20 ms, shuffled
+        tasks = [asyncio.ensure_future(sleep_until(t)) for t in targets]
+        for task in tasks[::10]:
+            task.cancel()  # a client that hung up: its wake-up is skipped, the others still come
+        woke = await asyncio.gather(*tasks, return_exceptions=True)
+        kept = [(t, w) for t, w in zip(targets, woke, strict=True) if isinstance(w, float)]
+        return [t for t, _ in kept], [w for _, w in kept], precise_timer(loop) is not None
+
+    targets, woke, precise = uvloop.run(main())
+    late = np.array(woke) - np.array(targets)
+    assert len(woke) == 180 and late.min() >= 0
+    assert np.median(late) < 0.01  # a wake-up, not a drift
+    assert precise == sys.platform.startswith("linux")
