@@ -249,6 +249,8 @@ def _ab_figures(s: dict[str, Any]) -> dict[str, float]:
     te = s.get("timer_error_ms", {})
     return {
         "ks": s.get("ks_realized_vs_target", math.nan),
+        # timing alone: against the delays this run scheduled (a part of the shuffled trace)
+        "ks_vs_scheduled": s.get("ks_realized_vs_scheduled", math.nan),
         "p50_rel_error": s.get("quantiles", {}).get("p50", {}).get("rel_error", math.nan),
         "p99_rel_error": s.get("quantiles", {}).get("p99", {}).get("rel_error", math.nan),
         "client_timer_p50_ms": te.get("client_p50", math.nan),
