@@ -1,13 +1,14 @@
 """The python fork server (zygote): stdlib only; runs inside its own bwrap as `python3 main.py`.
 
 Started exactly as a program is (same argv, same environment), it does the interpreter's
-start-up once and never runs user code. It forks runners ahead of time: each enters fresh mount,
-PID, network, IPC and UTS namespaces, pivots into a fresh root laid out like a bwrap sandbox, and
-forks the program's process (PID 1 of its namespace), which joins its cgroup and waits for a
-request: then it binds the run dir at /sandbox, detaches the zygote's root, sets rlimits, drops
-every capability, becomes 65534 with no_new_privs, forgets the zygote's modules and runs
-/sandbox/main.py as `__main__`. The runner exits with the program's
-status (128 + signal for a signal death, as bwrap reports it).
+start-up once and never runs user code. It clones runners ahead of time: one clone() creates each
+runner in fresh mount, PID (as its PID 1), network, IPC, UTS and cgroup namespaces; the runner
+pivots into a fresh root laid out like a bwrap sandbox, joins its cgroup and waits for a request:
+then it binds the run dir at /sandbox, detaches the zygote's root, sets rlimits, drops every
+capability, becomes 65534 with no_new_privs, forgets the zygote's modules and runs
+/sandbox/main.py as `__main__`. The zygote reaps it and reports its status (128 + signal for a
+signal death, as bwrap reports it). One process per run: a second fork (to become PID 1 of a
+namespace made by unshare) cost a copy of the page tables and its own copy-on-write faults.
 
 Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each:
 {"spawn": key} with the cgroup.procs fds of the run's slot forks a runner whose program joins
@@ -39,6 +40,8 @@ CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+RUNNER_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+RUNNER_NAMESPACES |= CLONE_NEWCGROUP  # rooted at the service's cgroup, as bwrap's
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
@@ -52,6 +55,7 @@ PLAIN_DIRS = frozenset({"/proc", "/sandbox", "/dev/shm", "/dev/pts"})  # made em
 OWNER = f"uid={SANDBOX_UID},gid={SANDBOX_UID}"
 DEVPTS = "newinstance,ptmxmode=0666,mode=620"
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
+SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220}
 SETUP_FAILED = 125
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -135,14 +139,25 @@ class RecursionCompensation:
             self._int(address).value = limit
 
 
+def _clone_runner():
+    """fork() into fresh namespaces in one system call (the child returns 0, as from fork).
+
+    The raw clone skips CPython's after-fork bookkeeping, which a single-threaded zygote that
+    never holds the import lock here does not need (no threads, no at-fork hooks registered)."""
+    flags = ctypes.c_ulong(RUNNER_NAMESPACES | signal.SIGCHLD)
+    zero = ctypes.c_ulong(0)
+    pid = libc.syscall(SYS_CLONE[os.uname().machine], flags, zero, zero, zero, zero)
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"clone: {os.strerror(err)}")
+    return pid
+
+
 def _prepare_runner():
-    """In a new runner (root, zygote namespaces), ahead of any request: fresh namespaces and a
+    """In a new runner (root in fresh namespaces, PID 1 of its own), ahead of any request: a
     fresh root laid out, owned and permissioned as a bwrap sandbox shows it to its program; the
     zygote's root stays at /.oldroot (for the run dir and the cgroup) until the request is in."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-    flags |= CLONE_NEWCGROUP  # rooted at the service's cgroup, as bwrap's
-    _check(libc.unshare(flags), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _tmpfs(NEWROOT, "0755")
     for op, source, target in ROOT_PLAN:
@@ -203,10 +218,8 @@ def _root_plan():
 
 
 def _prepare_program(cgroup_fds):
-    """In the program's process (PID 1 of its namespace), still ahead of any request: its own
-    session, a fresh /proc, and the run's cgroup joined (a task migration can take milliseconds:
-    not on the request's path)."""
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    """Still ahead of any request: its own session, a fresh /proc, and the run's cgroup joined
+    (a task migration can take milliseconds: not on the request's path)."""
     os.setsid()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     exec(compile("_ = [str(i) for i in range(64)]\n", "<warm-up>", "exec"), {})  # noqa: S102
@@ -254,45 +267,25 @@ def _clear_capabilities():
 
 
 def _runner(link, cgroup_fds):
-    """A forked runner: prepare, fork the program, wait for it, exit with its status (128 +
-    signal for a signal death, as bwrap). Returns only in the program, with its request."""
+    """A cloned runner: prepare, wait for the request, become the program. Returns only with
+    its request; any failure is an anomaly (the zygote is replaced)."""
     try:
         _prepare_runner()
-        pid = os.fork()
-    except Exception as exc:  # any failure is an anomaly: the zygote is replaced
+        _prepare_program(cgroup_fds)
+        data, fds, _, _ = socket.recv_fds(link, 65536, 3)
+    except Exception as exc:
         _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
         os._exit(SETUP_FAILED)
-    if pid != 0:
-        for fd in cgroup_fds:
-            os.close(fd)
-    if pid == 0:
-        try:
-            _prepare_program(cgroup_fds)
-            data, fds, _, _ = socket.recv_fds(link, 65536, 3)
-        except Exception as exc:
-            _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
-            os._exit(SETUP_FAILED)
-        if not data:
-            os._exit(0)  # the zygote is gone before this runner was used
-        req = json.loads(data)
-        try:
-            _become_program(req, fds)
-        except Exception as exc:
-            _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
-            os._exit(SETUP_FAILED)
-        link.detach()
-        return req
-    link.close()
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            os._exit(SETUP_FAILED)
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)
+    if not data:
+        os._exit(0)  # the zygote is gone before this runner was used
+    req = json.loads(data)
+    try:
+        _become_program(req, fds)
+    except Exception as exc:
+        _send(link, {"error": f"sandbox set-up failed: {exc!r}"})
+        os._exit(SETUP_FAILED)
+    link.detach()
+    return req
 
 
 def _send(sock, message):
@@ -317,9 +310,9 @@ class Zygote:
         self.poller.register(self.ctl.fileno(), select.POLLIN)
 
     def spawn_runner(self, spawn, cgroup_fds):
-        """Fork one runner; in the runner's program this returns its request (else None)."""
+        """Clone one runner; in the runner this returns its request (else None)."""
         mine, link = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        pid = _clone_runner()
         if pid == 0:
             for sock in [self.ctl, mine, *(r[2] for r in self.idle.values())]:
                 sock.close()
@@ -379,6 +372,7 @@ class Zygote:
         _, status, usage = os.wait4(pid, 0)
         os.close(pidfd)
         code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code  # a signal death, as bwrap reports it
         if pidfd in self.busy:
             run_id, _, link = self.busy.pop(pidfd)
             error = self._pending_error(link)
