@@ -378,13 +378,24 @@ class ForkServer:
         else:
             runner = self._spawn(z)
             z.idle.pop(runner.key)
-        with contextlib.suppress(ForkFailed):
-            self._top_up(z)
         return runner
 
     async def fork(self, runner: Runner, request: dict[str, Any], fds: list[int]) -> ForkedRun:
+        """Hand the run to its runner, then top the idle runners up: the zygote serves its
+        messages in order, so a spawn sent first (a clone into fresh namespaces, ~1 ms) would
+        sit on the run's critical path."""
         runner.used = True
-        return await runner.zygote.fork(runner, next(self._ids), request, fds)
+        try:
+            return await runner.zygote.fork(runner, next(self._ids), request, fds)
+        finally:
+            self.top_up()
+
+    def top_up(self) -> None:
+        """Bring the current zygote back to `prefork` idle runners (if it is healthy)."""
+        z = self.current
+        if z is not None and z.alive and self.available:
+            with contextlib.suppress(ForkFailed):
+                self._top_up(z)
 
     def give_back(self, runner: Runner) -> None:
         """A runner taken for a run that never started: idle again (or freed with its zygote)."""
@@ -392,6 +403,7 @@ class ForkServer:
             runner.zygote.idle[runner.key] = runner
         elif runner.slot is not None:
             self.cgroups.release(runner.slot)
+        self.top_up()
 
     def run_ended(self) -> None:
         """A run's result is in: retired zygotes with nothing in flight can go."""
