@@ -4,6 +4,7 @@
   from the zygote as started fresh (`python3 main.py` in a warm bwrap sandbox);
 - nothing of one forked run is visible to the next;
 - `/v1/run_tests` with many cases forks every case from one zygote;
+- a run is one process: PID 1 of its namespace, the zygote's own child (no runner in between);
 - the zygote is replaced after `fork_server_max_forks` forks and when it dies, and the mode is
   reported in the status (warm spawn when the fork server is off).
 """
@@ -176,6 +177,21 @@ async def test_run_tests_forks_every_case_from_one_zygote(bwrap_path: str) -> No
     assert response.passed == 60, response
     assert after["forks"] - before["forks"] == 60
     assert after["zygotes_started"] == before["zygotes_started"] == 1
+
+
+async def test_a_run_is_one_process_cloned_by_the_zygote(forking) -> None:
+    zygote = forking.fork_server.current
+    assert zygote is not None
+    for _ in range(100):  # the idle runners are cloned in the background
+        if zygote.idle and all(r.pid for r in zygote.idle.values()):
+            break
+        await asyncio.sleep(0.05)
+    zygote_pid = int(Path(f"/proc/{zygote.proc.pid}/task/{zygote.proc.pid}/children").read_text())
+    for runner in zygote.idle.values():  # each waits alone: no program forked under it
+        assert Path(f"/proc/{runner.pid}/task/{runner.pid}/children").read_text().split() == []
+        assert f"PPid:\t{zygote_pid}\n" in Path(f"/proc/{runner.pid}/status").read_text()
+    r = await run(forking, "import os\nprint(os.getpid(), os.getppid())\n")
+    assert r.stdout == "1 0\n", r  # PID 1, its parent (the zygote) outside its namespace
 
 
 async def test_zygote_is_replaced_after_max_forks(bwrap_path: str) -> None:
