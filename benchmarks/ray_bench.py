@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,7 +51,6 @@ def _ray_config(nodes: int) -> dict[str, Any]:
         {
             "ray": {
                 "http_port": RAY_PORT,
-                "proxy_location": "HeadOnly",
                 "gateway": {"num_cpus": 0, "resources": {"node_head": 0.01}},
                 "sandbox": {
                     "num_cpus": 1,
@@ -107,9 +107,50 @@ def _in_ns(cluster: NetnsCluster, argv: list[str], timeout: float = 600) -> str:
 def _measure(
     cluster: NetnsCluster, port: int, callers: int, seconds: float, tool: str = "sandbox"
 ) -> dict[str, Any]:
+    """One load run, with the CPU each kind of process spent per answered call."""
     argv = [sys.executable, "-m", "benchmarks.ray_bench", "load", f"http://127.0.0.1:{port}",
             "--callers", str(callers), "--seconds", str(seconds), "--tool", tool]  # fmt: skip
-    return json.loads(_in_ns(cluster, argv).strip().splitlines()[-1])
+    before = _cpu_by_group(cluster)
+    result = json.loads(_in_ns(cluster, argv).strip().splitlines()[-1])
+    after = _cpu_by_group(cluster)
+    calls = max(result["ok"], 1)
+    result["cpu_ms_per_call"] = {
+        group: round((after[group] - before.get(group, 0.0)) * 1000 / calls, 3) for group in after
+    }
+    return result
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+# Processes of the nodes' namespaces by what they are. The load generator is left out, and so
+# are the sandboxed programs (their own namespaces): the same work on both paths.
+_GROUPS = (
+    ("toolenv serve --port", "local_gateway"),
+    ("ray::ServeReplica:toolenv:gateway", "ray_gateway"),
+    ("ray::ServeReplica:toolenv:sandbox", "ray_sandbox"),
+    ("ray::ServeReplica:toolenv:emulators", "ray_emulators"),
+    ("benchmarks.ray_bench load", None),
+)
+
+
+def _cpu_by_group(cluster: NetnsCluster) -> dict[str, float]:
+    """CPU seconds (user + system) so far of every process in the nodes' namespaces, summed by
+    group; Ray's own processes (GCS, raylets, Serve controller, agents) are `ray_system`."""
+    out: dict[str, float] = {}
+    for node in range(len(cluster.nodes)):
+        for pid in cluster.pids(node):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            group: str | None = "ray_system"
+            for marker, name in _GROUPS:
+                if marker in cmdline:
+                    group = name
+                    break
+            if group is not None:
+                out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+    return out
 
 
 def _deploy(cluster: NetnsCluster, config: dict[str, Any], workdir: Path) -> None:
@@ -144,7 +185,21 @@ def _rounds(cluster: NetnsCluster, rounds: int, seconds: float, local: bool) -> 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("runs_per_s", "p50_ms", "p99_ms")
-    return {k: round(statistics.median(r[k] for r in runs), 2) for k in keys} | {"runs": runs}
+    out = {k: round(statistics.median(r[k] for r in runs), 2) for k in keys}
+    groups = {g for r in runs for g in r["cpu_ms_per_call"]}
+    out["cpu_ms_per_call"] = {
+        g: round(statistics.median(r["cpu_ms_per_call"].get(g, 0.0) for r in runs), 2)
+        for g in sorted(groups)
+    }
+    return out | {"runs": runs}
+
+
+def _path_cpu(measured: dict[str, Any], local: bool) -> float:
+    """CPU per call of one path: the local gateway process, or every Ray process."""
+    cpu = measured["cpu_ms_per_call"]
+    if local:
+        return round(cpu.get("local_gateway", 0.0), 2)
+    return round(sum(v for g, v in cpu.items() if g != "local_gateway"), 2)
 
 
 def bench(seconds: float, rounds: int, console: Console) -> dict[str, Any]:
@@ -190,6 +245,11 @@ def bench(seconds: float, rounds: int, console: Console) -> dict[str, Any]:
         "ray_search_calls_per_s": one["ray_search"]["runs_per_s"],
         "local_search_p50_ms": one["local_search"]["p50_ms"],
         "ray_search_p50_ms": one["ray_search"]["p50_ms"],
+        "local_cpu_ms_per_call": _path_cpu(one["local_conc"], local=True),
+        "ray_1node_cpu_ms_per_call": _path_cpu(one["ray_conc"], local=False),
+        "ray_2nodes_cpu_ms_per_call": _path_cpu(two["ray_conc"], local=False),
+        "local_search_cpu_ms_per_call": _path_cpu(one["local_search"], local=True),
+        "ray_search_cpu_ms_per_call": _path_cpu(one["ray_search"], local=False),
     }  # fmt: skip
     return report
 
@@ -199,30 +259,40 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
     table = Table(
         title=f"sandbox print(1): Ray gateway vs local gateway (same run, {CALLERS} callers)"
     )
-    for col in ("set-up", "p50 sequential", "runs/s", "vs local"):
+    for col in ("set-up", "p50 sequential", "runs/s", "vs local", "path CPU/call"):
         table.add_column(col)
     one, two = report["one_node"], report["two_nodes"]
     table.add_row(
-        "local gateway", f"{s['local_p50_ms']:.2f} ms", f"{s['local_runs_per_s']:.1f}", "1.00"
+        "local gateway",
+        f"{s['local_p50_ms']:.2f} ms",
+        f"{s['local_runs_per_s']:.1f}",
+        "1.00",
+        f"{s['local_cpu_ms_per_call']:.2f} ms",
     )
     table.add_row(
         "Ray, 1 node",
         f"{s['ray_p50_ms']:.2f} ms",
         f"{s['ray_1node_runs_per_s']:.1f}",
         f"{s['ray_1node_ratio']:.2f}",
+        f"{s['ray_1node_cpu_ms_per_call']:.2f} ms",
     )
     table.add_row(
         "Ray, 2 nodes",
         f"{two['ray_seq']['p50_ms']:.2f} ms",
         f"{s['ray_2nodes_runs_per_s']:.1f}",
         f"{s['ray_2nodes_ratio']:.2f}",
+        f"{s['ray_2nodes_cpu_ms_per_call']:.2f} ms",
     )
     console.print(table)
     console.print(f"p50 overhead Ray adds per call: {s['ray_p50_overhead_ms']:.2f} ms (target <= 2 ms)"
                   f"; local p99 {one['local_seq']['p99_ms']:.1f} ms, Ray p99 {one['ray_seq']['p99_ms']:.1f} ms")  # fmt: skip
+    console.print("Ray path CPU per call by process (16 callers, 1 node): "
+                  + ", ".join(f"{g} {v:.2f} ms" for g, v in one["ray_conc"]["cpu_ms_per_call"].items()
+                              if g != "local_gateway"))  # fmt: skip
     console.print(f"zero-delay search, {CALLERS} callers (the path's own cost): local "
                   f"{s['local_search_calls_per_s']:.0f} calls/s p50 {s['local_search_p50_ms']:.1f} ms; "
-                  f"Ray {s['ray_search_calls_per_s']:.0f} calls/s p50 {s['ray_search_p50_ms']:.1f} ms")  # fmt: skip
+                  f"Ray {s['ray_search_calls_per_s']:.0f} calls/s p50 {s['ray_search_p50_ms']:.1f} ms; CPU/call local "
+                  f"{s['local_search_cpu_ms_per_call']:.2f} ms, Ray {s['ray_search_cpu_ms_per_call']:.2f} ms")  # fmt: skip
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:

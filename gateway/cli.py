@@ -27,14 +27,15 @@ def build_cli() -> typer.Typer:
     return cli
 
 
-def run(gateway: FastAPI, settings: GatewaySettings) -> None:
-    """Serve a built gateway app where its settings say, until SIGINT/SIGTERM."""
-    setup_logging(settings.log_level)
-    uvicorn.run(
+def uvicorn_config(
+    gateway: FastAPI, settings: GatewaySettings, host: str | None = None, port: int | None = None
+) -> uvicorn.Config:
+    """How a built gateway app is served: here (`run`) and inside a Ray replica (`toolenv.ray`)."""
+    return uvicorn.Config(
         gateway,
         http=lane_protocol(state_of_app(gateway)),  # the hot routes served on the connection
-        host=settings.host,
-        port=settings.port,
+        host=settings.host if host is None else host,
+        port=settings.port if port is None else port,
         log_level=settings.log_level,
         lifespan="on",
         access_log=False,
@@ -44,6 +45,18 @@ def run(gateway: FastAPI, settings: GatewaySettings) -> None:
         # the tools. A second signal stops at once.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
+
+
+def run(gateway: FastAPI, settings: GatewaySettings) -> None:
+    """Serve a built gateway app where its settings say, until SIGINT/SIGTERM."""
+    setup_logging(settings.log_level)
+    server = uvicorn.Server(uvicorn_config(gateway, settings))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:
+        raise SystemExit(3)  # could not start (port taken, a tool failed): as `uvicorn.run` does
 
 
 def trace_to_multiturn(

@@ -10,7 +10,7 @@ per replica against `target_ongoing_requests`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -89,11 +89,10 @@ class RaySettings(ServiceSettings):
         default=None, description='cluster address ("auto", "HOST:PORT"); None: a local cluster'
     )
     app_name: str = "toolenv"
-    http_host: str = Field(default="127.0.0.1", description="where Ray Serve's HTTP proxy binds")
-    http_port: int = Field(default=8000, ge=1, le=65535)
-    proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
-        default="EveryNode", description="one HTTP proxy per node (put a load balancer in front)"
+    http_host: str = Field(
+        default="127.0.0.1", description="where each gateway replica listens, on its node"
     )
+    http_port: int = Field(default=8000, ge=1, le=65535)
     gateway: ReplicaConfig = Field(
         default_factory=lambda: ReplicaConfig(num_cpus=0.5, max_ongoing_requests=4096)
     )

@@ -72,11 +72,11 @@ def serve(
         str | None,
         typer.Option(
             "--ray",
-            flag_value="local",
-            help="Serve on Ray: the gateway as a Serve ingress, sandboxd and the emulators as "
-            "Serve deployments. ADDRESS: a cluster (`auto`, HOST:PORT); no value: a local one. "
-            "Binds the ray section's http_host:http_port (--port overrides). See docs/ray.md.",
-            metavar="[ADDRESS]",
+            help="Serve on Ray: the gateway, sandboxd and the emulators as Serve deployments. "
+            "ADDRESS: a cluster (`auto`, HOST:PORT), or `local` to start one on this machine. "
+            "The gateway replicas bind the ray section's http_host:http_port (--port "
+            "overrides). See docs/ray.md.",
+            metavar="ADDRESS",
         ),
     ] = None,
     detach: Annotated[

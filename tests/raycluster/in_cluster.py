@@ -46,8 +46,9 @@ async def load(args: argparse.Namespace) -> list[dict]:
                 status, text = resp.status_code, resp.text
                 node = resp.headers.get("x-toolenv-node")
                 replica = resp.headers.get("x-toolenv-replica")
+                request_ids = resp.headers.get_list("x-request-id")
             except httpx.HTTPError as exc:
-                status, text, node, replica = 0, repr(exc), None, None
+                status, text, node, replica, request_ids = 0, repr(exc), None, None, []
             results.append(
                 {
                     "i": i,
@@ -56,6 +57,7 @@ async def load(args: argparse.Namespace) -> list[dict]:
                     "elapsed_s": time.monotonic() - started,
                     "node": node,
                     "replica": replica,
+                    "request_ids": request_ids,
                     "body": text[:8000],
                     "retry_after": resp.headers.get("retry-after") if status else None,
                 }

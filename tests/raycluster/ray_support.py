@@ -28,7 +28,6 @@ BASE_CONFIG: dict[str, Any] = {
     "ray": {
         "app_name": APP,
         "http_port": 8000,
-        "proxy_location": "HeadOnly",
         # the ingress stays on the head: the node that dies is a sandbox node
         "gateway": {"num_cpus": 0, "resources": {"node_head": 0.01}},
         "sandbox": {

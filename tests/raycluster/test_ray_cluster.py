@@ -69,6 +69,9 @@ def test_load_reaches_sandbox_replicas_on_both_nodes(ray_env: RayEnv) -> None:
     nodes = {r["node"].split("/")[0] for r in results}
     assert nodes == {ray_env.head_ip, ray_env.worker_ip}
     assert len({r["replica"] for r in results}) == 2
+    # one request id per answer (the gateway's), with no second one added on the way
+    assert all(len(r["request_ids"]) == 1 for r in results), results[0]["request_ids"]
+    assert len({r["request_ids"][0] for r in results}) == 24
 
 
 def test_deadline_is_forwarded_and_the_replica_kills_the_program(ray_env: RayEnv) -> None:

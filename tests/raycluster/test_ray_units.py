@@ -46,7 +46,7 @@ def test_gateway_and_cli_need_no_ray() -> None:
         "import sys; sys.modules['ray'] = None\n"
         "import gateway.app, toolenv.cli\n"
         "from typer.testing import CliRunner\n"
-        "r = CliRunner().invoke(toolenv.cli.build_app(), ['serve', '--ray', '--detach'])\n"
+        "r = CliRunner().invoke(toolenv.cli.build_app(), ['serve', '--ray', 'auto', '--detach'])\n"
         "print(r.exit_code, r.output)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

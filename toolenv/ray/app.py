@@ -1,13 +1,19 @@
-"""The Ray Serve application: the gateway ingress bound to the sandbox and emulator deployments.
+"""The Ray Serve application: the gateway deployment bound to the sandbox and emulator ones.
 
 `build_application` takes settings objects (the CLI loads them once); `build` is the
 `serve run toolenv.ray:build [config=FILE]` entry point. Settings travel to the replicas as
 values, so the nodes need no config file.
+
+The gateway replicas serve HTTP themselves (`ingress.GatewayServer`), so the application has
+no Serve route and Serve runs no HTTP proxy. Every replica runs its code on the replica's own
+event loop, and a handle's router on its caller's loop (`REPLICA_ENV`, Serve's documented
+switches): otherwise each call crosses two threads on each side of a handle call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from ray import serve
@@ -17,10 +23,10 @@ from ray.serve.handle import DeploymentHandle
 from emulators.settings import EmulatorSettings
 from gateway.settings import GatewaySettings
 from sandboxd.settings import SandboxSettings
-from toolenv.ray_settings import RaySettings
+from toolenv.ray_settings import RaySettings, ReplicaConfig
 from toolenv_core.config import read_sections
 
-from .ingress import GatewayIngress
+from .ingress import GatewayServer
 from .replicas import ServiceReplica
 
 
@@ -46,6 +52,24 @@ class RayStack:
         )
 
 
+# Set in every replica's process (runtime_env): user code and handle routers on the replica's
+# main event loop, no thread hop per call. A replica's code must then not block its loop; ours
+# is asyncio throughout.
+REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+}
+# Serve's per-request access log is a log record per call in every replica it crosses.
+LOGGING = {"enable_access_log": False}
+
+
+def _options(config: ReplicaConfig) -> dict[str, Any]:
+    options = config.deployment_options()
+    options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(REPLICA_ENV)}
+    options["logging_config"] = dict(LOGGING)
+    return options
+
+
 def build_application(stack: RayStack) -> Application:
     r = stack.ray
     # A sandbox replica runs as many programs as it takes calls: Ray's queue holds the rest
@@ -55,17 +79,13 @@ def build_application(stack: RayStack) -> Application:
         "max_concurrency": r.sandbox.max_ongoing_requests,
         "queue_size": r.sandbox.max_ongoing_requests,  # calls still unwinding after a cancel
     }
-    sandbox = serve.deployment(ServiceReplica, name="sandbox").options(
-        **r.sandbox.deployment_options()
-    )
-    emulators = serve.deployment(ServiceReplica, name="emulators").options(
-        **r.emulators.deployment_options()
-    )
-    gateway = serve.deployment(GatewayIngress, name="gateway").options(
-        **r.gateway.deployment_options()
-    )
+    sandbox = serve.deployment(ServiceReplica, name="sandbox").options(**_options(r.sandbox))
+    emulators = serve.deployment(ServiceReplica, name="emulators").options(**_options(r.emulators))
+    gateway = serve.deployment(GatewayServer, name="gateway").options(**_options(r.gateway))
     return gateway.bind(
         stack.gateway.model_dump(),
+        r.http_host,
+        r.http_port,
         sandbox.bind("sandbox", sandbox_values),
         emulators.bind("emulators", stack.emulators.model_dump()),
     )
@@ -77,12 +97,11 @@ def build(args: dict[str, str]) -> Application:
 
 
 def deploy(stack: RayStack) -> DeploymentHandle:
-    """Connect (or start a local cluster), start Serve's HTTP proxies, run the application."""
+    """Connect (or start a local cluster), start Serve without its HTTP proxies (the gateway
+    replicas serve HTTP), run the application."""
     r = stack.ray
     if not ray.is_initialized():
-        ray.init(address=r.address, log_to_driver=False)
-    serve.start(
-        proxy_location=r.proxy_location,
-        http_options={"host": r.http_host, "port": r.http_port},
-    )
-    return serve.run(build_application(stack), name=r.app_name, route_prefix="/")
+        # None: a new local cluster ("local"), never one found running on this machine
+        ray.init(address=r.address or "local", log_to_driver=False)
+    serve.start(proxy_location="Disabled")
+    return serve.run(build_application(stack), name=r.app_name, route_prefix=None)

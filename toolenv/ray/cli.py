@@ -13,13 +13,17 @@ from rich.console import Console
 
 from .app import RayStack, deploy
 
-LOCAL = "local"  # `--ray` given without an address: start a local cluster
+LOCAL = "local"  # `--ray local`: start a local cluster (Ray's own name for one)
 
 
 def run_on_ray(
     address: str, config_file: str | None, port: int | None, detach: bool, ready_timeout_s: float
 ) -> None:
     console = Console(stderr=True)
+    if detach and address == LOCAL:
+        # A local cluster started by this command ends with it: nothing would stay deployed.
+        console.print("[red]--detach needs a running cluster[/] (`--ray auto` or HOST:PORT)")
+        raise typer.Exit(2)
     stack = RayStack.load(config_file, address=None if address == LOCAL else address)
     if port is not None:
         stack.ray = stack.ray.model_copy(update={"http_port": port})

@@ -77,7 +77,9 @@ class NetnsCluster:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> NetnsCluster:
+    def start(self, ray: bool = True) -> NetnsCluster:
+        """The namespaces, then `ray start` on each node (`ray=False`: the namespaces only, for
+        a process that starts a cluster of its own inside the head's)."""
         if os.geteuid() != 0:
             raise ClusterError("a namespaced Ray cluster needs root (network namespaces)")
         if shutil.which("ip") is None:
@@ -85,7 +87,7 @@ class NetnsCluster:
         names = ["head", *(f"w{i}" for i in range(1, self.workers + 1))]
         try:
             self._network(names)
-            for node in self.nodes:
+            for node in self.nodes if ray else ():
                 self._ray_start(node)
         except BaseException:
             self.stop()

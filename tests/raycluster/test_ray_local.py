@@ -1,0 +1,69 @@
+"""`toolenv serve --ray local`: it starts a local cluster (`ray.init()`), serves, and
+Ctrl-C deletes the application and stops that cluster. Run in a network namespace of its own
+(its own loopback and ports), so it meets no other Ray on the machine."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from toolenv.ray.netns import NetnsCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.bwrap, pytest.mark.timeout(300)]
+
+HELPER = Path(__file__).with_name("in_cluster.py")
+URL = "http://127.0.0.1:8000"
+CONFIG = {
+    "ray": {
+        "gateway": {"num_cpus": 0},
+        "sandbox": {"num_cpus": 0.5, "max_ongoing_requests": 2},
+        "emulators": {"num_cpus": 0},
+    },
+    "sandbox": {"warm_sandboxes": 1},
+}
+
+
+def test_serve_ray_local_starts_and_stops_a_local_cluster(tmp_path: Path) -> None:
+    ns = NetnsCluster(workers=0).start(ray=False)
+    try:
+        config = tmp_path / "local.yaml"
+        config.write_text(yaml.safe_dump(CONFIG))
+        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
+        server = subprocess.Popen(ns.exec_argv(argv), env=ns.env(), stderr=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        # ready once `--ray` prints that it serves (it waits for /readyz itself)
+        assert server.stderr is not None
+        end, said = time.monotonic() + 200, ""
+        while "serving on Ray" not in said and server.poll() is None and time.monotonic() < end:
+            said += server.stderr.readline()
+        assert "serving on Ray" in said, said[-3000:]
+        threading.Thread(target=server.stderr.read, daemon=True).start()  # keep the pipe drained
+
+        def helper(*args: str) -> list[dict]:
+            done = subprocess.run(ns.exec_argv([sys.executable, str(HELPER), *args]),
+                                  env=ns.env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-2000:]
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        results = helper("load", URL, "--calls", "4", "--concurrency", "2")
+        assert [r["status"] for r in results] == [200] * 4, results[0]
+        assert all(r["replica"].startswith("sandbox#") for r in results)
+        assert all(len(r["request_ids"]) == 1 for r in results)
+
+        server.send_signal(signal.SIGINT)  # the foreground command: Ctrl-C
+        assert server.wait(120) == 0
+        # the application and the cluster the command started are gone with it
+        end = time.monotonic() + 30
+        while ns.pids(0) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert ns.pids(0) == []
+    finally:
+        ns.stop()
