@@ -1,4 +1,5 @@
-"""The Ray wiring without a cluster: config to deployment options, and no Ray needed otherwise."""
+"""The Ray wiring without a cluster: config to deployment options, the gateway replicas' socket,
+the CLI's checks, and no Ray needed outside `--ray`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
+from toolenv.cli import build_app
+from toolenv.ray.app import REPLICA_ENV, replica_options
+from toolenv.ray.ingress import listen_socket
 from toolenv.ray_settings import RaySettings, ReplicaConfig
 
 
@@ -52,3 +57,30 @@ def test_gateway_and_cli_need_no_ray() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("2 ") and "pip install 'toolenv[ray]'" in done.stdout
+
+
+def test_replicas_run_on_their_own_loop_without_access_logs() -> None:
+    opts = replica_options(ReplicaConfig(num_cpus=0.5))
+    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": REPLICA_ENV}
+    assert REPLICA_ENV["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    assert REPLICA_ENV["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
+    assert opts["logging_config"] == {"enable_access_log": False}
+
+
+def test_gateway_replicas_share_their_port() -> None:
+    """A replacement gateway replica binds beside the one it replaces (SO_REUSEPORT)."""
+    first = listen_socket("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    first.listen()
+    second = listen_socket("127.0.0.1", port)
+    second.listen()
+    assert second.getsockname()[1] == port
+    first.close()
+    second.close()
+
+
+def test_detach_with_a_local_cluster_is_refused() -> None:
+    """A local cluster ends with the command that started it: nothing would stay deployed."""
+    result = CliRunner().invoke(build_app(), ["serve", "--ray", "local", "--detach"])
+    assert result.exit_code == 2
+    assert "--detach needs a running cluster" in result.output

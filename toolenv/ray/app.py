@@ -63,7 +63,8 @@ REPLICA_ENV = {
 LOGGING = {"enable_access_log": False}
 
 
-def _options(config: ReplicaConfig) -> dict[str, Any]:
+def replica_options(config: ReplicaConfig) -> dict[str, Any]:
+    """A deployment's Serve options: its replica config, our replica env and logging."""
     options = config.deployment_options()
     options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(REPLICA_ENV)}
     options["logging_config"] = dict(LOGGING)
@@ -79,9 +80,9 @@ def build_application(stack: RayStack) -> Application:
         "max_concurrency": r.sandbox.max_ongoing_requests,
         "queue_size": r.sandbox.max_ongoing_requests,  # calls still unwinding after a cancel
     }
-    sandbox = serve.deployment(ServiceReplica, name="sandbox").options(**_options(r.sandbox))
-    emulators = serve.deployment(ServiceReplica, name="emulators").options(**_options(r.emulators))
-    gateway = serve.deployment(GatewayServer, name="gateway").options(**_options(r.gateway))
+    sandbox = serve.deployment(ServiceReplica, name="sandbox").options(**replica_options(r.sandbox))
+    emulators = serve.deployment(ServiceReplica, name="emulators").options(**replica_options(r.emulators))
+    gateway = serve.deployment(GatewayServer, name="gateway").options(**replica_options(r.gateway))
     return gateway.bind(
         stack.gateway.model_dump(),
         r.http_host,
