@@ -81,7 +81,9 @@ def build_application(stack: RayStack) -> Application:
         "queue_size": r.sandbox.max_ongoing_requests,  # calls still unwinding after a cancel
     }
     sandbox = serve.deployment(ServiceReplica, name="sandbox").options(**replica_options(r.sandbox))
-    emulators = serve.deployment(ServiceReplica, name="emulators").options(**replica_options(r.emulators))
+    emulators = serve.deployment(ServiceReplica, name="emulators").options(
+        **replica_options(r.emulators)
+    )
     gateway = serve.deployment(GatewayServer, name="gateway").options(**replica_options(r.gateway))
     return gateway.bind(
         stack.gateway.model_dump(),
