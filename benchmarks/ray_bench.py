@@ -100,7 +100,8 @@ def _in_ns(cluster: NetnsCluster, argv: list[str], timeout: float = 600) -> str:
     done = subprocess.run(cluster.exec_argv(argv), env=cluster.env(), capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]}")
+        said = [ln for ln in done.stderr.splitlines() if "Warning" not in ln and "Field(" not in ln]
+        raise RuntimeError(f"{argv[:4]} failed: " + "\n".join(said)[-4000:])
     return done.stdout
 
 

@@ -37,7 +37,10 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(tmp_path: Path) -> Non
         config = tmp_path / "local.yaml"
         config.write_text(yaml.safe_dump(CONFIG))
         argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
-        server = subprocess.Popen(ns.exec_argv(argv), env=ns.env(), stderr=subprocess.PIPE,
+        # Ray's defaults for a local cluster (token auth on), with the token it writes in a home
+        # of this test's own rather than in ~/.ray, where every later `ray start` would see it.
+        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
+        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE,
                                   text=True)  # fmt: skip
         # ready once `--ray` prints that it serves (it waits for /readyz itself)
         assert server.stderr is not None

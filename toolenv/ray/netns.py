@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RAY_PORT = 6390  # away from Ray's default worker ports (10002-19999)
-_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
+# Token auth off, whatever ~/.ray holds: Ray 2.60 turns it on for `ray start` as soon as a token
+# file exists (a local `ray.init()` writes one), and drivers would then fail to connect.
+_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
+    "RAY_AUTH_MODE": "disabled",
+}
 # Fast failure detection: a dead node is declared dead in about 2 s instead of about 15 s.
 SYSTEM_CONFIG = {
     "health_check_initial_delay_ms": 1000,
