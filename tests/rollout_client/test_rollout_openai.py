@@ -31,6 +31,9 @@ def vllm_server(vllm_module, tiny_model_dir: Path) -> Iterator[ServerProcess]:
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
         "--enforce-eager", "--block-size", "32", "--max-num-seqs", "16", "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
+        # vLLM reserves this share of the NUMA node's memory and refuses to start when less is free
+        # (default 0.92); the tiny model needs a fraction of it.
+        "--gpu-memory-utilization", "0.5",
     ]  # fmt: skip
     server = ServerProcess(argv, f"http://127.0.0.1:{port}").start("/health", timeout=300)
     yield server
