@@ -31,7 +31,19 @@ CONFIG = {
 }
 
 
-def test_serve_ray_local_starts_and_stops_a_local_cluster(tmp_path: Path) -> None:
+def _ignore_sigint() -> None:
+    """What a background job of a non-interactive shell inherits: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("stop_signal", "started_with_sigint_ignored"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["ctrl-c-from-a-background-job", "sigterm"],
+)
+def test_serve_ray_local_starts_and_stops_a_local_cluster(
+    tmp_path: Path, stop_signal: signal.Signals, started_with_sigint_ignored: bool
+) -> None:
     ns = NetnsCluster(workers=0).start(ray=False)
     try:
         config = tmp_path / "local.yaml"
@@ -40,8 +52,8 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(tmp_path: Path) -> Non
         # Ray's defaults for a local cluster (token auth on), with the token it writes in a home
         # of this test's own rather than in ~/.ray, where every later `ray start` would see it.
         env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
-        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE,
-                                  text=True)  # fmt: skip
+        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=_ignore_sigint if started_with_sigint_ignored else None)  # fmt: skip
         # ready once `--ray` prints that it serves (it waits for /readyz itself)
         assert server.stderr is not None
         end, said = time.monotonic() + 200, ""
@@ -61,7 +73,7 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(tmp_path: Path) -> Non
         assert all(r["replica"].startswith("sandbox#") for r in results)
         assert all(len(r["request_ids"]) == 1 for r in results)
 
-        server.send_signal(signal.SIGINT)  # the foreground command: Ctrl-C
+        server.send_signal(stop_signal)  # the foreground command: Ctrl-C, or `kill`
         assert server.wait(120) == 0
         # the application and the cluster the command started are gone with it
         end = time.monotonic() + 30

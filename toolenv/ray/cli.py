@@ -3,6 +3,8 @@ the foreground like `serve run` (Ctrl-C deletes the application) unless `--detac
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
 import httpx
@@ -41,13 +43,25 @@ def run_on_ray(
     )
     if detach:
         return
+    wait_for_stop_signal()
+    console.print("deleting the application")
+    serve.delete(stack.ray.app_name)
+    ray.shutdown()
+
+
+def wait_for_stop_signal() -> None:
+    """Block until SIGINT or SIGTERM. The handlers are installed explicitly, as uvicorn does, so
+    Ctrl-C and `kill` both clean up even when the command was started with SIGINT ignored (a
+    background job of a non-interactive shell), where Python raises no KeyboardInterrupt."""
+    stop = threading.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        console.print("deleting the application")
-        serve.delete(stack.ray.app_name)
-        ray.shutdown()
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def wait_ready(url: str, timeout_s: float) -> str | None:
