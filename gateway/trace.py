@@ -38,12 +38,7 @@ class TraceWriter:
         # Batches at most this often: each hand-over to the thread costs a wake-up (and the GIL
         # going back and forth), which per call would cost more than the record.
         self.flush_interval_s = flush_interval_s
-        self.max_pending = max_pending
-        # A plain list, swapped whole by the writer (an asyncio.Queue costs a few Python calls per
-        # put on every call's path); `_wake` is set only while the writer waits on an empty list.
-        self._pending: list[dict[str, Any]] = []
-        self._wake: asyncio.Future[None] | None = None
-        self._closing = False
+        self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=max_pending)
         self._task: asyncio.Task[None] | None = None
         self.dropped = 0
         self.invalid = 0
@@ -56,31 +51,25 @@ class TraceWriter:
     def record(self, fields: dict[str, Any]) -> None:
         """Queue one call's `ToolCallRecord` fields (never blocks; a full queue drops and counts
         rather than stall calls)."""
-        pending = self._pending
-        if len(pending) >= self.max_pending:
+        try:
+            self._queue.put_nowait(fields)
+        except asyncio.QueueFull:
             self.dropped += 1
-            return
-        pending.append(fields)
-        wake = self._wake
-        if wake is not None:
-            self._wake = None
-            if not wake.done():
-                wake.set_result(None)
 
     async def _run(self) -> None:
         handle = await anyio.to_thread.run_sync(lambda: self.path.open("a", encoding="utf-8"))
-        loop = asyncio.get_running_loop()
         try:
-            while True:
-                if not self._pending and not self._closing:
-                    self._wake = loop.create_future()
-                    await self._wake
-                calls, self._pending = self._pending, []
+            stop = False
+            while not stop:
+                batch = [await self._queue.get()]
+                while not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                if None in batch:
+                    stop = True
+                calls = [fields for fields in batch if fields is not None]
                 if calls:
                     await anyio.to_thread.run_sync(self._write, handle, calls)
-                if self._closing and not self._pending:
-                    break
-                if not self._closing:
+                if not stop:
                     await asyncio.sleep(self.flush_interval_s)
         finally:
             await anyio.to_thread.run_sync(handle.close)
@@ -104,10 +93,7 @@ class TraceWriter:
     async def close(self) -> None:
         if self._task is None:
             return
-        self._closing = True
-        wake, self._wake = self._wake, None
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+        await self._queue.put(None)
         try:
             await asyncio.wait_for(self._task, 10)
         except Exception as exc:  # never let shut-down hang on a stuck disk

@@ -217,33 +217,3 @@ async def measure_and_run(
         fitted,
         checked,
     )
-
-
-async def calibrate_and_run(
-    engine: Engine,
-    plan: CalibrationPlan,
-    *,
-    name: str,
-    vocab_size: int,
-    plans: list[TrajectoryPlan],
-    calibration: list[TrajectoryPlan],
-    batch: int,
-    tool_scale: float,
-    rounds: int = ROUNDS,
-) -> tuple[CostModel, Runs, Runs]:
-    """`measure_and_run` on an engine it starts and closes."""
-    await engine.start()
-    try:
-        return await measure_and_run(
-            engine,
-            plan,
-            name=name,
-            vocab_size=vocab_size,
-            plans=plans,
-            calibration=calibration,
-            batch=batch,
-            tool_scale=tool_scale,
-            rounds=rounds,
-        )
-    finally:
-        await engine.close()

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import optimize
 
 from .clock import now
 from .engines.base import Chunk, Engine, PrefixCacheStats
@@ -126,8 +127,6 @@ def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarr
 
 def fit_iterations(rows: np.ndarray, start: CostModel) -> CostModel:
     """Least squares of the iteration formula on measured iterations (coefficients >= 0)."""
-    from scipy import optimize
-
     if len(rows) < 8:
         raise ValueError(f"{len(rows)} iterations are too few to fit the cost model")
     design = np.c_[

@@ -86,7 +86,8 @@ def calibrate(
         if check is None:
             profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
         else:
-            from ..enginecheck import calibrate_and_run, compare, simulated_runs
+            from ..enginecheck import Runs, compare, measure_and_run, simulated_runs
+            from ..engines.costmodel import CostModel
             from ..workloads.replay import LengthScale, replay_plans
 
             n_check = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
@@ -101,9 +102,10 @@ def calibrate(
             status = Console(stderr=True).status(
                 f"calibrating, then {check_rounds} rounds of both workloads on the engine"
             )
-            with status:
-                profile, _, real = asyncio.run(
-                    calibrate_and_run(
+
+            async def measured() -> tuple[CostModel, Runs, Runs]:
+                async with eng:
+                    return await measure_and_run(
                         eng,
                         plan,
                         name=name,
@@ -114,7 +116,9 @@ def calibrate(
                         tool_scale=check_tool_scale,
                         rounds=check_rounds,
                     )
-                )
+
+            with status:
+                profile, _, real = asyncio.run(measured())
             rows = compare(
                 real,
                 simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+import uvloop
 import yaml
 from pydantic import ValidationError
 from scipy import stats
@@ -361,7 +362,6 @@ def test_the_stamping_protocol_marks_when_a_request_reached_the_process() -> Non
 def test_sleep_until_wakes_at_the_target_never_before_and_in_order() -> None:
     """Many sleepers at once, some abandoned: each wakes at or after its own target (the timerfd
     of this loop on Linux, whose millisecond-free wake-ups the emulators' timing relies on)."""
-    import uvloop
 
     async def main() -> tuple[list[float], list[float], bool]:
         loop = asyncio.get_running_loop()
