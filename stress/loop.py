@@ -40,6 +40,7 @@ import numpy as np
 import uvloop
 
 from toolenv_core.http1 import ERR_DROPPED, Endpoint
+from toolenv_core.timer import sleep_until
 
 from .http import LoadClient, Recorder, encode_body, encode_request
 from .result import LoadResult
@@ -171,6 +172,7 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
     dispatched = rec.dispatched
     max_in_flight = spec.max_in_flight
     spin = spec.spin_s
+    precise = spec.precise_sends
     sleep = asyncio.sleep
     monotonic = time.monotonic
     i = 0
@@ -187,7 +189,9 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
                 i += 1
             if i < n:
                 delay = sched[i] - monotonic()
-                if delay > spin:
+                if precise and delay > spin:
+                    await sleep_until(sched[i] - spin)
+                elif delay > spin:
                     await sleep(delay - spin)
                 elif delay > 0:
                     await sleep(0)  # poll I/O and come straight back: sub-ms send precision

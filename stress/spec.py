@@ -42,6 +42,11 @@ class LoadSpec:
       2..64; closed loop default: none, each caller connects on its first request).
     - `spin_s`: poll the loop instead of sleeping for the last `spin_s` before each send
       (0.001 gives sub-ms send precision at the price of a busy core; default 0: timers, ~1 ms).
+    - `precise_sends`: wake for each open-loop send from a timerfd (`toolenv_core.timer`, to the
+      microsecond) instead of the loop's millisecond timers, which send up to a millisecond late
+      (0.2-0.3 ms at the median at 1,000 rps): for measuring sub-ms timing. The wake-up itself
+      costs the loop's latency (~0.05-0.1 ms); with `spin_s=0.0001` as well (woken 0.1 ms early,
+      polled for the rest: ~10% of a core at 1,000 rps) sends leave a few us after schedule.
     """
 
     url: str
@@ -66,6 +71,7 @@ class LoadSpec:
     start_at: float | None = None
     preconnect: int | None = None
     spin_s: float = 0.0
+    precise_sends: bool = False
     capture_body_bytes: int = 0
 
     def validate(self) -> None:

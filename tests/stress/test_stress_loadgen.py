@@ -179,6 +179,17 @@ def test_workers_split_and_merge(zero_server: str) -> None:
     assert np.allclose(gaps, 1 / 200, atol=1e-6)  # interleaved into one evenly spaced stream
 
 
+def test_precise_sends_leave_on_schedule_not_a_loop_tick_late(zero_server: str) -> None:
+    """Open loop at 500 rps, Poisson: sends woken by the loop's millisecond timers lag their
+    schedule by a fraction of a millisecond at the median; woken by a timerfd 0.1 ms early and
+    polled for the rest, they leave within microseconds of it, and never before."""
+    spec = dict(url=zero_server + "/x", rate=500, duration_s=1.0, arrival="poisson", seed=3)
+    loop_timers = run_load(LoadSpec(**spec)).scheduling_error_ms
+    precise = run_load(LoadSpec(**spec, precise_sends=True, spin_s=0.0001)).scheduling_error_ms
+    assert precise.min() >= 0
+    assert np.median(precise) < 0.05 and np.median(precise) < 0.5 * np.median(loop_timers)
+
+
 def test_unbounded_or_bad_specs_are_refused() -> None:
     with pytest.raises(LoadSpecError, match="duration_s"):
         run_load(LoadSpec(url="http://127.0.0.1:1/", duration_s=0))
