@@ -149,8 +149,9 @@ async def play(
 ) -> Response:
     """Turn a draw into the reply, sent at the right moment and never after the deadline.
 
-    The handler wakes `pacer.lead_s` before the scheduled moment (the response path it measured),
-    so that the reply leaves at that moment; a delayed reply then reports its own lateness back.
+    The handler wakes `pacer.early_s` before the scheduled moment (the response path it measured,
+    plus the loop's intake latency before the request was stamped), so that the reply leaves at
+    that moment; a delayed reply then reports its own lateness back.
     """
     fault = draw.fault
     if isinstance(fault, ThrottleFault):
@@ -199,16 +200,27 @@ async def play(
             media_type="application/json",
             headers=outcome.headers(),
         )
-    lead = pacer.lead_s
-    woke = await sleep_until(target - lead)
-    outcome = Outcome(delay, woke - arrival, fault.type if fault else None, lead)
+    # the request reached its socket `intake_s` before it was stamped (the loop's own latency),
+    # and the reply takes `lead_s` from the wake-up to leave: wake by both early
+    due = target - min(pacer.intake_s, pacer.max_lead_s)  # when the reply should leave
+    early = pacer.early_s
+    wake_at = target - early
+    slept = wake_at > time.monotonic()
+    woke = await sleep_until(wake_at)
+    if slept:  # a real sleep: its overshoot is the loop's latency to a ready fd
+        pacer.observe_wake(woke - wake_at)
+    outcome = Outcome(delay, woke - arrival, fault.type if fault else None, early)
     if isinstance(fault, ErrorFault):
         status = fault.status
         data = _json_bytes({"detail": f"{fault.message} (injected error fault)"})
     else:
         status, data = 200, _json_bytes(body)
     return PacedResponse(
-        data, status_code=status, headers=outcome.headers(), pacer=pacer, target=target
+        data,
+        status_code=status,
+        headers=outcome.headers(),
+        pacer=pacer,
+        target=due,
     )
 
 

@@ -322,6 +322,26 @@ def test_the_pacer_wakes_by_the_median_response_path_and_stays_bounded() -> None
     assert pacer.lead_s == 0.0
 
 
+def test_the_pacer_learns_the_loops_intake_latency_and_caps_the_sum() -> None:
+    """Wake-ups that overshoot by ~U(30, 90) us: the intake estimate is their median, added to
+    the lead; the sum stays within `max_lead_s`, and pacing off (cap 0) adds nothing."""
+    rng = np.random.default_rng(5)
+    pacer = Pacer()
+    for _ in range(3000):
+        pacer.observe(0.0002 - pacer.lead_s)  # a 0.2 ms response path
+        pacer.observe_wake(rng.uniform(30e-6, 90e-6))
+    assert abs(pacer.intake_s - 60e-6) < 8e-6 and abs(pacer.lead_s - 0.0002) < 8e-6
+    assert abs(pacer.early_s - 0.00026) < 12e-6
+    for _ in range(5000):  # a stalled loop: each estimate capped, and so is their sum
+        pacer.observe(0.01)
+        pacer.observe_wake(0.01)
+    assert pacer.intake_s == pacer.lead_s == pacer.early_s == pacer.max_lead_s
+    off = Pacer(max_lead_s=0.0)
+    off.observe(0.001)
+    off.observe_wake(0.001)
+    assert off.early_s == 0.0
+
+
 def test_the_stamping_protocol_marks_when_a_request_reached_the_process() -> None:
     """A real uvicorn with the protocol `toolenv emulators serve` runs: each request's scope
     carries when its first byte was parsed, before the handler's own clock."""
