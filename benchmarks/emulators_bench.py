@@ -49,6 +49,7 @@ DEFAULT_TRACE = REPO.parent / "shared" / "polytrace" / "search_r1"
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 TARGETS_1000 = {"ks": 0.01, "quantile_rel_error": 0.02, "timer_error_p99_ms": 5.0, "dropped": 0}
 WARMUP_S = 2.0
+SEND_SPIN_S = 0.0001
 
 
 def emulator(profile_path: Path, pacing: bool = True) -> ServerProcess:
@@ -97,6 +98,11 @@ def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[
             timeout_s=30.0,
             capture_headers=[INJECTED_HEADER, TIMER_HEADER, LEAD_HEADER],
             workers=workers,
+            # sends woken by a timerfd 0.1 ms early, then polled: the loop's millisecond timers
+            # would send 0.2-0.3 ms late at the median, an error of the generator itself that
+            # latency counted from the planned send time would charge to the service
+            precise_sends=True,
+            spin_s=SEND_SPIN_S,
             # connections for the expected concurrency, opened before the clock starts
             preconnect=min(max_in_flight // workers, int(rate / workers * 0.6) + 16),
         )
@@ -125,6 +131,45 @@ def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[
 
 def _q(values: np.ndarray, p: float) -> float:
     return float(np.quantile(values, p)) if values.size else math.nan
+
+
+def ks_gap(sample: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    """KS distance of `sample` to `target`, its sign (+: the sample's CDF above, i.e. too fast),
+    and where it is: the target's quantile and value at the largest gap."""
+    a, t = np.sort(sample), np.sort(target)
+    grid = np.concatenate([a, t])
+    gap = np.searchsorted(a, grid, "right") / a.size - np.searchsorted(t, grid, "right") / t.size
+    i = int(np.argmax(np.abs(gap)))
+    return {
+        "ks": float(abs(gap[i])),
+        "signed": float(gap[i]),
+        "at_target_quantile": float(np.searchsorted(t, grid[i], "right") / t.size),
+        "at_s": float(grid[i]),
+    }
+
+
+def ks_breakdown(
+    scheduled: np.ndarray,
+    server_wake: np.ndarray,
+    from_send: np.ndarray,
+    realized: np.ndarray,
+    target: np.ndarray,
+) -> dict[str, dict[str, float]]:
+    """How the KS distance builds up, one part of the error at a time (cumulative).
+
+    (d) the delays the service scheduled: which trace values this window replayed (the floor no
+    timer can beat); (a) + the server's wake-up error (`X-Toolenv-Timer-Error-Ms`, the pacing lead
+    included); (b) + the rest from the client's send to its receipt (kernel both ways, the
+    server's loop before it parses the request, building and writing the reply, the client's
+    parse); (c) + the load generator's send lag behind its plan = the realized latency."""
+    return {
+        "d_scheduled": ks_gap(scheduled, target),
+        "a_plus_server_wake": ks_gap(scheduled + server_wake, target),
+        "b_plus_path_from_send": ks_gap(scheduled + from_send, target),
+        "c_plus_send_lag_realized": ks_gap(realized, target),
+        "b_alone": ks_gap(scheduled + from_send - server_wake, target),
+        "c_alone": ks_gap(realized - from_send, target),  # scheduled + send lag
+    }
 
 
 def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dict[str, Any]:
@@ -168,6 +213,17 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
         out["ks_realized_vs_target"] = float(stats.ks_2samp(realized, target).statistic)
         out["ks_scheduled_vs_target"] = float(stats.ks_2samp(scheduled, target).statistic)
         out["ks_realized_vs_scheduled"] = float(stats.ks_2samp(realized, scheduled).statistic)
+        out["ks_breakdown"] = ks_breakdown(
+            scheduled, server_timer, timer_from_send, realized, target
+        )
+        out["error_parts_ms"] = {
+            part: {"p50": _q(v, 0.5) * 1000, "mean": float(np.mean(v)) * 1000}
+            for part, v in (
+                ("a_server_wake", server_timer),
+                ("b_path_from_send", timer_from_send - server_timer),
+                ("c_send_lag", send_lag),
+            )
+        }
         out["quantiles"] = {
             f"p{p * 100:g}": {
                 "target_s": _q(target, p),

@@ -71,3 +71,26 @@ def test_in_flight_peak_and_header_values_from_the_load_records() -> None:
     assert _max_in_flight(np.array([]), np.array([])) == 0
     got = _header_s(["12.5", None, "0.000"])
     assert got[0] == 0.0125 and np.isnan(got[1]) and got[2] == 0.0
+
+
+def test_the_ks_breakdown_puts_each_error_where_it_arose() -> None:
+    """A run whose only error is the load generator's 10 ms send lag, then one whose only error
+    is a 10 ms late server wake-up: each shows up in its own step of the breakdown, at the
+    target's densest region."""
+    rng = np.random.default_rng(1)
+    target = rng.lognormal(np.log(0.17), 1.0, 20_000)
+    lagging = _raw(target, 0.0)
+    lagging["sent"] = lagging["planned"] + 0.01
+    lagging["done"] = lagging["sent"] + target
+    lagging["server_err"] = np.zeros(target.size)
+    parts = summarize(lagging, target, 1000, 20)["ks_breakdown"]
+    assert parts["d_scheduled"]["ks"] < 0.01 and parts["b_plus_path_from_send"]["ks"] < 0.01
+    assert parts["c_plus_send_lag_realized"]["ks"] > 0.02 and parts["c_alone"]["ks"] > 0.02
+    assert parts["c_plus_send_lag_realized"]["signed"] < 0  # realized CDF below: too slow
+    late = _raw(target, 0.01)
+    late["sent"] = late["planned"].copy()
+    late["server_err"] = np.full(target.size, 0.01)
+    parts = summarize(late, target, 1000, 20)["ks_breakdown"]
+    assert parts["a_plus_server_wake"]["ks"] > 0.02 and parts["b_alone"]["ks"] < 0.01
+    assert parts["c_alone"]["ks"] < 0.01
+    assert 0.05 < parts["a_plus_server_wake"]["at_target_quantile"] < 0.95
