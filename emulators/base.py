@@ -6,7 +6,8 @@ a hang answers 504 exactly at the deadline, a throttle answers 429 with Retry-Af
 error answers its status after the delay, a slow body trickles out in chunks. Every reply carries
 `X-Toolenv-Injected-Delay-Ms` (what was scheduled), `X-Toolenv-Timer-Error-Ms` (when the handler
 woke minus scheduled, measured here) and `X-Toolenv-Pacing-Lead-Ms` (how early it woke on purpose:
-the measured response path, so that the reply leaves on schedule; see `timing.Pacer`).
+the measured response path and intake latency, so that the reply leaves on schedule; see
+`timing.Pacer`).
 """
 
 from __future__ import annotations

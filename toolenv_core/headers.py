@@ -21,7 +21,9 @@ It wakes `PACING_LEAD` early on purpose, so this is about minus that lead when a
 
 PACING_LEAD = "X-Toolenv-Pacing-Lead-Ms"
 """How early the emulator woke on purpose: the running median of its measured response path
-(wake-up overshoot + building + writing the reply), so that the reply leaves on schedule."""
+(wake-up overshoot + building + writing the reply), so that the reply leaves on schedule, plus
+that of its loop's intake latency (how long a request waits in its socket before it is stamped,
+estimated by the timer's own overshoot)."""
 
 FAULT = "X-Toolenv-Fault"
 """Which injected fault (error, hang, throttle, slow body) shaped this reply, if any."""
