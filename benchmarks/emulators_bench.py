@@ -54,6 +54,12 @@ QUANTILES = (0.5, 0.9, 0.99, 0.999)
 TARGETS_1000 = {"ks": 0.01, "quantile_rel_error": 0.02, "timer_error_p99_ms": 5.0, "dropped": 0}
 WARMUP_S = 2.0
 SEND_SPIN_S = 0.0001
+BREAKDOWN_STEPS = (
+    "d_scheduled",
+    "a_plus_server_wake",
+    "b_plus_path_from_send",
+    "c_plus_send_lag_realized",
+)
 
 
 def emulator(profile_path: Path, pacing: bool = True) -> ServerProcess:
@@ -431,6 +437,14 @@ def main(argv: list[str] | None = None) -> int:
                 + f" {te.get('server_lead_p50', float('nan')):.3f} ms), dropped {s['dropped']}",
                 flush=True,
             )
+            if "ks_breakdown" in s:
+                parts = s["ks_breakdown"]
+                print(
+                    "         KS by part: "
+                    + ", ".join(f"{k} {parts[k]['ks']:.4f}" for k in BREAKDOWN_STEPS)
+                    + f"; the gap at the trace's p{100 * parts[BREAKDOWN_STEPS[-1]]['at_target_quantile']:.1f}",
+                    flush=True,
+                )
         if args.pacing_ab:
             report["pacing_ab"] = pacing_ab(replay, target, seconds, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
