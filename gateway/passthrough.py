@@ -9,6 +9,7 @@ declines (the gateway still starting, or no such tool), with the error saying wh
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -158,34 +159,40 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
     if reply is None:
         await _failure(send, runtime, outcome, ctx)
         return
-    head = {"tool": runtime.name, "status": outcome.kind}
     tail = {
         "error": outcome.error,
         "elapsed_s": round(outcome.elapsed_s, 6),
         "request_id": ctx.request_id,
     }
     where = {k: reply.headers[k] for k in EXECUTOR_HEADERS if k in reply.headers}
-    result = _json_text(reply.body)
-    if result is None:  # not JSON: the body as text
+    if not _is_json(reply.body):  # not JSON: the body as text
         text = reply.body.decode("utf-8", errors="replace") if reply.body else None
-        await _json(send, 200, {**head, "result": text, **tail}, where)
+        answer = {"tool": runtime.name, "status": outcome.kind, "result": text, **tail}
+        await _json(send, 200, answer, where)
         return
     # The tool's JSON goes in as it came (checked, not parsed and written again: the larger
-    # half of the JSON work of a call).
-    payload = f'{json.dumps(head)[:-1]}, "result": {result}, {json.dumps(tail)[1:]}'.encode()
+    # half of the JSON work of a call), between bytes written once per tool and outcome.
+    payload = b"".join(
+        (_answer_head(runtime.name, outcome.kind), reply.body, b", ", json.dumps(tail)[1:].encode())
+    )
     await _raw_json(send, 200, payload, where)
 
 
-def _json_text(body: bytes) -> str | None:
-    """`body` as text if it is one well-formed UTF-8 JSON document, else None."""
+@functools.lru_cache(maxsize=1024)
+def _answer_head(tool: str, kind: str) -> bytes:
+    """`{"tool": ..., "status": ..., "result": ` of a generic call's answer."""
+    return json.dumps({"tool": tool, "status": kind})[:-1].encode() + b', "result": '
+
+
+def _is_json(body: bytes) -> bool:
+    """Whether `body` is one well-formed UTF-8 JSON document."""
     if not body:
-        return None
+        return False
     try:
-        text = body.decode("utf-8")
-        json.loads(text)
+        json.loads(body.decode("utf-8"))
     except ValueError:  # UnicodeDecodeError and JSONDecodeError both
-        return None
-    return text
+        return False
+    return True
 
 
 _INVALID = object()

@@ -57,7 +57,7 @@ class TraceWriter:
             self.dropped += 1
 
     async def _run(self) -> None:
-        handle = await anyio.to_thread.run_sync(lambda: self.path.open("a", encoding="utf-8"))
+        handle = await anyio.to_thread.run_sync(lambda: self.path.open("ab"))
         try:
             stop = False
             while not stop:
@@ -86,8 +86,9 @@ class TraceWriter:
                 except ValidationError:
                     self.invalid += 1
         if records:
-            text = "\n".join(r.model_dump_json(exclude_none=True) for r in records) + "\n"
-            _write_flush(handle, text)
+            # the model's own serializer, without `model_dump_json`'s wrapper: half the cost
+            lines = [_TO_JSON(record, exclude_none=True) for record in records]
+            _write_flush(handle, b"\n".join(lines) + b"\n")
             self.written += len(records)
 
     async def close(self) -> None:
@@ -106,10 +107,11 @@ class TraceWriter:
 
 
 _CALLS = TypeAdapter(list[ToolCallRecord])
+_TO_JSON = ToolCallRecord.__pydantic_serializer__.to_json
 
 
-def _write_flush(handle, text: str) -> None:
-    handle.write(text)
+def _write_flush(handle, data: bytes) -> None:
+    handle.write(data)
     handle.flush()
 
 
