@@ -159,7 +159,8 @@ class ToolRuntime:
         task: asyncio.Task[UpstreamReply] | None = None
         admitted = False
         queue_wait = 0.0
-        self.budget.record_call()
+        if self.config.retry.enabled:
+            self.budget.record_call()  # what retries are budgeted by
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -310,6 +311,6 @@ class ToolRuntime:
             endpoint.outstanding -= 1
         elapsed = time.perf_counter() - sent
         self.m.upstream.observe(elapsed)
-        if reply.status < 500:
-            self.window.add(elapsed)
+        if self.hedging and reply.status < 500:
+            self.window.add(elapsed)  # what hedges are timed by
         return reply

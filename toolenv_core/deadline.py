@@ -107,13 +107,14 @@ class DeadlinePolicy:
 
     def budget_s(self, header_value: str | None, body_ms: float | None = None) -> float | None:
         """Seconds granted to the call (None: unbounded); raises DeadlineHeaderError."""
-        sent = [parse_deadline_ms(header_value)] if header_value is not None else []
-        if body_ms is not None:
-            sent.append(body_ms / 1000.0)
-        seconds = min(sent) if sent else self.default_s
+        seconds = parse_deadline_ms(header_value) if header_value is not None else None
+        if body_ms is not None and (seconds is None or body_ms / 1000.0 < seconds):
+            seconds = body_ms / 1000.0
         if seconds is None:
-            return None
-        return min(seconds, self.max_s) if self.max_s is not None else seconds
+            seconds = self.default_s
+            if seconds is None:
+                return None
+        return seconds if self.max_s is None or seconds <= self.max_s else self.max_s
 
     def deadline(self, header_value: str | None, body_ms: float | None = None) -> Deadline:
         seconds = self.budget_s(header_value, body_ms)
