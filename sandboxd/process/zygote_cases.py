@@ -17,6 +17,7 @@ Protocol on the batch socket (SOCK_SEQPACKET, one JSON message each): the forker
 case and ends the forker.
 """
 
+import gc
 import json
 import os
 import select
@@ -39,12 +40,13 @@ MAX_FDS = 16
 class Tools:
     """What the forker borrows from the zygote's script (which it cannot import)."""
 
-    def __init__(self, mount, detach, clone, drop_to_program, send):
+    def __init__(self, mount, detach, clone, drop_to_program, send, forget_modules):
         self.mount = mount
         self.detach = detach
         self.clone = clone
         self.drop_to_program = drop_to_program
         self.send = send
+        self.forget_modules = forget_modules
 
 
 def read_tree(root):
@@ -102,6 +104,10 @@ class CaseForker:
         for target in ("/", "/dev"):
             flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
             self.t.mount(None, target, None, flags)
+        # Once here rather than in every case: dropping the zygote's modules frees objects,
+        # and each page a case writes costs it a copy (each case forgets what is left again).
+        self.t.forget_modules()
+        gc.freeze()
 
     def _on_message(self):
         data, fds, _, _ = socket.recv_fds(self.sock, 65536, MAX_FDS)

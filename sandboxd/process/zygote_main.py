@@ -61,6 +61,9 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220}
 SETUP_FAILED = 125
 
 libc = ctypes.CDLL(None, use_errno=True)
+# made once here, not in every run (each object a run touches costs it a page copy)
+CAPSET_HEADER = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
+CAPSET_EMPTY = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable}: zeros
 
 
 def _check(result, what):
@@ -246,9 +249,7 @@ def _drop_to_program(req, fds):
     """Limits, identity (uid 65534, no capabilities, no_new_privs) and stdio of the program."""
     for res, value in req["rlimits"]:
         resource.setrlimit(res, (value, value))
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last_cap = int(f.read())
-    for cap in range(last_cap + 1):
+    for cap in range(LAST_CAP + 1):
         _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability")
     if not SETGROUPS_DENIED:  # (in a user namespace made without privileges: nothing to drop)
         os.setgroups([])
@@ -268,9 +269,7 @@ def _clear_capabilities():
     when the zygote is root; in a user namespace the zygote already is uid 65534 (with every
     capability of that namespace), and a change to the same uid clears nothing."""
     _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
-    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
-    data = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable}: all zero
-    _check(libc.capset(header, data), "capset")
+    _check(libc.capset(CAPSET_HEADER, CAPSET_EMPTY), "capset")
 
 
 def _runner(link, cgroup_fds):
@@ -287,7 +286,9 @@ def _runner(link, cgroup_fds):
         os._exit(0)  # the zygote is gone before this runner was used
     req = json.loads(data)
     if "cases" in req:  # a run_tests request: this runner forks one process per case
-        tools = zygote_cases.Tools(_mount, _detach, _clone_runner, _drop_to_program, _send)
+        tools = zygote_cases.Tools(
+            _mount, _detach, _clone_runner, _drop_to_program, _send, _forget_zygote_modules
+        )
         return zygote_cases.CaseForker(req, fds, link, tools).serve()
     try:
         _become_program(req, fds)
@@ -425,6 +426,8 @@ def _forget_zygote_modules():
 if __name__ == "__main__":  # run as the zygote (never on import)
     with open("/proc/self/setgroups") as _f:
         SETGROUPS_DENIED = _f.read().strip() == "deny"
+    with open("/proc/sys/kernel/cap_last_cap") as _f:
+        LAST_CAP = int(_f.read())
     RECURSION = RecursionCompensation()
     ROOT_PLAN = _root_plan()
     gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
