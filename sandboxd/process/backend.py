@@ -78,6 +78,7 @@ class ProcessBackend:
         self._runs = 0
         self._compiles = 0
         self._batches = 0  # run_tests requests holding a runner of their own
+        self._batches_total = 0
         self._started = False
         self._reaping: set[asyncio.Task[None]] = set()
         self._cgroup_writer = ThreadPoolExecutor(1, thread_name_prefix="sandboxd-cgroup")
@@ -167,6 +168,7 @@ class ProcessBackend:
             "workdir_root": str(self.root) if self.root else None,
             **self._warm_status(),
             "python_mode": self._python_mode(),
+            "run_tests_batches": {"open": self._batches, "total": self._batches_total},
             "fork_server": self.fork_server.status() if self.fork_server is not None else None,
         }
 
@@ -309,12 +311,18 @@ class ProcessBackend:
         lang = self._language(spec.language)
         server = self.fork_server
         batch = None
-        if self._forks(lang) and server is not None and self._batches < self.settings.concurrency:
+        if (
+            self.settings.fork_server_batch
+            and self._forks(lang)
+            and server is not None
+            and self._batches < self.settings.concurrency
+        ):
             batch = await self._open_batch(server, root, spec, lang)
         if batch is None:
             yield None
             return
         self._batches += 1
+        self._batches_total += 1
         try:
             yield batch
         finally:
