@@ -35,35 +35,40 @@ OWNER = f"uid={SANDBOX_UID},gid={SANDBOX_UID}"
 DEVPTS = "newinstance,ptmxmode=0666,mode=620"
 SETUP_FAILED = 125
 MAX_FDS = 16
+# what the forker and a case before it drops to the program need: chown, dac_override, fowner,
+# kill, setgid, setuid, setpcap, sys_admin (mounts), sys_resource
+FORKER_CAPS = frozenset({0, 1, 3, 5, 6, 7, 8, 21, 24})
 
 
 class Tools:
     """What the forker borrows from the zygote's script (which it cannot import)."""
 
-    def __init__(self, mount, detach, clone, drop_to_program, send, forget_modules):
+    def __init__(self, mount, detach, clone, drop_to_program, send, forget_modules, cut_caps):
         self.mount = mount
         self.detach = detach
         self.clone = clone
         self.drop_to_program = drop_to_program
         self.send = send
         self.forget_modules = forget_modules
+        self.cut_caps = cut_caps
 
 
 def read_tree(root):
-    """The request's files as (relative path, mode, bytes or None for a dir), parents first;
+    """The request's files as (path under /sandbox, mode, bytes or None for a dir), parents first;
     symlinks and special files are skipped (the service writes neither)."""
     entries = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
         if rel != ".":
-            entries.append((rel, os.lstat(dirpath).st_mode & 0o7777, None))
+            entries.append((f"/sandbox/{rel}", os.lstat(dirpath).st_mode & 0o7777, None))
         dirnames.sort()
         for name in sorted(filenames):
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
             if (st.st_mode & 0o170000) == 0o100000:
                 with open(path, "rb") as f:
-                    entries.append((os.path.join(rel, name), st.st_mode & 0o7777, f.read()))
+                    target = os.path.normpath(f"/sandbox/{rel}/{name}")
+                    entries.append((target, st.st_mode & 0o7777, f.read()))
     return entries
 
 
@@ -106,6 +111,7 @@ class CaseForker:
             self.t.mount(None, target, None, flags)
         # Once here rather than in every case: dropping the zygote's modules frees objects,
         # and each page a case writes costs it a copy (each case forgets what is left again).
+        self.t.cut_caps(FORKER_CAPS)
         self.t.forget_modules()
         gc.freeze()
 
@@ -178,8 +184,7 @@ class CaseForker:
 
 
 def _write_tree(tree):
-    for rel, mode, content in tree:
-        path = os.path.join("/sandbox", rel)
+    for path, mode, content in tree:
         if content is None:
             os.mkdir(path, mode)
             os.chown(path, SANDBOX_UID, SANDBOX_UID)
