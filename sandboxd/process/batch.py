@@ -70,8 +70,8 @@ class CaseBatch:
             raise ForkFailed(self.reason or "the case forker is gone")
         case_id = next(self._ids)
         run = ForkedRun(case_id)
-        dirs = slot.dirs.values() if slot is not None else ()
-        cg_fds = [os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for d in dirs]
+        files = [slot.control_file(d, "cgroup.procs") for d in slot.dirs.values()] if slot else []
+        cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in files]
         pid_reply: asyncio.Future[int] = self._loop.create_future()
         self.cases[case_id] = run
         self._pids[case_id] = pid_reply

@@ -200,7 +200,7 @@ class Execution:
             "workdir": self.step.workdir.name,
             "rlimits": self.lim.rlimits(has_memory_cgroup(slot)),
         }
-        if slot is not None:
+        if slot is not None and self.step.batch is None:  # (a case's slot is fresh from the pool)
             slot.reset()  # measure from here: the waiting program's own charge is baseline
         self.started_at = time.monotonic()
         try:
