@@ -3,8 +3,10 @@
 
 The runner already is the request's isolation boundary: fresh network, UTS and cgroup namespaces
 and a root built once. It reads the request's files once, detaches the zygote's root, makes the
-shared layers of that root read-only (its tmpfs "/" and /dev), then for each case clones a child
-into fresh mount, IPC and PID namespaces (the case is PID 1 of its own: whatever it starts dies
+shared layers of that root read-only (its tmpfs "/" and /dev), makes one copy of itself (the
+template, whose loop between clones is short: each page a process writes after a fork is copied)
+and for each case has the template clone a child, the forker's own, into fresh mount, IPC and
+PID namespaces (the case is PID 1 of its own: whatever it starts dies
 with it). The child joins the case's cgroup, mounts a fresh /proc, /tmp, /dev/shm, /dev/pts and
 a fresh tmpfs /sandbox holding the request's files, then drops to the program's identity and
 limits exactly as a single run does. Cases share only the network namespace (empty but for a
@@ -28,6 +30,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CASE_NAMESPACES = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID
+CLONE_PARENT = 0x00008000  # the case is the forker's child, not the template's
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND = 32, 4096
 SANDBOX_UID = 65534
@@ -86,6 +89,7 @@ class CaseForker:
         self.cases = {}  # pidfd -> (case id, pid)
         self.pids = {}  # case id -> pid
         self.poller = select.poll()
+        self.template = None  # the socket to the process that clones the cases
 
     def serve(self):
         try:
@@ -93,6 +97,13 @@ class CaseForker:
         except Exception as exc:
             self.t.send(self.link, {"error": f"case forker set-up failed: {exc!r}"})
             os._exit(SETUP_FAILED)
+        try:
+            job = self._start_template()
+        except OSError as exc:
+            self.t.send(self.link, {"error": f"case forker set-up failed: {exc!r}"})
+            os._exit(SETUP_FAILED)
+        if job is not None:
+            return job  # in a case
         self.t.send(self.sock, {"ready": len(self.tree)})
         self.poller.register(self.sock.fileno(), select.POLLIN)
         while True:
@@ -115,6 +126,44 @@ class CaseForker:
         self.t.forget_modules()
         gc.freeze()
 
+    def _start_template(self):
+        """The process that clones the cases: a copy of this one made once, whose loop between
+        two clones is a few lines (after a fork every page a process writes is copied, and
+        this loop writes many). Its cases are this process's children (CLONE_PARENT)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = self.t.clone(0)
+        if pid == 0:
+            ours.close()
+            return self._template(theirs)
+        theirs.close()
+        self.template = ours
+        return None
+
+    def _template(self, link):
+        """In the template: clone a case per message; returns only in a case, its request."""
+        while True:
+            data, fds, _, _ = socket.recv_fds(link, 65536, MAX_FDS)
+            if not data:
+                os._exit(0)
+            try:
+                pid = self.t.clone(CASE_NAMESPACES | CLONE_PARENT)
+            except OSError as exc:
+                pid = -exc.errno
+            if pid == 0:
+                link.close()
+                msg = json.loads(data)
+                return self._become_case(msg, fds)
+            _close_all(fds)
+            link.send(str(pid).encode())
+
+    def _clone_case(self, data, fds):
+        """A case cloned by the template (a child of this process); its pid, or raises."""
+        socket.send_fds(self.template, [data], fds)
+        pid = int(self.template.recv(64) or b"0")
+        if pid <= 0:
+            raise OSError(-pid, f"the template could not clone: {os.strerror(-pid)}")
+        return pid
+
     def _on_message(self):
         data, fds, _, _ = socket.recv_fds(self.sock, 65536, MAX_FDS)
         if not data:  # the request is over: no case outlives it
@@ -134,14 +183,12 @@ class CaseForker:
             return None
         case_id = msg["case"]
         try:
-            pid = self.t.clone(CASE_NAMESPACES)
-        except OSError as exc:
+            pid = self._clone_case(data, fds)
+        except (OSError, ValueError) as exc:  # the template is gone: so is this batch
             self.t.send(self.sock, {"case": case_id, "error": f"clone: {exc}"})
+            os._exit(SETUP_FAILED)
+        finally:
             _close_all(fds)
-            return None
-        if pid == 0:
-            return self._become_case(msg, fds)
-        _close_all(fds)
         pidfd = os.pidfd_open(pid)
         self.poller.register(pidfd, select.POLLIN)
         self.cases[pidfd] = (case_id, pid)
