@@ -96,54 +96,6 @@ def _loopback_up():
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
-class RecursionCompensation:
-    """Hide the zygote's own frames from the recursion limit.
-
-    The program's module frame sits below this script's frames, so with the same limit it would
-    hit RecursionError a few frames early. `sys.setrecursionlimit(limit + k)` gives the frames
-    back; writing `limit` back into the limit the interpreter and the thread store keeps
-    `sys.getrecursionlimit()` (and later `setrecursionlimit` calls) as in a fresh interpreter.
-    The two fields are located by value (and verified) at start-up; when they cannot be found,
-    nothing is changed.
-    """
-
-    def __init__(self):
-        self.fields = []
-        try:
-            get_interp = ctypes.pythonapi.PyInterpreterState_Get
-            get_interp.restype = ctypes.c_void_p
-            get_tstate = ctypes.pythonapi.PyThreadState_Get
-            get_tstate.restype = ctypes.c_void_p
-            bases = [get_interp(), get_tstate()]
-            original = sys.getrecursionlimit()
-            sys.setrecursionlimit(48611)
-            found = [self._find(base, 48611) for base in bases]
-            sys.setrecursionlimit(48613)
-            if all(f is not None and self._int(f).value == 48613 for f in found):
-                self.fields = found
-            sys.setrecursionlimit(original)
-        except (AttributeError, OSError, ValueError):
-            self.fields = []
-
-    @staticmethod
-    def _int(address):
-        return ctypes.c_int.from_address(address)
-
-    def _find(self, base, value):
-        for offset in range(0, 4096, 4):
-            if self._int(base + offset).value == value:
-                return base + offset
-        return None
-
-    def apply(self, extra_frames):
-        if not self.fields:
-            return
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(limit + extra_frames)
-        for address in self.fields:
-            self._int(address).value = limit
-
-
 def _clone_runner(namespaces=RUNNER_NAMESPACES):
     """fork() into fresh namespaces in one system call (the child returns 0, as from fork).
 
@@ -445,7 +397,7 @@ if __name__ == "__main__":  # run as the zygote (never on import)
     with open("/proc/sys/kernel/cap_last_cap") as _f:
         LAST_CAP = int(_f.read())
     BOUNDING = None  # what is left of the bounding set (None: all of it)
-    RECURSION = RecursionCompensation()
+    RECURSION = zygote_program.RecursionCompensation()
     ROOT_PLAN = _root_plan()
     gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
     JOB = Zygote().serve()

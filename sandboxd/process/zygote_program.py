@@ -1,15 +1,65 @@
 """The program's side of a fork-server run (stdlib only, imported by the zygote at start-up):
-run /sandbox/main.py as the interpreter runs a script, and exit as it does.
+run /sandbox/main.py as the interpreter runs a script (its recursion limit unchanged by the
+zygote's frames below it), and exit as it does.
 
 Loaded from the zygote's /sandbox next to `main.py` (the zygote); the program's process forgets
 the module (it is not in a fresh interpreter's `sys.modules`) but keeps these functions.
 """
 
 import atexit
+import ctypes
 import gc
 import os
 import signal
 import sys
+
+
+class RecursionCompensation:
+    """Hide the zygote's own frames from the recursion limit.
+
+    The program's module frame sits below this script's frames, so with the same limit it would
+    hit RecursionError a few frames early. `sys.setrecursionlimit(limit + k)` gives the frames
+    back; writing `limit` back into the limit the interpreter and the thread store keeps
+    `sys.getrecursionlimit()` (and later `setrecursionlimit` calls) as in a fresh interpreter.
+    The two fields are located by value (and verified) at start-up; when they cannot be found,
+    nothing is changed.
+    """
+
+    def __init__(self):
+        self.fields = []
+        try:
+            get_interp = ctypes.pythonapi.PyInterpreterState_Get
+            get_interp.restype = ctypes.c_void_p
+            get_tstate = ctypes.pythonapi.PyThreadState_Get
+            get_tstate.restype = ctypes.c_void_p
+            bases = [get_interp(), get_tstate()]
+            original = sys.getrecursionlimit()
+            sys.setrecursionlimit(48611)
+            found = [self._find(base, 48611) for base in bases]
+            sys.setrecursionlimit(48613)
+            if all(f is not None and self._int(f).value == 48613 for f in found):
+                self.fields = found
+            sys.setrecursionlimit(original)
+        except (AttributeError, OSError, ValueError):
+            self.fields = []
+
+    @staticmethod
+    def _int(address):
+        return ctypes.c_int.from_address(address)
+
+    def _find(self, base, value):
+        for offset in range(0, 4096, 4):
+            if self._int(base + offset).value == value:
+                return base + offset
+        return None
+
+    def apply(self, extra_frames):
+        if not self.fields:
+            return
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + extra_frames)
+        for address in self.fields:
+            self._int(address).value = limit
 
 
 def _exit_status(exc):
