@@ -1,7 +1,9 @@
 """`/v1/run_tests`: one program against many cases, a verdict per case and the pass fraction.
 
 The program is compiled once when the backend can (`SandboxBackend.compile`), then every case
-runs `concurrency` at a time, each within admission like any `/run_code`.
+runs `concurrency` at a time, each within admission like any `/run_code`, inside what the
+backend lets the request's cases share (`SandboxBackend.case_batch`: for python on the fork
+server, one runner that forks a fresh process per case).
 """
 
 from __future__ import annotations
