@@ -38,7 +38,6 @@ class CaseBatch:
         self.reason = ""
         self.forked: ForkedRun | None = None
         self.cases: dict[int, ForkedRun] = {}
-        self._pids: dict[int, asyncio.Future[int]] = {}
         self._ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
@@ -63,28 +62,25 @@ class CaseBatch:
     async def fork(
         self, request: dict[str, Any], fds: list[int], slot: CgroupSlot | None
     ) -> ForkedRun:
-        """Start one case (same contract as `ForkServer.fork`): `fds` are its stdin, stdout and
-        stderr; the files of `slot` (the case's cgroup) are added here. The pid in the answer is the forker's, not
-        the service's: cases are killed through `kill` and their cgroup."""
+        """Start one case (as `ForkServer.fork`): `fds` are its stdin, stdout and stderr; the
+        files of `slot` (the case's cgroup) are added here. Returns once the request is sent:
+        the case's pid is the forker's business (cases are killed through `kill` and their
+        cgroup), so no answer is awaited; a failed clone ends the run with an error."""
         if not self.alive:
             raise ForkFailed(self.reason or "the case forker is gone")
         case_id = next(self._ids)
         run = ForkedRun(case_id)
         files = [slot.control_file(d, "cgroup.procs") for d in slot.dirs.values()] if slot else []
         cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in files]
-        pid_reply: asyncio.Future[int] = self._loop.create_future()
         self.cases[case_id] = run
-        self._pids[case_id] = pid_reply
         try:
             payload = json.dumps({"case": case_id, "cgroups": len(cg_fds), **request}).encode()
             socket.send_fds(self.ours, [payload], [*cg_fds, *fds])
-            run.pid = await asyncio.wait_for(asyncio.shield(pid_reply), REPLY_TIMEOUT_S)
-        except (OSError, TimeoutError) as exc:
+        except OSError as exc:
             self.cases.pop(case_id, None)
-            self._fail(f"the case forker did not answer: {exc or type(exc).__name__}")
+            self._fail(f"the case forker did not take a case: {exc}")
             raise ForkFailed(self.reason) from exc
         finally:
-            self._pids.pop(case_id, None)
             for fd in cg_fds:
                 os.close(fd)
         return run
@@ -113,13 +109,7 @@ class CaseBatch:
             if not self._ready.done():
                 self._ready.set_result(int(msg["ready"]))
             return
-        case_id = msg.get("case")
-        if "pid" in msg:
-            waiter = self._pids.get(case_id)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(int(msg["pid"]))
-            return
-        run = self.cases.pop(case_id, None)
+        run = self.cases.pop(msg.get("case"), None)
         if run is None or run.ended.done():
             return
         if "error" in msg:
@@ -133,9 +123,6 @@ class CaseBatch:
         if not self._ready.done():
             self._ready.set_exception(ForkFailed(why))
             self._ready.exception()  # retrieved: nobody may be waiting any more
-        for waiter in self._pids.values():
-            if not waiter.done():
-                waiter.set_exception(ForkFailed(why))
         for run in self.cases.values():
             if not run.ended.done():
                 run.ended.set_result(why)

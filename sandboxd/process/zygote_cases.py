@@ -14,8 +14,8 @@ loopback) and the read-only root: they run the same submitted code.
 
 Protocol on the batch socket (SOCK_SEQPACKET, one JSON message each): the forker says
 {"ready": n} once the files are read; {"case": id, "cgroups": k, "rlimits", "argv"} with fds
-(k cgroup.procs files, stdin, stdout, stderr) starts a case (answers {"case", "pid"} then
-{"case", "status", "cpu"} or {"case", "error"}); {"kill": id} SIGKILLs a case; EOF kills every
+(k cgroup.procs files, stdin, stdout, stderr) starts a case (answers {"case", "status", "cpu"}
+or {"case", "error"} at its end); {"kill": id} SIGKILLs a case; EOF kills every
 case and ends the forker.
 """
 
@@ -193,7 +193,6 @@ class CaseForker:
         self.poller.register(pidfd, select.POLLIN)
         self.cases[pidfd] = (case_id, pid)
         self.pids[case_id] = pid
-        self.t.send(self.sock, {"case": case_id, "pid": pid})
         return None
 
     def _on_exit(self, pidfd):
