@@ -79,6 +79,8 @@ class ProcessBackend:
         self._compiles = 0
         self._batches = 0  # run_tests requests holding a runner of their own
         self._batches_total = 0
+        self._batch_fallbacks = 0  # run_tests requests that took the per-case path instead
+        self._last_fallback = ""
         self._started = False
         self._reaping: set[asyncio.Task[None]] = set()
         self._cgroup_writer = ThreadPoolExecutor(1, thread_name_prefix="sandboxd-cgroup")
@@ -168,7 +170,12 @@ class ProcessBackend:
             "workdir_root": str(self.root) if self.root else None,
             **self._warm_status(),
             "python_mode": self._python_mode(),
-            "run_tests_batches": {"open": self._batches, "total": self._batches_total},
+            "run_tests_batches": {
+                "open": self._batches,
+                "total": self._batches_total,
+                "fallbacks": self._batch_fallbacks,
+                "last_fallback": self._last_fallback or None,
+            },
             "fork_server": self.fork_server.status() if self.fork_server is not None else None,
         }
 
@@ -310,31 +317,36 @@ class ProcessBackend:
         root, _ = self._require_started()
         lang = self._language(spec.language)
         server = self.fork_server
-        batch = None
-        if (
-            self.settings.fork_server_batch
-            and self._forks(lang)
-            and server is not None
-            and self._batches < self.settings.concurrency
-        ):
-            batch = await self._open_batch(server, root, spec, lang)
-        if batch is None:
+        if not (self.settings.fork_server_batch and self._forks(lang) and server is not None):
             yield None
             return
-        self._batches += 1
-        self._batches_total += 1
+        if self._batches >= self.settings.concurrency:
+            self._batch_fallbacks += 1
+            self._last_fallback = f"{self._batches} requests hold a runner (the limit)"
+            yield None
+            return
+        self._batches += 1  # counted before the await: concurrent requests see it
         try:
-            yield batch
+            batch = await self._open_batch(server, root, spec, lang)
+            if batch is None:
+                yield None
+                return
+            self._batches_total += 1
+            try:
+                yield batch
+            finally:
+                await batch.close()
         finally:
             self._batches -= 1
-            await batch.close()
 
     async def _open_batch(
         self, server: ForkServer, root: Path, spec: RunSpec, lang: Language
     ) -> CaseBatch | None:
         try:
             runner = server.take()
-        except ForkFailed:
+        except ForkFailed as exc:
+            self._batch_fallbacks += 1
+            self._last_fallback = f"no runner: {exc}"
             return None
         if runner.slot is not None:  # the forker's own cgroup: its cases join their own
             runner.slot.configure(
@@ -347,7 +359,9 @@ class ProcessBackend:
         try:
             write_inputs(workdir, spec, lang, None if server.userns else bwrap.SANDBOX_UID)
             await batch.open(workdir.name)
-        except (ForkFailed, InvalidPath, OSError):
+        except (ForkFailed, InvalidPath, OSError) as exc:
+            self._batch_fallbacks += 1
+            self._last_fallback = f"the request's runner did not start: {exc}"
             await batch.close()
             return None
         finally:

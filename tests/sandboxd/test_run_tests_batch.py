@@ -7,11 +7,13 @@
   and the run dir, background processes, module state;
 - a fork bomb and an endless loop in one request are contained, the other cases still pass,
   and nothing is left behind (processes, cgroups, run dirs, mounts);
-- the mode: one fork of the zygote per request, and the per-case path when batches are off.
+- the mode: one fork of the zygote per request; the per-case path when batches are off, and
+  for a request beyond `max_concurrency` open runners (counted in the status).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -213,6 +215,30 @@ else:
 """
 
 
+async def test_beyond_the_open_runners_a_request_takes_the_per_case_path(
+    bwrap_path: str,
+) -> None:
+    """max_concurrency 1: while one request holds the only runner a second one, concurrent,
+    runs its cases a runner each; both get every verdict right."""
+    service = SandboxService(SandboxSettings(max_concurrency=1))
+    await service.start()
+    try:
+        req = request(JUDGE, [("square\n3\n", "9\n"), ("wrong\n", "9\n")] * 3)
+        forks = service.status()["fork_server"]["forks"]
+        responses = await asyncio.gather(
+            service.run_tests(req, Deadline.after(60)), service.run_tests(req, Deadline.after(60))
+        )
+        status = service.status()
+    finally:
+        await service.close()
+    for response in responses:
+        assert [c.verdict for c in response.cases] == ["accepted", "wrong_answer"] * 3
+    batches = status["run_tests_batches"]
+    assert (batches["open"], batches["total"], batches["fallbacks"]) == (0, 1, 1), batches
+    assert "hold a runner" in batches["last_fallback"]
+    assert status["fork_server"]["forks"] - forks == 1 + 6  # one runner, six per-case runs
+
+
 @pytest.fixture(scope="module")
 def server(sandboxd_factory: Callable[..., SandboxdServer]) -> SandboxdServer:
     server = sandboxd_factory("--max-concurrency", "4")
@@ -239,5 +265,6 @@ def test_a_fork_bomb_and_a_loop_are_contained_and_nothing_is_left(
     assert verdicts[0] == "time_limit" and verdicts[2] == "time_limit", verdicts
     assert verdicts[1] == verdicts[3] == "accepted" and res["passed"] == len(cases) - 2
     status = server.client.get("/v1/sandbox/status").json()
-    assert status["run_tests_batches"] == {"open": 0, "total": 1}
+    batches = status["run_tests_batches"]
+    assert (batches["open"], batches["total"], batches["fallbacks"]) == (0, 1, 0), batches
     server.probe.assert_clean()  # no process, cgroup task, run dir or mount of the request
