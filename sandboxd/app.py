@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,11 +21,6 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
-        # As the gateway does: what start-up built lives as long as the process; out of the
-        # collector's sight, full collections scan only per-request garbage (a run_tests
-        # request makes a few thousand objects per 100 cases).
-        gc.collect()
-        gc.freeze()
         try:
             yield
         finally:
