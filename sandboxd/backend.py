@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from toolenv_core.deadline import Deadline
@@ -32,6 +33,13 @@ class SandboxBackend(Protocol):
 
         None: this backend compiles as part of every `run` (run_tests then just runs each case).
         """
+
+    def case_batch(self, spec: RunSpec, deadline: Deadline) -> AbstractAsyncContextManager[Any]:
+        """For run_tests: what the request's cases share while they run (None: nothing; each
+        case then runs as `run` would). Closing it leaves nothing of the request behind."""
+
+    async def run_case(self, batch: Any, spec: RunSpec, deadline: Deadline) -> RunResult:
+        """One case inside `batch` (a value `case_batch` gave, never None)."""
 
     def status(self) -> dict[str, Any]:
         """Pool size, busy, refilling, and whatever else helps an operator."""

@@ -1,13 +1,16 @@
 """`/v1/run_tests`: one program against many cases, a verdict per case and the pass fraction.
 
 The program is compiled once when the backend can (`SandboxBackend.compile`), then every case
-runs `concurrency` at a time, each within admission like any `/run_code`.
+runs `concurrency` at a time, each within admission like any `/run_code`, inside what the
+backend lets the request's cases share (`SandboxBackend.case_batch`: for python on the fork
+server, one runner that forks a fresh process per case).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from toolenv_core.deadline import Deadline
 
@@ -33,7 +36,11 @@ _VERDICT_OF_STATUS = {
 class CaseRunner(Protocol):
     """What run_tests needs from the service: admitted runs and an admitted compile."""
 
-    async def run_admitted(self, spec: RunSpec, deadline: Deadline) -> RunResult: ...
+    async def run_admitted(
+        self, spec: RunSpec, deadline: Deadline, batch: Any = None
+    ) -> RunResult: ...
+
+    def case_batch(self, spec: RunSpec, deadline: Deadline) -> AbstractAsyncContextManager[Any]: ...
 
     async def compile_once(
         self, spec: RunSpec, deadline: Deadline
@@ -106,14 +113,16 @@ class _Cases:
             return Verdict.WRONG_ANSWER
         return Verdict.ACCEPTED
 
-    async def run_all(self, runner: CaseRunner, deadline: Deadline, workers: int) -> None:
+    async def run_all(
+        self, runner: CaseRunner, deadline: Deadline, workers: int, batch: Any = None
+    ) -> None:
         next_index = iter(range(len(self.specs)))
 
         async def worker() -> None:
             for i in next_index:
                 if self.stop.is_set():
                     return
-                r = await runner.run_admitted(self.specs[i], deadline)
+                r = await runner.run_admitted(self.specs[i], deadline, batch)
                 v = self.verdict_of(i, r)
                 self.results[i] = CaseResult(index=i, verdict=v, run_result=exec_to_wire(r.run))
                 if v != Verdict.ACCEPTED and (
@@ -200,7 +209,9 @@ async def run_tests(
     state = _Cases(req, specs)
     state.compile_result = compile_result
     s = bounds.settings
-    await state.run_all(
-        runner, deadline, min(len(specs), req.concurrency or s.concurrency, s.concurrency)
-    )
+    workers = min(len(specs), req.concurrency or s.concurrency, s.concurrency)
+    # one isolation boundary for the request where the backend has one (the python fork
+    # server: one runner forking a fresh process per case); else every case on its own
+    async with runner.case_batch(specs[0], deadline) as batch:
+        await state.run_all(runner, deadline, workers, batch)
     return state.response(pod_name)

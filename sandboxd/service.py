@@ -12,6 +12,7 @@ import asyncio
 import base64
 import logging
 import os
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from toolenv_core.admission import Admission, Rejected
@@ -89,11 +90,17 @@ class SandboxService:
             raise BadRequest(503, "the sandbox service is not started")
         return self.backend
 
-    async def run_admitted(self, spec: RunSpec, deadline: Deadline) -> RunResult:
+    def case_batch(self, spec: RunSpec, deadline: Deadline) -> AbstractAsyncContextManager[Any]:
+        """For run_tests: what the request's cases share (see `SandboxBackend.case_batch`)."""
+        return self._require_started().case_batch(spec, deadline)
+
+    async def run_admitted(self, spec: RunSpec, deadline: Deadline, batch: Any = None) -> RunResult:
         """Run under an admission slot; a backend failure becomes a result with a message."""
         backend = self._require_started()
         async with self.admission.slot(deadline):
             try:
+                if batch is not None:
+                    return await backend.run_case(batch, spec, deadline)
                 return await backend.run(spec, deadline)
             except asyncio.CancelledError:
                 raise

@@ -90,6 +90,12 @@ class SandboxSettings(ServiceSettings):
     fork_server_max_forks: int = Field(
         default=1000, ge=1, description="forks per zygote before it is replaced"
     )
+    fork_server_batch: bool = Field(
+        default=True,
+        description="the python cases of one run_tests request fork from one runner (their "
+        "shared isolation boundary: network namespace and read-only root), a fresh process "
+        "with fresh mount, IPC and PID namespaces per case; else one runner per case",
+    )
 
     @property
     def concurrency(self) -> int:

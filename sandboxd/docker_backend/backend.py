@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import math
 import posixpath
 import signal
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import docker
@@ -119,6 +121,13 @@ class DockerBackend:
     ) -> tuple[ExecResult, bytes | None] | None:
         """None: a container compiles as part of each run (its artifact never leaves it)."""
         return None
+
+    def case_batch(self, spec: RunSpec, deadline: Deadline) -> AbstractAsyncContextManager[None]:
+        """run_tests: every case takes a pooled container of its own (no shared runner)."""
+        return contextlib.nullcontext()
+
+    async def run_case(self, batch: object, spec: RunSpec, deadline: Deadline) -> RunResult:
+        return await self.run(spec, deadline)
 
     async def run(self, spec: RunSpec, deadline: Deadline) -> RunResult:
         if self.pool is None:

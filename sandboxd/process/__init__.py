@@ -6,7 +6,9 @@ Modules: `backend` (life cycle, one program's steps), `warm` (sandboxes made ahe
 blocked-start handshake), `limits` (rlimits and cgroup confinement), `cgroups` (the slot pool),
 `paths` (working dirs and the files that go in and out), `ending` (how a step ended),
 `forkserver` + `zygote_main` (python runs forked from a zygote; the latter is the stdlib-only
-program that runs inside the zygote's sandbox).
+program that runs inside the zygote's sandbox, with `zygote_program`, how the program is run and
+exits, and `zygote_cases`, a run_tests request's runner forking one process per case), `batch`
+(the service's side of that runner).
 """
 
 from .backend import ProcessBackend

@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import os
 import shutil
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from ..languages import (
 from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
 from ..settings import SandboxSettings
 from . import bwrap
+from .batch import CaseBatch
 from .cgroups import PREFIX, CgroupPool, CgroupSlot
 from .execution import ExecContext, Execution, Step
 from .forkserver import ForkFailed, ForkServer, Runner
@@ -76,6 +77,10 @@ class ProcessBackend:
         self._running = 0
         self._runs = 0
         self._compiles = 0
+        self._batches = 0  # run_tests requests holding a runner of their own
+        self._batches_total = 0
+        self._batch_fallbacks = 0  # run_tests requests that took the per-case path instead
+        self._last_fallback = ""
         self._started = False
         self._reaping: set[asyncio.Task[None]] = set()
         self._cgroup_writer = ThreadPoolExecutor(1, thread_name_prefix="sandboxd-cgroup")
@@ -165,6 +170,12 @@ class ProcessBackend:
             "workdir_root": str(self.root) if self.root else None,
             **self._warm_status(),
             "python_mode": self._python_mode(),
+            "run_tests_batches": {
+                "open": self._batches,
+                "total": self._batches_total,
+                "fallbacks": self._batch_fallbacks,
+                "last_fallback": self._last_fallback or None,
+            },
             "fork_server": self.fork_server.status() if self.fork_server is not None else None,
         }
 
@@ -297,6 +308,88 @@ class ProcessBackend:
         result.files = fetch_files(workdir, spec.fetch_files, cap)
         return result
 
+    @contextlib.asynccontextmanager
+    async def case_batch(
+        self, spec: RunSpec, deadline: Deadline
+    ) -> AsyncIterator[CaseBatch | None]:
+        """For run_tests: one fork-server runner for every case of the request (None: cases take
+        the per-case path: not python, no fork server, or as many batches open as programs)."""
+        root, _ = self._require_started()
+        lang = self._language(spec.language)
+        server = self.fork_server
+        if not (self.settings.fork_server_batch and self._forks(lang) and server is not None):
+            yield None
+            return
+        if self._batches >= self.settings.concurrency:
+            self._batch_fallbacks += 1
+            self._last_fallback = f"{self._batches} requests hold a runner (the limit)"
+            yield None
+            return
+        self._batches += 1  # counted before the await: concurrent requests see it
+        try:
+            batch = await self._open_batch(server, root, spec, lang)
+            if batch is None:
+                yield None
+                return
+            self._batches_total += 1
+            try:
+                yield batch
+            finally:
+                await batch.close()
+        finally:
+            self._batches -= 1
+
+    async def _open_batch(
+        self, server: ForkServer, root: Path, spec: RunSpec, lang: Language
+    ) -> CaseBatch | None:
+        try:
+            runner = server.take()
+        except ForkFailed as exc:
+            self._batch_fallbacks += 1
+            self._last_fallback = f"no runner: {exc}"
+            return None
+        if runner.slot is not None:  # the forker's own cgroup: its cases join their own
+            runner.slot.configure(
+                memory_bytes=self.settings.default_memory_mb << 20,
+                pids_max=self.settings.concurrency + 8,
+                cpu_cores=None,
+            )
+        batch = CaseBatch(server, runner, self.cgroups)
+        workdir = new_workdir(root)
+        try:
+            write_inputs(workdir, spec, lang, None if server.userns else bwrap.SANDBOX_UID)
+            await batch.open(workdir.name)
+        except (ForkFailed, InvalidPath, OSError) as exc:
+            self._batch_fallbacks += 1
+            self._last_fallback = f"the request's runner did not start: {exc}"
+            await batch.close()
+            return None
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return batch
+
+    async def run_case(self, batch: CaseBatch, spec: RunSpec, deadline: Deadline) -> RunResult:
+        """One case of a batch: a fresh process forked by the request's runner, in its own
+        cgroup slot, supervised and classified as a single run is."""
+        if not batch.alive:
+            return await self.run(spec, deadline)  # the forker is gone: the per-case path
+        root, _ = self._require_started()
+        lang = self._language(spec.language)
+        result = RunResult(sandbox_id=f"proc-{os.getpid()}-{next(self._ids)}", backend=self.name)
+        slot = self.cgroups.acquire()
+        self._runs += 1
+        self._running += 1
+        try:
+            result.run = await self._exec(
+                lang.run_argv, root, spec.run_limits, spec.stdin.encode(), deadline, slot,
+                batch=batch,
+            )  # fmt: skip
+            return result
+        finally:
+            self._running -= 1
+            if slot is not None:
+                self.cgroups.release(slot)
+
     async def compile(self, spec: RunSpec, deadline: Deadline) -> tuple[ExecResult, bytes | None]:
         """Compile once (for many runs of the same program): the result and the artifact."""
         root, _ = self._require_started()
@@ -333,6 +426,7 @@ class ProcessBackend:
         slot: CgroupSlot | None,
         warm: Warm | None = None,
         runner: Runner | None = None,
+        batch: CaseBatch | None = None,
     ) -> ExecResult:
         root, ctx = self._require_started()
         lim = StepLimits.resolve(self.settings, limits, deadline)
@@ -348,7 +442,8 @@ class ProcessBackend:
             except OSError as exc:
                 return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
         stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(root, stdin)
-        execution = Execution(ctx, Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, runner))
+        step = Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, runner, batch)
+        execution = Execution(ctx, step)
         try:
             return await execution.run()
         finally:

@@ -43,7 +43,7 @@ def _own_cgroup_paths() -> dict[str, str]:
     return paths
 
 
-def _write(path: Path, value: str) -> None:
+def _write(path: Path | str, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, value.encode())
@@ -51,7 +51,7 @@ def _write(path: Path, value: str) -> None:
         os.close(fd)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path | str) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, 65536).decode()
@@ -101,6 +101,15 @@ class CgroupSlot:
     _oom_kills: int = field(default=0, repr=False)
     _failcnt: int = field(default=0, repr=False)
     _baseline: int = field(default=0, repr=False)  # bytes still charged (page cache) at reset
+    _files: dict[tuple[Path, str], str] = field(default_factory=dict, repr=False)
+
+    def control_file(self, d: Path, name: str) -> str:
+        """A control file's path, joined once (several are read for every run)."""
+        key = (d, name)
+        path = self._files.get(key)
+        if path is None:
+            path = self._files[key] = f"{d}/{name}"
+        return path
 
     def configure(
         self, *, memory_bytes: int | None, pids_max: int | None, cpu_cores: float | None
@@ -138,13 +147,13 @@ class CgroupSlot:
 
     def pids(self) -> list[int]:
         d = self.dirs.get("pids") or next(iter(self.dirs.values()))
-        return [int(p) for p in _read(d / "cgroup.procs").split()]
+        return [int(p) for p in _read(self.control_file(d, "cgroup.procs")).split()]
 
     def task_count(self) -> int:
         """Tasks still charged to the slot (zombies included, unlike cgroup.procs)."""
         pids = self.dirs.get("pids")
         if pids is not None:
-            return int(_read(pids / "pids.current"))
+            return int(_read(self.control_file(pids, "pids.current")))
         return len(self.pids())
 
     def kill_all(self) -> int:
@@ -159,13 +168,13 @@ class CgroupSlot:
     def stats(self) -> CgroupStats:
         out = CgroupStats()
         if (mem := self.dirs.get("memory")) is not None:
-            peak = int(_read(mem / "memory.max_usage_in_bytes")) - self._baseline
+            peak = int(_read(self.control_file(mem, "memory.max_usage_in_bytes"))) - self._baseline
             out.peak_memory_kb = max(peak, 0) // 1024
             oom = 0
-            for line in _read(mem / "memory.oom_control").splitlines():
+            for line in _read(self.control_file(mem, "memory.oom_control")).splitlines():
                 if line.startswith("oom_kill "):
                     oom = int(line.split()[1])
-            failcnt = int(_read(mem / "memory.failcnt"))
+            failcnt = int(_read(self.control_file(mem, "memory.failcnt")))
             out.oom_killed = oom > self._oom_kills
             out.hit_memory_limit = failcnt > self._failcnt
         return out
@@ -173,13 +182,13 @@ class CgroupSlot:
     def reset(self) -> None:
         """Zero the counters so the next run reads only its own figures."""
         if (mem := self.dirs.get("memory")) is not None:
-            _write(mem / "memory.max_usage_in_bytes", "0")
+            _write(self.control_file(mem, "memory.max_usage_in_bytes"), "0")
             # Page cache charged by earlier runs stays charged: the peak is measured above it.
-            self._baseline = int(_read(mem / "memory.usage_in_bytes"))
-            for line in _read(mem / "memory.oom_control").splitlines():
+            self._baseline = int(_read(self.control_file(mem, "memory.usage_in_bytes")))
+            for line in _read(self.control_file(mem, "memory.oom_control")).splitlines():
                 if line.startswith("oom_kill "):
                     self._oom_kills = int(line.split()[1])
-            self._failcnt = int(_read(mem / "memory.failcnt"))
+            self._failcnt = int(_read(self.control_file(mem, "memory.failcnt")))
 
     def remove(self) -> bool:
         ok = True

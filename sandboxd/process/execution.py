@@ -18,7 +18,7 @@ import resource
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 
 from ..languages import CHILD_ENV
 from ..models import ExecResult, ExecStatus
+from .batch import CaseBatch
 from .bwrap import Blocked, spawn_blocked
 from .cgroups import CgroupSlot
 from .ending import classify
@@ -63,6 +64,7 @@ class Step:
     stdin: bytes = b""  # a warm sandbox's stdin (written into its pipe)
     warm: Warm | None = None
     runner: Runner | None = None  # run it on this fork-server runner (python)
+    batch: CaseBatch | None = None  # run it as one case of a run_tests request's runner
 
 
 class Execution:
@@ -99,8 +101,12 @@ class Execution:
         step = self.step
         if self.ctx.bwrap_prefix is None:
             return await self._run_direct()
+        if step.batch is not None:
+            batch, slot = step.batch, self.slot
+            return await self._run_forked(lambda req, fds: batch.fork(req, fds, slot))
         if step.runner is not None and self.ctx.fork_server is not None:
-            return await self._run_forked(self.ctx.fork_server, step.runner)
+            server, runner = self.ctx.fork_server, step.runner
+            return await self._run_forked(lambda req, fds: server.fork(runner, req, fds))
         try:
             if step.warm is not None:
                 step.warm.used = True
@@ -180,9 +186,12 @@ class Execution:
         self.child_pid = self.proc.pid
         return await self._supervise(out_r, err_r)
 
-    async def _run_forked(self, server: ForkServer, runner: Runner) -> ExecResult:
-        """Run on a fork-server runner: its program already waits in the slot's cgroup; it sets
-        the rlimits and everything else itself before any user code."""
+    async def _run_forked(
+        self, launch: Callable[[dict[str, Any], list[int]], Awaitable[ForkedRun]]
+    ) -> ExecResult:
+        """Run on a fork-server runner (its program already waits in the slot's cgroup) or as
+        a case of a batch: the process sets the rlimits and everything else itself before any
+        user code."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         self.fds += [out_r, err_r]
@@ -191,17 +200,18 @@ class Execution:
             "workdir": self.step.workdir.name,
             "rlimits": self.lim.rlimits(has_memory_cgroup(slot)),
         }
-        if slot is not None:
+        if slot is not None and self.step.batch is None:  # (a case's slot is fresh from the pool)
             slot.reset()  # measure from here: the waiting program's own charge is baseline
         self.started_at = time.monotonic()
         try:
-            self.forked = await server.fork(runner, request, [self.step.stdin_fd, out_w, err_w])
+            self.forked = await launch(request, [self.step.stdin_fd, out_w, err_w])
         except ForkFailed as exc:
             return ExecResult(status=ExecStatus.ERROR, message=f"fork server: {exc}")
         finally:
             os.close(out_w)
             os.close(err_w)
-        self.child_pid = self.forked.pid
+        if self.step.batch is None:  # a case's pid is its forker's, not ours: never signalled
+            self.child_pid = self.forked.pid
         self.forked.ended.add_done_callback(self._on_fork_ended)
         return await self._supervise(out_r, err_r)
 
@@ -341,6 +351,8 @@ class Execution:
             self.kill_message = message
         if self.exited:
             return
+        if self.step.batch is not None and self.forked is not None:
+            self.step.batch.kill(self.forked)
         if self.child_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 if self.ctx.isolated:

@@ -25,6 +25,8 @@ from .bwrap import SANDBOX_UID, interpreter_binds, system_binds
 from .cgroups import CgroupPool, CgroupSlot
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("zygote_main.py")
+# imported by the zygote script from its own dir (the program's process forgets them)
+ZYGOTE_MODULES = [Path(__file__).with_name(f"zygote_{m}.py") for m in ("cases", "program")]
 START_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 5.0
 CAP_CHOWN, CAP_SYS_ADMIN = 0, 21
@@ -114,6 +116,7 @@ def zygote_argv(bwrap: str, root: Path, python: str, userns: bool = False) -> li
         "--dir", "/newroot",
         "--bind", str(root), "/runs",
         "--ro-bind", str(ZYGOTE_SCRIPT), "/sandbox/main.py",
+        *[a for m in ZYGOTE_MODULES for a in ("--ro-bind", str(m), f"/sandbox/{m.name}")],
         "--chdir", "/sandbox",
     ]  # fmt: skip
     argv += ["--clearenv"]

@@ -22,7 +22,6 @@ import sys
 
 BASELINE_MODULES = frozenset(sys.modules)  # what a fresh `python3 main.py` has loaded
 
-import atexit  # noqa: E402
 import ctypes  # noqa: E402
 import fcntl  # noqa: E402
 import gc  # noqa: E402
@@ -33,6 +32,9 @@ import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import struct  # noqa: E402
+
+import zygote_cases  # noqa: E402  (bound next to this script in the zygote's sandbox)
+import zygote_program  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -59,6 +61,9 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220}
 SETUP_FAILED = 125
 
 libc = ctypes.CDLL(None, use_errno=True)
+# made once here, not in every run (each object a run touches costs it a page copy)
+CAPSET_HEADER = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
+CAPSET_EMPTY = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable}: zeros
 
 
 def _check(result, what):
@@ -91,60 +96,12 @@ def _loopback_up():
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
-class RecursionCompensation:
-    """Hide the zygote's own frames from the recursion limit.
-
-    The program's module frame sits below this script's frames, so with the same limit it would
-    hit RecursionError a few frames early. `sys.setrecursionlimit(limit + k)` gives the frames
-    back; writing `limit` back into the limit the interpreter and the thread store keeps
-    `sys.getrecursionlimit()` (and later `setrecursionlimit` calls) as in a fresh interpreter.
-    The two fields are located by value (and verified) at start-up; when they cannot be found,
-    nothing is changed.
-    """
-
-    def __init__(self):
-        self.fields = []
-        try:
-            get_interp = ctypes.pythonapi.PyInterpreterState_Get
-            get_interp.restype = ctypes.c_void_p
-            get_tstate = ctypes.pythonapi.PyThreadState_Get
-            get_tstate.restype = ctypes.c_void_p
-            bases = [get_interp(), get_tstate()]
-            original = sys.getrecursionlimit()
-            sys.setrecursionlimit(48611)
-            found = [self._find(base, 48611) for base in bases]
-            sys.setrecursionlimit(48613)
-            if all(f is not None and self._int(f).value == 48613 for f in found):
-                self.fields = found
-            sys.setrecursionlimit(original)
-        except (AttributeError, OSError, ValueError):
-            self.fields = []
-
-    @staticmethod
-    def _int(address):
-        return ctypes.c_int.from_address(address)
-
-    def _find(self, base, value):
-        for offset in range(0, 4096, 4):
-            if self._int(base + offset).value == value:
-                return base + offset
-        return None
-
-    def apply(self, extra_frames):
-        if not self.fields:
-            return
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(limit + extra_frames)
-        for address in self.fields:
-            self._int(address).value = limit
-
-
-def _clone_runner():
+def _clone_runner(namespaces=RUNNER_NAMESPACES):
     """fork() into fresh namespaces in one system call (the child returns 0, as from fork).
 
     The raw clone skips CPython's after-fork bookkeeping, which a single-threaded zygote that
     never holds the import lock here does not need (no threads, no at-fork hooks registered)."""
-    flags = ctypes.c_ulong(RUNNER_NAMESPACES | signal.SIGCHLD)
+    flags = ctypes.c_ulong(namespaces | signal.SIGCHLD)
     zero = ctypes.c_ulong(0)
     pid = libc.syscall(SYS_CLONE[os.uname().machine], flags, zero, zero, zero, zero)
     if pid < 0:
@@ -237,11 +194,24 @@ def _become_program(req, fds):
     _detach("/.oldroot")
     os.rmdir("/.oldroot")
     os.chdir("/sandbox")
+    _drop_to_program(req, fds)
+
+
+def _cut_bounding_set(keep):
+    """A case forker's bounding set cut once to what it needs, so that each case drops only
+    those (every call a case makes costs it page copies)."""
+    global BOUNDING
+    for cap in range(LAST_CAP + 1):
+        if cap not in keep:
+            _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability")
+    BOUNDING = sorted(keep)
+
+
+def _drop_to_program(req, fds):
+    """Limits, identity (uid 65534, no capabilities, no_new_privs) and stdio of the program."""
     for res, value in req["rlimits"]:
         resource.setrlimit(res, (value, value))
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last_cap = int(f.read())
-    for cap in range(last_cap + 1):
+    for cap in BOUNDING if BOUNDING is not None else range(LAST_CAP + 1):
         _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability")
     if not SETGROUPS_DENIED:  # (in a user namespace made without privileges: nothing to drop)
         os.setgroups([])
@@ -261,9 +231,7 @@ def _clear_capabilities():
     when the zygote is root; in a user namespace the zygote already is uid 65534 (with every
     capability of that namespace), and a change to the same uid clears nothing."""
     _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient caps")
-    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
-    data = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable}: all zero
-    _check(libc.capset(header, data), "capset")
+    _check(libc.capset(CAPSET_HEADER, CAPSET_EMPTY), "capset")
 
 
 def _runner(link, cgroup_fds):
@@ -279,6 +247,17 @@ def _runner(link, cgroup_fds):
     if not data:
         os._exit(0)  # the zygote is gone before this runner was used
     req = json.loads(data)
+    if "cases" in req:  # a run_tests request: this runner forks one process per case
+        tools = zygote_cases.Tools(
+            _mount,
+            _detach,
+            _clone_runner,
+            _drop_to_program,
+            _send,
+            _forget_zygote_modules,
+            _cut_bounding_set,
+        )
+        return zygote_cases.CaseForker(req, fds, link, tools).serve()
     try:
         _become_program(req, fds)
     except Exception as exc:
@@ -412,87 +391,13 @@ def _forget_zygote_modules():
     sys.path_importer_cache.pop("/sandbox", None)
 
 
-def _exit_status(exc):
-    """What the interpreter exits with for an uncaught SystemExit (printing a non-int code)."""
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        sys.stderr.write(f"{code}\n")
-    except Exception:
-        pass
-    return 1
-
-
-def _clear_module_dict(namespace):
-    """As the interpreter clears a module at exit: `_names` first, then the rest."""
-    for pass_ in (1, 2):
-        for name in list(namespace):
-            if name == "__builtins__":
-                continue
-            if pass_ == 2 or (name.startswith("_") and not name.startswith("__")):
-                namespace[name] = None
-
-
-def _exit(status, main, interrupted=False):
-    """The interpreter's exit, minus the teardown of the zygote's own heap (every object freed
-    would copy its page from the zygote: ~10 ms). Threads are joined, atexit handlers run,
-    `__main__` is cleared (finalizers run) and garbage collected, stdio flushed."""
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        try:
-            threading._shutdown()
-        except BaseException as exc:
-            sys.unraisablehook(_Unraisable(exc, "on threading shutdown"))
-    atexit._run_exitfuncs()
-    _clear_module_dict(main.__dict__)
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            status = 120
-    if interrupted:  # as the interpreter does after an uncaught KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        status = 128 + signal.SIGINT  # PID 1 of its namespace ignores its own SIGINT
-    os._exit(status)
-
-
-class _Unraisable:
-    def __init__(self, exc, message):
-        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
-        self.err_msg, self.object = f"Exception ignored {message}", None
-
-
-def _run(main, path):
-    """Run the program as the interpreter runs a script; never returns."""
-    try:
-        with open(path, "rb") as source:
-            code = compile(source.read(), path, "exec", dont_inherit=True)
-    except SyntaxError as exc:  # printed without a traceback, as for a script
-        sys.excepthook(type(exc), exc.with_traceback(None), None)
-        _exit(1, main)
-    RECURSION.apply(3)  # this module's, _run's and exec's frames sit below the program's
-    try:
-        exec(code, main.__dict__)
-    except SystemExit as exc:
-        _exit(_exit_status(exc), main)
-    except BaseException as exc:  # an uncaught exception: printed as the interpreter would
-        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        del exc, tb
-        _exit(1, main, interrupted)
-    _exit(0, main)
-
-
 if __name__ == "__main__":  # run as the zygote (never on import)
     with open("/proc/self/setgroups") as _f:
         SETGROUPS_DENIED = _f.read().strip() == "deny"
-    RECURSION = RecursionCompensation()
+    with open("/proc/sys/kernel/cap_last_cap") as _f:
+        LAST_CAP = int(_f.read())
+    BOUNDING = None  # what is left of the bounding set (None: all of it)
+    RECURSION = zygote_program.RecursionCompensation()
     ROOT_PLAN = _root_plan()
     gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
     JOB = Zygote().serve()
@@ -508,4 +413,4 @@ if __name__ == "__main__":  # run as the zygote (never on import)
     _main.__builtins__ = __builtins__
     sys.modules["__main__"] = _main
     del JOB
-    _run(_main, "/sandbox/main.py")
+    zygote_program.run(_main, "/sandbox/main.py", RECURSION)

@@ -3,7 +3,7 @@
 - every program of `fork_corpus/` (the hostile programs included) gives the same result forked
   from the zygote as started fresh (`python3 main.py` in a warm bwrap sandbox);
 - nothing of one forked run is visible to the next;
-- `/v1/run_tests` with many cases forks every case from one zygote;
+- `/v1/run_tests` with many cases forks every case from one zygote (through one runner);
 - a run is one process: PID 1 of its namespace, the zygote's own child (no runner in between);
 - the zygote is replaced after `fork_server_max_forks` forks and when it dies, and the mode is
   reported in the status (warm spawn when the fork server is off).
@@ -160,8 +160,11 @@ async def test_nothing_of_one_run_is_visible_to_the_next(forking) -> None:
         ], clean
 
 
-async def test_run_tests_forks_every_case_from_one_zygote(bwrap_path: str) -> None:
-    service = SandboxService(settings())
+@pytest.mark.parametrize("batch", [True, False], ids=["one-runner", "runner-per-case"])
+async def test_run_tests_forks_every_case_from_one_zygote(bwrap_path: str, batch: bool) -> None:
+    """With batches on (the default) the request takes one fork of the zygote (its runner
+    forks the cases); off, one fork per case."""
+    service = SandboxService(settings(fork_server_batch=batch))
     await service.start()
     try:
         before = service.status()["fork_server"]
@@ -175,7 +178,7 @@ async def test_run_tests_forks_every_case_from_one_zygote(bwrap_path: str) -> No
     finally:
         await service.close()
     assert response.passed == 60, response
-    assert after["forks"] - before["forks"] == 60
+    assert after["forks"] - before["forks"] == (1 if batch else 60)
     assert after["zygotes_started"] == before["zygotes_started"] == 1
 
 
