@@ -87,11 +87,11 @@ async def real_rounds(
     batch: int,
     tool_scale: float,
     rounds: int,
-) -> tuple[Runs, Runs, np.ndarray]:
+) -> tuple[Runs, Runs, list[np.ndarray]]:
     """Both workloads under every policy, `rounds` times, interleaved (calibration, check, next
     policy), after one discarded warm-up run: load on the machine and the engine's warm-up drift
     then fall on both alike, and the medians shed a stalled run. Also returns the iterations of
-    the calibration runs (`itertimes.iterations`)."""
+    each calibration run (`itertimes.iterations`)."""
     await run_real(engine, calibration, "async", batch, tool_scale, "warmup")
     fitted: Runs = {p: [] for p in CHECK_POLICIES}
     checked: Runs = {p: [] for p in CHECK_POLICIES}
@@ -106,7 +106,7 @@ async def real_rounds(
             rows.append(iterations(engine.requests))
             checked[policy].append(await run_real(engine, check, policy, batch, tool_scale, tag))
     engine.requests.clear()
-    return fitted, checked, np.vstack(rows)
+    return fitted, checked, rows
 
 
 def median_figures(runs: Runs) -> dict[str, dict[str, float]]:
@@ -200,7 +200,7 @@ async def measure_and_run(
     cost = fit_iterations(rows, first).model_copy(
         update={
             "source": f"toolenv rollout calibrate --engine {engine.name} --check: "
-            f"{len(rows)} iterations of {rounds} x {len(CHECK_POLICIES)} calibration runs "
+            f"{sum(len(r) for r in rows)} iterations of {rounds} x {len(CHECK_POLICIES)} calibration runs "
             f"({len(calibration)} trajectories; microbenchmark: {len(samples)} requests)"
         }
     )

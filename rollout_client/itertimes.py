@@ -5,15 +5,15 @@ iteration, so chunks that reach the client within a fraction of a millisecond of
 came out of one iteration. `StreamLog` wraps a real engine and keeps every chunk's arrival time;
 `iterations` groups them back into iterations and rebuilds each one's batch from what the
 requests had made so far (a request's first chunk: its prefill, less what the prefix cache
-held; later chunks: decode at its current length), and `fit_iterations` is the least-squares
-fit of the cost model's iteration formula to their durations. Fitted on a workload run under the
+held; later chunks: decode at its current length), and `fit_iterations` fits the cost model's
+iteration formula to their durations (busy iterations first, then the wake-up cost). Fitted on a workload run under the
 very conditions the model is checked in (same client, same policies, same machine load), it
 measures what a microbenchmark of isolated batches cannot: what an iteration costs in a rollout.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,22 +125,53 @@ def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarr
     return np.asarray(rows, dtype=float)
 
 
-def fit_iterations(rows: np.ndarray, start: CostModel) -> CostModel:
-    """Least squares of the iteration formula on measured iterations (coefficients >= 0)."""
-    if len(rows) < 8:
-        raise ValueError(f"{len(rows)} iterations are too few to fit the cost model")
-    design = np.c_[
+def _design(rows: np.ndarray) -> np.ndarray:
+    return np.c_[
         rows[:, DECODING] > 0,
         rows[:, DECODING],
         rows[:, CONTEXT],
         rows[:, PREFILL_TOKENS],
         rows[:, PREFILL_SEQS],
-        rows[:, WAKE],
     ].astype(float)
+
+
+def _least_squares(design: np.ndarray, durations: np.ndarray) -> np.ndarray:
     scale = np.maximum(design.max(axis=0), 1e-12)  # comparable columns for the solver
-    fit = optimize.lsq_linear(design / scale, rows[:, DURATION], bounds=(0, np.inf))
-    base, per_seq, per_ctx, per_token, per_prefill, wake = (fit.x / scale).tolist()
-    predicted = design @ (fit.x / scale)
+    return optimize.lsq_linear(design / scale, durations, bounds=(0, np.inf)).x / scale
+
+
+def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
+    """The iteration formula fitted on the iterations of several runs, in two stages.
+
+    1. Iterations that did not start from idle fix the per-iteration costs (decode, prefill per
+       token and per sequence): least squares, coefficients >= 0. A shared machine runs some
+       calibration runs uniformly slower than others (every iteration of a run, not a few
+       stalls), so each run gets a speed factor (its measured over fitted busy time) and the
+       model takes the median run's: the shape is refitted on iterations divided by their run's
+       factor, then scaled by the median factor.
+    2. The wake-up cost is the median residual of the first-after-idle iterations under those
+       costs, so it cannot trade off against the prefill it wakes for, and one stalled wake-up
+       does not move it.
+    """
+    runs = [r for r in runs if len(r)]
+    rows = np.vstack(runs) if runs else np.zeros((0, 6))
+    busy = rows[rows[:, WAKE] == 0]
+    woke = rows[rows[:, WAKE] == 1]
+    if len(busy) < 8 or not len(woke):
+        raise ValueError(
+            f"{len(rows)} iterations ({len(woke)} after idle) are too few to fit the cost model"
+        )
+    speeds = np.ones(len(runs))
+    for _ in range(3):  # alternate: the shape on speed-normalised rows, then each run's speed
+        norm = np.concatenate(
+            [r[r[:, WAKE] == 0, DURATION] / s for r, s in zip(runs, speeds, strict=True)]
+        )
+        coef = _least_squares(_design(busy), norm)
+        speeds = np.array([_speed(r, coef) for r in runs])
+    coef = coef * float(np.median(speeds))
+    wake = max(0.0, float(np.median(woke[:, DURATION] - _design(woke) @ coef)))
+    base, per_seq, per_ctx, per_token, per_prefill = coef.tolist()
+    predicted = _design(rows) @ coef + wake * rows[:, WAKE]
     measured = rows[:, DURATION]
     return start.model_copy(
         update={
@@ -158,6 +189,15 @@ def fit_iterations(rows: np.ndarray, start: CostModel) -> CostModel:
                 ),
                 "workload_busy_s_measured": round(float(measured.sum()), 4),
                 "workload_busy_s_fitted": round(float(predicted.sum()), 4),
+                "workload_run_speed_min": round(float(speeds.min() / np.median(speeds)), 4),
+                "workload_run_speed_max": round(float(speeds.max() / np.median(speeds)), 4),
             },
         }
     )
+
+
+def _speed(run: np.ndarray, coef: np.ndarray) -> float:
+    """A run's measured over fitted busy time (1 for a run with no busy iteration)."""
+    busy = run[run[:, WAKE] == 0]
+    fitted = float((_design(busy) @ coef).sum())
+    return float(busy[:, DURATION].sum()) / fitted if fitted > 0 else 1.0
