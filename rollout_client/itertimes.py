@@ -189,8 +189,8 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
                 ),
                 "workload_busy_s_measured": round(float(measured.sum()), 4),
                 "workload_busy_s_fitted": round(float(predicted.sum()), 4),
-                "workload_run_speed_min": round(float(speeds.min() / np.median(speeds)), 4),
-                "workload_run_speed_max": round(float(speeds.max() / np.median(speeds)), 4),
+                "workload_run_slowdown_min": round(float(speeds.min() / np.median(speeds)), 4),
+                "workload_run_slowdown_max": round(float(speeds.max() / np.median(speeds)), 4),
             },
         }
     )

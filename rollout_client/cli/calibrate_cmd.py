@@ -140,6 +140,12 @@ def calibrate(
         f"{profile.idle_wake_s * 1e3:.1f} ms (microbenchmark fit: mean |error| "
         f"{err.get('iteration_mean_abs_rel_error', 0):.1%} per iteration); wrote {out}"
     )
+    if "workload_run_slowdown_max" in err:
+        typer.echo(
+            f"fitted on {err['workload_iterations']:.0f} iterations of the calibration runs; "
+            f"each run's iteration times over the median run's (the machine's load): "
+            f"{err['workload_run_slowdown_min']:.2f}-{err['workload_run_slowdown_max']:.2f}x"
+        )
     for row in rows or []:
         spread = ", ".join(f"{a:.1%}" for a in row["makespan_accuracy_per_run"])
         turn_spread = ", ".join(f"{a:.1%}" for a in row["turn_latency_accuracy_per_run"])

@@ -116,7 +116,7 @@ def test_fit_takes_the_median_run_and_ignores_a_stalled_wake_up() -> None:
     fitted = fit_iterations(runs, START)
     for key, value in TRUTH.items():
         assert getattr(fitted, key) == pytest.approx(value, rel=0.1), key
-    assert fitted.fit_error["workload_run_speed_max"] == pytest.approx(1.5, rel=0.05)
+    assert fitted.fit_error["workload_run_slowdown_max"] == pytest.approx(1.5, rel=0.05)
 
 
 def test_wake_up_is_fitted_apart_from_the_prefill_it_wakes_for() -> None:
