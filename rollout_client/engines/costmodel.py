@@ -25,7 +25,7 @@ cache each iteration). Built-in profiles and where their numbers come from:
   iteration 7.9 ms + 0.252 ms/sequence + 0.297 us/context token. A microbenchmark of isolated
   batches: no wake-up or per-sequence prefill term. `toolenv rollout calibrate --check TRACE`
   fits every term on the iterations of a rollout run on the engine (docs/rollout.md: on the
-  same machine, waking from idle 11-12 ms).
+  same machine, waking from idle 11.9-13.5 ms).
 `toolenv rollout calibrate` writes a profile of this shape to JSON; `--cost-profile FILE` loads it.
 """
 

@@ -240,10 +240,9 @@ async def test_engine_model_predicts_real_vllm_under_each_policy(engine, polytra
         assert row["turn_latency_accuracy"] >= TURN_LATENCY_ACCURACY, row
 
 
-# Nine runs of this test on the shared 2-core machine (docs/rollout.md, "Against a real engine"):
-# median-run accuracy 84.9-99.6% for the makespan, 77.9-99.9% for the mean turn latency (the
-# 77.9%: a fit that put the idle wake-up at 18.5 ms instead of about 10), while
-# single real runs of one policy differ from each other by up to 55% (the 84.9%: async+overlap
-# runs of 0.37-0.50 s, the model at the fastest). The bounds sit under the lowest figures measured.
+# Runs of this test on the shared 2-core machine with the two-stage fit (docs/rollout.md, "Against
+# a real engine"): median-run accuracy 84.1-99.9% for the makespan, 83.7-99.4% for the mean turn
+# latency; the low ones are runs where other work slowed most real runs of a policy (single real
+# runs of one policy differ by up to 2x). The bounds sit under the lowest figures measured.
 MAKESPAN_ACCURACY = 0.80
-TURN_LATENCY_ACCURACY = 0.75
+TURN_LATENCY_ACCURACY = 0.78
