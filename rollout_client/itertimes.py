@@ -146,7 +146,7 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
     1. Iterations that did not start from idle fix the per-iteration costs (decode, prefill per
        token and per sequence): least squares, coefficients >= 0. A shared machine runs some
        calibration runs uniformly slower than others (every iteration of a run, not a few
-       stalls), so each run gets a speed factor (its measured over fitted busy time) and the
+       stalls), so each run gets a slowdown factor (its measured over fitted busy time) and the
        model takes the median run's: the shape is refitted on iterations divided by their run's
        factor, then scaled by the median factor.
     2. The wake-up cost is the median residual of the first-after-idle iterations under those
@@ -161,14 +161,15 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
         raise ValueError(
             f"{len(rows)} iterations ({len(woke)} after idle) are too few to fit the cost model"
         )
-    speeds = np.ones(len(runs))
-    for _ in range(3):  # alternate: the shape on speed-normalised rows, then each run's speed
+    slowdown = np.ones(len(runs))
+    # Alternate: the shape on rows divided by their run's slowdown, then each run's slowdown.
+    for _ in range(3):
         norm = np.concatenate(
-            [r[r[:, WAKE] == 0, DURATION] / s for r, s in zip(runs, speeds, strict=True)]
+            [r[r[:, WAKE] == 0, DURATION] / s for r, s in zip(runs, slowdown, strict=True)]
         )
         coef = _least_squares(_design(busy), norm)
-        speeds = np.array([_speed(r, coef) for r in runs])
-    coef = coef * float(np.median(speeds))
+        slowdown = np.array([_slowdown(r, coef) for r in runs])
+    coef = coef * float(np.median(slowdown))
     wake = max(0.0, float(np.median(woke[:, DURATION] - _design(woke) @ coef)))
     base, per_seq, per_ctx, per_token, per_prefill = coef.tolist()
     predicted = _design(rows) @ coef + wake * rows[:, WAKE]
@@ -189,14 +190,14 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
                 ),
                 "workload_busy_s_measured": round(float(measured.sum()), 4),
                 "workload_busy_s_fitted": round(float(predicted.sum()), 4),
-                "workload_run_slowdown_min": round(float(speeds.min() / np.median(speeds)), 4),
-                "workload_run_slowdown_max": round(float(speeds.max() / np.median(speeds)), 4),
+                "workload_run_slowdown_min": round(float(slowdown.min() / np.median(slowdown)), 4),
+                "workload_run_slowdown_max": round(float(slowdown.max() / np.median(slowdown)), 4),
             },
         }
     )
 
 
-def _speed(run: np.ndarray, coef: np.ndarray) -> float:
+def _slowdown(run: np.ndarray, coef: np.ndarray) -> float:
     """A run's measured over fitted busy time (1 for a run with no busy iteration)."""
     busy = run[run[:, WAKE] == 0]
     fitted = float((_design(busy) @ coef).sum())
