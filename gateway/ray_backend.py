@@ -31,7 +31,16 @@ class RayBackend:
 
     def __init__(self, tool: ToolConfig, handle: DeploymentHandle) -> None:
         self.tool = tool
-        self.handle = handle.options(method_name="call")
+        # Serve's gRPC data path (`_by_reference=False`, what `RAY_SERVE_THROUGHPUT_OPTIMIZED`
+        # turns on): one gRPC call straight to the replica instead of a Ray actor task with a
+        # streaming reply, the same router and queue-length rejection. Our arguments and reply
+        # are plain str/bytes/dict/tuple values: plain pickle, not cloudpickle.
+        self.handle = handle.options(
+            method_name="call",
+            _by_reference=False,
+            request_serialization="pickle",
+            response_serialization="pickle",
+        )
         self.endpoints = [Endpoint(label=f"ray:{handle.deployment_name}")]
 
     async def start(self) -> None:
