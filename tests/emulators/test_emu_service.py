@@ -16,6 +16,7 @@ from scipy import stats
 from testkit import ServerProcess, free_port
 
 from emulators.profiles import packaged_profile_path
+from stress import LoadSpec, arun_load
 from toolenv_core.latency import load_profile
 
 INJECTED = "x-toolenv-injected-delay-ms"
@@ -312,8 +313,6 @@ def test_reward_emulator_scales_with_batch_size(client: httpx.Client) -> None:
 
 async def test_fidelity_at_a_small_rate_matches_the_profile(server: ServerProcess) -> None:
     """100 requests/s open loop for 3 s: scheduled and realized delays follow the shipped profile."""
-    from stress import LoadSpec, arun_load
-
     profile = load_profile(packaged_profile_path("search_default"))
     with httpx.Client(base_url=server.url, timeout=30) as c:
         c.put(
@@ -358,8 +357,6 @@ async def test_replies_reach_the_client_on_time_at_the_median(client: httpx.Clie
     the request left the client; never before it was sent plus the delay minus that lead. A sign
     error or a double count in the correction makes replies early by the lead (~0.2 ms); no
     correction makes them late by the path (~0.3 ms)."""
-    from stress import LoadSpec, arun_load
-
     client.put(
         "/v1/emulators/search/profile",
         json={"tool": "search", "model": {"kind": "constant", "value_s": 0.02}, "source": "t"},
