@@ -89,10 +89,15 @@ async def real_rounds(
     rounds: int,
 ) -> tuple[Runs, Runs, list[np.ndarray]]:
     """Both workloads under every policy, `rounds` times, interleaved (calibration, check, next
-    policy), after one discarded warm-up run: load on the machine and the engine's warm-up drift
-    then fall on both alike, and the medians shed a stalled run. Also returns the iterations of
-    each calibration run (`itertimes.iterations`)."""
-    await run_real(engine, calibration, "async", batch, tool_scale, "warmup")
+    policy), after one discarded warm-up round of the same runs: load on the machine then falls
+    on both alike, the medians shed a stalled run, and no measured run pays the engine's
+    first batches of each policy's shapes (a single warm-up run left the first measured round
+    the slowest in 53% of the series). Also returns the iterations of each calibration run
+    (`itertimes.iterations`)."""
+    for policy in CHECK_POLICIES:
+        tag = f"warmup-{policy.replace('+', '_')}"
+        await run_real(engine, calibration, policy, batch, tool_scale, "cal-" + tag)
+        await run_real(engine, check, policy, batch, tool_scale, tag)
     fitted: Runs = {p: [] for p in CHECK_POLICIES}
     checked: Runs = {p: [] for p in CHECK_POLICIES}
     rows = []

@@ -100,7 +100,7 @@ def calibrate(
             from rich.console import Console
 
             status = Console(stderr=True).status(
-                f"calibrating, then {check_rounds} rounds of both workloads on the engine"
+                f"calibrating, then a warm-up round and {check_rounds} rounds of both workloads"
             )
 
             async def measured() -> tuple[CostModel, Runs, Runs]:
