@@ -321,8 +321,7 @@ class ProcessBackend:
             yield None
             return
         if self._batches >= self.settings.concurrency:
-            self._batch_fallbacks += 1
-            self._last_fallback = f"{self._batches} requests hold a runner (the limit)"
+            self._fall_back(f"{self._batches} requests hold a runner (the limit)")
             yield None
             return
         self._batches += 1  # counted before the await: concurrent requests see it
@@ -339,14 +338,18 @@ class ProcessBackend:
         finally:
             self._batches -= 1
 
+    def _fall_back(self, reason: str) -> None:
+        """Count a run_tests request sent to the per-case path, with why (shown in the status)."""
+        self._batch_fallbacks += 1
+        self._last_fallback = reason
+
     async def _open_batch(
         self, server: ForkServer, root: Path, spec: RunSpec, lang: Language
     ) -> CaseBatch | None:
         try:
             runner = server.take()
         except ForkFailed as exc:
-            self._batch_fallbacks += 1
-            self._last_fallback = f"no runner: {exc}"
+            self._fall_back(f"no runner: {exc}")
             return None
         if runner.slot is not None:  # the forker's own cgroup: its cases join their own
             runner.slot.configure(
@@ -360,8 +363,7 @@ class ProcessBackend:
             write_inputs(workdir, spec, lang, None if server.userns else bwrap.SANDBOX_UID)
             await batch.open(workdir.name)
         except (ForkFailed, InvalidPath, OSError) as exc:
-            self._batch_fallbacks += 1
-            self._last_fallback = f"the request's runner did not start: {exc}"
+            self._fall_back(f"the request's runner did not start: {exc}")
             await batch.close()
             return None
         finally:

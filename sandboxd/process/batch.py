@@ -20,7 +20,14 @@ import socket
 from typing import Any
 
 from .cgroups import CgroupPool, CgroupSlot
-from .forkserver import REPLY_TIMEOUT_S, ForkedRun, ForkFailed, ForkServer, Runner
+from .forkserver import (
+    REPLY_TIMEOUT_S,
+    ForkedRun,
+    ForkFailed,
+    ForkServer,
+    Runner,
+    read_messages,
+)
 
 CLOSE_TIMEOUT_S = 5.0
 
@@ -92,17 +99,7 @@ class CaseBatch:
                 self.ours.send(json.dumps({"kill": run.run_id}).encode())
 
     def _on_message(self) -> None:
-        while True:
-            try:
-                data = self.ours.recv(65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self._fail("the case forker exited")
-                return
-            self._handle(json.loads(data))
+        read_messages(self.ours, self._handle, lambda: self._fail("the case forker exited"))
 
     def _handle(self, msg: dict[str, Any]) -> None:
         if "ready" in msg:

@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,17 +206,7 @@ class Zygote:
         return run
 
     def _on_message(self) -> None:
-        while True:
-            try:
-                data = self.sock.recv(65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self._fail("the zygote exited")
-                return
-            self._handle(json.loads(data))
+        read_messages(self.sock, self._handle, lambda: self._fail("the zygote exited"))
 
     def _handle(self, msg: dict[str, Any]) -> None:
         if "spawned" in msg:
@@ -284,6 +275,26 @@ class Zygote:
         slots = [r.slot for r in self.idle.values() if r.slot is not None]
         self.idle.clear()
         return slots
+
+
+def read_messages(
+    sock: socket.socket,
+    handle: Callable[[dict[str, Any]], None],
+    on_eof: Callable[[], None],
+) -> None:
+    """Every JSON datagram waiting on a non-blocking control socket, in order; `on_eof` once the
+    other end is gone (its process exited)."""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            on_eof()
+            return
+        handle(json.loads(data))
 
 
 class ForkServer:
