@@ -31,9 +31,10 @@ from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 from toolenv_core.latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
 from toolenv_core.latency.profile import Profile, error_field
 from toolenv_core.latency.samplers import Draw, Sampler
+from toolenv_core.timer import sleep_until
 
 from .settings import EmulatorSettings
-from .timing import PacedResponse, Pacer, received_at, sleep_until
+from .timing import PacedResponse, Pacer, received_at
 
 M = TypeVar("M", bound=BaseModel)
 

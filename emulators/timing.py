@@ -24,17 +24,12 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from toolenv_core.timer import PreciseTimer, precise_timer, sleep_until
-
 __all__ = [
     "RECEIVED_AT",
     "PacedResponse",
     "Pacer",
-    "PreciseTimer",
     "StampingHttpToolsProtocol",
-    "precise_timer",
     "received_at",
-    "sleep_until",
 ]
 
 RECEIVED_AT = "toolenv.received_at"

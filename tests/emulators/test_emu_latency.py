@@ -21,9 +21,7 @@ from emulators.timing import (
     RECEIVED_AT,
     Pacer,
     StampingHttpToolsProtocol,
-    precise_timer,
     received_at,
-    sleep_until,
 )
 from toolenv_core.latency import (
     LATENCY_MODEL,
@@ -36,6 +34,7 @@ from toolenv_core.latency import (
 )
 from toolenv_core.latency.samplers import DriftSampler, FunctionSampler
 from toolenv_core.net import free_port
+from toolenv_core.timer import precise_timer, sleep_until
 
 SPECS = [
     {"kind": "uniform", "low_s": 0.1, "high_s": 0.4},
