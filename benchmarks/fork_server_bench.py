@@ -7,7 +7,8 @@ Each figure is a ratio against a baseline measured in the same run, on the same 
   (target <= 0.5x);
 - `/v1/run_tests` with 100 small python cases: time per case with the fork server over the
   warm-spawn path (a second server with `TOOLENV_SANDBOX_FORK_SERVER=false`), alternated
-  (target >= 5x).
+  (target >= 5x). Each round starts with the warm-spawn pool refilled and the machine idle
+  again, so that no round pays for what the one before it left behind.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from .harness import ServerProcess, free_port
+from .harness import ServerProcess, free_port, wait_until_idle
 from .sandboxd_bench import PROGRAM, PYTHON, closed_loop, interleaved_c1
 from .sandboxd_bench import time_subprocess as spawn_floor
 
@@ -53,6 +54,18 @@ def start_server(fork_server: bool, max_concurrency: int) -> ServerProcess:
         server.stop()
         raise RuntimeError(f"sandboxd runs python as {mode!r}, not {expected!r}")
     return server
+
+
+def settle(warm_spawn: ServerProcess, timeout_s: float = 5.0) -> bool:
+    """Wait until the warm-spawn server's pool is full again and the machine is idle (False:
+    it did not settle within `timeout_s` each; the round runs anyway)."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        status = httpx.get(warm_spawn.url + "/v1/sandbox/status", timeout=5).json()
+        if sum(status["warm"].values()) >= status["warm_target"]:
+            return wait_until_idle(timeout_s=timeout_s)
+        time.sleep(0.05)
+    return False
 
 
 def run_tests_once(url: str) -> float:
@@ -83,9 +96,11 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         c1 = await interleaved_c1(fork.url, n_c1)
         console.print(f"run_tests, {CASES} cases: {rounds} rounds alternating the two paths")
         per_case: dict[str, list[float]] = {"fork_server": [], "warm_spawn": []}
+        unsettled = 0
         for _ in range(rounds):
-            per_case["fork_server"].append(run_tests_once(fork.url))
-            per_case["warm_spawn"].append(run_tests_once(warm.url))
+            for name, server in (("fork_server", fork), ("warm_spawn", warm)):
+                unsettled += not settle(warm)
+                per_case[name].append(run_tests_once(server.url))
         status = httpx.get(fork.url + "/v1/sandbox/status", timeout=5).json()
     finally:
         fork.stop()
@@ -106,6 +121,7 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "fork_server": round(fork_ms, 3),
             "warm_spawn": round(warm_ms, 3),
             "rounds": {k: [round(v * 1000, 3) for v in vs] for k, vs in per_case.items()},
+            "rounds_started_unsettled": unsettled,
         },
         "fork_server_status": status.get("fork_server"),
         "ratios": ratios,

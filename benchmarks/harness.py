@@ -26,7 +26,7 @@ import httpx
 
 from toolenv_core.net import free_port
 
-__all__ = ["ServerProcess", "free_port", "toolenv_server"]
+__all__ = ["ServerProcess", "free_port", "machine_busy_s", "toolenv_server", "wait_until_idle"]
 
 
 class ServerProcess:
@@ -140,3 +140,25 @@ def toolenv_server(
     return ServerProcess(
         argv, port, ready_timeout_s=ready_timeout_s, stop_timeout_s=stop_timeout_s, env=env
     )
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every CPU, /proc/stat), since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_idle(
+    busy_below: float = 0.15, window_s: float = 0.2, timeout_s: float = 5.0
+) -> bool:
+    """Wait until the machine's busy share over `window_s` falls below `busy_below` (False at
+    `timeout_s`): work a round leaves behind (a pool refilling, the kernel tearing namespaces
+    down) then lands on no other round's clock."""
+    cpus = os.cpu_count() or 1
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        before = machine_busy_s()
+        time.sleep(window_s)
+        if (machine_busy_s() - before) / (window_s * cpus) < busy_below:
+            return True
+    return False

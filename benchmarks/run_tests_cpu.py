@@ -27,11 +27,7 @@ from toolenv_core.deadline import Deadline
 
 from .fork_server_bench import RUN_TESTS_BODY
 from .fork_server_cpu import tree_usage
-
-
-def machine_busy_s() -> float:
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+from .harness import machine_busy_s
 
 
 async def measure(requests: int, concurrency: int, batch: bool) -> dict[str, Any]:
