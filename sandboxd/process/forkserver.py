@@ -395,14 +395,16 @@ class ForkServer:
         return runner
 
     async def fork(self, runner: Runner, request: dict[str, Any], fds: list[int]) -> ForkedRun:
-        """Hand the run to its runner, then top the idle runners up: the zygote serves its
-        messages in order, so a spawn sent first (a clone into fresh namespaces, ~1 ms) would
-        sit on the run's critical path."""
+        """Hand the run to its runner. The zygote serves its messages in order, so a spawn sent
+        first (a clone into fresh namespaces, ~1 ms) would sit on the run's critical path; and
+        a spawn sent while the run starts competes with it for the CPU. So the idle runners
+        are topped up now only when fewer than half are left, else when a run ends."""
         runner.used = True
         try:
             return await runner.zygote.fork(runner, next(self._ids), request, fds)
         finally:
-            self.top_up()
+            if len(runner.zygote.idle) < self.prefork / 2:
+                self.top_up()
 
     def top_up(self) -> None:
         """Bring the current zygote back to `prefork` idle runners (if it is healthy)."""
@@ -420,9 +422,11 @@ class ForkServer:
         self.top_up()
 
     def run_ended(self) -> None:
-        """A run's result is in: retired zygotes with nothing in flight can go."""
+        """A run's result is in: retired zygotes with nothing in flight can go, and the idle
+        runners are topped up."""
         if self._retired:
             self._close_idle_retired()
+        self.top_up()
 
     def status(self) -> dict[str, Any]:
         z = self.current

@@ -5,6 +5,7 @@
 - nothing of one forked run is visible to the next;
 - `/v1/run_tests` with many cases forks every case from one zygote (through one runner);
 - a run is one process: PID 1 of its namespace, the zygote's own child (no runner in between);
+- idle runners are topped up when a run ends, at once only when fewer than half are idle;
 - the zygote is replaced after `fork_server_max_forks` forks and when it dies, and the mode is
   reported in the status (warm spawn when the fork server is off).
 """
@@ -195,6 +196,24 @@ async def test_a_run_is_one_process_cloned_by_the_zygote(forking) -> None:
         assert f"PPid:\t{zygote_pid}\n" in Path(f"/proc/{runner.pid}/status").read_text()
     r = await run(forking, "import os\nprint(os.getpid(), os.getppid())\n")
     assert r.stdout == "1 0\n", r  # PID 1, its parent (the zygote) outside its namespace
+
+
+async def test_idle_runners_are_topped_up_as_runs_end_unless_few_are_left(forking) -> None:
+    """No runner is cloned beside a starting run while at least half are idle (it would take
+    the run's CPU); the pool is topped up when the run ends, or at once when few are left."""
+    server = forking.fork_server
+    zygote = server.current
+    assert zygote is not None and server.prefork == 2
+    sleeper = "import time\ntime.sleep(0.6)\nprint('done')\n"
+    one = asyncio.create_task(run(forking, sleeper))
+    await asyncio.sleep(0.3)
+    assert len(zygote.idle) == server.prefork - 1
+    assert (await one).stdout == "done\n"
+    assert len(zygote.idle) == server.prefork
+    both = [asyncio.create_task(run(forking, sleeper)) for _ in range(server.prefork)]
+    await asyncio.sleep(0.3)
+    assert len(zygote.idle) == server.prefork  # none was left idle: topped up at once
+    assert [r.stdout for r in await asyncio.gather(*both)] == ["done\n"] * server.prefork
 
 
 async def test_zygote_is_replaced_after_max_forks(bwrap_path: str) -> None:
