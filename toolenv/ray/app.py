@@ -12,6 +12,7 @@ switches): otherwise each call crosses two threads on each side of a handle call
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from toolenv.ray_settings import RaySettings, ReplicaConfig
 from toolenv_core.config import read_sections
 
 from .ingress import GatewayServer
+from .lean import CLUSTER_ENV
 from .replicas import ServiceReplica
 
 
@@ -55,12 +57,16 @@ class RayStack:
 # Set in every replica's process (runtime_env): user code and handle routers on the replica's
 # main event loop, no thread hop per call. A replica's code must then not block its loop; ours
 # is asyncio throughout.
+# Serve's cached request metrics go to Ray's metrics API once a second instead of ten times: a
+# replica's and a router's timers, not per-call work (Serve counts every call either way).
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
-# Serve's per-request access log is a log record per call in every replica it crosses.
-LOGGING = {"enable_access_log": False}
+# Serve's per-request access log is a log record per call in every replica it crosses; with the
+# access log off Serve still builds that record and drops it, unless INFO is below the level.
+LOGGING = {"enable_access_log": False, "log_level": "WARNING"}
 
 
 def replica_options(config: ReplicaConfig) -> dict[str, Any]:
@@ -104,7 +110,13 @@ def deploy(stack: RayStack) -> DeploymentHandle:
     replicas serve HTTP), run the application."""
     r = stack.ray
     if not ray.is_initialized():
-        # None: a new local cluster ("local"), never one found running on this machine
-        ray.init(address=r.address or "local", log_to_driver=False)
+        if r.address is None:
+            # A new local cluster ("local"), never one found running on this machine: without
+            # the background work toolenv does not use (`lean`; what the environment sets wins).
+            for key, value in CLUSTER_ENV.items():
+                os.environ.setdefault(key, value)
+            ray.init(address="local", log_to_driver=False, include_dashboard=False)
+        else:
+            ray.init(address=r.address, log_to_driver=False)
     serve.start(proxy_location="Disabled")
     return serve.run(build_application(stack), name=r.app_name, route_prefix=None)

@@ -22,10 +22,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lean import CLUSTER_ENV, HEAD_START_ARGS, RAY_START_ARGS
+
 RAY_PORT = 6390  # away from Ray's default worker ports (10002-19999)
 # Token auth off, whatever ~/.ray holds: Ray 2.60 turns it on for `ray start` as soon as a token
-# file exists (a local `ray.init()` writes one), and drivers would then fail to connect.
+# file exists (a local `ray.init()` writes one), and drivers would then fail to connect. Ray's
+# background work that toolenv does not use is off (`lean`).
 _ENV = {
+    **CLUSTER_ENV,
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
     "RAY_AUTH_MODE": "disabled",
@@ -132,14 +136,14 @@ class NetnsCluster:
         shutil.rmtree(node.temp_dir, ignore_errors=True)
         common = [
             "--node-ip-address", node.ip, "--num-cpus", str(node.num_cpus),
-            "--resources", json.dumps({node.resource: 1}), "--disable-usage-stats",
+            "--resources", json.dumps({node.resource: 1}), *RAY_START_ARGS,
             "--temp-dir", str(node.temp_dir), "--object-store-memory", str(200 * 1024 * 1024),
             "--min-worker-port", "20000", "--max-worker-port", "20999",
         ]  # fmt: skip
         if node is self.head:
             argv = [
                 self.ray_bin, "start", "--head", "--port", str(RAY_PORT),
-                "--include-dashboard", "false", "--system-config", json.dumps(SYSTEM_CONFIG),
+                *HEAD_START_ARGS, "--system-config", json.dumps(SYSTEM_CONFIG),
                 *common,
             ]  # fmt: skip
         else:
