@@ -18,6 +18,7 @@ from toolenv_core import headers as h
 from toolenv_core.deadline import DeadlineHeaderError
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
+from . import wirejson
 from .asgi import ASGIApp
 from .calls import CallContext, failure_answer, run_call
 from .dispatch import Outcome, ToolRuntime
@@ -151,7 +152,7 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
     except DeadlineHeaderError as exc:
         await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
         return
-    payload = json.dumps(body["arguments"]).encode()
+    payload = wirejson.dumps(body["arguments"])
     outcome = await run_call(
         ctx, runtime, runtime.config.native_path, payload, deadline, deadline_ms
     )
@@ -165,7 +166,7 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
         "request_id": ctx.request_id,
     }
     where = {k: reply.headers[k] for k in EXECUTOR_HEADERS if k in reply.headers}
-    if not _is_json(reply.body):  # not JSON: the body as text
+    if not wirejson.is_json(reply.body):  # not JSON: the body as text
         text = reply.body.decode("utf-8", errors="replace") if reply.body else None
         answer = {"tool": runtime.name, "status": outcome.kind, "result": text, **tail}
         await _json(send, 200, answer, where)
@@ -173,7 +174,7 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
     # The tool's JSON goes in as it came (checked, not parsed and written again: the larger
     # half of the JSON work of a call), between bytes written once per tool and outcome.
     payload = b"".join(
-        (_answer_head(runtime.name, outcome.kind), reply.body, b", ", json.dumps(tail)[1:].encode())
+        (_answer_head(runtime.name, outcome.kind), reply.body, b", ", wirejson.dumps(tail)[1:])
     )
     await _raw_json(send, 200, payload, where)
 
@@ -184,24 +185,13 @@ def _answer_head(tool: str, kind: str) -> bytes:
     return json.dumps({"tool": tool, "status": kind})[:-1].encode() + b', "result": '
 
 
-def _is_json(body: bytes) -> bool:
-    """Whether `body` is one well-formed UTF-8 JSON document."""
-    if not body:
-        return False
-    try:
-        json.loads(body.decode("utf-8"))
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError both
-        return False
-    return True
-
-
 _INVALID = object()
 
 
 def _parse(raw: bytes) -> Any:
     """The JSON body (None when empty), or `_INVALID`."""
     try:
-        return json.loads(raw) if raw else None
+        return wirejson.loads(raw) if raw else None
     except ValueError:
         return _INVALID
 
