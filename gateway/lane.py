@@ -27,7 +27,6 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .asgi import Message
 from .calls import CallContext
 from .guard import REQUEST_ID_KEY, Verdict
 from .passthrough import HotCall, hot_call, serve
@@ -35,6 +34,7 @@ from .state import GatewayState
 
 log = logging.getLogger("toolenv.gateway")
 JSON = (b"content-type", b"application/json")
+_ERROR = b"Internal Server Error"
 _TASK_NAME = "gateway-lane"
 
 
@@ -194,70 +194,44 @@ class LaneProtocol(HttpToolsProtocol):
             408,
             door.body_timeout_message(len(lane.body), lane.headers),
         )
-        _Writer(self, lane).whole(408, [JSON], verdict.refusal_body())
+        self._write(lane, 408, [JSON], verdict.refusal_body())
         lane.response_complete = True
         self.transport.close()
 
     async def _answer(self, lane: LaneCycle) -> None:
-        write = _Writer(self, lane)
+        answered = False
         try:
             verdict = lane.verdict
             if verdict.status:
-                body = verdict.refusal_body()
-                write.whole(verdict.status, list(verdict.headers), body)
+                answer = verdict.status, list(verdict.headers), verdict.refusal_body()
             else:
                 ctx = CallContext.from_headers(
                     lane.headers, verdict.request_id, verdict.caller, self.gateway.trace
                 )
-                await serve(ctx, lane.call, bytes(lane.body), write.send)
-        except Exception as exc:  # like uvicorn's own cycle: log it, answer 500 if we still can
+                answer = await serve(ctx, lane.call, bytes(lane.body))
+            self._write(lane, *answer)
+            answered = True
+        except Exception as exc:  # like uvicorn's own cycle: log it, answer 500
             log.error("gateway lane error", exc_info=exc)
-            if not write.started:
-                msg = b"Internal Server Error"
-                write.whole(500, [(b"content-type", b"text/plain; charset=utf-8")], msg)
+            self._write(lane, 500, [(b"content-type", b"text/plain; charset=utf-8")], _ERROR)
+            answered = True
         finally:
             lane.response_complete = True
-            if not lane.keep_alive or not write.finished:
+            if not lane.keep_alive or not answered:
                 self.transport.close()
             self.on_response_complete()
 
-
-class _Writer:
-    """The lane's `send`: buffers the ASGI start message and writes status line, headers and
-    body in one socket write when the body comes (the hot routes answer in one body message)."""
-
-    __slots__ = ("protocol", "lane", "status", "headers", "started", "finished")
-
-    def __init__(self, protocol: LaneProtocol, lane: LaneCycle) -> None:
-        self.protocol = protocol
-        self.lane = lane
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.started = False
-        self.finished = False
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            self.headers = message.get("headers", [])
-            self.started = True
-        elif message["type"] == "http.response.body":
-            if message.get("more_body"):
-                raise RuntimeError("the gateway lane answers in one body message")
-            self.whole(self.status, self.headers, message.get("body", b""))
-
-    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """Status line, uvicorn's default headers (date, server), `headers` (which carry the
-        content type), content length, request id and body: one write."""
-        self.started = True
-        self.finished = True
-        protocol, lane = self.protocol, self.lane
-        if lane.disconnected or protocol.transport.is_closing():
+    def _write(
+        self, lane: LaneCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        """Status line, uvicorn's default headers (date, server), `headers` (the content type
+        among them, never the content length), content length, request id and body: one write."""
+        transport = self.transport
+        if lane.disconnected or transport.is_closing():
             return
-        parts = [STATUS_LINE[status], _default_block(protocol.server_state.default_headers)]
+        parts = [STATUS_LINE[status], _default_block(self.server_state.default_headers)]
         for name, value in headers:
-            if name != b"content-length":
-                parts += [name, b": ", value, b"\r\n"]
+            parts += [name, b": ", value, b"\r\n"]
         parts += [
             b"content-length: ", str(len(body)).encode(), b"\r\n",
             REQUEST_ID_KEY, b": ", lane.verdict.request_id.encode(), b"\r\n",
@@ -265,7 +239,7 @@ class _Writer:
         if not lane.keep_alive:
             parts.append(b"connection: close\r\n")
         parts += [b"\r\n", body]
-        protocol.transport.write(b"".join(parts))
+        transport.write(b"".join(parts))
 
 
 _BLOCK: list[Any] = [None, b""]  # uvicorn's default headers (a new list each second), written

@@ -33,6 +33,7 @@ ROUTES: dict[str, tuple[str, str]] = {
 }
 _GENERIC_PREFIX, _GENERIC_SUFFIX = "/v1/tools/", "/call"
 _DELAY = h.INJECTED_DELAY.lower()
+_DELAY_KEY = _DELAY.encode()
 
 
 @dataclass(slots=True)
@@ -65,13 +66,17 @@ def hot_call(state: GatewayState, path: str) -> HotCall | None:
     return call
 
 
-async def serve(ctx: CallContext, call: HotCall, body: bytes, send) -> None:
-    """Answer one hot call through `send` (ASGI messages): what the middleware below and the
-    connection-level lane (`gateway.lane`) both run."""
+# One hot call's answer: status, headers (lower-case names, the content type among them, never
+# the content length: whoever writes the answer adds it) and body.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+async def serve(ctx: CallContext, call: HotCall, body: bytes) -> Answer:
+    """Answer one hot call: what the middleware below (as two ASGI messages) and the
+    connection-level lane (`gateway.lane`, in one socket write) both run and write out."""
     if call.native_path is None:
-        await generic_call(ctx, call.runtime, body, send)
-    else:
-        await pass_through(ctx, call.runtime, call.native_path, body, send)
+        return await generic_call(ctx, call.runtime, body)
+    return await pass_through(ctx, call.runtime, call.native_path, body)
 
 
 class PassThrough:
@@ -92,19 +97,19 @@ class PassThrough:
         body = await _read(receive)
         if body is None:
             return  # the caller hung up
-        await serve(ctx, call, body, send)
+        status, headers, payload = await serve(ctx, call, body)
+        headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
 
-async def pass_through(
-    ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes, send
-) -> None:
+async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes) -> Answer:
     """The body as is to the tool's own endpoint; its answer as is back (status, body, delay).
 
     The sandbox routes keep SandboxFusion's deadline semantics (`gateway.sandboxfusion`)."""
     parsed = _parse(body)
     if parsed is _INVALID:
-        await _bad_json(send, ctx)
-        return
+        return _bad_json(ctx)
     sandbox = runtime.config.kind == "sandbox" and path in SANDBOX_ROUTES
     own_budget = None
     if sandbox and not ctx.sent_deadline:
@@ -112,54 +117,41 @@ async def pass_through(
     try:
         deadline, deadline_ms = ctx.deadline(runtime, own_budget)
     except DeadlineHeaderError as exc:
-        await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
-        return
+        return _json(400, {"detail": str(exc), "request_id": ctx.request_id})
     reserve = reserve_s(deadline_ms) if sandbox else 0.0
     outcome = await run_call(ctx, runtime, path, body, deadline, deadline_ms, reserve)
     reply = outcome.reply
     if reply is None:
         if sandbox and outcome.kind == "timeout":
-            await _json(send, 200, timeout_answer(path, parsed, outcome))
-            return
-        await _failure(send, runtime, outcome, ctx)
-        return
-    out = [
-        (b"content-type", reply.headers.get("content-type", "application/json").encode()),
-        (b"content-length", str(len(reply.body)).encode()),
-    ]
+            return _json(200, timeout_answer(path, parsed, outcome))
+        return _failure(runtime, outcome, ctx)
+    out = [(b"content-type", reply.headers.get("content-type", "application/json").encode())]
     if _DELAY in reply.headers:
-        out.append((_DELAY.encode(), reply.headers[_DELAY].encode()))
+        out.append((_DELAY_KEY, reply.headers[_DELAY].encode()))
     out += [(k.encode(), reply.headers[k].encode()) for k in EXECUTOR_HEADERS if k in reply.headers]
-    await send({"type": "http.response.start", "status": reply.status, "headers": out})
-    await send({"type": "http.response.body", "body": reply.body})
+    return reply.status, out, reply.body
 
 
-async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send) -> None:
+async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> Answer:
     """`POST /v1/tools/{tool}/call`: `{"arguments": {...}, "deadline_ms"?}` -> the tool's native
     endpoint (the one implementation; the FastAPI route of the same path only documents it)."""
     body = _parse(raw)
     if body is _INVALID:
-        await _bad_json(send, ctx)
-        return
+        return _bad_json(ctx)
     problem = _check_call_body(body)
     if problem is not None:
-        await _json(
-            send, 422, {"detail": f"invalid request: {problem}", "request_id": ctx.request_id}
-        )
-        return
+        return _json(422, {"detail": f"invalid request: {problem}", "request_id": ctx.request_id})
     try:
         deadline, deadline_ms = ctx.deadline(runtime, body.get("deadline_ms"))
     except DeadlineHeaderError as exc:
-        await _json(send, 400, {"detail": str(exc), "request_id": ctx.request_id})
-        return
+        return _json(400, {"detail": str(exc), "request_id": ctx.request_id})
     payload = wirejson.dumps(body["arguments"])
     outcome = await run_call(
         ctx, runtime, runtime.config.native_path, payload, deadline, deadline_ms
     )
     reply = outcome.reply
     if reply is None:
-        await _failure(send, runtime, outcome, ctx)
-        return
+        return _failure(runtime, outcome, ctx)
     tail = {
         "error": outcome.error,
         "elapsed_s": round(outcome.elapsed_s, 6),
@@ -169,14 +161,13 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes, send)
     if not wirejson.is_json(reply.body):  # not JSON: the body as text
         text = reply.body.decode("utf-8", errors="replace") if reply.body else None
         answer = {"tool": runtime.name, "status": outcome.kind, "result": text, **tail}
-        await _json(send, 200, answer, where)
-        return
+        return _json(200, answer, where)
     # The tool's JSON goes in as it came (checked, not parsed and written again: the larger
     # half of the JSON work of a call), between bytes written once per tool and outcome.
     payload = b"".join(
         (_answer_head(runtime.name, outcome.kind), reply.body, b", ", wirejson.dumps(tail)[1:])
     )
-    await _raw_json(send, 200, payload, where)
+    return _raw_json(200, payload, where)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -196,14 +187,14 @@ def _parse(raw: bytes) -> Any:
         return _INVALID
 
 
-async def _bad_json(send, ctx: CallContext) -> None:
+def _bad_json(ctx: CallContext) -> Answer:
     """The one answer to malformed JSON on every route (the FastAPI routes answer the same)."""
-    await _json(send, NOT_JSON_STATUS, {"detail": NOT_JSON, "request_id": ctx.request_id})
+    return _json(NOT_JSON_STATUS, {"detail": NOT_JSON, "request_id": ctx.request_id})
 
 
-async def _failure(send, runtime: ToolRuntime, outcome: Outcome, ctx: CallContext) -> None:
+def _failure(runtime: ToolRuntime, outcome: Outcome, ctx: CallContext) -> Answer:
     status, answer, headers = failure_answer(runtime, outcome, ctx.request_id)
-    await _json(send, status, answer, headers)
+    return _json(status, answer, headers)
 
 
 def _check_call_body(body: Any) -> str | None:
@@ -237,16 +228,11 @@ async def _read(receive) -> bytes | None:
             return b"".join(chunks)
 
 
-async def _json(
-    send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-) -> None:
-    await _raw_json(send, status, json.dumps(body).encode(), headers)
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
+    return _raw_json(status, json.dumps(body).encode(), headers)
 
 
-async def _raw_json(
-    send, status: int, payload: bytes, headers: dict[str, str] | None = None
-) -> None:
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+def _raw_json(status: int, payload: bytes, headers: dict[str, str] | None = None) -> Answer:
+    raw = [(b"content-type", b"application/json")]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": payload})
+    return status, raw, payload
