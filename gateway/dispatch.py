@@ -33,11 +33,12 @@ from .upstream import (
 log = logging.getLogger("toolenv.gateway")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamCall:
     """One call as the tool gets it. `reserve_s` shortens the deadline the tool is told, so that a
     tool which answers at its deadline in its own format (sandboxd's TimeLimitExceeded with the
-    output so far) does so before the gateway's own timer fires."""
+    output so far) does so before the gateway's own timer fires. Not frozen: one is made per call,
+    and a frozen dataclass's `__init__` costs four times as much; nothing changes it after."""
 
     method: str
     path: str
