@@ -12,8 +12,8 @@ On the CPU, vLLM binds its worker's threads to all allowed CPUs but one and leav
 the rest (its engine core, and this process: the rollout's client); but nothing keeps the rest off
 the worker's CPUs, and a client that lands there stalls the iteration under way. With
 `pin_frontend` (the default) this process, and what it starts after, keeps to the one CPU left
-(restored at `close`): the real turn-synchronous runs of one check then lie within 1-8% of each
-other, where they moved by up to 14% (`docs/rollout.md`).
+(restored at `close`): the real runs of one policy then differ by a few percent, where they moved
+by up to 1.7x (`docs/rollout.md`).
 """
 
 from __future__ import annotations
