@@ -1,7 +1,7 @@
 """The sandbox image: where its sources live, their hash, and building it when missing or stale.
 
-`scripts/build_sandbox_image.sh` computes the same hash (sha256 of Dockerfile then agent.py) with
-`sha256sum`, so an image built by either one is accepted by the other.
+`scripts/build_sandbox_image.sh` computes the same hash (sha256 of Dockerfile, agent.py, then
+agent_reset.py) with `sha256sum`, so an image built by either one is accepted by the other.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import docker.errors
 import sandboxd.image
 
 IMAGE_DIR = Path(sandboxd.image.__file__).resolve().parent
-SOURCE_FILES = ("Dockerfile", "agent.py")
+SOURCE_FILES = ("Dockerfile", "agent.py", "agent_reset.py")
 HASH_LABEL = "toolenv.sandbox.source-hash"
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ namespace) and reaped, the writable places (workdir, /tmp, /dev/shm, /dev/mqueue
 System V IPC objects are removed, and the state is verified. The host recycles the container when
 the reset reports anything but clean.
 
-Standard library only: this file is copied into the sandbox image and run with `python3 -I -S`.
+Standard library only: this file and agent_reset.py are copied into the sandbox image and run
+with `python3 -I -S`.
 Wire format: 4-byte big-endian length, then a JSON object.
 """
 
@@ -22,7 +23,6 @@ import json
 import os
 import resource
 import selectors
-import shutil
 import signal
 import socket
 import stat
@@ -30,13 +30,22 @@ import struct
 import sys
 import time
 
+# `python3 -I` leaves the script's own directory off sys.path: agent_reset.py sits beside this file
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from agent_reset import (  # noqa: E402
+    empty_dir,
+    kill_everything,
+    oom_kills,
+    other_pids,
+    reap,
+    remove_sysv,
+    sysv_ids,
+)
+
 WORKDIR = "/sandbox"
 SCRUB_DIRS = (WORKDIR, "/tmp", "/dev/shm", "/dev/mqueue")
-SYSVIPC = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg")
-# the container's own memory cgroup: cgroup v1 (memory.oom_control) or v2 (memory.events)
-OOM_COUNTERS = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 MAX_FRAME = 256 * 1024 * 1024
-KILL_TIMEOUT_S = 5.0
 
 
 # ---------------------------------------------------------------- framing
@@ -62,104 +71,6 @@ def recv_msg(conn: socket.socket) -> dict:
 def send_msg(conn: socket.socket, msg: dict) -> None:
     data = json.dumps(msg).encode()
     conn.sendall(struct.pack(">I", len(data)) + data)
-
-
-# ---------------------------------------------------------------- state of the container
-
-
-def other_pids() -> list[int]:
-    """Every process of this PID namespace except the agent (PID 1)."""
-    me = os.getpid()
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
-
-
-def reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def kill_everything() -> bool:
-    """SIGKILL every process but the agent, reap them, repeat until none is left (or give up)."""
-    deadline = time.monotonic() + KILL_TIMEOUT_S
-    pause = 0.0005
-    while True:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        reap()
-        if not other_pids():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
-
-
-def oom_kills() -> int:
-    for path in OOM_COUNTERS:
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        except OSError:
-            continue
-    return 0
-
-
-def sysv_ids() -> dict[str, list[int]]:
-    """Live System V IPC objects (shm, sem, msg) by kind."""
-    found: dict[str, list[int]] = {}
-    for path in SYSVIPC:
-        try:
-            with open(path) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        ids = [int(line.split()[1]) for line in lines if line.strip()]
-        if ids:
-            found[path.rsplit("/", 1)[1]] = ids
-    return found
-
-
-def remove_sysv(uid: int, gid: int, ids: dict[str, list[int]]) -> None:
-    """Remove IPC objects as their owner (root here lacks CAP_SYS_ADMIN, on purpose)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            for i in ids.get("shm", []):
-                libc.shmctl(i, 0, None)  # IPC_RMID
-            for i in ids.get("sem", []):
-                libc.semctl(i, 0, 0)
-            for i in ids.get("msg", []):
-                libc.msgctl(i, 0, None)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-
-
-def empty_dir(path: str) -> None:
-    for entry in os.scandir(path):
-        full = os.path.join(path, entry.name)
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(full)
-            else:
-                os.unlink(full)
-        except FileNotFoundError:
-            pass
 
 
 class Agent:
