@@ -21,7 +21,12 @@ alike. What it models, after vLLM's scheduler:
   when running sequences need the room);
 - a wake-up cost on the first iteration after the engine sat idle (`idle_wake_s`);
 - a fixed latency per request outside the batch (`request_latency_s`: API, IPC, detokenizing),
-  which matters for a tiny model on a CPU and not for a 7B model on a GPU.
+  which matters for a tiny model on a CPU and not for a 7B model on a GPU. A real request pays
+  part of it on the way in and part on the way out of its tokens; what a client sees (every
+  timing, and what its next turn waits for) depends only on their sum, so all of it is paid on
+  the way in, where it also decides which iteration the request joins. Requests reach the queue
+  in the order they were submitted (a FIFO, not one timer each: timers due at the same instant
+  fire in no set order).
 
 Each request's first token lands at the end of the iteration that finished its prefill; its
 tokens are delivered in one chunk when it finishes (or, for an abort, as many as it had made).
@@ -54,7 +59,7 @@ class _Seq:
     to_prefill: int = 0
     cached: int = 0
     first_token_at: float | None = None
-    state: str = "waiting"  # waiting | prefill | running | done
+    state: str = "waiting"  # inbound | waiting | prefill | running | done
 
     def held(self) -> int:
         """KV tokens it needs when (re)admitted: its prompt and every token it made so far."""
@@ -100,6 +105,8 @@ class EventSimEngine(Engine):
         self.counters = EngineCounters()
         self.lag_s = 0.0  # wall clock: how late the engine's timers fired in total (CPU starved)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbound: deque[tuple[float, _Seq]] = deque()  # (arrival, seq): on their way in
+        self._inbound_handle: asyncio.TimerHandle | None = None
         self._waiting: deque[_Seq] = deque()
         self._prefilling: deque[_Seq] = deque()
         self._running: dict[str, _Seq] = {}  # insertion order = admission order (LIFO preemption)
@@ -127,6 +134,9 @@ class EventSimEngine(Engine):
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        if self._inbound_handle is not None:
+            self._inbound_handle.cancel()
+            self._inbound_handle = None
 
     async def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return PrefixCacheStats(self._cache.queries, self._cache.hits)
@@ -143,13 +153,18 @@ class EventSimEngine(Engine):
         if self._loop is None:  # started lazily: a caller may hand it over unstarted
             self._loop = asyncio.get_running_loop()
         # Lengths are always forced in the simulator: there is no model to stop early.
-        if self.cost.request_latency_s > 0:  # the way in (and out: paid here, before the batch)
-            await asyncio.sleep(self.cost.request_latency_s / self.time_scale)
         future = self._loop.create_future()
         seq = _Seq(request_id, len(prompt_ids), max(1, max_tokens), route_key, future)
         self._by_id[request_id] = seq
-        self._waiting.append(seq)
-        self._poke()
+        if self.cost.request_latency_s > 0:  # the way in (and out: see the module doc)
+            seq.state = "inbound"
+            arrival = self._loop.time() + self.cost.request_latency_s / self.time_scale
+            self._inbound.append((arrival, seq))
+            if self._inbound_handle is None:
+                self._inbound_handle = self._loop.call_at(arrival, self._arrive)
+        else:
+            self._waiting.append(seq)
+            self._poke()
         await future
         self._by_id.pop(request_id, None)
         yield Chunk(
@@ -175,12 +190,29 @@ class EventSimEngine(Engine):
         elif seq.state == "prefill":
             self._prefilling.remove(seq)
             self._kv_prefill -= seq.held()
-        else:
+        elif seq.state == "waiting":
             self._waiting.remove(seq)
-        seq.state = "done"
+        seq.state = "done"  # one still inbound is dropped when it arrives
         self._poke()
 
     # ------------------------------------------------------------------ the model
+
+    def _arrive(self) -> None:
+        """Requests whose way in is over join the queue, in the order they were submitted."""
+        assert self._loop is not None
+        self._inbound_handle = None
+        now = self._loop.time()
+        arrived = False
+        while self._inbound and self._inbound[0][0] <= now:
+            _, seq = self._inbound.popleft()
+            if seq.state == "inbound":  # not aborted on the way
+                seq.state = "waiting"
+                self._waiting.append(seq)
+                arrived = True
+        if self._inbound:
+            self._inbound_handle = self._loop.call_at(self._inbound[0][0], self._arrive)
+        if arrived:
+            self._poke()
 
     def _iteration_s(self, batch: int, ctx: int, prefill: int, prefill_seqs: int) -> float:
         return self.cost.iteration_s(batch, ctx, prefill, prefill_seqs) / self.time_scale
