@@ -1,0 +1,95 @@
+"""The generic call's answer, written by hand around the tool's reply, is the JSON document the
+dict it stands for would be (any request id, error text and elapsed time), and the deadline the
+tool is told is the one `Deadline.headers()` gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from gateway.calls import CallContext
+from gateway.dispatch import Outcome, UpstreamCall
+from gateway.passthrough import _json_string, generic_call
+from gateway.upstream import UpstreamReply
+from toolenv_core import headers as h
+from toolenv_core.deadline import Deadline, DeadlinePolicy
+
+ODD = ["plain-id.1:2", 'quote"d', "back\\slash", "tab\there", "line\u2028sep", "\ud800", "é", ""]
+
+
+@pytest.mark.parametrize("text", ODD)
+def test_json_string_is_a_json_string(text: str) -> None:
+    assert json.loads(_json_string(text)) == text
+
+
+class _Config:
+    native_path = "/native"
+
+
+class _Runtime:
+    """Just what `generic_call` asks of a tool: its deadline rule and one canned outcome."""
+
+    name = "tool"
+    config = _Config()
+    deadlines = DeadlinePolicy.from_ms(10_000, 60_000)
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.sent: UpstreamCall | None = None
+
+    def deadline_for(self, header: str | None, body_ms: float | None = None):
+        seconds = self.deadlines.budget_s(header, body_ms)
+        return Deadline.after(seconds), round(seconds * 1000.0, 3)
+
+    async def call(self, call: UpstreamCall, deadline_ms: float) -> Outcome:
+        self.sent = call
+        return self.outcome
+
+
+CASES = [
+    ("ok", None, b'{"result": [1, "x"]}', 0.0012345678, "req-1"),
+    ("ok", None, b"[1e400, NaN]", 12.5, 'odd"id\\'),
+    ("error", "tool 'tool' answered HTTP 500", b'{"detail": "boom"}', 1e-07, "r"),
+    ("error", 'said "no"', b"not json at all", 0.5, "r2"),
+    ("ok", None, b"", 3.0, "r3"),
+]
+
+
+@pytest.mark.parametrize(("kind", "error", "body", "elapsed", "request_id"), CASES)
+def test_generic_answer_is_the_documented_dict(kind, error, body, elapsed, request_id) -> None:
+    reply = UpstreamReply(200 if kind == "ok" else 500, body, {h.EXECUTOR_NODE.lower(): "n1"}, "u")
+    runtime = _Runtime(Outcome(kind, reply=reply, error=error, elapsed_s=elapsed))
+    ctx = CallContext(request_id, None, {}, None)
+    raw = b'{"arguments": {"q": "x", "n": [1, 2]}}'
+    status, headers, answer = asyncio.run(generic_call(ctx, runtime, raw))  # type: ignore[arg-type]
+    assert status == 200
+    assert (b"content-type", b"application/json") in headers
+    assert (h.EXECUTOR_NODE.lower().encode(), b"n1") in headers
+    try:
+        result = json.loads(body)
+    except ValueError:
+        result = body.decode() or None
+    got = json.loads(answer)
+    if isinstance(result, list) and len(result) == 2:  # NaN != NaN: compared apart
+        assert math.isinf(got["result"][0]) and math.isnan(got["result"][1])
+        got["result"] = result = None
+    assert got == {
+        "tool": "tool", "status": kind, "result": result, "error": error,
+        "elapsed_s": round(elapsed, 6), "request_id": request_id,
+    }  # fmt: skip
+    assert runtime.sent is not None and json.loads(runtime.sent.body) == {"q": "x", "n": [1, 2]}
+
+
+@pytest.mark.parametrize("reserve_s", [0.0, 0.25])
+def test_the_deadline_the_tool_is_told(reserve_s: float) -> None:
+    deadline = Deadline.after(5.0)
+    call = UpstreamCall("POST", "/p", b"", {"a": "b"}, deadline, reserve_s)
+    want = Deadline(deadline.at - reserve_s).headers()[h.DEADLINE]
+    sent = call.send_headers()
+    assert sent["a"] == "b" and abs(int(sent[h.DEADLINE]) - int(want)) <= 1
+    assert call.headers == {"a": "b"}  # the call's own headers are not changed
+    never = UpstreamCall("POST", "/p", b"", {"a": "b"}, Deadline.never(), reserve_s)
+    assert never.send_headers() == {"a": "b"}
