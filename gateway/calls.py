@@ -23,8 +23,10 @@ FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream
 _DEADLINE = h.DEADLINE.lower()
 _TRAJECTORY, _STEP, _TURN = h.TRAJECTORY.lower(), h.STEP.lower(), h.TURN.lower()
 _FORWARDED = tuple((name, name.lower()) for name in h.FORWARDED_CALL_HEADERS)
+# raw lower-cased name -> the key it is kept under (no name decoded per request)
 _WANTED = {
-    name.lower().encode() for name in ("content-type", h.DEADLINE, *h.FORWARDED_CALL_HEADERS)
+    name.lower().encode(): name.lower()
+    for name in ("content-type", h.DEADLINE, *h.FORWARDED_CALL_HEADERS)
 }
 
 
@@ -53,11 +55,11 @@ class CallContext:
         trace: TraceWriter | None,
     ) -> CallContext:
         """From raw (lower-cased name, value) header pairs, as ASGI and the lane hold them."""
-        headers = {
-            name.decode("latin-1"): value.decode("latin-1")
-            for name, value in raw
-            if name in _WANTED
-        }
+        headers = {}
+        for name, value in raw:
+            key = _WANTED.get(name)
+            if key is not None:
+                headers[key] = value.decode("latin-1")
         return cls(request_id, caller, headers, trace)
 
     @property
