@@ -129,6 +129,7 @@ class ToolRuntime:
         # In-process handlers may take a while to unwind (a sandbox reaping its process): those
         # calls run in their own task so the caller can be answered before the unwinding ends.
         self.inline = isinstance(backend, RemoteBackend) and not self.hedging
+        self.one_try = not self.hedging and not config.retry.enabled  # one send, no wrapper
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop calls run on, once seen
 
     # ---------------------------------------------------------------- public
@@ -184,7 +185,12 @@ class ToolRuntime:
                     # Proxy without hedging: cancelling aborts the connection synchronously, so
                     # the call can run right here (no task) and still answer at once.
                     try:
-                        reply = await self._attempts(call)
+                        if self.one_try:  # `_attempts` without hedging or retries, inlined
+                            self._turn += 1
+                            first = pick(self.backend.endpoints, turn=self._turn)
+                            reply = await self._send_once(first, call)
+                        else:
+                            reply = await self._attempts(call)
                     finally:
                         self.admission.release(time.perf_counter() - started - queue_wait)
                 else:

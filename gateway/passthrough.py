@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,12 +72,13 @@ def hot_call(state: GatewayState, path: str) -> HotCall | None:
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
-async def serve(ctx: CallContext, call: HotCall, body: bytes) -> Answer:
+def serve(ctx: CallContext, call: HotCall, body: bytes) -> Coroutine[Any, Any, Answer]:
     """Answer one hot call: what the middleware below (as two ASGI messages) and the
-    connection-level lane (`gateway.lane`, in one socket write) both run and write out."""
+    connection-level lane (`gateway.lane`, in one socket write) both await and write out (the
+    route's own coroutine, not one awaiting it: a frame fewer on every step of the call)."""
     if call.native_path is None:
-        return await generic_call(ctx, call.runtime, body)
-    return await pass_through(ctx, call.runtime, call.native_path, body)
+        return generic_call(ctx, call.runtime, body)
+    return pass_through(ctx, call.runtime, call.native_path, body)
 
 
 class PassThrough:

@@ -297,7 +297,14 @@ class Pool:
         conn = self._take_idle()
         reused = conn is not None
         try:
-            return await self._send(conn or await self._open(), payload)
+            if conn is None:
+                conn = await self._open()
+            waiter = self._start(conn, payload)  # `_send`, inlined: the common case's frame
+            try:
+                return await waiter
+            except asyncio.CancelledError:
+                conn.abort()
+                raise
         except ConnectionBroken as exc:
             if not (reused and exc.answered_nothing):
                 raise
@@ -337,16 +344,22 @@ class Pool:
         return None
 
     async def _send(self, conn: _PoolConnection, payload: bytes) -> Response:
-        if conn.closed or conn.transport is None:
-            raise ConnectionBroken("the connection was already closed", True)
-        waiter: asyncio.Future[Response] = conn.loop.create_future()
-        conn.waiter = waiter
-        conn.send(0, payload)
+        waiter = self._start(conn, payload)
         try:
             return await waiter
         except asyncio.CancelledError:
             conn.abort()  # the upstream sees the hang-up now and stops working on it
             raise
+
+    @staticmethod
+    def _start(conn: _PoolConnection, payload: bytes) -> asyncio.Future[Response]:
+        """The request written on `conn`: the future of its response."""
+        if conn.closed or conn.transport is None:
+            raise ConnectionBroken("the connection was already closed", True)
+        waiter: asyncio.Future[Response] = conn.loop.create_future()
+        conn.waiter = waiter
+        conn.send(0, payload)
+        return waiter
 
     @staticmethod
     def _settle(conn: Connection) -> asyncio.Future[Response] | None:
