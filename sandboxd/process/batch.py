@@ -77,8 +77,7 @@ class CaseBatch:
             raise ForkFailed(self.reason or "the case forker is gone")
         case_id = next(self._ids)
         run = ForkedRun(case_id)
-        files = [slot.control_file(d, "cgroup.procs") for d in slot.dirs.values()] if slot else []
-        cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in files]
+        cg_fds = slot.procs_fds() if slot is not None else []
         self.cases[case_id] = run
         try:
             payload = json.dumps({"case": case_id, "cgroups": len(cg_fds), **request}).encode()
@@ -88,8 +87,8 @@ class CaseBatch:
             self._fail(f"the case forker did not take a case: {exc}")
             raise ForkFailed(self.reason) from exc
         finally:
-            for fd in cg_fds:
-                os.close(fd)
+            if slot is not None:
+                slot.done_fds(cg_fds)
         return run
 
     def kill(self, run: ForkedRun) -> None:

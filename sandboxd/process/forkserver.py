@@ -171,14 +171,12 @@ class Zygote:
     def spawn(self, key: int, slot: CgroupSlot | None) -> Runner:
         """Ask for one more runner; its program joins `slot` (every controller) ahead of time."""
         runner = Runner(self, key, slot)
-        dirs = slot.dirs.values() if slot is not None else ()
-        fds = [os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for d in dirs]
+        fds = slot.procs_fds() if slot is not None else []
         try:  # the cgroup files go as fds: the zygote sees no cgroup file system
-            message = {"spawn": key}
-            socket.send_fds(self.sock, [json.dumps(message).encode()], fds)
+            socket.send_fds(self.sock, [b'{"spawn": %d}' % key], fds)
         finally:
-            for fd in fds:
-                os.close(fd)
+            if slot is not None:
+                slot.done_fds(fds)
         self.idle[key] = runner
         return runner
 
