@@ -26,6 +26,7 @@ class RequestBounds:
 
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
+        self.cores = os.cpu_count() or 1  # read once: it reads /sys on every call
 
     def timeout(self, value: float | None, default: float, field: str) -> float:
         if value is None:
@@ -52,7 +53,7 @@ class RequestBounds:
                 422,
                 f"memory_limit_MB must be -1 (default) or 1..{s.max_memory_mb}, got {memory_mb}",
             )
-        cores = os.cpu_count() or 1
+        cores = self.cores
         if cpu_limit is not None and not 0 < cpu_limit <= cores:
             raise BadRequest(422, f"cpu_limit must be > 0 and <= {cores} cores, got {cpu_limit}")
         if max_output_bytes is not None and not 0 < max_output_bytes <= s.max_output_bytes:

@@ -70,6 +70,8 @@ def write_inputs(workdir: Path, spec: RunSpec, lang: Language, owner: int | None
 def fetch_files(workdir: Path, names: list[str], cap: int) -> dict[str, bytes]:
     """Read requested files, refusing symlinks and anything outside the working dir."""
     out: dict[str, bytes] = {}
+    if not names:
+        return out
     real_root = os.path.realpath(workdir)
     for name in names:
         try:
