@@ -47,6 +47,7 @@ from .paths import (
     fetch_files,
     new_workdir,
     reap_stale_workdirs,
+    remove_workdir,
     stdin_file,
     write_inputs,
 )
@@ -250,13 +251,13 @@ class ProcessBackend:
         finally:
             self._running -= 1
             if runner is not None and not runner.used and self.fork_server is not None:
-                shutil.rmtree(workdir, ignore_errors=True)
+                remove_workdir(workdir, lang.source_file)
                 self.fork_server.give_back(runner)  # never used: it waits for the next run
             elif warm is not None and not warm.used and self.warm is not None:
                 warm.sandbox.kill_child()  # never started: kill it, reap in the background
                 self._track(self.warm.dispose_later(warm))
             else:
-                shutil.rmtree(workdir, ignore_errors=True)
+                remove_workdir(workdir, lang.source_file)
                 if slot is not None:
                     self.cgroups.release(slot)
 

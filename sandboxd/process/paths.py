@@ -12,6 +12,8 @@ from ..languages import Language
 from ..models import RunSpec
 from .cgroups import PREFIX
 
+_SOURCE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+
 
 class InvalidPath(ValueError):
     """A file name in `files` / `fetch_files` that would leave the working dir."""
@@ -59,12 +61,29 @@ def write_inputs(workdir: Path, spec: RunSpec, lang: Language, owner: int | None
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
         written += [target, *target.relative_to(workdir).parents]
-    source = workdir / lang.source_file
-    source.write_text(spec.code)
-    written.append(source)
+    # the source through its fd (os calls, no Path): it is written for every run
+    fd = os.open(f"{workdir}/{lang.source_file}", _SOURCE_FLAGS, 0o666)
+    try:
+        view = memoryview(spec.code.encode())
+        while view:
+            view = view[os.write(fd, view) :]
+        if owner is not None:
+            os.fchown(fd, owner, owner)
+    finally:
+        os.close(fd)
     if owner is not None:
         for path in dict.fromkeys(written):
             os.chown(workdir / path, owner, owner)
+
+
+def remove_workdir(workdir: Path, source_file: str) -> None:
+    """Remove a run dir: the source and the dir when that is all it holds (most runs), else
+    the whole tree."""
+    try:
+        os.unlink(f"{workdir}/{source_file}")
+        os.rmdir(workdir)
+    except OSError:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def fetch_files(workdir: Path, names: list[str], cap: int) -> dict[str, bytes]:
