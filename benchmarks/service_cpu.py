@@ -4,7 +4,8 @@ No HTTP server and no load generator process: a real `SandboxService` (process b
 server on, `--max-concurrency`) runs `--runs` `/run_code` requests of `print(1)` in process,
 one at a time and then `--concurrency` at a time, through the router (`--http`: an in-process
 ASGI call, no client library: FastAPI's and the wire models' work is in, uvicorn's HTTP
-parsing is not) or straight through `SandboxService.run_code`. Per run it reports the service process's CPU (`time.process_time`:
+parsing is not) or straight through `SandboxService.run_code`, on uvloop as `toolenv sandboxd serve` runs (`--loop asyncio`: the
+standard loop). Per run it reports the service process's CPU (`time.process_time`:
 the event loop and its threads; the zygote's tree is another process and is not in it) and the
 wall time. `--profile FILE` writes a cProfile of the measured runs.
 """
@@ -19,6 +20,7 @@ import os
 import time
 from typing import Any
 
+import uvloop
 from fastapi import FastAPI
 
 from sandboxd.api import build_router
@@ -138,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-concurrency", type=int, default=16)
     parser.add_argument("--http", action="store_true", help="through the router (ASGI)")
     parser.add_argument("--profile", help="write a cProfile of the measured runs here")
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(measure(args)), indent=2))
+    run = uvloop.run if args.loop == "uvloop" else asyncio.run
+    report = run(measure(args))
+    print(json.dumps({**report, "loop": args.loop}, indent=2))
     return 0
 
 
