@@ -7,7 +7,10 @@ ASGI call, no client library: FastAPI's and the wire models' work is in, uvicorn
 parsing is not) or straight through `SandboxService.run_code`, on uvloop as `toolenv sandboxd serve` runs (`--loop asyncio`: the
 standard loop). Per run it reports the service process's CPU (`time.process_time`:
 the event loop and its threads; the zygote's tree is another process and is not in it) and the
-wall time. `--profile FILE` writes a cProfile of the measured runs.
+wall time. `--profile FILE` writes a cProfile of the measured runs. `--served`: a real
+`toolenv sandboxd serve` (uvicorn) driven over HTTP by the `stress` load generator in this
+process; the server process's own CPU (`/proc/<pid>/stat`: its threads, not the zygote's tree)
+per run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
 from sandboxd.wire import RunCodeRequest, RunStatus
 from toolenv_core.deadline import Deadline
+
+from .fork_server_bench import start_server
+from .sandboxd_bench import closed_loop
 
 BODY = {"code": "print(1)\n", "language": "python"}
 RAW_BODY = json.dumps(BODY).encode()
@@ -133,6 +139,26 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+async def measure_served(args: argparse.Namespace) -> dict[str, Any]:
+    server = start_server(True, args.max_concurrency)
+    try:
+        await closed_loop(server.url, 4, 50)  # warm-up
+        report: dict[str, Any] = {"served": True, "runs": args.runs}
+        for name, conc in (("c1", 1), (f"c{args.concurrency}", args.concurrency)):
+            c0, t0 = server.cpu_s(), time.perf_counter()
+            result = await closed_loop(server.url, conc, args.runs)
+            cpu, wall = server.cpu_s() - c0, time.perf_counter() - t0
+            report[name] = {
+                "server_cpu_ms_per_run": round(cpu * 1000 / args.runs, 3),
+                "wall_ms_per_run": round(wall * 1000 / args.runs, 3),
+                "failed": result.get("failed"),
+            }
+        report["load_avg"] = os.getloadavg()
+    finally:
+        server.stop()
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=400)
@@ -141,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", action="store_true", help="through the router (ASGI)")
     parser.add_argument("--profile", help="write a cProfile of the measured runs here")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--served", action="store_true", help="a real server, over HTTP")
     args = parser.parse_args(argv)
     run = uvloop.run if args.loop == "uvloop" else asyncio.run
-    report = run(measure(args))
+    report = run(measure_served(args) if args.served else measure(args))
     print(json.dumps({**report, "loop": args.loop}, indent=2))
     return 0
 
