@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolenv_core.admission import Admission, Rejected
-from toolenv_core.deadline import Deadline, DeadlinePolicy
+from toolenv_core.deadline import Deadline, DeadlinePolicy, header_value_at
 from toolenv_core.headers import DEADLINE as DEADLINE_HEADER
 
 from .metrics import GatewayMetrics
@@ -56,7 +56,7 @@ class UpstreamCall:
         if at == math.inf:
             return self.headers
         headers = self.headers.copy()
-        headers[DEADLINE_HEADER] = str(int(max(0.0, at - time.monotonic()) * 1000))
+        headers[DEADLINE_HEADER] = header_value_at(at)
         return headers
 
 

@@ -325,7 +325,8 @@ def test_metrics_list_every_family_per_tool(upstream, gateway) -> None:
     assert metric_value(text, "toolenv_gateway_injected_delay_seconds_sum", tool="m") == 0.05
     assert metric_value(text, "toolenv_gateway_calls_total", tool="m", outcome="ok") == 1
     assert metric_value(text, "toolenv_gateway_in_flight", tool="m") == 0
-    assert metric_value(text, "toolenv_gateway_upstream_seconds_sum", tool="m") >= 0.05
+    # the upstream sleeps on uvloop, whose timers count whole milliseconds: up to 1 ms early
+    assert metric_value(text, "toolenv_gateway_upstream_seconds_sum", tool="m") >= 0.049
 
 
 def test_tools_list_is_openai_function_format(upstream, gateway) -> None:
