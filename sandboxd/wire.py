@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .models import ExecResult
 
@@ -73,11 +73,26 @@ class RunCodeResponse(BaseModel):
 
 
 class TestCase(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """One case. Unknown fields are refused, not ignored: a misnamed expected output (`output`)
+    would leave a case that any program exiting 0 passes, a reward for a wrong program."""
+
+    model_config = ConfigDict(extra="forbid")
 
     stdin: str = ""
     expected_stdout: str | None = Field(default=None, description="absent: only the exit matters")
     timeout: float | None = Field(default=None, description="seconds; default: the request's")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: object) -> object:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                names = ", ".join(repr(str(k)) for k in unknown)
+                raise ValueError(
+                    f"unknown case field(s) {names}; a case has stdin, expected_stdout, timeout"
+                )
+        return data
 
 
 class RunTestsRequest(BaseModel):

@@ -137,3 +137,14 @@ def test_cpp_cases(server: SandboxdServer) -> None:
 )
 def test_bad_run_tests_requests(server: SandboxdServer, body: dict, status: int) -> None:
     assert server.client.post("/v1/run_tests", json=body).status_code == status
+
+
+def test_a_case_with_misnamed_fields_is_refused_not_accepted(server: SandboxdServer) -> None:
+    # `input`/`output` (a common dataset naming) would otherwise be dropped, leaving a case with
+    # no expected output that any program exiting 0 passes: a reward of 1 for a wrong program.
+    body = {"code": "print(3)", "cases": [{"input": "1 2", "output": "4"}]}
+    r = server.client.post("/v1/run_tests", json=body)
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["cases", 0]
+    assert "'input', 'output'" in error["msg"] and "expected_stdout" in error["msg"]
