@@ -28,7 +28,15 @@ from toolenv_core.http1 import Endpoint, TargetURLError
 
 from .loop import run_load
 from .ramp import DEFAULT_RAMP_SLOS, RampResult, RampStep, ramp_rates, run_ramp
-from .report import LiveView, print_report, ramp_step_line, ramp_table, write_hdr, write_plot
+from .report import (
+    LiveView,
+    print_report,
+    ramp_step_line,
+    ramp_table,
+    report_console,
+    write_hdr,
+    write_plot,
+)
 from .result import LoadResult
 from .slo import SLO, SLOError, check_all
 from .spec import LoadSpec, LoadSpecError, Progress
@@ -171,7 +179,7 @@ def stress(
     --allow-remote); 3 the target never answered; 4 not one request succeeded.
     """
     err = Console(stderr=True)
-    out_console = Console(stderr=as_json)
+    out_console = report_console(stderr=as_json)
     try:
         target = resolve_target(
             url=url,

@@ -140,6 +140,20 @@ def test_a_run_cut_short_by_max_requests_reports_its_real_throughput(fast_server
     assert shown > 2.0
 
 
+def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Path) -> None:
+    """Without a terminal or COLUMNS (`| tee`, a CI log) rich assumes 80 columns and cut the
+    summary's cells to "…", max included; the report keeps its full width instead."""
+    out = tmp_path / "r.json"
+    args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "0.3s", "--out", str(out)]
+    result = runner.invoke(app, args, catch_exceptions=False, env={"COLUMNS": None})
+    assert result.exit_code == EXIT_OK, result.output
+    assert "…" not in result.output
+    assert "outcome" in result.output and "measured from" in result.output
+    ok = json.loads(out.read_text())["outcomes"]["ok"]["corrected_ms"]
+    row = next(line for line in result.output.splitlines() if "schedule" in line)
+    assert abs(float(row.split("│")[-2]) - ok["max"]) < 0.1  # the max column, whole
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
