@@ -184,10 +184,11 @@ async def play(
     if target > deadline.at:
         woke = await sleep_until(deadline.at)
         outcome = Outcome(deadline.at - arrival, woke - arrival, fault.type if fault else None)
+        takes = f"{delay:.3f} s" if math.isfinite(delay) else "unbounded time"  # an overflowed draw
         return JSONResponse(
             {
-                "detail": f"the emulated call takes {delay:.3f} s, past the caller's deadline",
-                "delay_s": delay,
+                "detail": f"the emulated call takes {takes}, past the caller's deadline",
+                "delay_s": delay if math.isfinite(delay) else None,
             },
             status_code=504,
             headers=outcome.headers(),

@@ -101,6 +101,17 @@ def test_max_s_clips_heavy_tails() -> None:
     assert samples.max() == 5.0 and spec.cdf(np.array([5.0]))[0] == 1.0
 
 
+def test_a_draw_past_the_float_range_saturates_instead_of_raising() -> None:
+    """A lognormal with sigma 1e6 (a typo in a PUT profile) overflowed exp(): every call to the
+    emulator was a 500 with a traceback. Such a draw is an unbounded delay, clipped like any."""
+    wide = {"kind": "lognormal", "median_s": 0.1, "sigma": 1e6}
+    samples = LATENCY_MODEL.validate_python(wide).build().sample_many(np.random.default_rng(0), 200)
+    assert (samples >= 0).all() and (samples == np.inf).sum() > 50
+    clipped = LATENCY_MODEL.validate_python({**wide, "max_s": 5.0}).build()
+    samples = clipped.sample_many(np.random.default_rng(0), 200)
+    assert samples.max() == 5.0 and (samples == 5.0).sum() > 50
+
+
 def test_trace_replay_keeps_order_and_loops() -> None:
     spec = LATENCY_MODEL.validate_python({"kind": "trace", "values_s": [0.3, 0.1, 0.2], "start": 1})
     sampler = spec.build()

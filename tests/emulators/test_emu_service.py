@@ -260,6 +260,21 @@ def test_deadline_cuts_a_slow_call_at_the_deadline(client: httpx.Client) -> None
     assert 295 <= float(r.headers[INJECTED]) <= 301
 
 
+def test_an_unbounded_draw_is_cut_at_the_deadline_not_a_500(client: httpx.Client) -> None:
+    """sigma 1e6 (a typo): about half the draws overflow the float range. Each such call is a
+    504 at the deadline saying so; it was a 500 with a traceback (exp() overflow, then an
+    infinite `delay_s` in the JSON body)."""
+    wide = {"model": {"kind": "lognormal", "median_s": 0.1, "sigma": 1e6}}
+    assert client.put("/v1/emulators/search/profile", json=wide).status_code == 200
+    answers = [
+        client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "50"})
+        for _ in range(20)
+    ]
+    assert {r.status_code for r in answers} == {200, 504}, [r.text for r in answers]
+    cut = next(r for r in answers if r.status_code == 504).json()
+    assert cut["delay_s"] is None and "unbounded" in cut["detail"]
+
+
 @pytest.mark.parametrize("fault", ["hang", "throttle", "error", "slow_body"])
 def test_faults_on_the_wire(client: httpx.Client, fault: str) -> None:
     spec = {"type": fault, "rate": 1.0}

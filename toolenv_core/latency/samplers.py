@@ -47,7 +47,11 @@ class FunctionSampler(Sampler):
         self._max = math.inf if max_s is None else max_s
 
     def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
-        return min(max(0.0, float(self._fn(rng))), self._max)
+        try:
+            value = float(self._fn(rng))
+        except OverflowError:  # exp() past the float range (a huge sigma): an unbounded delay
+            value = math.inf
+        return min(max(0.0, value), self._max)
 
 
 def truncnormal_fn(
