@@ -30,6 +30,12 @@ class VirtualTimeDeadlock(RuntimeError):
     """Every task waits, no timer is set and nothing else can wake them: the run can never end."""
 
 
+# Past this much simulated time (about 32 years) a run is waiting on something that never ends
+# in practice: a tool latency of 1e308 s or +inf (an overflowed draw). asyncio caps each wait at
+# one day, so without a horizon such a run would step the clock a day at a time, for ever.
+HORIZON_S = 1e9
+
+
 class _VirtualSelector(selectors.DefaultSelector):
     """A selector that never blocks: a wait of `timeout` seconds moves the virtual clock instead."""
 
@@ -46,6 +52,12 @@ class _VirtualSelector(selectors.DefaultSelector):
                 "virtual time: every task waits and no timer is set (a wait that nothing ends)"
             )
         if timeout > 0:
+            if self.clock + timeout > HORIZON_S:
+                raise VirtualTimeDeadlock(
+                    f"virtual time passed {HORIZON_S:.0e} s: a wait that never ends in practice "
+                    "(a tool latency of +inf or 1e308 s?); cap the latency profile with max_s or "
+                    "add a timeout policy"
+                )
             self.clock += timeout
         return []
 

@@ -244,7 +244,7 @@ def run(
 
     from pydantic import ValidationError
 
-    from ..clock import run_virtual
+    from ..clock import VirtualTimeDeadlock, run_virtual
     from ..engines.openai_engine import EngineUnreachable
     from ..gateway_client import GatewayUnreachable
     from ..policies import build_policy
@@ -325,6 +325,8 @@ def run(
         fail(str(exc))
     except (GatewayUnreachable, EngineUnreachable) as exc:
         fail(str(exc), code=3)
+    except VirtualTimeDeadlock as exc:
+        fail(str(exc))
     except ValueError as exc:
         fail(one_line(exc))
     from ..report import plot, print_table

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -50,6 +51,18 @@ def test_virtual_clock_jumps_to_timers_and_refuses_a_wait_nothing_ends() -> None
 
     with pytest.raises(VirtualTimeDeadlock):
         run_virtual(stuck())
+
+
+@pytest.mark.parametrize("delay_s", [math.inf, 1e308])
+def test_a_wait_past_the_horizon_is_refused_not_stepped_a_day_at_a_time(delay_s: float) -> None:
+    """asyncio caps each wait at a day: a tool latency of +inf or 1e308 s stepped the virtual
+    clock a day at a time for ever (a busy core, no end); past the horizon the run stops."""
+
+    async def main() -> None:
+        await asyncio.sleep(delay_s)
+
+    with pytest.raises(VirtualTimeDeadlock, match="never ends"):
+        run_virtual(main())
 
 
 def reference_finish(prompts: list[int], outputs: list[int], cost: CostModel) -> list[float]:
@@ -272,6 +285,25 @@ def test_virtual_run_draws_from_a_tool_profile_or_says_what_it_needs(
     assert drawn.returncode == 0, drawn.stderr
     report = json.loads(drawn.stdout)
     assert report["summary"]["completed"] == 32 and report["tools"]["calls"] > 32
+
+
+def test_an_unbounded_tool_latency_ends_the_run_with_a_message(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """A profile whose draws overflow (lognormal sigma 1e6) and no timeout policy: exit 2 and
+    one line saying what to change, within seconds (it spun for ever before)."""
+    profile = tmp_path / "wide.yaml"
+    profile.write_text("tool: search\nmodel: {kind: lognormal, median_s: 0.1, sigma: 1.0e+6}\n")
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--batch", "8", "--limit", "8", "--no-plots",
+        "--out", str(tmp_path / "out"), "--tool-profile", f"search={profile}",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "never ends" in done.stderr and "max_s" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_reports_count_on_one_set_and_say_what_they_ran(
