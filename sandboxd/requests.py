@@ -51,7 +51,8 @@ class RequestBounds:
         elif not 0 < memory_mb <= s.max_memory_mb:
             raise BadRequest(
                 422,
-                f"memory_limit_MB must be -1 (default) or 1..{s.max_memory_mb}, got {memory_mb}",
+                f"memory_limit_MB must be -1 or 0 (the default, {s.default_memory_mb}) or "
+                f"1..{s.max_memory_mb}, got {memory_mb}",
             )
         cores = self.cores
         if cpu_limit is not None and not 0 < cpu_limit <= cores:

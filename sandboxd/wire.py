@@ -26,7 +26,7 @@ class RunCodeRequest(BaseModel):
     )
     compile_timeout: float | None = Field(default=None, description="seconds (default 10)")
     run_timeout: float | None = Field(default=None, description="seconds (default 10)")
-    memory_limit_MB: int | None = Field(default=None, description="-1 or absent: the default")
+    memory_limit_MB: int | None = Field(default=None, description="-1, 0 or absent: the default")
     stdin: str | None = None
     files: dict[str, str | None] = Field(
         default_factory=dict, description="path in the working dir -> base64 content"

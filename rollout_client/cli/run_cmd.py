@@ -207,8 +207,9 @@ def run(
         list[str] | None,
         typer.Option(
             "--tool-profile",
-            help="virtual: TOOL=FILE latency profile (e.g. search=emulators/profiles/"
-            "search_default.yaml); without one a tool replays recorded latencies (--exact).",
+            help="virtual: TOOL=FILE latency profile, written by `toolenv emulators fit` or one the "
+            "emulators ship (emulators/profiles/search_default.yaml in a source checkout); "
+            "without one a tool replays recorded latencies (--exact).",
         ),
     ] = None,
     tool_scale: Annotated[
@@ -287,8 +288,8 @@ def run(
         if settings.clock == "virtual" and not settings.exact and not settings.tool_profiles:
             raise ValueError(
                 "--clock virtual answers tools in process: replay recorded latencies with --exact "
-                "or draw them from --tool-profile TOOL=FILE (e.g. search=emulators/profiles/"
-                "search_default.yaml)"
+                "or draw them from --tool-profile TOOL=FILE (a profile from `toolenv emulators fit`, "
+                "or emulators/profiles/search_default.yaml in a source checkout)"
             )
         build_policy(
             settings.policy, tool_timeout_s=settings.tool_timeout_s, over=settings.overlap_ratio

@@ -144,6 +144,7 @@ def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer)
         ({"code": "print(1)", "run_timeout": 10_000}, "run_timeout"),
         ({"code": "print(1)", "compile_timeout": -1}, "compile_timeout"),
         ({"code": "print(1)", "memory_limit_MB": 10**9}, "memory_limit_MB"),
+        ({"code": "print(1)", "memory_limit_MB": -5}, "-1 or 0 (the default, 512)"),
         ({"code": "print(1)", "max_output_bytes": 10**12}, "max_output_bytes"),
         ({"code": "print(1)", "cpu_limit": 1000}, "cpu_limit"),
         ({"code": "print(1)", "files": {"a": "not base64!"}}, "base64"),
