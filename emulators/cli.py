@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
 from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latencies, tool_latencies
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
@@ -53,12 +54,11 @@ def fit_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Fit candidate latency models to recorded calls; report KS and quantile errors; write the best."""
-    from rich.console import Console
     from rich.table import Table
 
     from .fit import build_profile, fit
 
-    console = Console(stderr=as_json)
+    console = report_console(stderr=as_json)
     try:
         with console.status(f"reading {tool} calls from {len(traces)} path(s)..."):
             observations = list(iter_latencies(traces, tool))
@@ -125,7 +125,6 @@ def describe_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
-    from rich.console import Console
     from rich.table import Table
 
     from .describe import describe, plot_cdf
@@ -141,7 +140,7 @@ def describe_command(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
-    console = Console()
+    console = report_console()
     table = Table(
         title=f"{profile.tool} profile ({profile.model.kind}) from {profile.source or 'unknown source'}",
         title_justify="left",

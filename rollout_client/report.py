@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from toolenv_core.console import report_console
+
 
 def write_json(report: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
@@ -84,7 +86,7 @@ def table(report: dict[str, Any], max_steps: int = 6) -> Table:
 
 
 def print_table(report: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(table(report))
+    (console or report_console()).print(table(report))
 
 
 def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: Path) -> list[Path]:

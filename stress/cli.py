@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from toolenv_core.console import report_console
 from toolenv_core.http1 import Endpoint, TargetURLError
 
 from .loop import run_load
@@ -33,7 +34,6 @@ from .report import (
     print_report,
     ramp_step_line,
     ramp_table,
-    report_console,
     write_hdr,
     write_plot,
 )

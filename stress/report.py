@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -19,19 +18,6 @@ from .result import LoadResult
 from .slo import SLOVerdict
 from .spec import Progress
 from .stats import PERCENTILES
-
-# The summary table needs about 95 columns; rich gives a pipe or a file 80 and cuts cells to "…".
-REPORT_WIDTH = 120
-
-
-def report_console(*, stderr: bool = False) -> Console:
-    """The console the report goes to. Piped or redirected (`| tee`, CI logs), rich would assume
-    80 columns and cut figures short ("3252…" for a max); then it gets REPORT_WIDTH instead,
-    unless COLUMNS says otherwise."""
-    console = Console(stderr=stderr)
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console.width = max(console.width, REPORT_WIDTH)
-    return console
 
 
 def _ms(value: float | None) -> str:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from emulators.cli import app as emulators_app
@@ -23,6 +22,7 @@ from sandboxd.settings import SandboxSettings
 from stress.cli import stress
 from toolenv_core import __version__
 from toolenv_core.config import ConfigFileError, ServiceSettings, read_sections
+from toolenv_core.console import report_console
 from toolenv_core.polytrace.cache import TracesSettings
 
 from .ray_settings import RaySettings
@@ -79,7 +79,7 @@ def config_show(
     if as_json:
         typer.echo(json.dumps(effective, indent=2))
         return
-    console = Console()
+    console = report_console()
     for section, values in effective.items():
         table = Table(
             title=f"[{section}]  env prefix TOOLENV_{section.upper()}_", title_justify="left"

@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from toolenv_core.console import report_console
 from toolenv_core.polytrace.cache import TracesSettings
 from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached
 from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
@@ -146,7 +147,7 @@ def fetch_command(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
-        console = Console()
+        console = report_console()
         console.print(
             f"{report['fetched']} fetched, {report['cached']} already cached, "
             f"{report['failed']} failed; cache: {cache_dir}"
@@ -185,4 +186,4 @@ def list_command(
     table.add_column("cached")
     for row in rows:
         table.add_row(row["name"], f"{row['bytes']:,}", "yes" if row["cached"] else "-")
-    Console().print(table)
+    report_console().print(table)

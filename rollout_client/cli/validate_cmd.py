@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.console import report_console
 from toolenv_core.polytrace import TraceFormatError
 from toolenv_core.polytrace.kinds import files_of_kind
 
@@ -112,4 +113,4 @@ def validate(
             f"{rec['p50']:.1f} / {sim['p50']:.1f}",
             f"{rec['p90']:.1f} / {sim['p90']:.1f}",
         )
-    Console().print(table)
+    report_console().print(table)
