@@ -21,6 +21,7 @@ from pathlib import Path
 BENCHMARK_MODULES = [
     "benchmarks.sandboxd_bench",
     "benchmarks.fork_server_bench",
+    "benchmarks.fork_server_budget",
     "benchmarks.emulators_bench",
     "benchmarks.gateway_bench",
     "benchmarks.stress_bench",
