@@ -15,6 +15,7 @@ as `unattributed`.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,13 +29,13 @@ KERNEL_GROUPS = ("kworker", "ksoftirqd", "rcu")
 LOADGEN = "load generator (this process)"
 BARE = "bare python -c (its reaped children)"
 SERVER = "sandboxd server"
+TREE = "sandbox tree (bwrap, zygote, runners)"
 ZYGOTE = "sandbox tree: bwrap and zygote (own)"
 RUNNERS = "sandbox tree: runners (live and reaped)"
-TREE = (ZYGOTE, RUNNERS)
 OTHER = "everything else (other users)"
 UNATTRIBUTED = "unattributed (irq, dead kthreads, rounding)"
 ORDER = (
-    LOADGEN, BARE, SERVER, *TREE, *(f"kernel: {k}*" for k in KERNEL_GROUPS),
+    LOADGEN, BARE, SERVER, TREE, ZYGOTE, RUNNERS, *(f"kernel: {k}*" for k in KERNEL_GROUPS),
     "kernel: other threads", UNATTRIBUTED, OTHER,
 )  # fmt: skip
 
@@ -142,12 +143,9 @@ def _user_groups(snap: Snapshot, bench: int, server: int | None) -> dict[str, in
             add(BARE, p.reaped)
         elif p.pid == server:
             add(SERVER, p.own)
-            add(RUNNERS, p.reaped)  # none in fork-server mode: the zygote reaps its runners
-        elif tree.get(p.pid, 0) in (1, 2):  # bwrap (and any other child), the zygote
-            add(ZYGOTE, p.own)
-            add(RUNNERS, p.reaped)
+            add(TREE, p.reaped)  # replaced zygotes, with their bwrap and runners
         elif p.pid in tree:
-            add(RUNNERS, p.own + p.reaped)
+            add(TREE, p.own + p.reaped)
         else:
             add(OTHER, p.own + p.reaped)
     return out
@@ -191,3 +189,55 @@ def account(
         "unattributed_ticks": busy["cpu"][0] - sum(groups.values()),
         "kernel_threads_died_unseen": missed,
     }
+
+
+def own_ticks(first: dict[tuple[int, int], Proc], last: dict[tuple[int, int], Proc]) -> int:
+    """The own CPU (not their reaped children's) that processes spent between their `first`
+    sample (none: born since, from 0) and their `last`, keyed by (pid, starttime)."""
+    return sum(q.own - (first[k].own if k in first else 0) for k, q in last.items())
+
+
+def read_children(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The live children of every thread of `pid` (none if it is gone)."""
+    out: list[int] = []
+    try:
+        for task in os.scandir(proc / str(pid) / "task"):
+            out += [int(c) for c in Path(task.path, "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return out
+
+
+class TopSampler(threading.Thread):
+    """Samples the server's children and grandchildren (bwrap and the zygote) every
+    `period_s`. The service replaces its zygote every `fork_server_max_forks` runs; a replaced
+    one is reaped with its runners' time folded into the server's cutime, so its own CPU is
+    known only up to its last sample (what it spent after that is charged to the runners)."""
+
+    def __init__(self, server: int, period_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.server, self.period_s = server, period_s
+        self.last: dict[tuple[int, int], Proc] = {}
+        self._stop_event = threading.Event()
+
+    def sample(self) -> dict[tuple[int, int], Proc]:
+        out: dict[tuple[int, int], Proc] = {}
+        for child in read_children(self.server):
+            for pid in [child, *read_children(child)]:
+                try:
+                    p = parse_pid_stat(Path(f"/proc/{pid}/stat").read_text())
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                out[(p.pid, p.starttime)] = p
+        return out
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.period_s):
+            self.last.update(self.sample())
+
+    def stop(self) -> dict[tuple[int, int], Proc]:
+        """Stop, take a last sample and return the last one of each process seen."""
+        self._stop_event.set()
+        self.join()
+        self.last.update(self.sample())
+        return self.last

@@ -33,11 +33,14 @@ from .cpu_budget import (
     LOADGEN,
     ORDER,
     OTHER,
+    RUNNERS,
     SERVER,
     TREE,
     UNATTRIBUTED,
     ZYGOTE,
+    TopSampler,
     account,
+    own_ticks,
     snapshot,
 )
 from .fork_server_bench import TARGETS, start_server
@@ -51,10 +54,15 @@ CORES = os.cpu_count() or 1
 SPAWN_WARMUP = 3  # time_subprocess runs 3 unmeasured spawns inside the window
 
 
-def per_run(acc: dict[str, Any], runs: int, rps: float) -> dict[str, Any]:
-    """Ticks to ms per run; the machine's busy time net of other users' work; the ceilings."""
+def per_run(
+    acc: dict[str, Any], runs: int, rps: float, zygote: int | None = None
+) -> dict[str, Any]:
+    """Ticks to ms per run (the tree split into the zygote's own and its runners' when
+    `zygote` ticks are given); the machine's busy time net of other users' work."""
     ms = 1000.0 / CLK_TCK / runs
     ticks = {**acc["groups_ticks"], UNATTRIBUTED: acc["unattributed_ticks"]}
+    if zygote is not None:
+        ticks[ZYGOTE], ticks[RUNNERS] = zygote, ticks.pop(TREE) - zygote
     groups = {k: round(ticks[k] * ms, 3) for k in ORDER if ticks.get(k)}
     busy = acc["busy_ticks"] * ms
     ours = busy - groups.get(OTHER, 0.0)
@@ -83,10 +91,16 @@ async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         wait_until_idle()
         load_fork = os.getloadavg()
         console.print(f"fork server: {args.runs} runs at c16 (load average {load_fork})")
+        sampler = TopSampler(server.pid)
+        first = sampler.sample()
         before = snapshot()
+        sampler.start()
         result = await closed_loop(server.url, 16, args.runs)
         after = snapshot()
-        fork = per_run(account(before, after, bench, server.pid), args.runs, result["rps"])
+        zygote = own_ticks(first, sampler.stop())
+        acc = account(before, after, bench, server.pid)
+        fork = per_run(acc, args.runs, result["rps"], zygote)
+        fork["zygotes_started"] = sum(1 for k in sampler.last if k not in first) // 2
         fork.update({"failed": result["failed"], "rejected_429": result["rejected_429"]})
         fork["load_avg_at_start"] = load_fork
     finally:
@@ -106,7 +120,7 @@ def floor(fork: dict[str, Any], bare: dict[str, Any]) -> dict[str, Any]:
     """The ceilings the CPU per run allows on this machine's cores, and what 2.5x needs."""
     f = fork["ms_per_run"]
     sandbox_path = fork["ours_ms_per_run"] - f.get(LOADGEN, 0.0)  # server, tree, kernel
-    tree = sum(f.get(k, 0.0) for k in TREE)
+    tree = f.get(ZYGOTE, 0.0) + f.get(RUNNERS, 0.0)
     target = TARGETS["rps_c16_over_bare"]
     target_rps = target * bare["runs_per_s"]
     return {
@@ -118,7 +132,7 @@ def floor(fork: dict[str, Any], bare: dict[str, Any]) -> dict[str, Any]:
         "ceiling_rps_zygote_tree_alone": round(CORES * 1000 / tree, 1),
         # at most one core each: the zygote (one thread) forks every runner, and the server's
         # CPU is nearly all its event loop's
-        "ceiling_rps_zygote_one_core": round(1000 / f[ZYGOTE], 1),
+        "ceiling_rps_zygote_one_core": round(1000 / max(f.get(ZYGOTE, 0.0), 0.001), 1),
         "ceiling_rps_server_one_core": round(1000 / f[SERVER], 1),
         "bare_ms_per_run_net_of_others": bare["ours_ms_per_run"],
         "target_rps_2_5x": round(target_rps, 1),
@@ -134,7 +148,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     t = Table(title="machine CPU per print(1) run at c16 (ms)", title_justify="left")
     for col in ("where", "fork server", "share", "bare python -c", "share"):
         t.add_column(col, justify="left" if col == "where" else "right")
-    names = list(dict.fromkeys([*fork["ms_per_run"], *bare["ms_per_run"]]))
+    names = [n for n in ORDER if n in fork["ms_per_run"] or n in bare["ms_per_run"]]
     for name in names:
         cells = [name]
         for side in (fork, bare):
@@ -154,7 +168,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 def plot(report: dict[str, Any], path: Path) -> None:
     """A stacked bar per path: ms of machine CPU per run by where it went."""
     sides = {"fork server": report["fork_server_c16"], "bare python -c": report["bare_python_c16"]}
-    names = list(dict.fromkeys(n for s in sides.values() for n in s["ms_per_run"]))
+    names = [n for n in ORDER if any(n in s["ms_per_run"] for s in sides.values())]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bottoms = [0.0] * len(sides)
     for name in names:

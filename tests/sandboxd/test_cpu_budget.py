@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from benchmarks.cpu_budget import (
     BARE,
     LOADGEN,
     OTHER,
-    RUNNERS,
     SERVER,
-    ZYGOTE,
+    TREE,
     Proc,
     Snapshot,
     account,
     descendants,
+    own_ticks,
     parse_cpu_lines,
     parse_pid_stat,
+    read_children,
 )
 
 
@@ -84,8 +87,7 @@ def test_a_window_charges_each_group_what_it_spent_in_it() -> None:
     acc = account(before, after, bench, server)
     g = acc["groups_ticks"]
     assert g[LOADGEN] == 15 and g[BARE] == 0 and g[SERVER] == 80
-    assert g[ZYGOTE] == 40  # the zygote's own; bwrap's did not move
-    assert g[RUNNERS] == (1159 + 3) - (1000 + 7)  # 155: the reaped runner's 2 more ticks in
+    assert g[TREE] == (60 + 1159 + 3) - (20 + 1000 + 7)  # 195: the reaped runner's 2 more ticks in
     assert g["kernel: kworker*"] == 12 + 4 and g["kernel: ksoftirqd*"] == 5
     assert g[OTHER] == 10 + 30
     assert acc["kernel_threads_died_unseen"] == 1
@@ -105,3 +107,26 @@ def test_descendants_walk_the_whole_tree_only() -> None:
     procs = {p.pid: p for p in (Proc(1, "a", 0, 0, 0, 0), Proc(2, "b", 1, 0, 0, 0),
                                 Proc(3, "c", 2, 0, 0, 0), Proc(4, "d", 9, 0, 0, 0))}  # fmt: skip
     assert descendants(procs, 1) == {2: 1, 3: 2} and descendants(procs, 3) == {}
+
+
+def test_a_replaced_zygote_is_charged_up_to_its_last_sample() -> None:
+    first = {
+        (301, 71): Proc(301, "python3", 300, 71, 20, 1000),
+        (300, 70): Proc(300, "bwrap", 200, 70, 1, 0),
+    }
+    last = {
+        (301, 71): Proc(301, "python3", 300, 71, 55, 2000),  # replaced: its last sample
+        (300, 70): Proc(300, "bwrap", 200, 70, 1, 0),
+        (310, 900): Proc(310, "bwrap", 200, 900, 2, 0),  # its successor, born in the window
+        (311, 901): Proc(311, "python3", 310, 901, 30, 400),
+    }
+    assert own_ticks(first, last) == 35 + 0 + 2 + 30
+
+
+def test_children_of_every_thread(tmp_path: Path) -> None:
+    for tid, kids in ((7, "8 9 "), (70, "12"), (71, "")):
+        task = tmp_path / "7" / "task" / str(tid)
+        task.mkdir(parents=True)
+        (task / "children").write_text(kids)
+    assert sorted(read_children(7, tmp_path)) == [8, 9, 12]
+    assert read_children(5, tmp_path) == []
