@@ -127,9 +127,13 @@ def kernel_group(comm: str) -> str:
     return "kernel: other threads"
 
 
-def _user_groups(snap: Snapshot, bench: int, server: int | None) -> dict[str, int]:
-    """Ticks charged to each user-process group at one end (live members plus their reaped)."""
+def _user_groups(
+    snap: Snapshot, bench: int, server: int | None, others: dict[str, int] | None = None
+) -> dict[str, int]:
+    """Ticks charged to each user-process group at one end (live members plus their reaped);
+    `others` gets the other users' part by command name."""
     out: dict[str, int] = {}
+    others = {} if others is None else others
 
     def add(group: str, ticks: int) -> None:
         out[group] = out.get(group, 0) + ticks
@@ -148,6 +152,7 @@ def _user_groups(snap: Snapshot, bench: int, server: int | None) -> dict[str, in
             add(TREE, p.own + p.reaped)
         else:
             add(OTHER, p.own + p.reaped)
+            others[p.comm] = others.get(p.comm, 0) + p.own + p.reaped
     return out
 
 
@@ -157,7 +162,11 @@ def account(
     """Ticks per group over the window, the machine's busy ticks (all CPUs and each), what is
     left unattributed and how many kernel threads died unseen."""
     groups: dict[str, int] = {}
-    start, end = _user_groups(before, bench, server), _user_groups(after, bench, server)
+    others_start: dict[str, int] = {}
+    others_end: dict[str, int] = {}
+    start = _user_groups(before, bench, server, others_start)
+    end = _user_groups(after, bench, server, others_end)
+    others = {k: v - others_start.get(k, 0) for k, v in others_end.items()}
     for name in sorted(set(start) | set(end)):
         groups[name] = end.get(name, 0) - start.get(name, 0)
     missed = 0
@@ -188,6 +197,7 @@ def account(
         },
         "unattributed_ticks": busy["cpu"][0] - sum(groups.values()),
         "kernel_threads_died_unseen": missed,
+        "other_users_top_ticks": dict(sorted(others.items(), key=lambda kv: -kv[1])[:5]),
     }
 
 

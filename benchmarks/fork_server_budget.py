@@ -74,6 +74,9 @@ def per_run(
         "machine_busy_share": round(acc["busy_ticks"] / acc["elapsed_ticks"], 3),
         "per_cpu_busy_share": acc["per_cpu_busy_share"],
         "kernel_threads_died_unseen": acc["kernel_threads_died_unseen"],
+        "other_users_top_ms_per_run": {
+            k: round(v * ms, 3) for k, v in acc["other_users_top_ticks"].items()
+        },
         "ms_per_run": groups,
         "machine_busy_ms_per_run": round(busy, 3),
         "ours_ms_per_run": round(ours, 3),  # everything but other users' work

@@ -90,6 +90,7 @@ def test_a_window_charges_each_group_what_it_spent_in_it() -> None:
     assert g[TREE] == (60 + 1159 + 3) - (20 + 1000 + 7)  # 195: the reaped runner's 2 more ticks in
     assert g["kernel: kworker*"] == 12 + 4 and g["kernel: ksoftirqd*"] == 5
     assert g[OTHER] == 10 + 30
+    assert acc["other_users_top_ticks"] == {"other-user-job": 30, "init": 10}
     assert acc["kernel_threads_died_unseen"] == 1
     assert acc["busy_ticks"] == 400 and acc["elapsed_ticks"] == 800
     assert acc["unattributed_ticks"] == 400 - sum(g.values())
