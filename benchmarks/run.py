@@ -22,6 +22,7 @@ BENCHMARK_MODULES = [
     "benchmarks.sandboxd_bench",
     "benchmarks.fork_server_bench",
     "benchmarks.fork_server_budget",
+    "benchmarks.run_tests_budget",
     "benchmarks.emulators_bench",
     "benchmarks.gateway_bench",
     "benchmarks.stress_bench",

@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     parser.add_argument("--requests", type=int, default=20, help="requests per path")
+    parser.add_argument("--quick", action="store_true", help="5 requests per path (a smoke check)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests = 5
     console = Console(stderr=True)
     started = time.monotonic()
     fork = start_server(True, 16)
