@@ -28,7 +28,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from .harness import ServerProcess, free_port, wait_until_idle
+from .harness import ServerProcess, free_port, wait_until_idle, write_report
 from .sandboxd_bench import PROGRAM, PYTHON, closed_loop, interleaved_c1
 from .sandboxd_bench import time_subprocess as spawn_floor
 
@@ -183,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(asyncio.run(measure(args, console)))
     report["machine"]["load_avg_at_end"] = os.getloadavg()
     print_report(report, console)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    write_report(report, args.out)
     return 0
 
 

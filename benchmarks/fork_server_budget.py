@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import time
@@ -44,7 +43,7 @@ from .cpu_budget import (
     snapshot,
 )
 from .fork_server_bench import TARGETS, start_server
-from .harness import wait_until_idle
+from .harness import wait_until_idle, write_report
 from .sandboxd_bench import PROGRAM, PYTHON, closed_loop, time_subprocess
 
 matplotlib.use("Agg")
@@ -208,11 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(report, console)
     if args.png:
         plot(report, args.png)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    write_report(report, args.out)
     return 0
 
 

@@ -35,7 +35,7 @@ import yaml
 from stress import LoadSpec, run_load
 from toolenv_core import headers as h
 
-from .harness import ServerProcess, free_port, toolenv_server
+from .harness import ServerProcess, free_port, toolenv_server, write_report
 
 BODY = {"queries": ["who wrote hamlet"], "topk": 3}
 HEADERS = {h.DEADLINE: "10000", h.TRAJECTORY: "bench-trajectory", h.STEP: "3", h.TURN: "1"}
@@ -278,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "seconds": round(time.monotonic() - started, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
     _print(report)
     print(f"wrote {args.out}")
     return 0

@@ -12,6 +12,7 @@ quoted when it dies before it is ready.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,7 +27,14 @@ import httpx
 
 from toolenv_core.net import free_port
 
-__all__ = ["ServerProcess", "free_port", "machine_busy_s", "toolenv_server", "wait_until_idle"]
+__all__ = [
+    "ServerProcess",
+    "free_port",
+    "machine_busy_s",
+    "toolenv_server",
+    "wait_until_idle",
+    "write_report",
+]
 
 
 class ServerProcess:
@@ -162,3 +170,13 @@ def wait_until_idle(
         if (machine_busy_s() - before) / (window_s * cpus) < busy_below:
             return True
     return False
+
+
+def write_report(report: dict, out: Path | None) -> None:
+    """A benchmark's JSON report: to `out` (its folder made if missing), or to stdout without one."""
+    text = json.dumps(report, indent=2) + "\n"
+    if out is None:
+        print(text, end="")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)

@@ -31,6 +31,8 @@ from rich.table import Table
 from stress import LoadSpec, run_load
 from toolenv.ray.netns import NetnsCluster
 
+from .harness import write_report
+
 CODE = {"code": "print(1)", "language": "python"}
 SEARCH = {"queries": ["who wrote hamlet"], "topk": 3}  # a zero-delay emulator: the path's own cost
 PATHS = {"sandbox": ("/run_code", CODE), "search": ("/retrieve", SEARCH)}
@@ -362,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     console = Console(stderr=True)
     report = bench(args.seconds, args.rounds, console)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
     write_plot(report, args.out.with_suffix(".png"))
     if args.json:
         print(json.dumps(report["summary"], indent=2))

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .harness import write_report
+
 DEFAULT_TRACE = (
     Path(
         os.environ.get(
@@ -110,8 +112,7 @@ def main() -> int:
             "met": worst <= 10.0 and max(r["peak_rss_mb"] for r in rows) < 1024,
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_report(result, args.out)
     print(json.dumps(result["targets"]))
     return 0
 

@@ -14,7 +14,6 @@ server counted as another user) is set against the 5x target.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -27,7 +26,7 @@ from rich.table import Table
 from .cpu_budget import CLK_TCK, LOADGEN, ORDER, account, snapshot
 from .fork_server_bench import CASES, TARGETS, run_tests_once, settle, start_server
 from .fork_server_budget import per_run
-from .harness import ServerProcess
+from .harness import ServerProcess, write_report
 
 CORES = os.cpu_count() or 1
 
@@ -116,11 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     report["machine"]["load_avg_at_end"] = os.getloadavg()
     report["seconds"] = round(time.monotonic() - started, 1)
     print_report(report, console)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    write_report(report, args.out)
     return 0
 
 

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from stress import BODY_KEY, LoadSpec, arun_load
 
-from .harness import ServerProcess, toolenv_server
+from .harness import ServerProcess, toolenv_server, write_report
 
 PYTHON = "/usr/bin/python3"
 PROGRAM = "print(1)"
@@ -395,8 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     report = asyncio.run(amain(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
     failed = [b for b, r in report["backends"].items() if "error" in r]
     return 1 if failed and len(failed) == len(report["backends"]) else 0
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -29,7 +28,7 @@ import numpy as np
 
 from stress import LoadSpec, run_load
 
-from .harness import ServerProcess, free_port
+from .harness import ServerProcess, free_port, write_report
 
 SCHED_P99_LIMIT_MS = 2.0
 SPIN_S = 0.001  # the CLI's --precise: poll for the last 1 ms before a send instead of a timer
@@ -287,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             "closed_loop_ratio_vs_httpx": round(ours_max / httpx_max, 2) if httpx_max else None,
         }
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, args.out)
     print(
         f"ceiling: ours {ours_ceiling} rps vs httpx {httpx_ceiling} rps "
         f"(x{report['ceiling_ratio_vs_httpx']}); at 3000 rps: {at_3000}",
