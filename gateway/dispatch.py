@@ -185,10 +185,8 @@ class ToolRuntime:
                     # Proxy without hedging: cancelling aborts the connection synchronously, so
                     # the call can run right here (no task) and still answer at once.
                     try:
-                        if self.one_try:  # `_attempts` without hedging or retries, inlined
-                            self._turn += 1
-                            first = pick(self.backend.endpoints, turn=self._turn)
-                            reply = await self._send_once(first, call)
+                        if self.one_try:  # `_attempts`' one send, without its frame
+                            reply = await self._send_once(self._next_endpoint(), call)
                         else:
                             reply = await self._attempts(call)
                     finally:
@@ -257,13 +255,17 @@ class ToolRuntime:
 
     async def _attempts(self, call: UpstreamCall) -> UpstreamReply:
         """Runs in its own task; the slot is released when it ends."""
-        self._turn += 1
-        first = pick(self.backend.endpoints, turn=self._turn)
+        first = self._next_endpoint()
+        if self.one_try:
+            return await self._send_once(first, call)  # `_attempt` without retries
         if not self.hedging:
-            if not self.config.retry.enabled:
-                return await self._send_once(first, call)  # `_attempt` without retries
             return await self._attempt(first, call)
         return await self._hedged(first, call)
+
+    def _next_endpoint(self) -> Endpoint:
+        """The endpoint a call's first attempt goes to (its turn of the rotation)."""
+        self._turn += 1
+        return pick(self.backend.endpoints, turn=self._turn)
 
     async def _hedged(self, first: Endpoint, call: UpstreamCall) -> UpstreamReply:
         a1 = asyncio.create_task(self._attempt(first, call))

@@ -130,7 +130,7 @@ async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: 
     out = [(b"content-type", reply.headers.get("content-type", "application/json").encode())]
     if _DELAY in reply.headers:
         out.append((_DELAY_KEY, reply.headers[_DELAY].encode()))
-    out += [(k.encode(), reply.headers[k].encode()) for k in EXECUTOR_HEADERS if k in reply.headers]
+    out += _executor_headers(reply.headers)
     return reply.status, out, reply.body
 
 
@@ -160,7 +160,8 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
             "tool": runtime.name, "status": outcome.kind, "result": text, "error": outcome.error,
             "elapsed_s": round(outcome.elapsed_s, 6), "request_id": ctx.request_id,
         }  # fmt: skip
-        return _json(200, answer, _where(reply.headers))
+        status, headers, payload = _json(200, answer)
+        return status, headers + _executor_headers(reply.headers), payload
     # The tool's JSON goes in as it came (checked, not parsed and written again: the larger
     # half of the JSON work of a call), between bytes written once per tool and outcome, and a
     # tail written by hand (a dict, `round` and a serializer cost five times as much).
@@ -171,11 +172,7 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
         outcome.elapsed_s,
         request_id,
     )
-    headers = [_JSON]
-    for name, key in _EXECUTOR_KEYS:
-        value = reply.headers.get(name)
-        if value is not None:
-            headers.append((key, value.encode()))
+    headers = [_JSON, *_executor_headers(reply.headers)]
     return 200, headers, b"".join((_answer_head(runtime.name, outcome.kind), reply.body, tail))
 
 
@@ -183,9 +180,9 @@ _JSON = (b"content-type", b"application/json")
 _EXECUTOR_KEYS = tuple((name, name.encode()) for name in EXECUTOR_HEADERS)
 
 
-def _where(headers: dict[str, str]) -> dict[str, str]:
+def _executor_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     """The executor headers of a reply (where the call ran), passed on to the caller."""
-    return {k: headers[k] for k in EXECUTOR_HEADERS if k in headers}
+    return [(key, headers[name].encode()) for name, key in _EXECUTOR_KEYS if name in headers]
 
 
 def _json_string(text: str) -> bytes:
@@ -261,6 +258,6 @@ def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
 
 
 def _raw_json(status: int, payload: bytes, headers: dict[str, str] | None = None) -> Answer:
-    raw = [(b"content-type", b"application/json")]
+    raw = [_JSON]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     return status, raw, payload

@@ -296,25 +296,27 @@ class Pool:
         payload = encode_request(method, path, self.host_header, headers, body)
         conn = self._take_idle()
         reused = conn is not None
-        try:
-            if conn is None:
-                conn = await self._open()
-            waiter = self._start(conn, payload)  # `_send`, inlined: the common case's frame
+        while True:  # at most twice: a reused connection found broken, then a fresh one
             try:
-                return await waiter
-            except asyncio.CancelledError:
-                conn.abort()
-                raise
-        except ConnectionBroken as exc:
-            if not (reused and exc.answered_nothing):
-                raise
-            # Maybe a stale idle connection, maybe an upstream that died reading the request:
-            # one fresh attempt tells them apart; if it cannot connect, the upstream is gone.
-            try:
-                fresh = await self._open()
-            except ConnectFailed:
-                raise exc from None
-            return await self._send(fresh, payload)
+                if conn is None:
+                    conn = await self._open()
+                waiter = self._start(conn, payload)  # awaited here: no frame of its own per call
+                try:
+                    return await waiter
+                except asyncio.CancelledError:
+                    conn.abort()  # the upstream sees the hang-up now and stops working on it
+                    raise
+            except ConnectionBroken as exc:
+                if not (reused and exc.answered_nothing):
+                    raise
+                # Maybe a stale idle connection, maybe an upstream that died reading the
+                # request: one fresh attempt tells them apart; if it cannot connect, the
+                # upstream is gone.
+                reused = False
+                try:
+                    conn = await self._open()
+                except ConnectFailed:
+                    raise exc from None
 
     def close(self) -> None:
         while self._idle:
@@ -342,14 +344,6 @@ class Pool:
                 return conn
             conn.abort()
         return None
-
-    async def _send(self, conn: _PoolConnection, payload: bytes) -> Response:
-        waiter = self._start(conn, payload)
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            conn.abort()  # the upstream sees the hang-up now and stops working on it
-            raise
 
     @staticmethod
     def _start(conn: _PoolConnection, payload: bytes) -> asyncio.Future[Response]:
