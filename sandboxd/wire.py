@@ -89,9 +89,8 @@ class TestCase(BaseModel):
             unknown = sorted(set(data) - set(cls.model_fields))
             if unknown:
                 names = ", ".join(repr(str(k)) for k in unknown)
-                raise ValueError(
-                    f"unknown case field(s) {names}; a case has stdin, expected_stdout, timeout"
-                )
+                known = ", ".join(cls.model_fields)
+                raise ValueError(f"unknown case field(s) {names}; a case has {known}")
         return data
 
 

@@ -217,14 +217,18 @@ class Zygote:
         for waiter in self._pids.values():
             if not waiter.done():
                 waiter.set_exception(ForkFailed(why))
-        for timer in self._unanswered.values():
-            timer.cancel()
-        self._unanswered.clear()
+        self._forget_unanswered()
         for run in self.runs.values():
             if not run.ended.done():
                 run.ended.set_result(why)
         self.runs.clear()
         self._stop_reading()
+
+    def _forget_unanswered(self) -> None:
+        """No answer is watched for any more (the zygote failed or is closing)."""
+        for timer in self._unanswered.values():
+            timer.cancel()
+        self._unanswered.clear()
 
     def _stop_reading(self) -> None:
         with contextlib.suppress(ValueError, OSError):
@@ -234,9 +238,7 @@ class Zygote:
         """EOF to the zygote: it kills whatever it still runs and exits; reap it. Returns the
         idle runners' slots (their tasks are dead or dying) for the caller to release."""
         self.alive = False
-        for timer in self._unanswered.values():
-            timer.cancel()
-        self._unanswered.clear()
+        self._forget_unanswered()
         self._stop_reading()
         self.sock.close()
         try:
