@@ -27,6 +27,8 @@ import httpx
 
 from toolenv_core.net import free_port
 
+from .cpu_budget import CLK_TCK, parse_cpu_lines
+
 __all__ = [
     "ServerProcess",
     "free_port",
@@ -152,8 +154,7 @@ def toolenv_server(
 
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has spent busy (every CPU, /proc/stat), since boot."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    return parse_cpu_lines(Path("/proc/stat").read_text())["cpu"][0] / CLK_TCK
 
 
 def wait_until_idle(
