@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -32,17 +33,21 @@ CORES = os.cpu_count() or 1
 
 
 def window(
-    server: ServerProcess, warm: ServerProcess, requests: int, console: Console
+    client: httpx.Client,
+    server: ServerProcess,
+    warm: ServerProcess,
+    requests: int,
+    console: Console,
 ) -> dict[str, Any]:
     """`requests` settled /v1/run_tests calls to `server` inside one /proc window, per case."""
-    settle(warm)
+    settle(client, warm)
     load = os.getloadavg()
     console.print(f"{requests} requests of {CASES} cases to {server.url} (load {load})")
     unsettled, seconds = 0, 0.0
     before = snapshot()
     for _ in range(requests):
-        seconds += run_tests_once(server.url) * CASES
-        unsettled += not settle(warm)
+        seconds += run_tests_once(client, server.url) * CASES
+        unsettled += not settle(client, warm)
     after = snapshot()
     cases = requests * CASES
     out = per_run(account(before, after, os.getpid(), server.pid), cases, round(cases / seconds))
@@ -96,12 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     fork = start_server(True, 16)
     warm = start_server(False, 16)
     try:
-        console.print("warming up: 2 requests to each server")
-        for server in (fork, warm, fork, warm):
-            settle(warm)
-            run_tests_once(server.url)
-        fork_side = window(fork, warm, args.requests, console)
-        warm_side = window(warm, warm, args.requests, console)
+        with httpx.Client() as client:
+            console.print("warming up: 2 requests to each server")
+            for server in (fork, warm, fork, warm):
+                settle(client, warm)
+                run_tests_once(client, server.url)
+            fork_side = window(client, fork, warm, args.requests, console)
+            warm_side = window(client, warm, warm, args.requests, console)
     finally:
         fork.stop()
         warm.stop()
