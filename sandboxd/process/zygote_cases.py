@@ -145,13 +145,14 @@ class CaseForker:
             data, fds, _, _ = socket.recv_fds(link, 65536, MAX_FDS)
             if not data:
                 os._exit(0)
+            # parsed here, not in the case: a parse there costs each case ~25 page copies
+            msg = json.loads(data)
             try:
                 pid = self.t.clone(CASE_NAMESPACES | CLONE_PARENT)
             except OSError as exc:
                 pid = -exc.errno
             if pid == 0:
                 link.close()
-                msg = json.loads(data)
                 return self._become_case(msg, fds)
             _close_all(fds)
             link.send(str(pid).encode())
