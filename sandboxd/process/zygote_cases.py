@@ -4,8 +4,8 @@
 The runner already is the request's isolation boundary: fresh network, UTS and cgroup namespaces
 and a root built once. It reads the request's files once, detaches the zygote's root, makes the
 shared layers of that root read-only (its tmpfs "/" and /dev), makes one copy of itself (the
-template, whose loop between clones is short: each page a process writes after a fork is copied)
-and for each case has the template clone a child, the forker's own, into fresh mount, IPC and
+template, whose loop between clones is short and runs at the top of the zygote script's stack:
+each page a process writes after a fork is copied) and for each case has the template clone a child, the forker's own, into fresh mount, IPC and
 PID namespaces (the case is PID 1 of its own: whatever it starts dies
 with it). The child joins the case's cgroup, mounts a fresh /proc, /tmp, /dev/shm, /dev/pts and
 a fresh tmpfs /sandbox holding the request's files, then drops to the program's identity and
@@ -129,33 +129,18 @@ class CaseForker:
     def _start_template(self):
         """The process that clones the cases: a copy of this one made once, whose loop between
         two clones is a few lines (after a fork every page a process writes is copied, and
-        this loop writes many). Its cases are this process's children (CLONE_PARENT)."""
+        this loop writes many). Its cases are this process's children (CLONE_PARENT). In the
+        template this returns a `Template`, which the zygote script runs once it is back at the
+        top of its stack: a case then starts there, and unwinds no frames of ours (each frame
+        left writes to the objects it held: a page copy each)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = self.t.clone(0)
         if pid == 0:
             ours.close()
-            return self._template(theirs)
+            return Template(self, theirs)
         theirs.close()
         self.template = ours
         return None
-
-    def _template(self, link):
-        """In the template: clone a case per message; returns only in a case, its request."""
-        while True:
-            data, fds, _, _ = socket.recv_fds(link, 65536, MAX_FDS)
-            if not data:
-                os._exit(0)
-            # parsed here, not in the case: a parse there costs each case ~25 page copies
-            msg = json.loads(data)
-            try:
-                pid = self.t.clone(CASE_NAMESPACES | CLONE_PARENT)
-            except OSError as exc:
-                pid = -exc.errno
-            if pid == 0:
-                link.close()
-                return self._become_case(msg, fds)
-            _close_all(fds)
-            link.send(str(pid).encode())
 
     def _clone_case(self, data, fds):
         """A case cloned by the template (a child of this process); its pid, or raises."""
@@ -207,7 +192,7 @@ class CaseForker:
         cpu = usage.ru_utime + usage.ru_stime
         self.t.send(self.sock, {"case": case_id, "status": code, "cpu": cpu})
 
-    def _become_case(self, msg, fds):
+    def become_case(self, msg, fds):
         """In the case's process: its cgroup, fresh mounts and files, then the program's
         identity. Any failure ends the case with an error (reported before its exit)."""
         try:
@@ -228,6 +213,34 @@ class CaseForker:
             self.t.send(self.sock, {"case": msg["case"], "error": f"case set-up failed: {exc!r}"})
             os._exit(SETUP_FAILED)
         return msg
+
+
+class Template:
+    """The case forker's copy that clones every case, run from the top of the zygote script's
+    stack (see `CaseForker._start_template`)."""
+
+    def __init__(self, forker, link):
+        self.forker = forker
+        self.link = link
+
+    def serve(self):
+        """Clone a case per message; returns only in a case, with its request."""
+        link = self.link
+        while True:
+            data, fds, _, _ = socket.recv_fds(link, 65536, MAX_FDS)
+            if not data:
+                os._exit(0)
+            # parsed here, not in the case: a parse there costs each case ~25 page copies
+            msg = json.loads(data)
+            try:
+                pid = self.forker.t.clone(CASE_NAMESPACES | CLONE_PARENT)
+            except OSError as exc:
+                pid = -exc.errno
+            if pid == 0:
+                link.close()
+                return self.forker.become_case(msg, fds)
+            _close_all(fds)
+            link.send(str(pid).encode())
 
 
 def _write_tree(tree):

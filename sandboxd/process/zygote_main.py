@@ -401,6 +401,9 @@ if __name__ == "__main__":  # run as the zygote (never on import)
     ROOT_PLAN = _root_plan()
     gc.freeze()  # the zygote's objects: never scanned (nor their pages copied) by a program's GC
     JOB = Zygote().serve()
+    if isinstance(JOB, zygote_cases.Template):  # a case forker's template, now at the top
+        TEMPLATE = JOB  # kept: a case freeing the forker's objects would copy their pages
+        JOB = TEMPLATE.serve()
     # From here on: the program's process. Make it look like `python3 main.py` in /sandbox.
     _forget_zygote_modules()
     sys.argv[:] = ["main.py", *JOB.get("argv", [])]
