@@ -77,7 +77,7 @@ class CaseBatch:
             raise ForkFailed(self.reason or "the case forker is gone")
         case_id = next(self._ids)
         run = ForkedRun(case_id)
-        cg_fds = slot.procs_fds() if slot is not None else []
+        cg_fds = slot.join_fds() if slot is not None else []
         self.cases[case_id] = run
         try:
             payload = json.dumps({"case": case_id, "cgroups": len(cg_fds), **request}).encode()
@@ -88,7 +88,7 @@ class CaseBatch:
             raise ForkFailed(self.reason) from exc
         finally:
             if slot is not None:
-                slot.done_fds(cg_fds)
+                slot.done_join_fds(cg_fds)
         return run
 
     def kill(self, run: ForkedRun) -> None:

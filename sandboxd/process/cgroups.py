@@ -90,6 +90,13 @@ class CgroupStats:
     hit_memory_limit: bool = False
 
 
+# How a fork-server process (single-threaded: a runner or a case, before any user code) joins
+# its slot: "0" written to each controller's `tasks` moves the writer's only thread, which is
+# the whole process. Not `cgroup.procs`: a process migration write-locks the global threadgroup
+# rwsem, which waits for an RCU grace period when the lock was idle (about 8 ms for three
+# controllers here, and every fork on the host waits behind it); the kernel moves the calling
+# thread alone without that lock.
+JOIN_FILE = "tasks"
 # opened once per slot of the pool, for the reads and writes of every run (cgroup.procs is
 # read afresh by opening it: a `pread` of a kept fd does not list its tasks again)
 KEPT_FILES = (
@@ -99,7 +106,7 @@ KEPT_FILES = (
     ("memory", "memory.oom_control", os.O_RDONLY),
     ("memory", "memory.failcnt", os.O_RDONLY),
     ("pids", "pids.current", os.O_RDONLY),
-    *((c, "cgroup.procs", os.O_WRONLY) for c in CONTROLLERS),
+    *((c, JOIN_FILE, os.O_WRONLY) for c in CONTROLLERS),
 )
 
 
@@ -175,14 +182,14 @@ class CgroupSlot:
         finally:
             self._done(c, name, os.O_WRONLY, fd)
 
-    def procs_fds(self) -> list[int]:
-        """An fd open for writing on each controller's `cgroup.procs` (what a fork-server process
-        joins the slot through); hand them back with `done_fds`."""
-        return [self._fd(c, "cgroup.procs", os.O_WRONLY) for c in self.dirs]
+    def join_fds(self) -> list[int]:
+        """An fd open for writing on each controller's `JOIN_FILE`, through which a fork-server
+        process joins the slot by writing "0"; hand them back with `done_join_fds`."""
+        return [self._fd(c, JOIN_FILE, os.O_WRONLY) for c in self.dirs]
 
-    def done_fds(self, fds: list[int]) -> None:
+    def done_join_fds(self, fds: list[int]) -> None:
         for c, fd in zip(self.dirs, fds, strict=True):
-            self._done(c, "cgroup.procs", os.O_WRONLY, fd)
+            self._done(c, JOIN_FILE, os.O_WRONLY, fd)
 
     def configure(
         self, *, memory_bytes: int | None, pids_max: int | None, cpu_cores: float | None

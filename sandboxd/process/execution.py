@@ -28,7 +28,7 @@ from ..languages import CHILD_ENV
 from ..models import ExecResult, ExecStatus
 from .batch import CaseBatch
 from .bwrap import Blocked, spawn_blocked
-from .cgroups import CgroupSlot
+from .cgroups import JOIN_FILE, CgroupSlot
 from .ending import classify
 from .forkserver import ForkedRun, ForkFailed, ForkServer, Runner
 from .limits import StepLimits, confine, has_memory_cgroup
@@ -154,7 +154,7 @@ class Execution:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         self.fds += [out_r, err_r]
         slot = self.slot
-        procs_files = [str(d / "cgroup.procs") for d in slot.dirs.values()] if slot else []
+        procs_files = [str(d / JOIN_FILE) for d in slot.dirs.values()] if slot else []
         rlimits = self.lim.rlimits(has_memory_cgroup(slot))
 
         def enter_limits() -> None:  # runs in the child between fork and exec

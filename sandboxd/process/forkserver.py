@@ -122,12 +122,12 @@ class Zygote:
     def spawn(self, key: int, slot: CgroupSlot | None) -> Runner:
         """Ask for one more runner; its program joins `slot` (every controller) ahead of time."""
         runner = Runner(self, key, slot)
-        fds = slot.procs_fds() if slot is not None else []
+        fds = slot.join_fds() if slot is not None else []
         try:  # the cgroup files go as fds: the zygote sees no cgroup file system
             socket.send_fds(self.sock, [b'{"spawn": %d}' % key], fds)
         finally:
             if slot is not None:
-                slot.done_fds(fds)
+                slot.done_join_fds(fds)
         self.idle[key] = runner
         return runner
 

@@ -14,9 +14,9 @@ loopback) and the read-only root: they run the same submitted code.
 
 Protocol on the batch socket (SOCK_SEQPACKET, one JSON message each): the forker says
 {"ready": n} once the files are read; {"case": id, "cgroups": k, "rlimits", "argv"} with fds
-(k cgroup.procs files, stdin, stdout, stderr) starts a case (answers {"case", "status", "cpu"}
-or {"case", "error"} at its end); {"kill": id} SIGKILLs a case; EOF kills every
-case and ends the forker.
+(k cgroup join files, each controller's `tasks`; stdin, stdout, stderr) starts a case (answers
+{"case", "status", "cpu"} or {"case", "error"} at its end); {"kill": id} SIGKILLs a case; EOF
+kills every case and ends the forker.
 """
 
 import gc

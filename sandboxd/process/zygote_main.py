@@ -11,8 +11,8 @@ signal death, as bwrap reports it). One process per run: a second fork (to becom
 namespace made by unshare) cost a copy of the page tables and its own copy-on-write faults.
 
 Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each:
-{"spawn": key} with the cgroup.procs fds of the run's slot forks a runner whose program joins
-that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir",
+{"spawn": key} with the join fds of the run's slot (each controller's `tasks`) forks a runner
+whose program joins that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir",
 "rlimits"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
 then {"id", "status", "cpu"} or {"id", "error"}); {"anomaly", "runner"} says an idle runner
 died. EOF: the service is gone: every runner is killed and the zygote exits.
@@ -176,7 +176,7 @@ def _root_plan():
 
 def _prepare_program(cgroup_fds):
     """Still ahead of any request: its own session, a fresh /proc, and the run's cgroup joined
-    (a task migration can take milliseconds: not on the request's path)."""
+    (this thread, the only one: see `cgroups.JOIN_FILE`)."""
     os.setsid()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     exec(compile("_ = [str(i) for i in range(64)]\n", "<warm-up>", "exec"), {})  # noqa: S102
