@@ -326,18 +326,18 @@ class ProcessBackend:
             yield None
             return
         self._batches += 1  # counted before the await: concurrent requests see it
+        batch = None
         try:
             batch = await self._open_batch(server, root, spec, lang)
             if batch is None:
                 yield None
                 return
             self._batches_total += 1
-            try:
-                yield batch
-            finally:
-                await batch.close()
+            yield batch
         finally:
             self._batches -= 1
+            if batch is not None:  # the answer need not wait for the runner's reaping
+                self._track(batch.close())
 
     def _fall_back(self, reason: str) -> None:
         """Count a run_tests request sent to the per-case path, with why (shown in the status)."""
