@@ -444,7 +444,7 @@ class ProcessBackend:
                 )
             except OSError as exc:
                 return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
-        stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(root, stdin)
+        stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(stdin)
         step = Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, runner, batch)
         execution = Execution(ctx, step)
         try:

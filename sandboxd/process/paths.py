@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -113,12 +114,21 @@ def fetch_files(workdir: Path, names: list[str], cap: int) -> dict[str, bytes]:
     return out
 
 
-def stdin_file(root: Path, data: bytes) -> int:
-    """An unlinked file holding `data`, positioned at 0: a stdin of any size that never blocks."""
-    fd, path = tempfile.mkstemp(prefix="stdin-", dir=root)
-    os.unlink(path)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
+STDIN_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+
+
+def stdin_file(data: bytes) -> int:
+    """A sealed memfd holding `data`, positioned at 0: a stdin of any size that never blocks,
+    that no one can change (not even through /proc/self/fd), and that touches no file system
+    (an unlinked temp file in the runs dir cost a directory entry made and removed per run)."""
+    fd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, STDIN_SEALS)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
     return fd

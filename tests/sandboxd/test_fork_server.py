@@ -161,6 +161,35 @@ async def test_nothing_of_one_run_is_visible_to_the_next(forking) -> None:
         ], clean
 
 
+STDIN_REWRITE = """
+import sys
+for mode in ("w", "a", "r+"):
+    try:
+        with open("/proc/self/fd/0", mode) as f:
+            f.write("rewritten")
+        print(mode, "written")
+    except OSError as exc:
+        print(mode, type(exc).__name__)
+data = sys.stdin.read()
+print(len(data), data.endswith("end\\n"))
+"""
+
+
+async def test_stdin_is_a_sealed_file_of_any_size(forking) -> None:
+    """A run's stdin (a sealed memfd) is read whole, and not even the program can rewrite it
+    through /proc/self/fd/0."""
+    big = "x" * (3 << 20) + "end\n"
+    spec = RunSpec(language="python", code=STDIN_REWRITE, stdin=big)
+    result = await forking.run(spec, Deadline.after(30))
+    assert result.run is not None and result.run.exit_code == 0, result
+    assert result.run.stdout.splitlines() == [
+        "w PermissionError",
+        "a PermissionError",
+        "r+ PermissionError",
+        f"{len(big)} True",
+    ], result.run
+
+
 @pytest.mark.parametrize("batch", [True, False], ids=["one-runner", "runner-per-case"])
 async def test_run_tests_forks_every_case_from_one_zygote(bwrap_path: str, batch: bool) -> None:
     """With batches on (the default) the request takes one fork of the zygote (its runner
