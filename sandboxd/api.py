@@ -82,7 +82,8 @@ async def _parse(request: Request, model: type[M], limit: int) -> M | JSONRespon
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False)
+        # Without the offending input: it may be huge, or a NaN/Infinity no JSON answer can hold.
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 

@@ -158,6 +158,27 @@ def test_invalid_fields_are_422(api: SandboxdServer, body: dict, needle: str) ->
     assert needle in r.text
 
 
+@pytest.mark.parametrize(
+    "path,body,field",
+    [
+        ("/run_code", b'{"code": "print(1)", "memory_limit_MB": NaN}', "memory_limit_MB"),
+        ("/run_code", b'{"code": "print(1)", "max_output_bytes": Infinity}', "max_output_bytes"),
+        (
+            "/v1/run_tests",
+            b'{"code": "print(1)", "cases": [{}], "concurrency": NaN}',
+            "concurrency",
+        ),
+    ],
+)
+def test_non_finite_numbers_are_422_naming_the_field(
+    api: SandboxdServer, path: str, body: bytes, field: str
+) -> None:
+    # Python's JSON reader takes NaN and Infinity; the 422 must not try to echo them back
+    r = api.client.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == [field]
+
+
 def test_malformed_json_is_400_and_big_body_413(api: SandboxdServer) -> None:
     r = api.client.post(
         "/run_code", content=b"{not json", headers={"content-type": "application/json"}
