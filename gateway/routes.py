@@ -11,7 +11,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from toolenv_core import headers as h
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
+from . import wirejson
 from .schemas import (
     RetrieveBody,
     RunCodeBody,
@@ -155,9 +157,9 @@ async def retrieve(request: Request) -> Response:
     response_model=ToolCallResponse,
     responses={404: {"description": "unknown tool"}, **_FAILURES},
     summary="Call any tool",
-    openapi_extra={"parameters": _HEADER_PARAMETERS},
+    openapi_extra=_body_doc(ToolCallRequest),
 )
-async def call_tool(tool: str, body: ToolCallRequest, request: Request) -> Response:  # noqa: ARG001
+async def call_tool(tool: str, request: Request) -> Response:
     """Forward `arguments` to the tool's native endpoint, under one deadline: the earlier of the
     body's `deadline_ms` and the `X-Toolenv-Deadline-Ms` header, else the tool's default, capped
     by the tool's maximum.
@@ -165,7 +167,13 @@ async def call_tool(tool: str, body: ToolCallRequest, request: Request) -> Respo
     200 `{"tool", "status": "ok"|"error", "result", "error", "elapsed_s", "request_id"}`;
     504 `{"tool", "status": "timeout", "error", "elapsed_s", "deadline_ms", "request_id"}`.
     """
-    return _declined(request, tool=tool)  # served by gateway.passthrough.generic_call
+    # Served by gateway.passthrough.generic_call; reached only for an unknown tool (or while
+    # starting). No body model here: FastAPI would refuse a `curl -d` body (a form content type)
+    # with a 422 before the 404. Malformed JSON is the one 400, as on every route.
+    raw = await request.body()
+    if raw and not wirejson.is_json(raw):
+        raise HTTPException(NOT_JSON_STATUS, NOT_JSON)
+    return _declined(request, tool=tool)
 
 
 @router.get("/v1/tools", tags=["tools"], summary="Tools, in OpenAI function format")

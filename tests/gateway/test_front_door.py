@@ -93,13 +93,24 @@ def test_malformed_json_is_one_answer_on_every_route(gateway, upstream, tmp_path
     routes = [("POST", "/run_code"), ("POST", "/v1/run_tests"), ("POST", "/retrieve"),
               ("POST", "/v1/tools/search/call"), ("POST", "/v1/tools/sandbox/call"),
               ("POST", "/v1/tools/nope/call"), ("PUT", "/v1/emulators/search/profile")]  # fmt: skip
+    # `curl -d` sends a form content type: the body is still read as JSON
     for method, path in routes:
-        r = httpx.request(method, gw.url + path, content=b"{not json", timeout=10,
-                          headers={"content-type": "application/json"})  # fmt: skip
-        assert r.status_code == 400, (path, r.status_code, r.text)
-        body = r.json()
-        assert body == {**NOT_JSON, "request_id": r.headers["x-request-id"]}, (path, body)
+        for content_type in ("application/json", "application/x-www-form-urlencoded"):
+            r = httpx.request(method, gw.url + path, content=b"{not json", timeout=10,
+                              headers={"content-type": content_type})  # fmt: skip
+            assert r.status_code == 400, (path, content_type, r.status_code, r.text)
+            body = r.json()
+            assert body == {**NOT_JSON, "request_id": r.headers["x-request-id"]}, (path, body)
     assert up.stats()["started"] == 0  # nothing malformed was forwarded
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/x-www-form-urlencoded"])
+def test_an_unknown_tool_is_404_naming_the_known_ones(gateway, content_type) -> None:
+    gw = gateway(_emulator_tools())
+    r = httpx.post(gw.url + "/v1/tools/nope/call", content=b'{"arguments": {}}', timeout=10,
+                   headers={"content-type": content_type})  # fmt: skip
+    assert r.status_code == 404, r.text
+    assert r.json()["detail"] == "unknown tool 'nope'; known tools: reward, search"
 
 
 # the hot route is served on the connection (gateway.lane); an unknown tool by the framework
