@@ -206,6 +206,23 @@ def test_profile_swap_list_and_validation(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize(
+    ("raw", "loc"),
+    [
+        (b'{"model": {"kind": "lognormal", "median_s": Infinity, "sigma": 1}}',
+         ["body", "model", "lognormal", "median_s"]),
+        (b'{"model": {"kind": "empirical", "quantiles": [[0, 0.1], [0.5, NaN], [1, 2]]}}',
+         ["body", "model", "empirical", "quantiles", "1", "1"]),
+    ],
+)  # fmt: skip
+def test_a_profile_number_must_be_finite(client: httpx.Client, raw: bytes, loc: list) -> None:
+    # an infinite delay would sleep forever, and the profile could no longer be read back
+    r = client.put("/v1/emulators/search/profile", content=raw)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == loc and "finite" in r.json()["message"]
+    assert client.get("/v1/emulators/search/profile").status_code == 200
+
+
+@pytest.mark.parametrize(
     ("path", "body", "status", "loc"),
     [
         ("/retrieve", {"queries": []}, 422, ["body", "queries"]),

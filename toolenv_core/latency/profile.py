@@ -17,7 +17,7 @@ class ProfileError(ValueError):
 
 
 class Profile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     tool: str = Field(default="search", description="the tool this profile shapes")
     model: LatencyModel = Field(description="latency per call")

@@ -29,9 +29,13 @@ from .samplers import (
     truncnormal_fn,
 )
 
+# Every number of a profile is finite: an infinite delay would sleep forever and could not be
+# written back as JSON (`GET .../profile`); NaN passes no bound.
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     def build(self) -> Sampler:
         raise NotImplementedError
@@ -279,7 +283,7 @@ class TraceReplay(_Spec):
 
 
 class MixtureComponent(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     weight: float = Field(gt=0)
     model: LatencyModel
 
@@ -299,7 +303,7 @@ class Mixture(_Spec):
 
 
 class DriftStage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     start: float = Field(ge=0, description="first step (by=step) or second (by=time) of this stage")
     model: LatencyModel
 
