@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
 from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latencies, tool_latencies
@@ -207,7 +208,7 @@ def serve_command(
         settings = EmulatorSettings.load(config, **overrides)
         app_ = create_app(settings)
     except ValueError as exc:
-        raise _fail(str(exc)) from exc
+        raise _fail(config_error(exc)) from exc
     uvicorn.run(
         app_,
         host=settings.host,

@@ -21,7 +21,7 @@ class EmulatorSettings(ServiceSettings):
     section: ClassVar[str] = "emulators"
 
     host: str = "127.0.0.1"
-    port: int = 8090
+    port: int = Field(default=8090, ge=0, le=65535)
     log_level: str = "warning"
     seed: int = Field(default=0, description="seeds every delay draw and every synthetic document")
 

@@ -170,7 +170,7 @@ class GatewaySettings(ServiceSettings):
     section: ClassVar[str] = "gateway"
 
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = "info"
     mode: Literal["embedded", "proxy"] | None = Field(
         default=None, description="force every tool into this mode (None: as each tool says)"

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from toolenv_core.config import ConfigFileError
+from toolenv_core.config import ConfigFileError, config_error
 
 app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
 
@@ -62,7 +62,7 @@ def serve(
     try:
         settings = SandboxSettings.load(config, **overrides)
     except (ConfigFileError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
     if settings.backend == "process" and not settings.insecure_no_isolation:
         import shutil

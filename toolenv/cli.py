@@ -21,7 +21,7 @@ from sandboxd.cli import app as sandboxd_app
 from sandboxd.settings import SandboxSettings
 from stress.cli import stress
 from toolenv_core import __version__
-from toolenv_core.config import ConfigFileError, ServiceSettings, read_sections
+from toolenv_core.config import ConfigFileError, ServiceSettings, config_error, read_sections
 from toolenv_core.console import report_console
 from toolenv_core.polytrace.cache import TracesSettings
 
@@ -74,7 +74,7 @@ def config_show(
             for section, cls in all_settings_classes().items()
         }
     except (ConfigFileError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps(effective, indent=2))

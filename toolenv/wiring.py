@@ -24,7 +24,7 @@ from gateway.cli import run as run_gateway
 from gateway.settings import BUILTIN_MOUNT, GatewaySettings
 from sandboxd.app import create_app as create_sandbox_app
 from sandboxd.settings import SandboxSettings
-from toolenv_core.config import ConfigFileError, read_sections
+from toolenv_core.config import ConfigFileError, config_error, read_sections
 
 
 def build_mounts(settings: GatewaySettings, sections: Mapping[str, Any]) -> dict[str, ASGIApp]:
@@ -113,6 +113,6 @@ def serve(
         settings.check_bind()
         app = build_gateway(settings, sections)
     except (ConfigFileError, ValidationError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
     run_gateway(app, settings)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -28,6 +29,22 @@ CONFIG_ENV_VAR = "TOOLENV_CONFIG"
 
 class ConfigFileError(ValueError):
     """The config file is missing, unreadable or not a mapping of sections."""
+
+
+def config_error(exc: Exception) -> str:
+    """One line saying what to fix: a settings `ValidationError` as `section: field: problem; ...`
+    (pydantic's own text spans lines and ends in a URL), anything else as its message."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+    )
+    sections = {cls.__name__: cls.section for cls in _subclasses(ServiceSettings)}
+    return f"invalid {sections.get(exc.title, exc.title)} settings: {problems}"
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 
 import httpx
+import pytest
 
 
 def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) -> None:
@@ -22,3 +26,25 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
         raise AssertionError("the server still answers after SIGINT")
     except httpx.ConnectError:
         pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        (["serve", "--port", "99999"], {}, "invalid gateway settings: port: "),
+        (["emulators", "serve", "--port", "99999"], {}, "invalid emulators settings: port: "),
+        (["sandboxd", "serve", "--port", "99999"], {}, "invalid sandbox settings: port: "),
+        (["config", "show"], {"TOOLENV_GATEWAY_PORT": "abc"}, "invalid gateway settings: port: "),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2(argv: list[str], env: dict, needle: str) -> None:
+    # a port beyond 65535 used to be bound modulo 65536 while the log named the port asked for
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv", *argv],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"error: {needle}") and out.stderr.count("\n") == 1, out.stderr
