@@ -13,6 +13,8 @@ import typer
 import uvicorn
 from fastapi import FastAPI
 
+from toolenv_core.polytrace.errors import TraceFormatError
+
 from .lane import lane_protocol
 from .logs import setup_logging
 from .settings import GatewaySettings
@@ -67,5 +69,9 @@ def trace_to_multiturn(
     if not capture.is_file():
         typer.echo(f"error: {capture} does not exist", err=True)
         raise typer.Exit(2)
-    count = to_multiturn(capture, out)
+    try:
+        count = to_multiturn(capture, out)
+    except (TraceFormatError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     typer.echo(f"wrote {count} trajectories to {out}")

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 from pydantic import TypeAdapter, ValidationError
 
+from toolenv_core.polytrace.errors import TraceFormatError
 from toolenv_core.polytrace.records import ToolCallRecord, TrajectoryRecord, TurnRecord
 
 log = logging.getLogger("toolenv.gateway")
@@ -126,11 +127,27 @@ def parse_int_header(value: str | None) -> int | None:
 
 
 def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
-    """Read a capture file back (one `ToolCallRecord` per line)."""
+    """Read a capture file back (one `ToolCallRecord` per line); raises TraceFormatError naming
+    the line and field of a line that is not one."""
     with Path(path).open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield ToolCallRecord.model_validate(json.loads(line))
+        try:
+            for lineno, line in enumerate(handle, start=1):
+                if line.strip():
+                    yield _captured_call(path, lineno, line)
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(path, 0, "", "not UTF-8 text") from exc
+
+
+def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
+    try:
+        return ToolCallRecord.model_validate(json.loads(line))
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(path, lineno, "", f"not valid JSON ({exc.msg})") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        problem = f"{first['msg']} (not a trace capture line)"
+        raise TraceFormatError(path, lineno, field, problem) from exc
 
 
 def to_multiturn(capture: str | Path, out: str | Path) -> int:

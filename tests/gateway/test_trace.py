@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import httpx
+import pytest
 from gw_support import proxy_tool
 from typer.testing import CliRunner
 
@@ -91,3 +92,20 @@ def test_a_bad_call_record_is_dropped_alone_and_counted(tmp_path) -> None:
     assert [r.turn for r in records] == [1, 2]
     assert records[0].step == 2 and records[0].trajectory_id == "t"
     assert writer.written == 2 and writer.invalid == 1 and writer.dropped == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("root:x:0:0:root:/root:/bin/bash\n", ":1: not valid JSON (Expecting value)"),
+        ('{"tool_name": "search"}\n', ":1: field 'turn': Field required"),
+    ],
+)
+def test_a_file_that_is_not_a_capture_is_one_line_and_exit_2(tmp_path, text, said) -> None:
+    capture, out = tmp_path / "capture.jsonl", tmp_path / "out.jsonl"
+    capture.write_text(text)
+    args = ["gateway", "trace-to-multiturn", str(capture), str(out)]
+    result = CliRunner().invoke(toolenv_app, args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: {capture}{said}"), result.stderr
+    assert result.stderr.count("\n") == 1 and not out.exists()
