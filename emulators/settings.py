@@ -6,7 +6,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, FilePath
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import ServiceSettings
@@ -34,7 +34,7 @@ class EmulatorSettings(ServiceSettings):
         default=None, description="reward profile file (default: the shipped reward_default.yaml)"
     )
 
-    corpus: Path | None = Field(
+    corpus: FilePath | None = Field(
         default=None, description="JSONL corpus ({id, contents} or {id, title, text}) for BM25"
     )
     default_topk: int = Field(default=3, ge=1)

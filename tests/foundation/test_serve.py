@@ -34,9 +34,11 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
         (["serve", "--port", "99999"], {}, "invalid gateway settings: port: "),
         (["emulators", "serve", "--port", "99999"], {}, "invalid emulators settings: port: "),
         (["sandboxd", "serve", "--port", "99999"], {}, "invalid sandbox settings: port: "),
+        (["emulators", "serve", "--corpus", "/nonexistent/corpus.jsonl"], {},
+         "invalid emulators settings: corpus: Path does not point to a file"),
         (["config", "show"], {"TOOLENV_GATEWAY_PORT": "abc"}, "invalid gateway settings: port: "),
     ],
-)
+)  # fmt: skip
 def test_a_bad_setting_is_one_line_and_exit_2(argv: list[str], env: dict, needle: str) -> None:
     # a port beyond 65535 used to be bound modulo 65536 while the log named the port asked for
     out = subprocess.run(
