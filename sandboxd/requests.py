@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+from pathlib import Path
 
 from .languages import UnknownLanguage, get_language
 from .models import Limits, RunSpec
@@ -74,15 +75,27 @@ class RequestBounds:
     @staticmethod
     def decode_files(files: dict[str, str | None]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
+        paths: dict[Path, str] = {}
         for name, b64 in files.items():
             try:
-                safe_relative_path(name)
+                path = safe_relative_path(name)
             except InvalidPath as exc:
                 raise BadRequest(422, str(exc)) from exc
+            if path in paths:
+                raise BadRequest(422, f"files {paths[path]!r} and {name!r} name the same file")
+            paths[path] = name
             try:
                 out[name] = base64.b64decode(b64 or "", validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise BadRequest(422, f"files[{name!r}] is not valid base64: {exc}") from exc
+        # A file that is also another's directory cannot be written (it was a SandboxError).
+        for path, name in paths.items():
+            for parent in path.parents[:-1]:
+                if parent in paths:
+                    raise BadRequest(
+                        422, f"files {paths[parent]!r} and {name!r} conflict: "
+                        f"{paths[parent]!r} cannot be both a file and a directory"
+                    )  # fmt: skip
         return out
 
     def spec(

@@ -149,6 +149,8 @@ def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer)
         ({"code": "print(1)", "cpu_limit": 1000}, "cpu_limit"),
         ({"code": "print(1)", "files": {"a": "not base64!"}}, "base64"),
         ({"code": "print(1)", "files": {"../escape": ""}}, "escape"),
+        ({"code": "print(1)", "files": {"a": "", "a/b": ""}}, "cannot be both a file and a dir"),
+        ({"code": "print(1)", "files": {"a": "", "./a": ""}}, "name the same file"),
         ({"code": "print(1)", "fetch_files": ["/etc/passwd"]}, "/etc/passwd"),
     ],
 )
