@@ -88,6 +88,15 @@ class LaneProtocol(HttpToolsProtocol):
             return
         self.lane = lane
         self.cycle = lane  # type: ignore[assignment]  # uvicorn sees a cycle in progress
+        if lane.verdict.status == 413:
+            # Declared larger than the limit: refused now, not once the body is in (it may never
+            # come: that was a 408 after the body timeout). What arrives of it is dropped until
+            # it ends or its time is up, then the connection closes (closed at once, a client
+            # still sending could get a reset instead of this answer).
+            lane.keep_alive = False
+            verdict = lane.verdict
+            self._write(lane, 413, [JSON, *verdict.headers], verdict.refusal_body())
+            lane.response_complete = True
 
     def _new_scope(self) -> None:
         """The scope uvicorn's `on_message_begin` makes (what was parsed since kept)."""
@@ -121,6 +130,10 @@ class LaneProtocol(HttpToolsProtocol):
         self.lane = None
         if lane.body_timer is not None:
             lane.body_timer.cancel()
+        if lane.response_complete:  # refused at its headers (413)
+            self.transport.close()
+            self.on_response_complete()
+            return
         # named: an unnamed task formats "Task-<n>" for its name, on every call
         task = asyncio.Task(self._answer(lane), loop=self.loop, name=_TASK_NAME)
         task.add_done_callback(self.tasks.discard)
@@ -187,6 +200,9 @@ class LaneProtocol(HttpToolsProtocol):
         if self.lane is not lane or self.transport.is_closing():
             return
         self.lane = None
+        if lane.response_complete:  # refused at its headers (413): the rest of it is not awaited
+            self.transport.close()
+            return
         lane.keep_alive = False
         door = self.gateway.door
         verdict = lane.verdict

@@ -135,6 +135,25 @@ def test_a_body_shorter_than_its_content_length_is_cut_off(gateway, upstream, to
     assert r.status_code == 200 and r.json()["status"] == "ok"
 
 
+# declared too large: the lane (a hot route) and the framework (an unknown tool) answer alike
+@pytest.mark.parametrize("tool", ["echo", "nope"])
+def test_a_declared_body_over_the_limit_is_413_at_once(gateway, upstream, tool) -> None:
+    up = upstream("u")
+    gw = gateway([proxy_tool("echo", up.url)], max_body_bytes=4096, body_timeout_s=5.0)
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/tools/{tool}/call HTTP/1.1\r\nhost: x\r\n".encode()
+                     + b"content-type: application/json\r\ncontent-length: 999999999\r\n\r\n{")  # fmt: skip
+        started = time.monotonic()
+        data = b""
+        while b"}" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+        waited = time.monotonic() - started
+    assert data.startswith(b"HTTP/1.1 413"), data[:200]
+    assert b"exceeds the limit of 4096 bytes" in data
+    assert waited < 2.0  # not after the body timeout (5 s), as a 408
+    assert up.stats()["started"] == 0
+
+
 def test_docs_work_without_a_cdn(gateway) -> None:
     gw = gateway([])
     page = httpx.get(gw.url + "/docs", timeout=10)
