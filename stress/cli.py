@@ -213,6 +213,7 @@ def stress(
             preconnect=preconnect,
         )
         spec.validate()
+        _check_outputs(out=out, plot=plot, hdr=hdr)
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
@@ -241,8 +242,7 @@ def stress(
         }
         if not as_json:
             out_console.print(ramp_table(ramp_result))
-        _emit(report, as_json, out)
-        _files(last.result, plot, hdr)
+        _write(err, report, as_json, out, last.result, plot, hdr)
         if all(s.summary["responses"] == 0 for s in ramp_result.steps):
             raise typer.Exit(EXIT_NO_RESPONSE)
         raise typer.Exit(EXIT_OK if ramp_result.knee_rate is not None else EXIT_SLO_BROKEN)
@@ -265,8 +265,7 @@ def stress(
         ]
     if not as_json:
         print_report(out_console, summary, verdicts)
-    _emit(report, as_json, out)
-    _files(result, plot, hdr)
+    _write(err, report, as_json, out, result, plot, hdr)
     if summary["responses"] == 0:
         err.print("[red]the target never answered[/red]")
         raise typer.Exit(EXIT_NO_RESPONSE)
@@ -335,6 +334,30 @@ def _json_ready(value: Any) -> Any:
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
     return value
+
+
+def _check_outputs(**paths: Path | None) -> None:
+    """Each output file's folder exists: found before the run, not after it."""
+    for option, path in paths.items():
+        if path is not None and not path.parent.is_dir():
+            raise ValueError(f"--{option} {path}: there is no directory {path.parent}")
+
+
+def _write(
+    err: Console,
+    report: dict[str, Any],
+    as_json: bool,
+    out: Path | None,
+    result: LoadResult,
+    plot: Path | None,
+    hdr: Path | None,
+) -> None:
+    """The report and its files; a file that cannot be written is one line, exit 2."""
+    try:
+        _emit(report, as_json, out)
+        _files(result, plot, hdr)
+    except OSError as exc:
+        raise _usage_error(err, f"cannot write {exc.filename}: {exc.strerror}") from exc
 
 
 def _emit(report: dict[str, Any], as_json: bool, out: Path | None) -> None:

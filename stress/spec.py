@@ -99,7 +99,9 @@ class LoadSpec:
             raise LoadSpecError(f"capture_body_bytes must be >= 0, got {self.capture_body_bytes}")
         if self.timeout_s <= 0:
             raise LoadSpecError(f"timeout_s must be positive, got {self.timeout_s}")
-        if self.workers < 1 or (self.workers > 1 and self.arrival == "closed"):
+        if self.workers < 1:
+            raise LoadSpecError(f"workers must be at least 1, got {self.workers}")
+        if self.workers > 1 and self.arrival == "closed":
             raise LoadSpecError("workers > 1 is for open-loop runs (constant or poisson)")
 
     def planned_requests(self) -> int:

@@ -167,12 +167,21 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             "built-in",
         ),
         (["--url", "http://127.0.0.1:9/x", "--arrival", "sideways"], "arrival"),
+        (["--url", "http://127.0.0.1:9/x", "--workers", "0"], "workers must be at least 1"),
+        (["--url", "http://127.0.0.1:9/x", "--out", "/nonexistent/r.json"], "no directory"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(args: list[str], message: str) -> None:
     result = invoke(*args, "--quiet")
     assert result.exit_code == EXIT_USAGE
     assert message in result.output
+
+
+def test_an_output_that_cannot_be_written_is_one_line_exit_2(fast_server: str, tmp_path) -> None:
+    args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "0.1s", "--quiet"]
+    result = invoke(*args, "--out", str(tmp_path))  # a directory: found only when written
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert f"error: cannot write {tmp_path}: Is a directory" in result.output
 
 
 def test_ramp_reports_the_knee(tmp_path: Path) -> None:
