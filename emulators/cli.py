@@ -79,7 +79,10 @@ def fit_command(
     summary = report.as_dict()
     if out is not None:
         profile = build_profile(report, source=source, observations=observations, per_step=per_step)
-        save_profile(profile, out)
+        try:
+            save_profile(profile, out)
+        except OSError as exc:
+            raise _fail(f"cannot write the profile to {out}: {exc.strerror or exc}") from exc
         summary["profile"] = str(out)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))

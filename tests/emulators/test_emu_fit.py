@@ -103,6 +103,20 @@ def test_fit_human_report_and_errors(polytrace_dir: Path, tmp_path: Path) -> Non
     assert result.exit_code == 2 and "bad.log:1" in result.output and "latency" in result.output
 
 
+def test_fit_to_a_profile_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) -> None:
+    calls = tmp_path / "calls.log"
+    rng = np.random.default_rng(1)
+    calls.write_text("".join(f"Step0, Request ID: {i}, Tool: search, Latency: {x:.4f} seconds\n"
+                             for i, x in enumerate(rng.lognormal(-2, 1, 300))))  # fmt: skip
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "profile.yaml"  # under a file: its directory cannot be made
+    result = runner.invoke(app, ["emulators", "fit", str(calls), "--out", str(out)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: cannot write the profile to {out}: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
 def test_describe_prints_quantiles_and_writes_a_png(polytrace_dir: Path, tmp_path: Path) -> None:
     png = tmp_path / "cdf.png"
     shipped = packaged_profile_path("search_default")
