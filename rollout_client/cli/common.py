@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -31,6 +32,15 @@ POLICY_HELP = (
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def make_out_dir(out_dir: Path) -> None:
+    """The output directory, made before the run: one that cannot be made is a bad option, found
+    before minutes of work rather than after them."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"cannot make the output directory {out_dir} (--out): {exc.strerror or exc}")
 
 
 def tool_pairs(values: list[str], option: str) -> dict[str, str]:

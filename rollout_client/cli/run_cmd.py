@@ -11,7 +11,7 @@ import typer
 from toolenv_core.polytrace import TraceFormatError
 
 from ..settings import RolloutSettings
-from .common import POLICY_HELP, fail, one_line, setting_default, tool_pairs
+from .common import POLICY_HELP, fail, make_out_dir, one_line, setting_default, tool_pairs
 
 
 def run(
@@ -319,6 +319,7 @@ def run(
         except (OSError, ValueError, KeyError) as exc:
             fail(f"cannot read the vocabulary size from {settings.model}/config.json: {exc}")
     out_dir = Path(settings.out_dir)
+    make_out_dir(out_dir)
     try:
         main = _run_with_progress(settings, trace or [], synthetic, out_dir, live)
         report = run_virtual(main) if settings.clock == "virtual" else asyncio.run(main)

@@ -306,6 +306,25 @@ def test_an_unbounded_tool_latency_ends_the_run_with_a_message(
     assert "Traceback" not in done.stderr
 
 
+def test_an_output_directory_that_cannot_be_made_is_refused_before_the_run(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    for command in (
+        ["run", "--engine", "sim", "--clock", "virtual", "--exact", "--limit", "8", "--batch", "8"],
+        ["study", "--quick"],
+    ):
+        out = blocker / command[0]  # under a file: it cannot be made
+        cmd = [sys.executable, "-m", "toolenv", "rollout", *command, "--trace", str(trace),
+               "--out", str(out)]  # fmt: skip
+        done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert f"error: cannot make the output directory {out} (--out): " in done.stderr
+        assert "Traceback" not in done.stderr and "study" not in done.stderr.split("error:")[0]
+
+
 def test_reports_count_on_one_set_and_say_what_they_ran(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
