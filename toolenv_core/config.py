@@ -37,10 +37,15 @@ def config_error(exc: Exception) -> str:
     if not isinstance(exc, ValidationError):
         return str(exc)
     problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+        ": ".join(filter(None, (".".join(str(p) for p in e["loc"]), _message(e["msg"]))))
+        for e in exc.errors()
     )
     sections = {cls.__name__: cls.section for cls in _subclasses(ServiceSettings)}
     return f"invalid {sections.get(exc.title, exc.title)} settings: {problems}"
+
+
+def _message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")  # pydantic's prefix to a validator's own message
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -37,6 +37,8 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
         (["emulators", "serve", "--corpus", "/nonexistent/corpus.jsonl"], {},
          "invalid emulators settings: corpus: Path does not point to a file"),
         (["config", "show"], {"TOOLENV_GATEWAY_PORT": "abc"}, "invalid gateway settings: port: "),
+        (["gateway", "serve", "--mode", "proxy"], {},
+         "invalid gateway settings: tool 'sandbox': proxy mode needs at least one upstream URL\n"),
     ],
 )  # fmt: skip
 def test_a_bad_setting_is_one_line_and_exit_2(argv: list[str], env: dict, needle: str) -> None:
