@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -34,13 +36,22 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def make_out_dir(out_dir: Path) -> None:
+@contextlib.contextmanager
+def out_dir_for_run(out_dir: Path) -> Iterator[None]:
     """The output directory, made before the run: one that cannot be made is a bad option, found
-    before minutes of work rather than after them."""
+    before minutes of work rather than after them. A run that fails leaves no empty one behind."""
+    fresh = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot make the output directory {out_dir} (--out): {exc.strerror or exc}")
+    try:
+        yield
+    except BaseException:
+        if fresh:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()  # only while empty
+        raise
 
 
 def tool_pairs(values: list[str], option: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ import typer
 from toolenv_core.polytrace import TraceFormatError
 
 from ..settings import RolloutSettings
-from .common import POLICY_HELP, fail, make_out_dir, one_line, setting_default, tool_pairs
+from .common import POLICY_HELP, fail, one_line, out_dir_for_run, setting_default, tool_pairs
 
 
 def run(
@@ -319,18 +319,18 @@ def run(
         except (OSError, ValueError, KeyError) as exc:
             fail(f"cannot read the vocabulary size from {settings.model}/config.json: {exc}")
     out_dir = Path(settings.out_dir)
-    make_out_dir(out_dir)
-    try:
-        main = _run_with_progress(settings, trace or [], synthetic, out_dir, live)
-        report = run_virtual(main) if settings.clock == "virtual" else asyncio.run(main)
-    except TraceFormatError as exc:
-        fail(str(exc))
-    except (GatewayUnreachable, EngineUnreachable) as exc:
-        fail(str(exc), code=3)
-    except VirtualTimeDeadlock as exc:
-        fail(str(exc))
-    except ValueError as exc:
-        fail(one_line(exc))
+    with out_dir_for_run(out_dir):
+        try:
+            main = _run_with_progress(settings, trace or [], synthetic, out_dir, live)
+            report = run_virtual(main) if settings.clock == "virtual" else asyncio.run(main)
+        except TraceFormatError as exc:
+            fail(str(exc))
+        except (GatewayUnreachable, EngineUnreachable) as exc:
+            fail(str(exc), code=3)
+        except VirtualTimeDeadlock as exc:
+            fail(str(exc))
+        except ValueError as exc:
+            fail(one_line(exc))
     from ..report import plot, print_table
 
     timelines = report.pop("_timelines", [])

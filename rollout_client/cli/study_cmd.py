@@ -10,7 +10,7 @@ import typer
 
 from toolenv_core.polytrace import TraceFormatError
 
-from .common import fail, make_out_dir, one_line
+from .common import fail, one_line, out_dir_for_run
 
 
 def study(
@@ -80,7 +80,6 @@ def study(
         except ImportError as exc:
             fail(f"--ray needs Ray: pip install 'toolenv[ray]' ({exc})")
         runner = RayRunner(None if ray_address == "local" else ray_address)
-    make_out_dir(out)
     scenarios = [s for s in plan.scenarios if not s.reward or plan.reward_traces]
     total = len(scenarios) * len(plan.policies)
     progress = Progress(
@@ -91,7 +90,7 @@ def study(
         TimeElapsedColumn(),
         console=Console(stderr=True),
     )
-    with progress:
+    with out_dir_for_run(out), progress:
         task = progress.add_task("cells", total=total, last="")
 
         def on_cell(row: dict) -> None:
