@@ -117,11 +117,35 @@ class _Unraisable:
         self.err_msg, self.object = f"Exception ignored {message}", None
 
 
+def as_the_file_tokenizer_reads(source):
+    """The source a python < 3.12 interpreter reads from a script file: it reads the file line
+    by line as C strings, so a NUL byte ends its line there and the rest of that line (its
+    newline too: \\n, \\r\\n or \\r) is never seen; the next line joins on. compile() would refuse
+    the bytes whole (ValueError) where `python3 main.py` runs them or gives a SyntaxError."""
+    if sys.version_info >= (3, 12) or b"\0" not in source:
+        return source  # 3.12+ compile() raises the same SyntaxError as the interpreter
+    kept = []
+    start = 0
+    while True:
+        nul = source.find(b"\0", start)
+        if nul < 0:
+            kept.append(source[start:])
+            return b"".join(kept)
+        kept.append(source[start:nul])
+        ends = [i for i in (source.find(b"\n", nul), source.find(b"\r", nul)) if i >= 0]
+        if not ends:
+            return b"".join(kept)
+        start = min(ends) + 1
+        if source[start - 1 : start + 1] == b"\r\n":
+            start += 1
+
+
 def run(main, path, recursion):
     """Run the program as the interpreter runs a script; never returns."""
     try:
         with open(path, "rb") as source:
-            code = compile(source.read(), path, "exec", dont_inherit=True)
+            text = as_the_file_tokenizer_reads(source.read())
+            code = compile(text, path, "exec", dont_inherit=True)
     except SyntaxError as exc:  # printed without a traceback, as for a script
         sys.excepthook(type(exc), exc.with_traceback(None), None)
         _exit(1, main)

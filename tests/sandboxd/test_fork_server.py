@@ -74,7 +74,7 @@ async def run_corpus(**kw: object) -> tuple[str, dict[str, tuple[object, ...]]]:
     backend = await started(**kw)
     try:
         mode = backend.status()["python_mode"]
-        results = {p.name: observable(await run(backend, p.read_text())) for p in CORPUS}
+        results = {p.name: observable(await run(backend, p.read_bytes().decode())) for p in CORPUS}
         if backend.fork_server is not None:
             assert backend.fork_server.status()["forks"] >= len(CORPUS)
         return mode, results
