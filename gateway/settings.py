@@ -45,7 +45,7 @@ class RetryPolicy(BaseModel):
     """Retries within a budget: connection errors (the upstream never saw the request) for any
     tool; calls broken mid-request (an upstream or a Ray replica died) for idempotent tools."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     enabled: bool = False
     max_attempts: int = Field(
         default=3, ge=1, le=10, description="attempts in total, first included"
@@ -66,7 +66,7 @@ class RetryPolicy(BaseModel):
 class HedgePolicy(BaseModel):
     """Hedged requests for idempotent tools: a second attempt once the first is slow."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     enabled: bool = False
     quantile: float = Field(
         default=0.95, gt=0, lt=1, description="hedge after this latency quantile"
@@ -81,7 +81,7 @@ class HedgePolicy(BaseModel):
 class ToolConfig(BaseModel):
     """One tool behind the gateway."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     kind: ToolKind = "http"

@@ -21,7 +21,7 @@ from toolenv_core.config import ServiceSettings
 class ReplicaConfig(BaseModel):
     """One deployment's replicas: size, per-replica concurrency, count or autoscaling bounds."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     num_cpus: float = Field(default=1.0, ge=0, description="CPUs reserved per replica")
     resources: dict[str, float] = Field(

@@ -106,7 +106,11 @@ class _FileSectionSource(PydanticBaseSettingsSource):
 class ServiceSettings(BaseSettings):
     """Base for every service's settings: env prefix `TOOLENV_<SECTION>_`, file section `<section>`."""
 
-    model_config = SettingsConfigDict(extra="ignore", env_nested_delimiter="__")
+    # Every float setting is a finite amount: `inf` (or `nan`) would pass `gt=0` and then print
+    # as `Infinity` in `config show --json` (not JSON). Subclasses' configs merge with this one.
+    model_config = SettingsConfigDict(
+        extra="ignore", env_nested_delimiter="__", allow_inf_nan=False
+    )
     section: ClassVar[str] = ""
     _config_path: ClassVar[str | None] = None
     _config_sections: ClassVar[Mapping[str, Any] | None] = None

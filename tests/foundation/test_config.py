@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.settings import GatewaySettings
+from sandboxd.settings import SandboxSettings
+from toolenv_core.config import config_error
 from toolenv_core.deadline import (
     DEADLINE_HEADER,
     Deadline,
@@ -25,6 +28,25 @@ def test_settings_precedence_overrides_env_file(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TOOLENV_CONFIG", str(cfg))
     monkeypatch.delenv("TOOLENV_GATEWAY_PORT")
     assert GatewaySettings.load().port == 7001
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
+def test_a_float_setting_must_be_finite(value: str, monkeypatch) -> None:
+    # `inf` passed `gt=0`, then `config show --json` printed `Infinity` (not JSON)
+    monkeypatch.setenv("TOOLENV_GATEWAY_BODY_TIMEOUT_S", value)
+    with pytest.raises(ValidationError) as caught:
+        GatewaySettings()
+    assert config_error(caught.value) == (
+        "invalid gateway settings: body_timeout_s: Input should be a finite number"
+    )
+    monkeypatch.setenv("TOOLENV_SANDBOX_MAX_TIMEOUT_S", value)
+    with pytest.raises(ValidationError, match="max_timeout_s"):
+        SandboxSettings()
+    tool = {"name": "t", "kind": "http", "upstreams": ["http://127.0.0.1:1"], "mode": "proxy"}
+    with pytest.raises(ValidationError, match="finite"):  # a nested model's float too
+        GatewaySettings(tools=[{**tool, "health_interval_s": value}])
+    with pytest.raises(ValidationError, match="finite"):
+        GatewaySettings(tools=[{**tool, "retry": {"backoff_ms": value}}])
 
 
 def test_deadline_header_round_trip_and_bounds() -> None:
