@@ -24,7 +24,7 @@ from .passthrough import PassThrough
 from .routes import router
 from .settings import GatewaySettings
 from .state import GatewayState
-from .toolset import ToolSet
+from .toolset import ToolSet, check_custom_apps
 from .trace import TraceWriter
 from .upstream import Backend
 
@@ -46,6 +46,7 @@ def create_app(
     are tools whose calls go to a backend the wiring built (`toolenv serve --ray`: deployment
     handles) instead of the one their mode would build."""
     settings = settings or GatewaySettings.load()
+    check_custom_apps(settings, mounts or {}, backends or {})
     rate = (
         RateLimits(settings.rate_limit_per_s, settings.rate_limit_burst)
         if settings.rate_limit_per_s

@@ -100,6 +100,25 @@ class ToolSet:
                 )
 
 
+def check_custom_apps(
+    settings: GatewaySettings, mounts: Mapping[str, ASGIApp], backends: Mapping[str, Backend]
+) -> None:
+    """Import every embedded custom tool's `app` factory now, so a reference that does not load
+    is one settings error when the app is built, not a traceback from inside the server's
+    start-up. (The factory itself is still called at start-up, where its app's lifespan runs.)"""
+    for tool in settings.tool_table():
+        ref = tool.app
+        if tool.mode != "embedded" or ref is None or ref in mounts or tool.name in backends:
+            continue
+        try:
+            pkgutil.resolve_name(ref)
+        except Exception as exc:
+            raise ValueError(
+                f"invalid gateway settings: tool {tool.name!r}: app {ref!r} cannot be loaded: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
 def custom_app(ref: str) -> ASGIApp:
     """A custom tool's ASGI app from its `app: "module:factory"` (the user extension point)."""
     factory = pkgutil.resolve_name(ref)

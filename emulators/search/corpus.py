@@ -25,26 +25,34 @@ def _contents(raw: dict, path: Path, lineno: int) -> str:
     )
 
 
+def read_corpus(path: Path) -> list[dict[str, str]]:
+    """The corpus's documents, checked line by line (raises TraceFormatError naming the line):
+    read when the app is built, so a bad corpus is a settings error before the server starts."""
+    docs: list[dict[str, str]] = []
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(path, lineno, "", f"not valid JSON ({exc.msg})") from exc
+            if not isinstance(raw, dict):
+                raise TraceFormatError(path, lineno, "", "expected a JSON object")
+            doc_id = str(raw.get("id", len(docs)))
+            docs.append({"id": doc_id, "contents": _contents(raw, path, lineno)})
+    if not docs:
+        raise TraceFormatError(path, 0, "", "the corpus is empty")
+    return docs
+
+
 class Bm25Corpus:
-    def __init__(self, path: Path) -> None:
+    """The BM25 index over documents already read (`read_corpus`); built at start-up."""
+
+    def __init__(self, docs: list[dict[str, str]]) -> None:
         import bm25s
 
-        self.path = path
-        self.docs: list[dict[str, str]] = []
-        with path.open(encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    raw = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceFormatError(path, lineno, "", f"not valid JSON ({exc.msg})") from exc
-                if not isinstance(raw, dict):
-                    raise TraceFormatError(path, lineno, "", "expected a JSON object")
-                doc_id = str(raw.get("id", len(self.docs)))
-                self.docs.append({"id": doc_id, "contents": _contents(raw, path, lineno)})
-        if not self.docs:
-            raise TraceFormatError(path, 0, "", "the corpus is empty")
+        self.docs = docs
         self._bm25s = bm25s
         self.retriever = bm25s.BM25()
         self.retriever.index(

@@ -8,10 +8,11 @@ import anyio
 import numpy as np
 
 from toolenv_core.latency.profile import Profile
+from toolenv_core.polytrace.errors import TraceFormatError
 
 from ..base import ToolEmulator
 from ..settings import EmulatorSettings
-from .corpus import Bm25Corpus
+from .corpus import Bm25Corpus, read_corpus
 from .documents import TOKENS_PER_DOC_FALLBACK, DocumentCache, query_rng
 
 
@@ -22,11 +23,18 @@ class SearchEmulator(ToolEmulator):
         super().__init__(settings, profile, seed_index=1)
         self.documents = DocumentCache(settings.seed, settings.document_cache_size)
         self.corpus: Bm25Corpus | None = None
+        self.corpus_docs: list[dict[str, str]] | None = None
+        if settings.corpus is not None:
+            try:
+                self.corpus_docs = read_corpus(settings.corpus)
+            except (TraceFormatError, OSError, UnicodeDecodeError) as exc:
+                where = "" if isinstance(exc, TraceFormatError) else f"{settings.corpus}: "
+                raise ValueError(f"invalid emulators settings: corpus: {where}{exc}") from exc
         self._tokens: dict[tuple[str, int], int] = {}  # per (query, topk) under the active profile
 
     async def start(self) -> None:
-        if self.settings.corpus is not None:
-            self.corpus = await anyio.to_thread.run_sync(Bm25Corpus, self.settings.corpus)
+        if self.corpus_docs is not None:
+            self.corpus = await anyio.to_thread.run_sync(Bm25Corpus, self.corpus_docs)
 
     async def close(self) -> None:
         self.corpus = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -445,6 +446,29 @@ def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
             assert float(r.headers[INJECTED]) >= 100.0  # delay = max(real, sampled)
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize(
+    ("lines", "problem"),
+    [
+        ('{"id": "d1", "contents": "ok"}\nnot json\n', "corpus.jsonl:2: not valid JSON"),
+        ('{"id": "d1"}\n', "corpus.jsonl:1: field 'contents': each line needs `contents` or"),
+        ("[1]\n", "corpus.jsonl:1: expected a JSON object"),
+        ("\n", "corpus.jsonl: the corpus is empty"),
+    ],
+)
+def test_a_bad_corpus_is_one_line_and_exit_2(tmp_path: Path, lines: str, problem: str) -> None:
+    # it was read inside uvicorn's start-up: a traceback and exit 3
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(lines)
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(free_port()),
+         "--corpus", str(corpus)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"error: invalid emulators settings: corpus: {tmp_path}/{problem}")
+    assert out.stderr.count("\n") == 1, out.stderr
 
 
 def test_drifting_profile_follows_the_callers_step(client: httpx.Client) -> None:

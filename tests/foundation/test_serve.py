@@ -39,6 +39,14 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
         (["config", "show"], {"TOOLENV_GATEWAY_PORT": "abc"}, "invalid gateway settings: port: "),
         (["gateway", "serve", "--mode", "proxy"], {},
          "invalid gateway settings: tool 'sandbox': proxy mode needs at least one upstream URL\n"),
+        (["gateway", "serve"],
+         {"TOOLENV_GATEWAY_TOOLS": '[{"name": "custom", "app": "nomodule:factory"}]'},
+         "invalid gateway settings: tool 'custom': app 'nomodule:factory' cannot be loaded: "
+         "ModuleNotFoundError: No module named 'nomodule'\n"),
+        (["config", "show", "--json"], {"TOOLENV_GATEWAY_BODY_TIMEOUT_S": "inf"},
+         "invalid gateway settings: body_timeout_s: Input should be a finite number\n"),
+        (["config", "show", "--json"], {"TOOLENV_SANDBOX_MAX_TIMEOUT_S": "inf"},
+         "invalid sandbox settings: max_timeout_s: Input should be a finite number\n"),
     ],
 )  # fmt: skip
 def test_a_bad_setting_is_one_line_and_exit_2(argv: list[str], env: dict, needle: str) -> None:

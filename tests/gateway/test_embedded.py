@@ -7,9 +7,11 @@ import time
 
 import gw_embedded_app
 import httpx
+import pytest
 from gw_support import descendants, describe, metric_value
 
-from gateway.settings import ToolConfig
+from gateway.app import create_app
+from gateway.settings import GatewaySettings, ToolConfig
 
 
 def test_embedded_tool_lifespan_deadline_and_cancellation(gateway) -> None:
@@ -122,3 +124,21 @@ def test_embedded_emulators_share_one_app_and_report_injected_delay(gateway, tmp
     gw.stop()
     lines = trace.read_text().splitlines()
     assert len(lines) == 1  # only the call that carried X-Trajectory-Id
+
+
+@pytest.mark.parametrize(
+    ("ref", "problem"),
+    [
+        ("nomodule:factory", "ModuleNotFoundError: No module named 'nomodule'"),
+        ("gw_embedded_app:no_such_factory", "AttributeError: "),
+    ],
+)
+def test_a_custom_app_that_does_not_load_is_a_settings_error(ref: str, problem: str) -> None:
+    # it was imported inside the server's start-up: a traceback and exit 3
+    tool = ToolConfig(name="custom", kind="http", mode="embedded", app=ref)
+    with pytest.raises(ValueError) as caught:
+        create_app(GatewaySettings(tools=[tool]))
+    assert str(caught.value).startswith(
+        f"invalid gateway settings: tool 'custom': app {ref!r} cannot be loaded: {problem}"
+    )
+    assert "\n" not in str(caught.value)
