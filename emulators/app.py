@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from toolenv_core import __version__
+from toolenv_core.bodylimit import BodyLimit
 from toolenv_core.latency.profile import Profile, load_profile
 
 from .base import ToolEmulator
@@ -80,6 +81,11 @@ def create_app(settings: EmulatorSettings | None = None) -> FastAPI:
     app.state.emulators = emulators
     app.state.ready = False
     mount_emulators(app, emulators)
+    # Outside the direct lane, whose handlers read the body: a body past the limit, or one that
+    # never arrives, is a 413 / 408 (the gateway's door applies the same bounds in front).
+    app.add_middleware(
+        BodyLimit, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
+    )
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:

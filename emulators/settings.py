@@ -45,6 +45,12 @@ class EmulatorSettings(ServiceSettings):
         default=3600.0, gt=0, description="largest delay_s a caller may ask for"
     )
     max_response_tokens: int = Field(default=200_000, ge=1)
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="413 beyond (served alone; as the gateway)"
+    )
+    body_timeout_s: float = Field(
+        default=10.0, gt=0, description="the whole request body must arrive within this; else 408"
+    )
     document_cache_size: int = Field(
         default=8192, ge=0, description="queries whose documents are kept"
     )

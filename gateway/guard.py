@@ -20,10 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.exceptions import HTTPException
-
 from toolenv_core import headers as h
 from toolenv_core.admission import RateLimits, Rejected
+from toolenv_core.bodylimit import CLOSE, BodyTimeout, body_timeout_message, too_large_message
 
 from .asgi import ASGIApp, Message
 
@@ -34,18 +33,6 @@ REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
 
 class BodyTooLarge(Exception):
     pass
-
-
-CLOSE = ((b"connection", b"close"),)  # a 408 leaves the rest of the body unread: close
-
-
-class BodyTimeout(HTTPException):
-    """The request body did not arrive in time (e.g. shorter than its Content-Length). An
-    HTTPException so that the framework's routes, which read their own bodies, answer it as it
-    is (408, connection closed) rather than as a body they failed to parse."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(408, detail, headers={"connection": "close"})
 
 
 def key_id(key: str) -> str:
@@ -132,14 +119,10 @@ class Door:
         return verdict
 
     def too_large_message(self) -> str:
-        return f"request body exceeds the limit of {self.max_body_bytes} bytes"
+        return too_large_message(self.max_body_bytes)  # the same words as every front door
 
     def body_timeout_message(self, seen: int, headers: Iterable[tuple[bytes, bytes]]) -> str:
-        length = next((v.decode("latin-1") for k, v in headers if k == b"content-length"), None)
-        return (
-            f"the request body did not arrive within {self.body_timeout_s:g} s "
-            f"({seen} bytes of {length or 'a chunked body'}); the connection is closed"
-        )
+        return body_timeout_message(self.body_timeout_s, seen, headers)
 
 
 def _refuse(

@@ -471,6 +471,45 @@ def test_a_bad_corpus_is_one_line_and_exit_2(tmp_path: Path, lines: str, problem
     assert out.stderr.count("\n") == 1, out.stderr
 
 
+def _raw(port: int, request: bytes) -> tuple[bytes, float]:
+    """Send `request` on a fresh connection; what comes back until the server closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        started = time.monotonic()
+        data = b""
+        while b"}" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+        return data, time.monotonic() - started
+
+
+def test_a_body_is_bounded_in_size_and_time() -> None:
+    # served alone, a declared body that never came held the connection with no answer, and a
+    # huge one was read whole: now the gateway's 408 and 413, with its words
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(port)]
+    env = {"TOOLENV_EMULATORS_BODY_TIMEOUT_S": "1", "TOOLENV_EMULATORS_MAX_BODY_BYTES": "4096"}
+    s = ServerProcess(argv, f"http://127.0.0.1:{port}", env).start("/readyz", timeout=60)
+    try:
+        head = "HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        # the direct lane (/retrieve) and a framework route (the profile) answer alike
+        for line in ("POST /retrieve", "PUT /v1/emulators/search/profile"):
+            data, waited = _raw(port, f'{line} {head}content-length: 100\r\n\r\n{{"q'.encode())
+            assert data.startswith(b"HTTP/1.1 408"), data[:300]
+            assert b"did not arrive within 1 s (3 bytes of 100)" in data, data
+            assert b"connection: close" in data.lower() and 0.9 <= waited < 3.0
+            data, waited = _raw(port, f"{line} {head}content-length: 99999\r\n\r\n{{".encode())
+            assert data.startswith(b"HTTP/1.1 413"), data[:300]
+            assert b"request body exceeds the limit of 4096 bytes" in data and waited < 0.9
+        chunk = b"x" * 5000  # no Content-Length: counted as it arrives
+        data, _ = _raw(port, f"POST /retrieve {head}transfer-encoding: chunked\r\n\r\n".encode()
+                       + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))  # fmt: skip
+        assert data.startswith(b"HTTP/1.1 413"), data[:300]
+        r = httpx.post(s.url + "/retrieve", json={"queries": ["q"], "topk": 1}, timeout=10)
+        assert r.status_code == 200, r.text  # a whole body is served as always
+    finally:
+        s.stop()
+
+
 def test_drifting_profile_follows_the_callers_step(client: httpx.Client) -> None:
     drift = {
         "model": {

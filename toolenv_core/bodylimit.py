@@ -1,0 +1,121 @@
+"""A request body's two bounds, shared by the services' front doors: at most `max_body_bytes`
+(else 413) and whole within `body_timeout_s` (else 408, connection closed).
+
+Why: a declared body that never arrives would hold a connection (and its handler) with no
+answer, and a huge body would be read whole into memory. The gateway's door (`gateway.guard`)
+applies the same bounds with the same messages; `BodyLimit` is the pure ASGI middleware for a
+service served alone (the emulators). The two exceptions are HTTPExceptions so that a framework
+route that reads its own body answers them as they are, not as a body it failed to parse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+CLOSE = ((b"connection", b"close"),)  # a 408 leaves the rest of the body unread: close
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, detail: str) -> None:
+        super().__init__(413, detail)
+
+
+class BodyTimeout(HTTPException):
+    """The request body did not arrive in time (e.g. shorter than its Content-Length)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(408, detail, headers={"connection": "close"})
+
+
+def too_large_message(max_body_bytes: int) -> str:
+    return f"request body exceeds the limit of {max_body_bytes} bytes"
+
+
+def body_timeout_message(
+    body_timeout_s: float, seen: int, headers: Iterable[tuple[bytes, bytes]]
+) -> str:
+    length = next((v.decode("latin-1") for k, v in headers if k == b"content-length"), None)
+    return (
+        f"the request body did not arrive within {body_timeout_s:g} s "
+        f"({seen} bytes of {length or 'a chunked body'}); the connection is closed"
+    )
+
+
+class BodyLimit:
+    """Both bounds as ASGI middleware: a Content-Length over the limit is refused before the
+    body is read; a body without one (chunked) is counted as it arrives."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope["headers"]
+        length = next((v for k, v in headers if k == b"content-length"), None)
+        if length is not None:
+            try:
+                too_large = int(length) > self.max_body_bytes
+            except ValueError:
+                await _reply(send, 400, "Content-Length is not a number")
+                return
+            if too_large:
+                await _reply(send, 413, too_large_message(self.max_body_bytes))
+                return
+        loop = asyncio.get_running_loop()
+        cutoff = loop.time() + self.body_timeout_s
+        seen = 0
+        body_done = False
+        started = False
+
+        async def guarded_receive() -> Message:
+            nonlocal seen, body_done
+            if body_done:  # after the body: the server's disconnect notice, whenever it comes
+                return await receive()
+            try:
+                async with asyncio.timeout(cutoff - loop.time()):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeout(
+                    body_timeout_message(self.body_timeout_s, seen, headers)
+                ) from None
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise BodyTooLarge(too_large_message(self.max_body_bytes))
+                body_done = not message.get("more_body", False)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, guarded_receive, tracking_send)
+        except (BodyTooLarge, BodyTimeout) as exc:  # raised past the app's own error handling
+            if not started:
+                extra = CLOSE if isinstance(exc, BodyTimeout) else ()
+                await _reply(send, exc.status_code, exc.detail, extra)
+
+
+async def _reply(
+    send: Send, status: int, detail: str, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers: list[Any] = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
