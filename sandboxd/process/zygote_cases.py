@@ -5,9 +5,9 @@ The runner already is the request's isolation boundary: fresh network, UTS and c
 and a root built once. It reads the request's files once, detaches the zygote's root, makes the
 shared layers of that root read-only (its tmpfs "/" and /dev), makes one copy of itself (the
 template, whose loop between clones is short and runs at the top of the zygote script's stack:
-each page a process writes after a fork is copied) and for each case has the template clone a child, the forker's own, into fresh mount, IPC and
-PID namespaces (the case is PID 1 of its own: whatever it starts dies
-with it). The child joins the case's cgroup, mounts a fresh /proc, /tmp, /dev/shm, /dev/pts and
+each page a process writes after a fork is copied) and for each case has the template clone a
+child, the forker's own, into fresh mount, IPC and PID namespaces (the case is PID 1 of its own:
+whatever it starts dies with it). The child joins the case's cgroup, mounts a fresh /proc, /tmp, /dev/shm, /dev/pts and
 a fresh tmpfs /sandbox holding the request's files, then drops to the program's identity and
 limits exactly as a single run does. Cases share only the network namespace (empty but for a
 loopback) and the read-only root: they run the same submitted code.

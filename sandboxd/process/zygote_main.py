@@ -12,8 +12,8 @@ namespace made by unshare) cost a copy of the page tables and its own copy-on-wr
 
 Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each:
 {"spawn": key} with the join fds of the run's slot (each controller's `tasks`) forks a runner
-whose program joins that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key, "workdir",
-"rlimits"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
+whose program joins that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner":
+key, "workdir", "rlimits"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
 then {"id", "status", "cpu"} or {"id", "error"}); {"anomaly", "runner"} says an idle runner
 died. EOF: the service is gone: every runner is killed and the zygote exits.
 """
