@@ -7,10 +7,10 @@ shared layers of that root read-only (its tmpfs "/" and /dev), makes one copy of
 template, whose loop between clones is short and runs at the top of the zygote script's stack:
 each page a process writes after a fork is copied) and for each case has the template clone a
 child, the forker's own, into fresh mount, IPC and PID namespaces (the case is PID 1 of its own:
-whatever it starts dies with it). The child joins the case's cgroup, mounts a fresh /proc, /tmp, /dev/shm, /dev/pts and
-a fresh tmpfs /sandbox holding the request's files, then drops to the program's identity and
-limits exactly as a single run does. Cases share only the network namespace (empty but for a
-loopback) and the read-only root: they run the same submitted code.
+whatever it starts dies with it). The child joins the case's cgroup, mounts a fresh /proc, /tmp,
+/dev/shm, /dev/pts and a fresh tmpfs /sandbox holding the request's files, then drops to the
+program's identity and limits exactly as a single run does. Cases share only the network
+namespace (empty but for a loopback) and the read-only root: they run the same submitted code.
 
 Protocol on the batch socket (SOCK_SEQPACKET, one JSON message each): the forker says
 {"ready": n} once the files are read; {"case": id, "cgroups": k, "rlimits", "argv"} with fds

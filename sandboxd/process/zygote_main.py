@@ -10,12 +10,12 @@ capability, becomes 65534 with no_new_privs, forgets the zygote's modules and ru
 signal death, as bwrap reports it). One process per run: a second fork (to become PID 1 of a
 namespace made by unshare) cost a copy of the page tables and its own copy-on-write faults.
 
-Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each:
-{"spawn": key} with the join fds of the run's slot (each controller's `tasks`) forks a runner
-whose program joins that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner":
-key, "workdir", "rlimits"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id", "pid"},
-then {"id", "status", "cpu"} or {"id", "error"}); {"anomaly", "runner"} says an idle runner
-died. EOF: the service is gone: every runner is killed and the zygote exits.
+Protocol on fd 0 (SOCK_SEQPACKET; fd 0 is then /dev/null), one JSON message each: {"spawn": key}
+with the join fds of the run's slot (each controller's `tasks`) forks a runner whose program
+joins that cgroup ahead of time (answer {"spawned": key, "pid"}); {"id", "runner": key,
+"workdir", "rlimits"} with three fds (stdin, stdout, stderr) runs on that runner (answers {"id",
+"pid"}, then {"id", "status", "cpu"} or {"id", "error"}); {"anomaly", "runner"} says an idle
+runner died. EOF: the service is gone: every runner is killed and the zygote exits.
 """
 
 import sys
