@@ -2,8 +2,9 @@
 
 Everything a client can get wrong is answered here with the right status and a message that says
 what to fix (400 unknown language, 413 body too large, 422 invalid fields, 429 + Retry-After at
-capacity, 503 not started); the body is read and size-checked by hand so the router needs no
-app-level middleware and works the same mounted in the gateway or served alone.
+capacity, 503 not started). The app (`sandboxd.app`) bounds a body's size and time in front
+(`toolenv_core.bodylimit`: 413, 408); the router still checks the size as it reads, with the same
+words, so that it stays bounded wherever it is mounted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from toolenv_core.admission import Rejected
+from toolenv_core.bodylimit import too_large_message
 from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
@@ -37,6 +39,7 @@ log = logging.getLogger("sandboxd")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "unknown language (the message lists the supported ones), bad deadline"},
+    408: {"description": "request body not whole within body_timeout_s (connection closed)"},
     413: {"description": "request body larger than max_body_bytes"},
     422: {"description": "missing or invalid fields, timeouts or limits out of range"},
     429: {
@@ -72,7 +75,7 @@ async def _parse(request: Request, model: type[M], limit: int) -> M | JSONRespon
     try:
         body = await _read_body(request, limit)
     except _BodyTooLarge:
-        return _error(413, f"request body exceeds max_body_bytes={limit}; send less (or raise it)")
+        return _error(413, too_large_message(limit))
     try:
         data = json.loads(body) if body else None
     except ValueError:

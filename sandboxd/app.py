@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from toolenv_core.bodylimit import BodyLimit
+
 from .api import build_router
 from .service import SandboxService
 from .settings import SandboxSettings
@@ -33,4 +35,10 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     )
     app.state.sandbox_service = service
     app.include_router(build_router(service))
+    # A request body is bounded before the router reads it: a Content-Length over the limit is a
+    # 413 at its headers, a body not whole within body_timeout_s a 408 that closes the connection
+    # (it held the connection unanswered). Mounted in the gateway, its door bounds bodies first.
+    app.add_middleware(
+        BodyLimit, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
+    )
     return app
