@@ -9,7 +9,6 @@ echoed: logs carry only a short hash that names the key.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import itertools
@@ -22,17 +21,13 @@ from typing import Any
 
 from toolenv_core import headers as h
 from toolenv_core.admission import RateLimits, Rejected
-from toolenv_core.bodylimit import CLOSE, BodyTimeout, body_timeout_message, too_large_message
+from toolenv_core.bodylimit import body_timeout_message, run_bounded, too_large_message
 
 from .asgi import ASGIApp, Message
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def key_id(key: str) -> str:
@@ -161,43 +156,12 @@ class Guard:
         # The body must arrive whole within the door's body timeout (a body shorter than its
         # Content-Length must not hold a connection open); without Content-Length (chunked) its
         # size is counted as it arrives.
-        limit = self.door.max_body_bytes
-        loop = asyncio.get_running_loop()
-        cutoff = loop.time() + self.door.body_timeout_s
-        seen = 0
-        body_done = False
-        started = False
-
-        async def guarded_receive() -> Message:
-            nonlocal seen, body_done
-            if body_done:  # after the body: the server's disconnect notice, whenever it comes
-                return await receive()
-            try:
-                async with asyncio.timeout(cutoff - loop.time()):
-                    message = await receive()
-            except TimeoutError:
-                detail = self.door.body_timeout_message(seen, scope["headers"])
-                raise BodyTimeout(detail) from None
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise BodyTooLarge
-                body_done = not message.get("more_body", False)
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send_with_id(message)
-
-        try:
-            await self.app(scope, guarded_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await _reply(send_with_id, _refuse(verdict, 413, self.door.too_large_message()))
-        except BodyTimeout as exc:  # raised while the fast path read the body
-            if not started:
-                await _reply(send_with_id, _refuse(verdict, 408, exc.detail, CLOSE))
+        door = self.door
+        refusal = await run_bounded(
+            self.app, scope, receive, send_with_id, door.max_body_bytes, door.body_timeout_s
+        )
+        if refusal is not None:
+            await _reply(send_with_id, _refuse(verdict, *refusal))
 
 
 def _bearer(auth: bytes | None) -> bytes | None:

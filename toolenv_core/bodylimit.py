@@ -3,9 +3,9 @@
 
 Why: a declared body that never arrives would hold a connection (and its handler) with no
 answer, and a huge body would be read whole into memory. The gateway's door (`gateway.guard`)
-applies the same bounds with the same messages; `BodyLimit` is the pure ASGI middleware for a
-service served alone (the emulators). The two exceptions are HTTPExceptions so that a framework
-route that reads its own body answers them as they are, not as a body it failed to parse.
+runs its app through `run_bounded` too; `BodyLimit` is the pure ASGI middleware for a service
+served alone (the emulators, sandboxd). `BodyTimeout` is an HTTPException so that a framework
+route that reads its own body answers it as it is, not as a body it failed to parse.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,9 +21,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 CLOSE = ((b"connection", b"close"),)  # a 408 leaves the rest of the body unread: close
 
 
-class BodyTooLarge(HTTPException):
-    def __init__(self, detail: str) -> None:
-        super().__init__(413, detail)
+class BodyTooLarge(Exception):
+    """Past `max_body_bytes`. Not an HTTPException: whatever route read the body, it reaches the
+    front door, which answers it in its own form."""
 
 
 class BodyTimeout(HTTPException):
@@ -47,6 +47,63 @@ def body_timeout_message(
     )
 
 
+class Refusal(NamedTuple):
+    """What a front door answers when a bound stopped the app before its response began."""
+
+    status: int
+    detail: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+async def run_bounded(
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    max_body_bytes: int,
+    body_timeout_s: float,
+) -> Refusal | None:
+    """Run `app` with its request body bounded: whole within `body_timeout_s` of now, and at
+    most `max_body_bytes` counted as it arrives (a declared Content-Length is the caller's to
+    check first). Returns the 413 or 408 to answer when a bound stopped the app before it began
+    its response (None: the app answered)."""
+    headers = scope["headers"]
+    loop = asyncio.get_running_loop()
+    cutoff = loop.time() + body_timeout_s
+    seen = 0
+    body_done = False
+    started = False
+
+    async def guarded_receive() -> Message:
+        nonlocal seen, body_done
+        if body_done:  # after the body: the server's disconnect notice, whenever it comes
+            return await receive()
+        try:
+            async with asyncio.timeout(cutoff - loop.time()):
+                message = await receive()
+        except TimeoutError:
+            raise BodyTimeout(body_timeout_message(body_timeout_s, seen, headers)) from None
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > max_body_bytes:
+                raise BodyTooLarge
+            body_done = not message.get("more_body", False)
+        return message
+
+    async def tracking_send(message: Message) -> None:
+        nonlocal started
+        started = started or message["type"] == "http.response.start"
+        await send(message)
+
+    try:
+        await app(scope, guarded_receive, tracking_send)
+    except BodyTooLarge:
+        return None if started else Refusal(413, too_large_message(max_body_bytes))
+    except BodyTimeout as exc:  # raised past the app's own error handling (a raw ASGI route)
+        return None if started else Refusal(408, exc.detail, CLOSE)
+    return None
+
+
 class BodyLimit:
     """Both bounds as ASGI middleware: a Content-Length over the limit is refused before the
     body is read; a body without one (chunked) is counted as it arrives."""
@@ -60,62 +117,29 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = scope["headers"]
-        length = next((v for k, v in headers if k == b"content-length"), None)
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None:
             try:
                 too_large = int(length) > self.max_body_bytes
             except ValueError:
-                await _reply(send, 400, "Content-Length is not a number")
+                await _reply(send, Refusal(400, "Content-Length is not a number"))
                 return
             if too_large:
-                await _reply(send, 413, too_large_message(self.max_body_bytes))
+                await _reply(send, Refusal(413, too_large_message(self.max_body_bytes)))
                 return
-        loop = asyncio.get_running_loop()
-        cutoff = loop.time() + self.body_timeout_s
-        seen = 0
-        body_done = False
-        started = False
-
-        async def guarded_receive() -> Message:
-            nonlocal seen, body_done
-            if body_done:  # after the body: the server's disconnect notice, whenever it comes
-                return await receive()
-            try:
-                async with asyncio.timeout(cutoff - loop.time()):
-                    message = await receive()
-            except TimeoutError:
-                raise BodyTimeout(
-                    body_timeout_message(self.body_timeout_s, seen, headers)
-                ) from None
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise BodyTooLarge(too_large_message(self.max_body_bytes))
-                body_done = not message.get("more_body", False)
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, guarded_receive, tracking_send)
-        except (BodyTooLarge, BodyTimeout) as exc:  # raised past the app's own error handling
-            if not started:
-                extra = CLOSE if isinstance(exc, BodyTimeout) else ()
-                await _reply(send, exc.status_code, exc.detail, extra)
+        refusal = await run_bounded(
+            self.app, scope, receive, send, self.max_body_bytes, self.body_timeout_s
+        )
+        if refusal is not None:
+            await _reply(send, refusal)
 
 
-async def _reply(
-    send: Send, status: int, detail: str, extra: tuple[tuple[bytes, bytes], ...] = ()
-) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _reply(send: Send, refusal: Refusal) -> None:
+    body = json.dumps({"detail": refusal.detail}).encode()
     headers: list[Any] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        *extra,
+        *refusal.headers,
     ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
