@@ -1,6 +1,6 @@
 """`SandboxService`: settings + backend + admission, and the mapping between wire and backend.
 
-The service is what the gateway mounts in-process (through `build_router`) and what
+The service is what the gateway mounts in-process (the app of `sandboxd.app.create_app`) and what
 `toolenv sandboxd serve` runs alone. It validates requests against the configured bounds,
 admits them, runs them on whichever backend the settings name, and never lets a backend failure
 escape as anything but a `SandboxError` in the response body.
