@@ -9,12 +9,12 @@ from typing import ClassVar
 from pydantic import Field, FilePath
 from pydantic_settings import SettingsConfigDict
 
-from toolenv_core.config import ServiceSettings
+from toolenv_core.config import FrontDoorSettings
 from toolenv_core.deadline import DeadlinePolicy
 from toolenv_core.latency.profile import Profile
 
 
-class EmulatorSettings(ServiceSettings):
+class EmulatorSettings(FrontDoorSettings):
     model_config = SettingsConfigDict(
         env_prefix="TOOLENV_EMULATORS_", extra="ignore", env_nested_delimiter="__"
     )
@@ -45,12 +45,6 @@ class EmulatorSettings(ServiceSettings):
         default=3600.0, gt=0, description="largest delay_s a caller may ask for"
     )
     max_response_tokens: int = Field(default=200_000, ge=1)
-    max_body_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=1024, description="413 beyond (served alone; as the gateway)"
-    )
-    body_timeout_s: float = Field(
-        default=10.0, gt=0, description="the whole request body must arrive within this; else 408"
-    )
     document_cache_size: int = Field(
         default=8192, ge=0, description="queries whose documents are kept"
     )

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from toolenv_core.config import ServiceSettings
+from toolenv_core.config import FrontDoorSettings
 
 ToolKind = Literal["sandbox", "search", "reward", "http"]
 
@@ -163,7 +163,7 @@ def default_tools() -> list[ToolConfig]:
     ]
 
 
-class GatewaySettings(ServiceSettings):
+class GatewaySettings(FrontDoorSettings):
     model_config = SettingsConfigDict(
         env_prefix="TOOLENV_GATEWAY_", extra="ignore", env_nested_delimiter="__"
     )
@@ -181,14 +181,6 @@ class GatewaySettings(ServiceSettings):
         description="bearer keys (env: comma-separated or a JSON list); empty = open",
     )
     allow_unauthenticated: bool = False
-    max_body_bytes: int = Field(
-        default=16 * 1024 * 1024,
-        ge=1024,
-        description="413 beyond (as much as sandboxd accepts, so the front door refuses no more)",
-    )
-    body_timeout_s: float = Field(
-        default=10.0, gt=0, description="the whole request body must arrive within this; else 408"
-    )
     shutdown_grace_s: float = Field(
         default=30.0,
         ge=0,

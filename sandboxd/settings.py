@@ -7,12 +7,12 @@ from typing import ClassVar, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from toolenv_core.config import ServiceSettings
+from toolenv_core.config import FrontDoorSettings
 
 from .sizing import host_sizing
 
 
-class SandboxSettings(ServiceSettings):
+class SandboxSettings(FrontDoorSettings):
     model_config = SettingsConfigDict(
         env_prefix="TOOLENV_SANDBOX_", extra="ignore", env_nested_delimiter="__"
     )
@@ -35,17 +35,6 @@ class SandboxSettings(ServiceSettings):
         default=30.0, gt=0, description="longest wait for a slot before 429"
     )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After sent with a 429")
-    max_body_bytes: int = Field(
-        default=16 * 1024 * 1024,
-        ge=1024,
-        description="a larger request body is a 413 (refused before it is read when declared)",
-    )
-    body_timeout_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="the whole request body must arrive within this; else 408 and the connection "
-        "is closed (served alone; the gateway's door bounds bodies in front of it)",
-    )
     default_deadline_s: float | None = Field(
         default=None, gt=0, description="a call's deadline when it sends none (None: none)"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -150,3 +150,21 @@ class ServiceSettings(BaseSettings):
             cls.__name__, (cls,), {"_config_sections": sections, "__module__": cls.__module__}
         )
         return bound(**overrides)
+
+
+class FrontDoorSettings(ServiceSettings):
+    """A service that answers HTTP itself: the two bounds on a request body
+    (`toolenv_core.bodylimit`), defined once so that no front door refuses what the service
+    behind it accepts."""
+
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="a larger request body is a 413 (refused before it is read when declared)",
+    )
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="the whole request body must arrive within this; else 408 and the connection "
+        "is closed",
+    )
