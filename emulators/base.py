@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from toolenv_core import headers as h
-from toolenv_core.deadline import Deadline, DeadlineHeaderError
+from toolenv_core.deadline import Deadline
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 from toolenv_core.latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
 from toolenv_core.latency.profile import Profile, error_field
@@ -103,13 +103,9 @@ def request_deadline(request: Request, settings: EmulatorSettings) -> Deadline:
 
 
 def step_from_headers(request: Request) -> int | None:
-    """The training step the caller (the gateway forwards it) sent in `X-Step`."""
-    raw = request.headers.get(h.STEP)
-    if raw is None:
-        return None
-    if not raw.isdigit():
-        raise DeadlineHeaderError(f"{h.STEP} must be a non-negative integer, got {raw!r}")
-    return int(raw)
+    """The training step the caller (the gateway forwards it) sent in `X-Step`; raises
+    HeaderError for one that is not a non-negative integer."""
+    return h.count_header(h.STEP, request.headers.get(h.STEP))
 
 
 def _ms(seconds: float) -> str:
@@ -282,7 +278,7 @@ async def begin_call(
     try:
         deadline = request_deadline(request, settings)
         header_step = step_from_headers(request)
-    except DeadlineHeaderError as exc:
+    except h.HeaderError as exc:  # the deadline's and the step's
         return bad_request(str(exc))
     body = await parse_body(request, model)
     if isinstance(body, JSONResponse):

@@ -15,7 +15,7 @@ from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
 
 from .dispatch import Outcome, ToolRuntime, UpstreamCall
-from .trace import TraceWriter, parse_int_header
+from .trace import TraceWriter
 
 log = logging.getLogger("toolenv.gateway")
 
@@ -38,6 +38,8 @@ class CallContext:
     caller: str | None
     headers: dict[str, str]
     trace: TraceWriter | None
+    step: int | None = None  # `X-Step` and `X-Turn`, parsed by `check_headers`
+    turn: int | None = None
 
     @classmethod
     def from_scope(cls, scope: dict[str, Any], trace: TraceWriter | None) -> CallContext:
@@ -65,6 +67,12 @@ class CallContext:
     @property
     def sent_deadline(self) -> bool:
         return _DEADLINE in self.headers
+
+    def check_headers(self) -> None:
+        """Parse the call-context headers the gateway reads (before the tool is called): one it
+        would record wrongly is the caller's mistake, a 400; raises HeaderError naming it."""
+        self.step = h.count_header(h.STEP, self.headers.get(_STEP))
+        self.turn = h.count_header(h.TURN, self.headers.get(_TURN))
 
     def deadline(
         self, runtime: ToolRuntime, body_ms: float | None = None
@@ -125,12 +133,12 @@ def _capture(ctx: CallContext, runtime: ToolRuntime, outcome: Outcome) -> None:
     ctx.trace.record(
         {
             "tool_name": runtime.name,
-            "turn": parse_int_header(ctx.headers.get(_TURN)) or 0,
+            "turn": ctx.turn or 0,
             "latency_s": outcome.elapsed_s,
             "status": "success" if outcome.kind == "ok" else outcome.kind,
             "response_bytes": len(outcome.reply.body) if outcome.reply is not None else 0,
             "trajectory_id": trajectory[:256],
-            "step": parse_int_header(ctx.headers.get(_STEP)),
+            "step": ctx.step,
         }
     )
 

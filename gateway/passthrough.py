@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolenv_core import headers as h
-from toolenv_core.deadline import DeadlineHeaderError
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
 from . import wirejson
@@ -117,8 +116,9 @@ async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: 
     if sandbox and not ctx.sent_deadline:
         own_budget = request_budget_ms(path, parsed, runtime.config.timeout_margin_ms)
     try:
+        ctx.check_headers()
         deadline, deadline_ms = ctx.deadline(runtime, own_budget)
-    except DeadlineHeaderError as exc:
+    except h.HeaderError as exc:
         return _json(400, {"detail": str(exc), "request_id": ctx.request_id})
     reserve = reserve_s(deadline_ms) if sandbox else 0.0
     outcome = await run_call(ctx, runtime, path, body, deadline, deadline_ms, reserve)
@@ -144,8 +144,9 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
     if problem is not None:
         return _json(422, {"detail": f"invalid request: {problem}", "request_id": ctx.request_id})
     try:
+        ctx.check_headers()
         deadline, deadline_ms = ctx.deadline(runtime, body.get("deadline_ms"))
-    except DeadlineHeaderError as exc:
+    except h.HeaderError as exc:
         return _json(400, {"detail": str(exc), "request_id": ctx.request_id})
     payload = wirejson.dumps(body["arguments"])
     outcome = await run_call(

@@ -116,16 +116,6 @@ def _write_flush(handle, data: bytes) -> None:
     handle.flush()
 
 
-def parse_int_header(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        return None
-    return number if number >= 0 else None
-
-
 def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
     """Read a capture file back (one `ToolCallRecord` per line); raises TraceFormatError naming
     the line and field of a line that is not one."""

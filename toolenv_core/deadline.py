@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .headers import DEADLINE as DEADLINE_HEADER
-from .headers import header
+from .headers import HeaderError, header
 
 
 def header_value_at(at: float) -> str:
@@ -24,7 +24,7 @@ def header_value_at(at: float) -> str:
     return str(int(max(0.0, at - time.monotonic()) * 1000))
 
 
-class DeadlineHeaderError(ValueError):
+class DeadlineHeaderError(HeaderError):
     """The deadline header is present but not a non-negative number of milliseconds."""
 
 

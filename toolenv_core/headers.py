@@ -49,6 +49,20 @@ REQUEST_ID = "X-Request-Id"
 FORWARDED_CALL_HEADERS: tuple[str, ...] = (TRAJECTORY, STEP, TURN)
 
 
+class HeaderError(ValueError):
+    """A header toolenv reads is present but malformed: the message names it and what to send."""
+
+
+def count_header(name: str, value: str | None) -> int | None:
+    """A non-negative integer header (`X-Step`, `X-Turn`): None when absent; ASCII digits only, so
+    `-3`, `+3`, `1.5` or `²` are refused rather than read as something the caller did not send."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise HeaderError(f"{name} must be a non-negative integer (0, 1, 2, ...), got {value!r}")
+    return int(value)
+
+
 def header(headers: Mapping[str, str], name: str) -> str | None:
     """A header's value from a mapping whose keys may be any case (ASGI lowers them)."""
     value = headers.get(name)

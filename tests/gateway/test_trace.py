@@ -109,3 +109,27 @@ def test_a_file_that_is_not_a_capture_is_one_line_and_exit_2(tmp_path, text, sai
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.startswith(f"error: {capture}{said}"), result.stderr
     assert result.stderr.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("X-Turn", "-3"), ("X-Turn", "two"), ("X-Turn", "1.5"), ("X-Step", "-1"), ("X-Step", "²")],
+)
+def test_a_malformed_turn_or_step_header_is_a_400_naming_it(
+    upstream, gateway, tmp_path, name, value
+) -> None:
+    """Before: `X-Turn: -3` was recorded as turn 0 and a bad `X-Step` as no step, silently."""
+    up = upstream("a")
+    capture = tmp_path / "capture.jsonl"
+    gw = gateway([proxy_tool("search", up.url, kind="search")], trace_path=str(capture))
+    headers = {"X-Trajectory-Id": "t-1", "X-Step": "0", "X-Turn": "0"}
+    headers[name] = value.encode("latin-1")  # as sent on the wire (httpx sends str as ASCII)
+    for path, body in (("/v1/tools/search/call", {"arguments": {}}), ("/retrieve", {})):
+        r = httpx.post(gw.url + path, json=body, headers=headers, timeout=10)
+        assert r.status_code == 400, (path, r.text)
+        detail = r.json()["detail"]
+        assert detail == f"{name} must be a non-negative integer (0, 1, 2, ...), got {value!r}"
+        assert r.json()["request_id"]
+    gw.stop()
+    assert up.stats()["started"] == 0  # the tool never saw the call
+    assert not capture.exists() or capture.read_text() == ""
