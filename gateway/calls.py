@@ -38,7 +38,9 @@ class CallContext:
     caller: str | None
     headers: dict[str, str]
     trace: TraceWriter | None
-    step: int | None = None  # `X-Step` and `X-Turn`, parsed by `check_headers`
+    # the call-context headers, checked by `check_headers`
+    trajectory: str | None = None
+    step: int | None = None
     turn: int | None = None
 
     @classmethod
@@ -71,6 +73,7 @@ class CallContext:
     def check_headers(self) -> None:
         """Parse the call-context headers the gateway reads (before the tool is called): one it
         would record wrongly is the caller's mistake, a 400; raises HeaderError naming it."""
+        self.trajectory = h.trajectory_header(self.headers.get(_TRAJECTORY))
         self.step = h.count_header(h.STEP, self.headers.get(_STEP))
         self.turn = h.count_header(h.TURN, self.headers.get(_TURN))
 
@@ -127,7 +130,7 @@ def failure_answer(
 
 
 def _capture(ctx: CallContext, runtime: ToolRuntime, outcome: Outcome) -> None:
-    trajectory = ctx.headers.get(_TRAJECTORY)
+    trajectory = ctx.trajectory
     if ctx.trace is None or not trajectory:
         return
     ctx.trace.record(
@@ -137,7 +140,7 @@ def _capture(ctx: CallContext, runtime: ToolRuntime, outcome: Outcome) -> None:
             "latency_s": outcome.elapsed_s,
             "status": "success" if outcome.kind == "ok" else outcome.kind,
             "response_bytes": len(outcome.reply.body) if outcome.reply is not None else 0,
-            "trajectory_id": trajectory[:256],
+            "trajectory_id": trajectory,
             "step": ctx.step,
         }
     )

@@ -58,7 +58,7 @@ _HEADER_PARAMETERS = [
         "in": "header",
         "required": False,
         "description": "trace capture: the rollout this call belongs to (passed on to the tool)",
-        "schema": {"type": "string", "maxLength": 256},
+        "schema": {"type": "string", "maxLength": h.TRAJECTORY_MAX_CHARS},
     },
     {
         "name": h.STEP,

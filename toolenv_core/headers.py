@@ -31,6 +31,10 @@ FAULT = "X-Toolenv-Fault"
 TRAJECTORY = "X-Trajectory-Id"
 """The rollout trajectory a call belongs to: what trace capture groups by."""
 
+TRAJECTORY_MAX_CHARS = 256
+"""The longest `X-Trajectory-Id` the gateway takes (longer is a 400, never cut: two ids that
+share their first characters would become one trajectory)."""
+
 STEP = "X-Step"
 """The training step of the call: what drifting latency profiles drift by."""
 
@@ -61,6 +65,16 @@ def count_header(name: str, value: str | None) -> int | None:
     if not (value.isascii() and value.isdigit()):
         raise HeaderError(f"{name} must be a non-negative integer (0, 1, 2, ...), got {value!r}")
     return int(value)
+
+
+def trajectory_header(value: str | None) -> str | None:
+    """`X-Trajectory-Id` as sent (None when absent); raises HeaderError beyond the limit."""
+    if value is not None and len(value) > TRAJECTORY_MAX_CHARS:
+        raise HeaderError(
+            f"{TRAJECTORY} must be at most {TRAJECTORY_MAX_CHARS} characters, got {len(value)} "
+            "(send a shorter id, e.g. a hash of the long one)"
+        )
+    return value
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:

@@ -133,3 +133,27 @@ def test_a_malformed_turn_or_step_header_is_a_400_naming_it(
     gw.stop()
     assert up.stats()["started"] == 0  # the tool never saw the call
     assert not capture.exists() or capture.read_text() == ""
+
+
+def test_a_trajectory_id_over_256_characters_is_a_400_and_256_is_fine(
+    upstream, gateway, tmp_path
+) -> None:
+    """Before: a longer `X-Trajectory-Id` was cut to 256 characters in the capture, silently (two
+    trajectories sharing their first 256 characters were merged)."""
+    up = upstream("a")
+    capture = tmp_path / "capture.jsonl"
+    gw = gateway([proxy_tool("search", up.url, kind="search")], trace_path=str(capture))
+    for path, body in (("/v1/tools/search/call", {"arguments": {}}), ("/retrieve", {})):
+        r = httpx.post(gw.url + path, json=body, headers={"X-Trajectory-Id": "t" * 257}, timeout=10)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["detail"] == (
+            "X-Trajectory-Id must be at most 256 characters, got 257 (send a shorter id, "
+            "e.g. a hash of the long one)"
+        )
+    assert up.stats()["started"] == 0
+    r = httpx.post(
+        gw.url + "/retrieve", json={}, headers={"X-Trajectory-Id": "t" * 256}, timeout=10
+    )
+    assert r.status_code == 200, r.text
+    gw.stop()
+    assert [r.trajectory_id for r in read_captured_calls(capture)] == ["t" * 256]
