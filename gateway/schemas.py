@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolenv_core.fields import Integer, Number
+
 from .settings import ToolConfig
 
 
@@ -28,7 +30,7 @@ class ToolCallRequest(BaseModel):
         description="forwarded as the body of the tool's native endpoint (sandbox: the /run_code "
         "body; search: the native search body; reward: the reward body)"
     )
-    deadline_ms: float | None = Field(
+    deadline_ms: Number | None = Field(
         default=None,
         ge=0,
         description="this call's deadline (else X-Toolenv-Deadline-Ms, else the tool default)",
@@ -59,9 +61,9 @@ class RunCodeBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     code: str
     language: str = "python"
-    compile_timeout: float | None = None
-    run_timeout: float | None = None
-    memory_limit_MB: int | None = None
+    compile_timeout: Number | None = None
+    run_timeout: Number | None = None
+    memory_limit_MB: Integer | None = None
     stdin: str | None = None
     files: dict[str, str] | None = None
     fetch_files: list[str] | None = None
@@ -72,7 +74,7 @@ class RetrieveBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     queries: list[str]
-    topk: int | None = None
+    topk: Integer | None = None
     return_scores: bool | None = None
 
 

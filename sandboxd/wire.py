@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolenv_core.fields import Integer, Number
+
 from .models import ExecResult
 
 
@@ -24,17 +26,21 @@ class RunCodeRequest(BaseModel):
     language: str = Field(
         default="python", description="python, bash, c or cpp (see /v1/languages)"
     )
-    compile_timeout: float | None = Field(default=None, description="seconds (default 10)")
-    run_timeout: float | None = Field(default=None, description="seconds (default 10)")
-    memory_limit_MB: int | None = Field(default=None, description="-1, 0 or absent: the default")
+    compile_timeout: Number | None = Field(default=None, description="seconds (default 10)")
+    run_timeout: Number | None = Field(default=None, description="seconds (default 10)")
+    memory_limit_MB: Integer | None = Field(
+        default=None, description="-1, 0 or absent: the default"
+    )
     stdin: str | None = None
     files: dict[str, str | None] = Field(
         default_factory=dict, description="path in the working dir -> base64 content"
     )
     fetch_files: list[str] = Field(default_factory=list, description="paths to return, base64")
     # extras (not in SandboxFusion)
-    cpu_limit: float | None = Field(default=None, description="CPU cores the program may use")
-    max_output_bytes: int | None = Field(default=None, description="cap per stream, then killed")
+    cpu_limit: Number | None = Field(default=None, description="CPU cores the program may use")
+    max_output_bytes: Integer | None = Field(
+        default=None, description="cap per stream, then killed"
+    )
 
 
 class CommandRunResult(BaseModel):
@@ -80,7 +86,7 @@ class TestCase(BaseModel):
 
     stdin: str = ""
     expected_stdout: str | None = Field(default=None, description="absent: only the exit matters")
-    timeout: float | None = Field(default=None, description="seconds; default: the request's")
+    timeout: Number | None = Field(default=None, description="seconds; default: the request's")
 
     @model_validator(mode="before")
     @classmethod
@@ -102,14 +108,14 @@ class RunTestsRequest(BaseModel):
     code: str
     language: str = "python"
     cases: list[TestCase] = Field(min_length=1)
-    timeout: float | None = Field(default=None, description="run timeout per case (default 10)")
-    compile_timeout: float | None = None
-    memory_limit_MB: int | None = None
-    cpu_limit: float | None = None
-    max_output_bytes: int | None = None
+    timeout: Number | None = Field(default=None, description="run timeout per case (default 10)")
+    compile_timeout: Number | None = None
+    memory_limit_MB: Integer | None = None
+    cpu_limit: Number | None = None
+    max_output_bytes: Integer | None = None
     files: dict[str, str | None] = Field(default_factory=dict)
     stop_on_first_failure: bool = False
-    concurrency: int | None = Field(default=None, ge=1, description="cases at once (capped)")
+    concurrency: Integer | None = Field(default=None, ge=1, description="cases at once (capped)")
     comparison: Literal["lines", "tokens", "exact"] = Field(
         default="lines",
         description="lines: trailing whitespace per line and trailing blank lines ignored; "

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolenv_core.fields import Integer, Number
 from toolenv_core.latency.samplers import Draw
 
 from ..base import (
@@ -23,16 +24,16 @@ from .emulator import RewardEmulator
 class RewardCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    batch_size: int | None = Field(
+    batch_size: Integer | None = Field(
         default=None, ge=1, le=100_000, description="responses to verify"
     )
-    response_lengths: list[int] | None = Field(
+    response_lengths: list[Integer] | None = Field(
         default=None, description="token length of each response"
     )
-    delay_s: float | None = Field(
+    delay_s: Number | None = Field(
         default=None, ge=0, description="exact replay: sleep exactly this"
     )
-    step: int | None = Field(default=None, ge=0)
+    step: Integer | None = Field(default=None, ge=0)
 
 
 def build_router(emulator: RewardEmulator) -> APIRouter:

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv_core.deadline import Deadline
+from toolenv_core.fields import Integer, Number
 from toolenv_core.latency.samplers import Draw
 
 from ..base import (
@@ -26,7 +27,7 @@ class RetrieveRequest(BaseModel):
     """Search-R1's request: several queries, top-k documents each."""
 
     queries: list[str] = Field(description="one result list per query")
-    topk: int | None = Field(default=None, description="documents per query (default 3)")
+    topk: Integer | None = Field(default=None, description="documents per query (default 3)")
     return_scores: bool = Field(
         default=False, description="wrap each document as {document, score}"
     )
@@ -39,15 +40,15 @@ class SearchCall(BaseModel):
 
     query: str | None = None
     queries: list[str] | None = None
-    topk: int | None = None
+    topk: Integer | None = None
     return_scores: bool = False
-    delay_s: float | None = Field(
+    delay_s: Number | None = Field(
         default=None, ge=0, description="exact replay: sleep exactly this"
     )
-    response_tokens: int | None = Field(
+    response_tokens: Integer | None = Field(
         default=None, ge=1, description="size the whole response to this"
     )
-    step: int | None = Field(
+    step: Integer | None = Field(
         default=None, ge=0, description="training step (for drifting profiles)"
     )
 

@@ -249,6 +249,17 @@ def test_a_profile_number_must_be_finite(client: httpx.Client, raw: bytes, loc: 
             ["body", "response_lengths"],
         ),
         ("/v1/emulators/reward/call", {"batch_size": 0}, 422, ["body", "batch_size"]),
+        # a JSON boolean is not read as 1 (`topk: true` was one document)
+        ("/retrieve", {"queries": ["q"], "topk": True}, 422, ["body", "topk"]),
+        ("/v1/emulators/search/call", {"query": "a", "delay_s": True}, 422, ["body", "delay_s"]),
+        ("/v1/emulators/search/call", {"query": "a", "step": True}, 422, ["body", "step"]),
+        ("/v1/emulators/reward/call", {"batch_size": True}, 422, ["body", "batch_size"]),
+        (
+            "/v1/emulators/reward/call",
+            {"response_lengths": [3, True]},
+            422,
+            ["body", "response_lengths", 1],
+        ),
     ],
 )
 def test_bad_input_statuses(

@@ -61,6 +61,19 @@ def test_no_deadline_header_the_request_bounds_itself(sandbox_gateway) -> None:
     assert r.status_code == 504 and r.json()["deadline_ms"] == 800
 
 
+def test_a_boolean_timeout_is_a_422_through_the_gateway(sandbox_gateway) -> None:
+    """Before: `run_timeout: true` ran with a 1-second limit. sandboxd says what to fix and the
+    gateway passes its 422 on; the same numbers as ints and floats still run."""
+    gw = sandbox_gateway()
+    r = _run_code(gw.url, "print(1)", run_timeout=True)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["run_timeout"]
+    assert r.json()["detail"][0]["msg"].startswith("must be a number, not true")
+    for run_timeout in (1, 2.5):
+        r = _run_code(gw.url, "print(1)", run_timeout=run_timeout, memory_limit_MB=256)
+        assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+
+
 def test_a_callers_deadline_answers_in_sandboxfusions_shape_with_the_output(
     sandbox_gateway,
 ) -> None:

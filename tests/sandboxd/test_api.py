@@ -181,6 +181,43 @@ def test_non_finite_numbers_are_422_naming_the_field(
     assert r.json()["detail"][0]["loc"] == [field]
 
 
+BOOL_NOT_NUMBER = "must be a number, not true (a JSON boolean is not read as 0 or 1)"
+
+
+@pytest.mark.parametrize(
+    "path,body,loc",
+    [
+        ("/run_code", {"run_timeout": True}, ["run_timeout"]),
+        ("/run_code", {"compile_timeout": True}, ["compile_timeout"]),
+        ("/run_code", {"memory_limit_MB": True}, ["memory_limit_MB"]),
+        ("/run_code", {"cpu_limit": True}, ["cpu_limit"]),
+        ("/run_code", {"max_output_bytes": True}, ["max_output_bytes"]),
+        ("/v1/run_tests", {"cases": [{}], "timeout": True}, ["timeout"]),
+        ("/v1/run_tests", {"cases": [{"timeout": True}]}, ["cases", 0, "timeout"]),
+        ("/v1/run_tests", {"cases": [{}], "concurrency": True}, ["concurrency"]),
+        ("/v1/run_tests", {"cases": [{}], "memory_limit_MB": True}, ["memory_limit_MB"]),
+    ],
+)
+def test_a_boolean_for_a_number_is_422_naming_the_field(
+    api: SandboxdServer, path: str, body: dict, loc: list
+) -> None:
+    """Before: pydantic read `true` as 1 (`run_timeout: true` was a 1-second run)."""
+    r = post(api, {"code": "print(1)", **body}, path)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == [{"type": "bool_not_number", "loc": loc, "msg": BOOL_NOT_NUMBER}]
+
+
+def test_sandboxfusion_numbers_still_read_as_before(api: SandboxdServer) -> None:
+    """ints, floats (and numeric strings, as SandboxFusion's lax pydantic reads them) all run."""
+    for fields in (
+        {"run_timeout": 5, "compile_timeout": 10, "memory_limit_MB": 256},
+        {"run_timeout": 2.5, "compile_timeout": 7.5, "memory_limit_MB": -1},
+        {"run_timeout": "5", "memory_limit_MB": "256"},
+    ):
+        r = post(api, {"code": "print(1)", "language": "python", **fields})
+        assert r.status_code == 200 and r.json()["status"] == "Success", (fields, r.text)
+
+
 def test_malformed_json_is_400_and_big_body_413(api: SandboxdServer) -> None:
     r = api.client.post(
         "/run_code", content=b"{not json", headers={"content-type": "application/json"}
