@@ -330,7 +330,7 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
     check_loopback(endpoint.host, allow_remote=spec.allow_remote)
     ctx = mp.get_context("spawn")
     procs, pipes = [], []
-    per_cap = max(1, spec.max_requests // k)
+    per_cap = spec.worker_cap()
     for w in range(k):
         sub = LoadSpec(
             **{

@@ -70,11 +70,25 @@ def describe(summary: dict[str, Any]) -> str:
         load = f"closed loop, {spec['concurrency']} callers"
     else:
         load = f"open loop ({spec['arrival']}) at {spec['rate']:g} rps"
-    return f"{spec['method']} {spec['url']}  {load} for {spec['duration_s']:g} s"
+    cap, duration = summary.get("request_cap"), spec["duration_s"]
+    if cap is None:
+        bound = f"for {duration:g} s"
+    else:
+        bound = f"until {cap:,} requests or {duration:g} s, whichever first"
+    return f"{spec['method']} {spec['url']}  {load} {bound}"
+
+
+def stopped_line(summary: dict[str, Any]) -> str:
+    """Which bound ended the run, and when its last request was due."""
+    flag = "--max-requests" if summary["stopped_by"] == "max_requests" else "--duration"
+    return (
+        f"stopped by {flag}: {summary['requests']:,} requests, sent over "
+        f"{summary['sending_s']:.2f} s of the {summary['duration_s']:g} s"
+    )
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=describe(summary), title_justify="left")
+    table = Table()
     table.add_column("outcome")
     table.add_column("count", justify="right")
     table.add_column("share", justify="right")
@@ -105,6 +119,7 @@ def rates_line(summary: dict[str, Any]) -> str:
     status = ", ".join(f"{k}: {v}" for k, v in summary["status_counts"].items()) or "none"
     sched = summary["scheduling_error_ms"]
     return (
+        f"{stopped_line(summary)}\n"
         f"requests {summary['requests']}  responses {summary['responses']}  "
         f"sent {summary['achieved_rate']:.1f} rps{target_text}, "
         f"throughput {summary['throughput']:.1f} ok/s\n"
@@ -130,6 +145,8 @@ def slo_table(verdicts: list[SLOVerdict]) -> Table:
 
 
 def print_report(console: Console, summary: dict[str, Any], verdicts: list[SLOVerdict]) -> None:
+    # a line of its own, not the table's title: a title wraps at the table's width
+    console.print(describe(summary), markup=False, highlight=False)
     console.print(summary_table(summary))
     console.print(rates_line(summary))
     if summary.get("connect_errors"):

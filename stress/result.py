@@ -200,12 +200,17 @@ def summarize(result: LoadResult) -> dict[str, Any]:
     status_values, status_counts = np.unique(result.status[result.status > 0], return_counts=True)
     not_ok = n - int(per_outcome.get("ok", {}).get("count", 0))
     timeouts = int(per_outcome.get("timeout", {}).get("count", 0))
+    cap = result.spec.request_cap()
     return {
         "spec": _spec_dict(result),
         "requests": n,
         "sent": int(np.count_nonzero(~np.isnan(result.sent))),
         "responses": int(np.count_nonzero(result.status > 0)),
         "duration_s": result.spec.duration_s,
+        "request_cap": cap,
+        # which bound ended the sending: the cap (reached), else the duration
+        "stopped_by": "max_requests" if cap is not None and n >= cap else "duration",
+        "sending_s": float(result.scheduled.max()) if n else 0.0,  # the last send's schedule
         "wall_s": result.wall_s,
         "target_rate": result.target_rate,
         "achieved_rate": result.achieved_rate,

@@ -109,6 +109,19 @@ class LoadSpec:
             return self.max_requests
         return min(self.max_requests, math.ceil(self.rate * self.duration_s))
 
+    def worker_cap(self) -> int:
+        """Each generator process's share of `max_requests`."""
+        return max(1, self.max_requests // self.workers)
+
+    def request_cap(self) -> int | None:
+        """The request cap when it may stop the run before `duration_s` (None when it cannot):
+        always in a closed loop (how many fit depends on the target), in an open loop when the
+        schedule holds more requests than the cap."""
+        cap = self.worker_cap() * self.workers
+        if self.arrival == "closed" or cap < self.rate * self.duration_s:
+            return cap
+        return None
+
     def open_loop_span_s(self, n: int) -> float:
         """How long an open-loop schedule of `n` requests lasts: the whole `duration_s`, unless
         `max_requests` cut it short (2 requests at 100 rps span 0.02 s, not the duration)."""

@@ -140,6 +140,31 @@ def test_a_run_cut_short_by_max_requests_reports_its_real_throughput(fast_server
     assert shown > 2.0
 
 
+def test_the_report_says_which_bound_stopped_the_run(fast_server: str) -> None:
+    """Before: the header said "for 2 s" of a run the request cap stopped after 0.2 s."""
+    url = fast_server + "/x"
+    capped = ["--url", url, "--rate", "100", "--duration", "2s", "--max-requests", "20"]
+    cut = invoke(*capped)
+    assert cut.exit_code == EXIT_OK, cut.output
+    assert "open loop (constant) at 100 rps until 20 requests or 2 s, whichever first" in cut.output
+    assert " for 2 s" not in cut.output
+    assert "stopped by --max-requests: 20 requests, sent over 0.19 s of the 2 s" in cut.output
+    report = json.loads(invoke(*capped, "--json").stdout)
+    assert report["stopped_by"] == "max_requests" and report["requests"] == 20
+    # the cap cannot bind (20 requests at 100 rps in 0.2 s): the duration is the one bound
+    timed = invoke("--url", url, "--rate", "100", "--duration", "0.2s", "--max-requests", "50")
+    assert "open loop (constant) at 100 rps for 0.2 s" in timed.output, timed.output
+    assert "stopped by --duration: 20 requests, sent over 0.19 s of the 0.2 s" in timed.output
+    # a closed loop may meet either bound: both are named
+    closed = ["--url", url, "--arrival", "closed", "--concurrency", "2", "--duration", "5s"]
+    closed += ["--max-requests", "30"]
+    report = json.loads(invoke(*closed, "--json").stdout)
+    assert report["stopped_by"] == "max_requests" and report["requests"] == 30
+    shown = invoke(*closed).output
+    assert "closed loop, 2 callers until 30 requests or 5 s, whichever first" in shown
+    assert "stopped by --max-requests: 30 requests" in shown
+
+
 def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Path) -> None:
     """Without a terminal or COLUMNS (`| tee`, a CI log) rich assumes 80 columns and cut the
     summary's cells to "…", max included; the report keeps its full width instead."""
