@@ -175,7 +175,10 @@ class GatewaySettings(FrontDoorSettings):
     mode: Literal["embedded", "proxy"] | None = Field(
         default=None, description="force every tool into this mode (None: as each tool says)"
     )
-    tools: list[ToolConfig] = Field(default_factory=default_tools)
+    tools: list[ToolConfig] = Field(
+        default_factory=default_tools,
+        examples=[[{"name": "search", "kind": "search"}, {"name": "code", "kind": "sandbox"}]],
+    )
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="bearer keys (env: comma-separated or a JSON list); empty = open",

@@ -22,7 +22,9 @@ class RolloutSettings(ServiceSettings):
         default=None, description="model directory (vllm engine; vocab size for sim)"
     )
     openai_urls: list[str] = Field(
-        default_factory=list, description="OpenAI-compatible servers (openai engine)"
+        default_factory=list,
+        description="OpenAI-compatible servers (openai engine)",
+        examples=[["http://127.0.0.1:8000"]],
     )
     openai_capacity: int = Field(
         default=64, ge=1, description="max sequences per server (occupancy denominator)"
@@ -38,6 +40,7 @@ class RolloutSettings(ServiceSettings):
     tool_profiles: dict[str, str] = Field(
         default_factory=dict,
         description="virtual clock: latency profile file per tool (else recorded latencies, --exact)",
+        examples=[{"search": "emulators/profiles/search_default.yaml"}],
     )
     tool_scale: float = Field(
         default=1.0, gt=0, description="virtual clock: multiply every tool latency"

@@ -80,7 +80,9 @@ class SandboxSettings(FrontDoorSettings):
         ge=-1,
         description="sandboxes spawned ahead per warm language (-1: max concurrency, 0: off)",
     )
-    warm_languages: list[str] = Field(default_factory=lambda: ["python"])
+    warm_languages: list[str] = Field(
+        default_factory=lambda: ["python"], examples=[["python", "bash"]]
+    )
     fork_server: bool = Field(
         default=True,
         description="python runs fork from a zygote (one interpreter start-up for many runs) "

@@ -13,13 +13,14 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args, get_origin
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -31,9 +32,16 @@ class ConfigFileError(ValueError):
     """The config file is missing, unreadable or not a mapping of sections."""
 
 
+class EnvValueError(ValueError):
+    """An environment variable's JSON value does not parse: the message names the variable, where
+    the JSON broke and what a valid value looks like."""
+
+
 def config_error(exc: Exception) -> str:
     """One line saying what to fix: a settings `ValidationError` as `section: field: problem; ...`
     (pydantic's own text spans lines and ends in a URL), anything else as its message."""
+    if isinstance(exc.__cause__, EnvValueError):  # pydantic-settings wraps it in its own words
+        return str(exc.__cause__)
     if not isinstance(exc, ValidationError):
         return str(exc)
     problems = "; ".join(
@@ -103,6 +111,38 @@ class _FileSectionSource(PydanticBaseSettingsSource):
         return {k: v for k, v in self._values.items() if k in self.settings_cls.model_fields}
 
 
+def _json_kind(annotation: Any) -> str:
+    """What JSON value a field takes from an env var: a list or an object."""
+    kinds = {"list" if get_origin(a) in (list, tuple, set) else "object" for a in _flat(annotation)}
+    return "a JSON list" if kinds == {"list"} else "a JSON object"
+
+
+def _flat(annotation: Any) -> list[Any]:
+    """The complex members of an annotation (`X | None` -> [X])."""
+    args = get_args(annotation) if get_origin(annotation) is not None else ()
+    if args and get_origin(annotation) not in (list, tuple, set, dict):
+        return [a for arg in args if arg is not type(None) for a in _flat(arg)]
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return [annotation] if is_model or get_origin(annotation) else []
+
+
+class _EnvSource(EnvSettingsSource):
+    """The `TOOLENV_<SECTION>_*` variables, as pydantic-settings reads them; a JSON value (a list
+    or a table, such as `TOOLENV_GATEWAY_TOOLS`) that does not parse is an `EnvValueError`. The
+    value is never echoed: it may hold a key."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except json.JSONDecodeError as exc:
+            name = self._extract_field_info(field, field_name)[0][1].upper()
+            where = f"line {exc.lineno} column {exc.colno}, char {exc.pos}"
+            hint = f"send {_json_kind(field.annotation)}"
+            if field.examples:
+                hint += f", e.g. {json.dumps(field.examples[0])}"
+            raise EnvValueError(f"{name} is not valid JSON ({exc.msg}: {where}); {hint}") from exc
+
+
 class ServiceSettings(BaseSettings):
     """Base for every service's settings: env prefix `TOOLENV_<SECTION>_`, file section `<section>`."""
 
@@ -129,7 +169,7 @@ class ServiceSettings(BaseSettings):
             sections = read_sections(cls._config_path)
         return (
             init_settings,
-            env_settings,
+            _EnvSource(settings_cls),  # the same variables, with a clear word on bad JSON
             _FileSectionSource(settings_cls, sections, cls.section),
         )
 

@@ -6,6 +6,7 @@ import typer
 
 from ..settings import RolloutSettings
 from .calibrate_cmd import calibrate
+from .common import fail, one_line
 from .run_cmd import run
 from .study_cmd import study
 from .validate_cmd import validate
@@ -17,7 +18,11 @@ app = typer.Typer(
 
 def show_settings() -> None:
     """Print this service's effective settings as JSON."""
-    typer.echo(RolloutSettings.load().model_dump_json(indent=2))
+    try:
+        settings = RolloutSettings.load()
+    except ValueError as exc:  # a ValidationError too
+        fail(one_line(exc))
+    typer.echo(settings.model_dump_json(indent=2))
 
 
 app.command("settings")(show_settings)

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
+from pydantic import ValidationError
+
+from toolenv_core.config import config_error
 
 from ..settings import RolloutSettings
 
@@ -66,9 +69,8 @@ def tool_pairs(values: list[str], option: str) -> dict[str, str]:
 
 
 def one_line(exc: Exception) -> str:
-    from pydantic import ValidationError
-
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = config_error(exc)  # a TOOLENV_ROLLOUT_* variable's bad JSON named, not wrapped
+    return text.splitlines()[0] if text else type(exc).__name__

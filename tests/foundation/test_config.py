@@ -6,9 +6,11 @@ import time
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
 from gateway.settings import GatewaySettings
 from sandboxd.settings import SandboxSettings
+from toolenv.cli import build_app
 from toolenv_core.config import config_error
 from toolenv_core.deadline import (
     DEADLINE_HEADER,
@@ -47,6 +49,38 @@ def test_a_float_setting_must_be_finite(value: str, monkeypatch) -> None:
         GatewaySettings(tools=[{**tool, "health_interval_s": value}])
     with pytest.raises(ValidationError, match="finite"):
         GatewaySettings(tools=[{**tool, "retry": {"backoff_ms": value}}])
+
+
+@pytest.mark.parametrize(
+    ("args", "variable", "said"),
+    [
+        (["config", "show"], "TOOLENV_GATEWAY_TOOLS", "TOOLS_SAID"),
+        (["gateway", "serve", "--port", "1"], "TOOLENV_GATEWAY_TOOLS", "TOOLS_SAID"),
+        (["rollout", "settings"], "TOOLENV_ROLLOUT_TOOL_PROFILES", "PROFILES_SAID"),
+        (
+            ["rollout", "run", "--synthetic", "x.json"],
+            "TOOLENV_ROLLOUT_TOOL_PROFILES",
+            "PROFILES_SAID",
+        ),
+    ],
+)
+def test_malformed_json_in_an_env_var_is_one_line_naming_it(
+    args: list[str], variable: str, said: str
+) -> None:
+    """Before: `error parsing value for field "tools" from source "EnvSettingsSource"` (no
+    variable, no position, no hint of what to send; `rollout settings` a traceback)."""
+    env = {variable: '[{"name": "search",}]', "TOOLENV_CONFIG": None}
+    result = CliRunner().invoke(build_app(), args, env=env)
+    assert result.exit_code == 2, (result.output, result.exception)
+    expected = {
+        "TOOLS_SAID": "TOOLENV_GATEWAY_TOOLS is not valid JSON (Expecting property name enclosed in "
+        "double quotes: line 1 column 20, char 19); send a JSON list, e.g. "
+        '[{"name": "search", "kind": "search"}, {"name": "code", "kind": "sandbox"}]',
+        "PROFILES_SAID": "TOOLENV_ROLLOUT_TOOL_PROFILES is not valid JSON (Expecting property "
+        "name enclosed in double quotes: line 1 column 20, char 19); send a JSON object, e.g. "
+        '{"search": "emulators/profiles/search_default.yaml"}',
+    }[said]
+    assert result.stderr == f"error: {expected}\n"
 
 
 def test_deadline_header_round_trip_and_bounds() -> None:
