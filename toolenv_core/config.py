@@ -56,6 +56,15 @@ def _message(msg: str) -> str:
     return msg.removeprefix("Value error, ")  # pydantic's prefix to a validator's own message
 
 
+def parse_error(exc: Exception) -> str:
+    """A YAML, TOML or JSON parse error on one line: PyYAML's own text spans lines, with a caret
+    under a copy of the line and `<unicode string>` for the file's name."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"{exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
+
+
 def _subclasses(cls: type) -> list[type]:
     return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
@@ -63,6 +72,8 @@ def _subclasses(cls: type) -> list[type]:
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a YAML/TOML/JSON config file into a mapping of sections."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigFileError(f"config file {p} is a directory: name a YAML, TOML or JSON file")
     if not p.is_file():
         raise ConfigFileError(f"config file {p} does not exist")
     text = p.read_text()
@@ -74,7 +85,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         else:
             data = yaml.safe_load(text) or {}
     except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigFileError(f"config file {p} does not parse: {exc}") from exc
+        raise ConfigFileError(f"config file {p} does not parse: {parse_error(exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigFileError(
             f"config file {p} must hold a mapping of sections, got {type(data).__name__}"

@@ -279,6 +279,18 @@ def test_invalid_specs_name_the_field(raw: dict, field: str) -> None:
         parse_profile({"tool": "search", "model": raw})
 
 
+def test_an_empty_or_unparsable_profile_file_is_one_line(tmp_path) -> None:
+    empty = tmp_path / "p.yaml"
+    empty.write_text("")
+    with pytest.raises(ProfileError, match="p.yaml: is empty"):  # was "field '': ..."
+        load_profile(empty)
+    bad = tmp_path / "q.yaml"
+    bad.write_text("model: {kind: [\n")
+    with pytest.raises(ProfileError) as caught:
+        load_profile(bad)
+    assert "\n" not in str(caught.value) and "(line 2, column 1)" in str(caught.value)
+
+
 def test_profile_files_round_trip(tmp_path) -> None:
     profile = Profile(
         tool="search",

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from gateway.settings import GatewaySettings
 from sandboxd.settings import SandboxSettings
 from toolenv.cli import build_app
-from toolenv_core.config import config_error
+from toolenv_core.config import ConfigFileError, config_error, read_config_file
 from toolenv_core.deadline import (
     DEADLINE_HEADER,
     Deadline,
@@ -81,6 +81,22 @@ def test_malformed_json_in_an_env_var_is_one_line_naming_it(
         '{"search": "emulators/profiles/search_default.yaml"}',
     }[said]
     assert result.stderr == f"error: {expected}\n"
+
+
+def test_a_config_file_that_does_not_parse_or_is_a_directory_is_one_line(tmp_path) -> None:
+    # PyYAML's text spanned four lines, with a caret under `<unicode string>`
+    bad = tmp_path / "c.yaml"
+    bad.write_text("gateway: {port: [1,\n")
+    with pytest.raises(ConfigFileError) as caught:
+        read_config_file(bad)
+    message = str(caught.value)
+    assert "\n" not in message and "<unicode string>" not in message
+    assert (
+        message.startswith(f"config file {bad} does not parse: ")
+        and "(line 2, column 1)" in message
+    )
+    with pytest.raises(ConfigFileError, match="is a directory"):  # said "does not exist"
+        read_config_file(tmp_path)
 
 
 def test_deadline_header_round_trip_and_bounds() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ..config import parse_error
 from .specs import LatencyModel
 
 
@@ -70,7 +71,9 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{p}: does not parse: {exc}") from exc
+        raise ProfileError(f"{p}: does not parse: {parse_error(exc)}") from exc
+    if data is None:
+        raise ProfileError(f"{p}: is empty (a profile needs at least `model:`)")
     return parse_profile(data, str(p))
 
 
