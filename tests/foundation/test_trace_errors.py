@@ -115,3 +115,25 @@ def test_trace_replay_profile_names_cached_traces(polytrace_dir: Path, monkeypat
     spec = TraceReplay(paths=["multiturn_workload_step_1.jsonl"])
     expected = tool_latencies([polytrace_dir / "search_r1" / "multiturn_workload_step_1.jsonl"])
     assert list(spec.values()) == list(expected) and expected.size > 3000
+
+
+def test_an_empty_file_or_folder_says_so(tmp_path: Path) -> None:
+    """An empty trace file read as 'not a PolyTrace file', a folder without trace files as
+    "no calls of tool 'search' in : no files"."""
+    empty, folder = tmp_path / "empty.jsonl", tmp_path / "folder"
+    empty.write_text("\n")
+    folder.mkdir()
+    profile = "emulators/profiles/search_default.yaml"
+    for command in (
+        ["emulators", "fit", str(empty)],
+        ["emulators", "describe", profile, "--data", str(empty)],
+    ):
+        assert one_line_error(cli(*command)) == f"error: {empty}: the file is empty", command
+    for command in (
+        ["emulators", "fit", str(folder)],
+        ["emulators", "describe", profile, "--data", str(folder)],
+    ):
+        line = one_line_error(cli(*command))
+        assert (
+            line == f"error: no calls of tool 'search' in {folder}: no .jsonl or .log files there"
+        )

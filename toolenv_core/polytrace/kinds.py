@@ -76,9 +76,11 @@ def _kind_of_record(raw: object) -> str | None:
 def detect_format(path: str | Path) -> str:
     """Look at the first record of the file and name the PolyTrace kind it holds."""
     p = Path(path)
+    empty = True
     with open_trace(p) as handle:
         for lineno, line in numbered_lines(handle, p):
             text = line.strip()
+            empty = empty and not text
             if CALL_LOG_MARKER in text:
                 return "call_log"
             if lineno > 1000:
@@ -96,6 +98,8 @@ def detect_format(path: str | Path) -> str:
             if kind is not None:
                 return kind
             break
+    if empty:
+        raise TraceFormatError(p, 0, "", "the file is empty")
     raise TraceFormatError(
         p, 1, "", f"not a PolyTrace file this project reads (one of: {', '.join(FORMATS)})"
     )

@@ -87,7 +87,11 @@ def tool_latencies(paths: Iterable[str | Path], tool: str = "search") -> np.ndar
 
 def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
     """Why a trace selection gave no calls of a tool: what the files hold and who reads it."""
+    paths = list(paths)
     files = expand_paths(paths)
+    if not files:  # directories without a trace file (the message read "in : no files")
+        given = ", ".join(str(p) for p in paths)
+        return f"no calls of tool {tool!r} in {given}: no .jsonl or .log files there"
     names = ", ".join(str(p) for p in files[:3]) + (
         f" and {len(files) - 3} more" if len(files) > 3 else ""
     )
