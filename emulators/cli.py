@@ -125,7 +125,7 @@ def describe_command(
         Path | None, typer.Option("--plot", help="Write a PNG of the CDF (vs the data).")
     ] = None,
     samples: Annotated[int, typer.Option(help="Samples drawn from the model.", min=100)] = 100_000,
-    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the sample.", min=0)] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
@@ -137,10 +137,13 @@ def describe_command(
         profile = load_profile(profile_path)
         recorded = tool_latencies(data, profile.tool) if data else None
         report = describe(profile, recorded, samples, seed)
-        if plot is not None:
-            report["plot"] = str(plot_cdf(profile, recorded, plot, samples, seed))
     except (ProfileError, TraceFormatError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
+    if plot is not None:
+        try:
+            report["plot"] = str(plot_cdf(profile, recorded, plot, samples, seed))
+        except OSError as exc:
+            raise _fail(f"cannot write the plot to {plot}: {exc.strerror or exc}") from exc
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -183,7 +186,7 @@ def serve_command(
     reward_profile: Annotated[
         Path | None, typer.Option("--reward-profile", help="Reward latency profile.")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for delays and documents.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for delays and documents.", min=0)] = None,
     corpus: Annotated[
         Path | None, typer.Option(help="JSONL corpus for real BM25 retrieval.")
     ] = None,

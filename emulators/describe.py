@@ -92,6 +92,8 @@ def plot_cdf(
     ax.legend(loc="lower right")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        fig.savefig(out, format="png")  # exactly `out`: without a suffix matplotlib adds `.png`
+    finally:
+        plt.close(fig)
     return out

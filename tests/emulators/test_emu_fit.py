@@ -146,6 +146,24 @@ def test_describe_prints_quantiles_and_writes_a_png(polytrace_dir: Path, tmp_pat
     assert missing.exit_code == 2 and "nope.yaml" in missing.output
 
 
+def test_describe_plot_writes_the_file_it_names(tmp_path: Path) -> None:
+    """`--plot cdf` wrote `cdf.png` and reported `cdf`; `--plot DIR` wrote `DIR.png`, exit 0."""
+    shipped = str(packaged_profile_path("search_default"))
+    plain = tmp_path / "cdf"
+    result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(plain)])
+    assert result.exit_code == 0, result.output
+    assert plain.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "cdf.png").exists()
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(folder)])
+    assert result.exit_code == 2 and not (tmp_path / "plots.png").exists()
+    assert result.stderr == f"error: cannot write the plot to {folder}: Is a directory\n"
+    negative = runner.invoke(app, ["emulators", "describe", shipped, "--seed", "-1"])
+    assert (
+        negative.exit_code == 2 and "--seed" in negative.output
+    )  # "expected non-negative integer"
+
+
 def test_shipped_profiles_name_their_source_and_match_the_published_facts() -> None:
     search = load_profile(packaged_profile_path("search_default"))
     assert (
