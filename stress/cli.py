@@ -337,10 +337,12 @@ def _json_ready(value: Any) -> Any:
 
 
 def _check_outputs(**paths: Path | None) -> None:
-    """Each output file's folder exists: found before the run, not after it."""
+    """Each output is a file in a folder that exists: found before the run, not after it."""
     for option, path in paths.items():
         if path is not None and not path.parent.is_dir():
             raise ValueError(f"--{option} {path}: there is no directory {path.parent}")
+        if path is not None and path.is_dir():
+            raise ValueError(f"--{option} {path}: is a directory; name a file")
 
 
 def _write(

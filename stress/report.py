@@ -270,5 +270,7 @@ def write_plot(result: LoadResult, path: Path, title: str | None = None) -> None
     ax2.legend(fontsize=8, loc="upper right")
     fig.suptitle(title or describe(result.summary()), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=72)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=72, format="png")  # exactly `path`: matplotlib adds `.png` otherwise
+    finally:
+        plt.close(fig)

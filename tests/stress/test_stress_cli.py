@@ -202,11 +202,25 @@ def test_bad_options_exit_2_with_a_message(args: list[str], message: str) -> Non
     assert message in result.output
 
 
-def test_an_output_that_cannot_be_written_is_one_line_exit_2(fast_server: str, tmp_path) -> None:
+def test_an_output_that_is_a_directory_is_refused_before_the_run(
+    fast_server: str, tmp_path
+) -> None:
+    """A directory given to --out or --hdr was found only after the run; --plot wrote DIR.png
+    beside it and exited 0. Each is now one line before any request is sent."""
     args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "0.1s", "--quiet"]
-    result = invoke(*args, "--out", str(tmp_path))  # a directory: found only when written
-    assert result.exit_code == EXIT_USAGE, result.output
-    assert f"error: cannot write {tmp_path}: Is a directory" in result.output
+    for option in ("--out", "--plot", "--hdr"):
+        result = invoke(*args, option, str(tmp_path))
+        assert result.exit_code == EXIT_USAGE, result.output
+        assert f"error: {option} {tmp_path}: is a directory" in result.output
+        assert "requests" not in result.output  # no run, so no report
+    assert not tmp_path.with_suffix(".png").exists()
+
+
+def test_plot_writes_the_file_it_names(fast_server: str, tmp_path) -> None:
+    plot = tmp_path / "spectrum"  # no suffix: matplotlib wrote spectrum.png instead
+    args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "0.1s", "--quiet"]
+    assert invoke(*args, "--plot", str(plot)).exit_code == EXIT_OK
+    assert plot.read_bytes()[:4] == b"\x89PNG" and not plot.with_suffix(".png").exists()
 
 
 def test_ramp_reports_the_knee(tmp_path: Path) -> None:
