@@ -15,6 +15,7 @@ import numpy as np
 Arrival = Literal["constant", "poisson", "closed"]
 HARD_MAX_REQUESTS = 5_000_000
 HARD_MAX_DURATION_S = 3600.0
+HARD_MAX_WORKERS = 64  # each a spawned interpreter, started 0.2 s apart
 
 
 class LoadSpecError(ValueError):
@@ -99,8 +100,12 @@ class LoadSpec:
             raise LoadSpecError(f"capture_body_bytes must be >= 0, got {self.capture_body_bytes}")
         if self.timeout_s <= 0:
             raise LoadSpecError(f"timeout_s must be positive, got {self.timeout_s}")
-        if self.workers < 1:
-            raise LoadSpecError(f"workers must be at least 1, got {self.workers}")
+        if not (1 <= self.workers <= HARD_MAX_WORKERS):
+            raise LoadSpecError(
+                f"workers must be at least 1 and at most {HARD_MAX_WORKERS}, got {self.workers}"
+            )
+        if self.preconnect is not None and self.preconnect < 0:
+            raise LoadSpecError(f"preconnect must be >= 0, got {self.preconnect}")
         if self.workers > 1 and self.arrival == "closed":
             raise LoadSpecError("workers > 1 is for open-loop runs (constant or poisson)")
 
