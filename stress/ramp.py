@@ -65,6 +65,8 @@ def ramp_rates(start: float, *, factor: float, step: float, max_rate: float) -> 
     """Rates from `start` to `max_rate`: multiply by `factor` (> 1) or add `step` (> 0)."""
     if start <= 0 or max_rate < start:
         raise ValueError("ramp needs 0 < start rate <= ramp max")
+    if step < 0:  # ignored before: the ramp multiplied by the factor instead
+        raise ValueError(f"--ramp-step must be >= 0 rps, got {step:g}")
     if factor <= 1.0 and step <= 0:
         raise ValueError("ramp needs --ramp-factor > 1 or --ramp-step > 0")
     rates, rate = [], start
