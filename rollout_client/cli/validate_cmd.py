@@ -48,6 +48,7 @@ def validate(
     from ..validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step
 
     console = Console(stderr=True)
+    _check_outputs(save_profile, plot_dir, fitting=bool(fit))
     try:
         trace = files_of_kind(trace, "multiturn")  # directories, names in the trace cache
         fit = files_of_kind(fit, "multiturn") if fit else None
@@ -114,3 +115,16 @@ def validate(
             f"{rec['p90']:.1f} / {sim['p90']:.1f}",
         )
     report_console().print(table)
+
+
+def _check_outputs(save_profile: Path | None, plot_dir: Path | None, *, fitting: bool) -> None:
+    """The output options, checked before the fit and the replays rather than after them."""
+    if save_profile is not None:
+        if not fitting:
+            fail("--save-profile writes the profile --fit makes: add --fit STEP...")
+        if save_profile.is_dir():
+            fail(f"--save-profile {save_profile}: is a directory; name a file")
+        if not save_profile.parent.is_dir():
+            fail(f"--save-profile {save_profile}: there is no directory {save_profile.parent}")
+    if plot_dir is not None and plot_dir.exists() and not plot_dir.is_dir():
+        fail(f"--plot-dir {plot_dir}: is a file, not a directory")

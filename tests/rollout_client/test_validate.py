@@ -72,3 +72,26 @@ def test_validate_refuses_to_report_on_a_fitted_step(polytrace_dir: Path) -> Non
     cmd = [sys.executable, "-m", "toolenv", "rollout", "validate", "--trace", step, "--fit", step]
     done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "never fit on what you report" in done.stderr
+
+
+def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_path: Path) -> None:
+    """A --save-profile that is a directory was found after minutes of fitting, as a bare
+    "[Errno 21] Is a directory"; without --fit it was silently never written."""
+    from typer.testing import CliRunner
+
+    from rollout_client.cli import app
+
+    step0, step2 = (
+        str(polytrace_dir / "search_r1" / f"multiturn_workload_step_{n}.jsonl") for n in (0, 2)
+    )
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("")
+    cases = [
+        (["--fit", step0, "--save-profile", str(tmp_path)], f"--save-profile {tmp_path}: is a directory"),
+        (["--save-profile", str(tmp_path / "p.json")], "add --fit"),
+        (["--plot-dir", str(a_file)], f"--plot-dir {a_file}: is a file"),
+    ]  # fmt: skip
+    for args, message in cases:
+        result = CliRunner().invoke(app, ["validate", "--trace", step2, *args])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
