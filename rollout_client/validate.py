@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize, stats
 
-from toolenv_core.polytrace import TrajectoryRecord, read_multiturn
+from toolenv_core.polytrace import TraceFormatError, TrajectoryRecord, read_multiturn
 
 from .clock import run_virtual
 from .engines.costmodel import CostModel
@@ -132,7 +132,10 @@ def plot_step(
 
 
 def load_step(path: Path) -> list[TrajectoryRecord]:
-    return list(read_multiturn(path))
+    records = list(read_multiturn(path))
+    if not records:  # it failed later as "batch: Input should be greater than or equal to 1"
+        raise TraceFormatError(path, 0, "", "holds no trajectories")
+    return records
 
 
 def replay_loss(result: dict[str, Any]) -> float:

@@ -95,3 +95,15 @@ def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_pa
         result = CliRunner().invoke(app, ["validate", "--trace", step2, *args])
         assert result.exit_code == 2, result.output
         assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+
+
+def test_validate_an_empty_step_says_so(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollout_client.cli import app
+
+    empty = tmp_path / "step.jsonl"
+    empty.write_text("")
+    result = CliRunner().invoke(app, ["validate", "--trace", str(empty)])
+    assert result.exit_code == 2  # it said "batch: Input should be greater than or equal to 1"
+    assert result.stderr == f"error: {empty}: holds no trajectories\n"
