@@ -100,8 +100,8 @@ def validate(
         "makespan rec/sim (s)",
         "accuracy",
         "completion KS",
-        "turn p50 rec/sim",
-        "turn p90 rec/sim",
+        "turn p50 rec/sim (s)",
+        "turn p90 rec/sim (s)",
     ):
         table.add_column(col, justify="right")
     for r in results:

@@ -107,3 +107,17 @@ def test_validate_an_empty_step_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", "--trace", str(empty)])
     assert result.exit_code == 2  # it said "batch: Input should be greater than or equal to 1"
     assert result.stderr == f"error: {empty}: holds no trajectories\n"
+
+
+def test_validate_table_gives_every_time_its_unit(polytrace_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollout_client.cli import app
+
+    lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    step = tmp_path / "step_2.jsonl"
+    step.write_text("".join(itertools.islice(lines, 16)))
+    result = CliRunner().invoke(app, ["validate", "--trace", str(step)])
+    assert result.exit_code == 0, result.output
+    # the turn latency columns had no unit, beside "makespan rec/sim (s)"
+    assert "turn p50 rec/sim (s)" in result.stdout and "turn p90 rec/sim (s)" in result.stdout
