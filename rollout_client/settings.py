@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import ServiceSettings
@@ -87,3 +87,12 @@ class RolloutSettings(ServiceSettings):
     vllm_block_size: int = Field(default=32, ge=16, description="multiple of 32 on CPU")
     vllm_max_model_len: int = Field(default=8192, ge=64)
     out_dir: str = "rollout-out"
+
+    @field_validator("gateway_url", "openai_urls")
+    @classmethod
+    def _http_urls(cls, value: str | list[str]) -> str | list[str]:
+        """A URL without a scheme was reported as an unreachable gateway (exit 3), not bad input."""
+        for url in [value] if isinstance(value, str) else value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"must be an http:// or https:// URL, got {url!r}")
+        return value

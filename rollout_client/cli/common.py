@@ -71,6 +71,7 @@ def tool_pairs(values: list[str], option: str) -> dict[str, str]:
 def one_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to a validator's
+        return f"{'.'.join(str(p) for p in first['loc'])}: {message}"
     text = config_error(exc)  # a TOOLENV_ROLLOUT_* variable's bad JSON named, not wrapped
     return text.splitlines()[0] if text else type(exc).__name__

@@ -108,6 +108,21 @@ def test_gateway_unreachable_is_one_line(polytrace_dir, tmp_path) -> None:
     assert len(lines) == 1 and "unreachable" in lines[0] and dead in lines[0]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["--gateway", "127.0.0.1:8080"], ["--engine", "openai", "--openai-url", "localhost:8000"]],
+)
+def test_a_url_without_a_scheme_is_bad_input(args, polytrace_dir, tmp_path) -> None:
+    """It was reported as an unreachable gateway or engine, exit 3, as if nothing listened."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    done = rollout_inproc(*args, "--trace", str(trace), "--limit", "2", "--out", str(tmp_path))
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    assert (
+        done.stderr == f"error: {'gateway_url' if '--gateway' in args else 'openai_urls'}: "
+        f"must be an http:// or https:// URL, got {args[-1]!r}\n"
+    )
+
+
 def test_malformed_trace_names_file_line_and_field(gateway, polytrace_dir, tmp_path) -> None:
     [good, bad] = first_records(polytrace_dir, 2)
     bad["turns"][1]["completion_tokens"] = "many"
