@@ -67,7 +67,8 @@ def trace_to_multiturn(
 ) -> None:
     """Group captured tool calls per trajectory into PolyTrace multi-turn records (for the emulators)."""
     if not capture.is_file():
-        typer.echo(f"error: {capture} does not exist", err=True)
+        why = "is a directory; name the capture file" if capture.is_dir() else "does not exist"
+        typer.echo(f"error: {capture} {why}", err=True)
         raise typer.Exit(2)
     try:
         count = to_multiturn(capture, out)

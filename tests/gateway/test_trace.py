@@ -157,3 +157,10 @@ def test_a_trajectory_id_over_256_characters_is_a_400_and_256_is_fine(
     assert r.status_code == 200, r.text
     gw.stop()
     assert [r.trajectory_id for r in read_captured_calls(capture)] == ["t" * 256]
+
+
+def test_a_directory_given_as_the_capture_says_so(tmp_path) -> None:
+    args = ["gateway", "trace-to-multiturn", str(tmp_path), str(tmp_path / "out.jsonl")]
+    result = CliRunner().invoke(toolenv_app, args)
+    assert result.exit_code == 2  # it said "does not exist"
+    assert result.stderr == f"error: {tmp_path} is a directory; name the capture file\n"
