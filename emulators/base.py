@@ -249,7 +249,7 @@ async def parse_body(request: Request, model: type[M]) -> M | JSONResponse:
     raw = await request.body()
     try:
         data = json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting too deep for `json` was a 500
         return bad_request(NOT_JSON, NOT_JSON_STATUS)
     try:
         return model.model_validate(data)

@@ -61,7 +61,7 @@ def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
             return unknown(tool)
         try:
             data = json.loads(await request.body())
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting too deep for `json` was a 500
             return JSONResponse({"detail": NOT_JSON}, status_code=NOT_JSON_STATUS)
         if not isinstance(data, dict):
             return JSONResponse(

@@ -86,7 +86,7 @@ def _request_id(request: Request) -> str:
 def _check_json(raw: bytes, request: Request) -> JSONResponse | None:
     try:
         json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting too deep for `json` was a 500
         return JSONResponse(
             {"detail": NOT_JSON, "request_id": _request_id(request)}, NOT_JSON_STATUS
         )

@@ -18,11 +18,15 @@ from pydantic_core import from_json, to_json
 
 
 def loads(raw: bytes) -> Any:
-    """Like `json.loads(raw)`; raises ValueError for malformed JSON."""
+    """Like `json.loads(raw)`; raises ValueError for malformed JSON, and for JSON nested deeper than
+    `json` can parse (its RecursionError was a 500)."""
     try:
         return from_json(raw)
     except ValueError:
-        return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except RecursionError as exc:
+            raise ValueError("JSON nested too deeply") from exc
 
 
 def is_json(body: bytes) -> bool:
@@ -34,7 +38,7 @@ def is_json(body: bytes) -> bool:
     except ValueError:
         try:
             json.loads(body.decode("utf-8"))
-        except ValueError:  # UnicodeDecodeError and JSONDecodeError both
+        except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError, nesting
             return False
     return True
 

@@ -78,7 +78,7 @@ async def _parse(request: Request, model: type[M], limit: int) -> M | JSONRespon
         return _error(413, too_large_message(limit))
     try:
         data = json.loads(body) if body else None
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting too deep for `json` was a 500
         return _error(NOT_JSON_STATUS, NOT_JSON)
     if not isinstance(data, dict):
         return _error(422, "request body must be a JSON object")

@@ -199,9 +199,10 @@ def test_profile_swap_list_and_validation(client: httpx.Client) -> None:
         json={"model": {"kind": "trace", "paths": ["/nonexistent.jsonl"]}},
     )
     assert unreadable.status_code == 422 and "nonexistent" in unreadable.text
-    malformed = client.put("/v1/emulators/search/profile", content=b"{nope")
-    assert malformed.status_code == 400
-    assert malformed.json() == {"detail": "request body is not valid JSON"}
+    for bad in (b"{nope", b"[" * 100_000 + b"]" * 100_000):  # too deep: a 500 before
+        malformed = client.put("/v1/emulators/search/profile", content=bad)
+        assert malformed.status_code == 400
+        assert malformed.json() == {"detail": "request body is not valid JSON"}
     assert client.get("/v1/emulators/nope/profile").status_code == 404
     assert client.put("/v1/emulators/nope/profile", json=FAST).status_code == 404
 
@@ -273,9 +274,10 @@ def test_bad_input_statuses(
 def test_bad_headers_and_unknown_paths(client: httpx.Client) -> None:
     r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "soon"})
     assert r.status_code == 400 and "X-Toolenv-Deadline-Ms" in r.json()["detail"]
-    malformed = client.post("/retrieve", content=b"not json")
-    assert malformed.status_code == 400
-    assert malformed.json() == {"detail": "request body is not valid JSON"}
+    for bad in (b"not json", b"[" * 100_000 + b"]" * 100_000):  # too deep: a 500 before
+        malformed = client.post("/retrieve", content=bad)
+        assert malformed.status_code == 400
+        assert malformed.json() == {"detail": "request body is not valid JSON"}
     assert client.post("/v1/emulators/nope/call", json={}).status_code == 404
 
 

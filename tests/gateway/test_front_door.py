@@ -19,6 +19,7 @@ from toolenv_core import headers as h
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_JSON = {"detail": "request body is not valid JSON"}
+DEEP = b"[" * 100_000 + b"]" * 100_000  # JSON nested past any parser's depth limit
 PROFILES = """emulators:
   search_profile: {tool: search, model: {kind: constant, value_s: 0.0}}
   reward_profile: {tool: reward, model: {kind: constant, value_s: 0.0}}
@@ -96,11 +97,12 @@ def test_malformed_json_is_one_answer_on_every_route(gateway, upstream, tmp_path
     # `curl -d` sends a form content type: the body is still read as JSON
     for method, path in routes:
         for content_type in ("application/json", "application/x-www-form-urlencoded"):
-            r = httpx.request(method, gw.url + path, content=b"{not json", timeout=10,
-                              headers={"content-type": content_type})  # fmt: skip
-            assert r.status_code == 400, (path, content_type, r.status_code, r.text)
-            body = r.json()
-            assert body == {**NOT_JSON, "request_id": r.headers["x-request-id"]}, (path, body)
+            for bad in (b"{not json", DEEP):  # DEEP: json's RecursionError was a 500
+                r = httpx.request(method, gw.url + path, content=bad, timeout=10,
+                                  headers={"content-type": content_type})  # fmt: skip
+                assert r.status_code == 400, (path, content_type, r.status_code, r.text)
+                body = r.json()
+                assert body == {**NOT_JSON, "request_id": r.headers["x-request-id"]}, (path, body)
     assert up.stats()["started"] == 0  # nothing malformed was forwarded
 
 

@@ -219,11 +219,10 @@ def test_sandboxfusion_numbers_still_read_as_before(api: SandboxdServer) -> None
 
 
 def test_malformed_json_is_400_and_big_body_413(api: SandboxdServer) -> None:
-    r = api.client.post(
-        "/run_code", content=b"{not json", headers={"content-type": "application/json"}
-    )
-    assert r.status_code == 400
-    assert r.json() == {"detail": "request body is not valid JSON"}
+    for bad in (b"{not json", b"[" * 30_000 + b"]" * 30_000):  # too deep: a 500 before
+        r = api.client.post("/run_code", content=bad, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert r.json() == {"detail": "request body is not valid JSON"}
     r = post(api, {"code": "#" * 70_000})
     assert r.status_code == 413
     assert r.json() == {"detail": "request body exceeds the limit of 65536 bytes"}
