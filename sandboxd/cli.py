@@ -9,6 +9,8 @@ import typer
 
 from toolenv_core.config import ConfigFileError, config_error
 
+from .sizing import PROGRAMS_PER_CORE
+
 app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
 
 
@@ -31,7 +33,11 @@ def serve(
         Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
     ] = None,
     max_concurrency: Annotated[
-        int | None, typer.Option(help="Programs run at once (0: 2 x CPU cores).")
+        int | None,
+        typer.Option(
+            help=f"Programs run at once (0: {PROGRAMS_PER_CORE} per CPU core, fewer if memory "
+            "cannot hold that many at the default memory limit; /v1/sandbox/status says which)."
+        ),
     ] = None,
     insecure_no_isolation: Annotated[
         bool,

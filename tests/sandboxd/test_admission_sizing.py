@@ -75,3 +75,15 @@ def test_status_says_why_a_call_waits(sandboxd_factory: Callable[..., SandboxdSe
     for t in sleeper + queued:
         t.join(30)
     assert server.client.get("/v1/sandbox/status").json()["admission"]["waits_because"] is None
+
+
+def test_serve_help_gives_the_default_sizing() -> None:
+    """`--max-concurrency` said "0: 2 x CPU cores"; the default is 4 per core, capped by memory."""
+    from typer.testing import CliRunner
+
+    from sandboxd.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0
+    assert "2 x CPU cores" not in result.output
+    assert f"0: {PROGRAMS_PER_CORE} per CPU core, fewer if memory" in result.output
