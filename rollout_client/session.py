@@ -20,7 +20,7 @@ from toolenv_core.polytrace.kinds import files_of_kind
 from .engines.base import Engine
 from .engines.eventsim import EventSimEngine
 from .gateway_client import GatewayClient
-from .metrics import step_metrics, summarize
+from .metrics import in_modelled_time, step_metrics, summarize
 from .policies import Event, build_policy
 from .runner import Runner, RunnerOptions, StepOutcome
 from .settings import RolloutSettings
@@ -181,8 +181,8 @@ async def run_rollout(
         wall_steps: list[float] = []  # wall seconds per step (kept apart: the rest is modelled)
 
         def collect(outcome: StepOutcome) -> None:
-            metrics = step_metrics(outcome, engine.monitor)
-            metrics["modeled_makespan_s"] = round(metrics["makespan_s"] * time_scale, 3)
+            metrics = in_modelled_time(step_metrics(outcome, engine.monitor), time_scale)
+            metrics["modeled_makespan_s"] = round(metrics["makespan_s"], 3)
             wall_steps.append(round(time.perf_counter() - wall_clock - sum(wall_steps), 3))
             steps.append(metrics)
             timelines.append(engine.monitor.timeline(outcome.started, outcome.ended))

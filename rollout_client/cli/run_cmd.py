@@ -352,7 +352,8 @@ def run(
             f"engine busy {s.get('engine_busy_fraction', 0):.0%}; wrote {out_dir}/report.json, "
             f"{out_dir}/trajectories.jsonl" + ("" if no_plots else " and PNG plots")
         )
-        if report.get("sim_lag_s", 0) > 0.05 * max(s.get("total_makespan_s", 0), 1e-9):
+        wall_makespan = s.get("total_makespan_s", 0) / report.get("time_scale", 1.0)
+        if report.get("sim_lag_s", 0) > 0.05 * max(wall_makespan, 1e-9):  # both wall seconds
             typer.echo(
                 f"note: the simulator fell {report['sim_lag_s']:.1f} s behind its cost model "
                 "(CPU starved); lower --time-scale for faithful timings",

@@ -254,6 +254,14 @@ async def test_time_scale_keeps_tools_and_timeouts_in_proportion(
     report = await run_rollout(settings, build_plans(settings, [path]), out_dir=tmp_path / "o")
     step = report["steps"][0]
     assert step["completed"] == 4 and step["tool_timeouts"] == 0 and step["tool_errors"] == 0
+    # the step's times and rates are modelled, like its makespan: trajectories/s was the wall
+    # rate (10x the modelled one) beside "makespan, modelled"
+    modelled = step["modeled_makespan_s"]
+    assert step["makespan_s"] == pytest.approx(modelled, abs=1e-3)
+    assert modelled > 5 * report["wall"]["steps_s"][0]
+    assert step["trajectories_per_s"] == pytest.approx(4 / modelled, rel=1e-3)
+    assert step["tokens_per_s"] == pytest.approx(step["generated_tokens"] / modelled, rel=1e-3)
+    assert max(step["completion_times_s"]) == pytest.approx(modelled, rel=1e-3)
     for written in read_multiturn(tmp_path / "o" / "trajectories.jsonl"):
         for call in written.tool_calls:  # 2 s / 10, in wall time
             assert call.status == "success" and 0.19 <= call.latency_s < 1.0
