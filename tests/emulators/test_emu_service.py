@@ -225,6 +225,28 @@ def test_a_profile_number_must_be_finite(client: httpx.Client, raw: bytes, loc: 
 
 
 @pytest.mark.parametrize(
+    ("model", "loc"),
+    [
+        ({"kind": "constant", "value_s": True}, ["constant", "value_s"]),
+        ({"kind": "lognormal", "median_s": 0.1, "sigma": True}, ["lognormal", "sigma"]),
+        ({"kind": "empirical", "samples": [0.1, False]}, ["empirical", "samples", "1"]),
+        (
+            {"kind": "faulty", "model": FAST["model"], "faults": [{"type": "error", "rate": True}]},
+            ["faulty", "faults", "0", "error", "rate"],
+        ),
+    ],
+)
+def test_a_profile_number_is_not_a_boolean(client: httpx.Client, model: dict, loc: list) -> None:
+    # `value_s: true` was a 1-second delay, `rate: true` a fault on every call
+    before = client.get("/v1/emulators/search/profile").json()
+    r = client.put("/v1/emulators/search/profile", json={"model": model})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "model", *loc]
+    assert "must be a number, not" in r.json()["message"]
+    assert client.get("/v1/emulators/search/profile").json() == before  # nothing changed
+
+
+@pytest.mark.parametrize(
     ("path", "body", "status", "loc"),
     [
         ("/retrieve", {"queries": []}, 422, ["body", "queries"]),

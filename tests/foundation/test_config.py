@@ -99,6 +99,28 @@ def test_a_config_file_that_does_not_parse_or_is_a_directory_is_one_line(tmp_pat
         read_config_file(tmp_path)
 
 
+BOOL_SAID = "must be a number, not true (a JSON boolean is not read as 0 or 1)"
+
+
+def test_a_boolean_for_a_profile_number_is_one_line_naming_the_field(tmp_path) -> None:
+    """YAML's `true` was read as 1: `value_s: true` a 1-second delay on every call."""
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("emulators:\n  search_profile:\n    model: {kind: constant, value_s: true}\n")
+    shown = CliRunner().invoke(build_app(), ["config", "show", "--config", str(cfg)])
+    assert shown.exit_code == 2, (shown.output, shown.exception)
+    assert shown.stderr == (
+        f"error: invalid emulators settings: search_profile.model.constant.value_s: {BOOL_SAID}\n"
+    )
+    profile = tmp_path / "slow.yaml"
+    profile.write_text("model:\n  kind: faulty\n  model: {kind: constant, value_s: 0.1}\n"
+                       "  faults: [{type: throttle, rate: 0.1, retry_after_s: true}]\n")  # fmt: skip
+    described = CliRunner().invoke(build_app(), ["emulators", "describe", str(profile)])
+    assert described.exit_code == 2, (described.output, described.exception)
+    assert described.stderr == (
+        f"error: {profile}: field 'model.faulty.faults.0.throttle.retry_after_s': {BOOL_SAID}\n"
+    )
+
+
 def test_deadline_header_round_trip_and_bounds() -> None:
     d = deadline_from_headers({DEADLINE_HEADER: "1500"}, default_s=10, max_s=60)
     assert 1.3 < d.remaining() <= 1.5

@@ -12,15 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolenv_core.fields import Integer, Number
+
 
 class _Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    rate: float = Field(ge=0.0, le=1.0, description="probability per call")
+    rate: Number = Field(ge=0.0, le=1.0, description="probability per call")
 
 
 class ErrorFault(_Fault):
     type: Literal["error"] = "error"
-    status: int = Field(default=503, ge=400, le=599, description="HTTP status answered")
+    status: Integer = Field(default=503, ge=400, le=599, description="HTTP status answered")
     message: str = "injected error"
 
 
@@ -30,15 +32,15 @@ class HangFault(_Fault):
 
 class ThrottleFault(_Fault):
     type: Literal["throttle"] = "throttle"
-    retry_after_s: float = Field(default=1.0, ge=0.0, description="sent as Retry-After (seconds)")
+    retry_after_s: Number = Field(default=1.0, ge=0.0, description="sent as Retry-After (seconds)")
 
 
 class SlowBodyFault(_Fault):
     type: Literal["slow_body"] = "slow_body"
-    duration_s: float = Field(
+    duration_s: Number = Field(
         default=1.0, gt=0.0, description="time over which the body trickles out"
     )
-    chunks: int = Field(default=10, ge=2, le=1000)
+    chunks: Integer = Field(default=10, ge=2, le=1000)
 
 
 Fault = Annotated[

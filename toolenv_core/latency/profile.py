@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from toolenv_core.fields import Number
+
 from ..config import parse_error
 from .specs import LatencyModel
 
@@ -26,7 +28,7 @@ class Profile(BaseModel):
         default=None,
         description="search: tokens returned per query for topk=3 (sampled like a latency)",
     )
-    reference: dict[str, float] = Field(
+    reference: dict[str, Number] = Field(
         default_factory=dict,
         description="what the recorded calls looked like (e.g. reward batch_size), for scaling",
     )

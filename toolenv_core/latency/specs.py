@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from scipy import stats
 
+from toolenv_core.fields import Integer, Number
 from toolenv_core.polytrace.latencies import tool_latencies
 
 from .faults import Fault
@@ -46,7 +47,9 @@ class _Spec(BaseModel):
 
 
 class _Parametric(_Spec):
-    max_s: float | None = Field(default=None, gt=0, description="clip samples at this many seconds")
+    max_s: Number | None = Field(
+        default=None, gt=0, description="clip samples at this many seconds"
+    )
 
     def frozen(self):  # the scipy distribution with the same law (before clipping)
         raise NotImplementedError
@@ -67,7 +70,7 @@ class _Parametric(_Spec):
 
 class Constant(_Spec):
     kind: Literal["constant"] = "constant"
-    value_s: float = Field(ge=0)
+    value_s: Number = Field(ge=0)
 
     def build(self) -> Sampler:
         v = self.value_s
@@ -79,8 +82,8 @@ class Constant(_Spec):
 
 class Uniform(_Parametric):
     kind: Literal["uniform"] = "uniform"
-    low_s: float = Field(ge=0)
-    high_s: float = Field(ge=0)
+    low_s: Number = Field(ge=0)
+    high_s: Number = Field(ge=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> Uniform:
@@ -98,10 +101,10 @@ class Uniform(_Parametric):
 
 class TruncNormal(_Parametric):
     kind: Literal["truncnormal"] = "truncnormal"
-    mean_s: float
-    std_s: float = Field(gt=0)
-    low_s: float = Field(default=0.0, ge=0)
-    high_s: float | None = Field(default=None, description="upper bound (none: unbounded)")
+    mean_s: Number
+    std_s: Number = Field(gt=0)
+    low_s: Number = Field(default=0.0, ge=0)
+    high_s: Number | None = Field(default=None, description="upper bound (none: unbounded)")
 
     @model_validator(mode="after")
     def _ordered(self) -> TruncNormal:
@@ -123,8 +126,8 @@ class TruncNormal(_Parametric):
 
 class LogNormal(_Parametric):
     kind: Literal["lognormal"] = "lognormal"
-    median_s: float = Field(gt=0)
-    sigma: float = Field(gt=0, description="standard deviation of log(delay)")
+    median_s: Number = Field(gt=0)
+    sigma: Number = Field(gt=0, description="standard deviation of log(delay)")
 
     def frozen(self):
         return stats.lognorm(s=self.sigma, scale=self.median_s)
@@ -136,8 +139,8 @@ class LogNormal(_Parametric):
 
 class Gamma(_Parametric):
     kind: Literal["gamma"] = "gamma"
-    shape: float = Field(gt=0)
-    scale_s: float = Field(gt=0)
+    shape: Number = Field(gt=0)
+    scale_s: Number = Field(gt=0)
 
     def frozen(self):
         return stats.gamma(a=self.shape, scale=self.scale_s)
@@ -149,7 +152,7 @@ class Gamma(_Parametric):
 
 class Exponential(_Parametric):
     kind: Literal["exponential"] = "exponential"
-    mean_s: float = Field(gt=0)
+    mean_s: Number = Field(gt=0)
 
     def frozen(self):
         return stats.expon(scale=self.mean_s)
@@ -163,8 +166,8 @@ class Lomax(_Parametric):
     """Pareto type II: a heavy tail starting at 0 (`scale_s * numpy's pareto(shape)`)."""
 
     kind: Literal["lomax"] = "lomax"
-    shape: float = Field(gt=0, description="tail index alpha")
-    scale_s: float = Field(gt=0)
+    shape: Number = Field(gt=0, description="tail index alpha")
+    scale_s: Number = Field(gt=0)
 
     def frozen(self):
         return stats.lomax(c=self.shape, scale=self.scale_s)
@@ -178,8 +181,8 @@ class Pareto(_Parametric):
     """Pareto type I: never faster than `scale_s`, power-law tail beyond."""
 
     kind: Literal["pareto"] = "pareto"
-    shape: float = Field(gt=0, description="tail index alpha")
-    scale_s: float = Field(gt=0, description="minimum delay")
+    shape: Number = Field(gt=0, description="tail index alpha")
+    scale_s: Number = Field(gt=0, description="minimum delay")
 
     def frozen(self):
         return stats.pareto(b=self.shape, scale=self.scale_s)
@@ -197,8 +200,8 @@ class Empirical(_Spec):
     """
 
     kind: Literal["empirical"] = "empirical"
-    samples: list[float] | None = None
-    quantiles: list[tuple[float, float]] | None = None
+    samples: list[Number] | None = None
+    quantiles: list[tuple[Number, Number]] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Empirical:
@@ -255,10 +258,10 @@ class TraceReplay(_Spec):
     """
 
     kind: Literal["trace"] = "trace"
-    values_s: list[float] | None = None
+    values_s: list[Number] | None = None
     paths: list[str] | None = None
     tool: str = "search"
-    start: int = Field(default=0, ge=0, description="index of the first call replayed")
+    start: Integer = Field(default=0, ge=0, description="index of the first call replayed")
 
     @model_validator(mode="after")
     def _one_source(self) -> TraceReplay:
@@ -284,7 +287,7 @@ class TraceReplay(_Spec):
 
 class MixtureComponent(BaseModel):
     model_config = _STRICT
-    weight: float = Field(gt=0)
+    weight: Number = Field(gt=0)
     model: LatencyModel
 
 
@@ -304,7 +307,9 @@ class Mixture(_Spec):
 
 class DriftStage(BaseModel):
     model_config = _STRICT
-    start: float = Field(ge=0, description="first step (by=step) or second (by=time) of this stage")
+    start: Number = Field(
+        ge=0, description="first step (by=step) or second (by=time) of this stage"
+    )
     model: LatencyModel
 
 
@@ -318,8 +323,8 @@ class Drift(_Spec):
     kind: Literal["drift"] = "drift"
     by: Literal["step", "time"] = "step"
     schedule: list[DriftStage] = Field(min_length=1)
-    period: float | None = Field(default=None, gt=0)
-    calls_per_step: int | None = Field(default=None, ge=1)
+    period: Number | None = Field(default=None, gt=0)
+    calls_per_step: Integer | None = Field(default=None, ge=1)
 
     @field_validator("schedule")
     @classmethod
