@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings
 from toolenv_core.deadline import DeadlinePolicy
+from toolenv_core.fields import Integer, Number
 from toolenv_core.latency.profile import Profile
 
 
@@ -21,9 +22,11 @@ class EmulatorSettings(FrontDoorSettings):
     section: ClassVar[str] = "emulators"
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8090, ge=0, le=65535)
+    port: Integer = Field(default=8090, ge=0, le=65535)
     log_level: str = "warning"
-    seed: int = Field(default=0, description="seeds every delay draw and every synthetic document")
+    seed: Integer = Field(
+        default=0, description="seeds every delay draw and every synthetic document"
+    )
 
     search_profile: Profile | None = Field(default=None, description="inline search profile")
     search_profile_file: Path | None = Field(
@@ -37,38 +40,38 @@ class EmulatorSettings(FrontDoorSettings):
     corpus: FilePath | None = Field(
         default=None, description="JSONL corpus ({id, contents} or {id, title, text}) for BM25"
     )
-    default_topk: int = Field(default=3, ge=1)
-    max_topk: int = Field(default=50, ge=1)
-    max_queries: int = Field(default=256, ge=1, description="queries per request")
-    max_query_chars: int = Field(default=4096, ge=1)
-    max_delay_s: float = Field(
+    default_topk: Integer = Field(default=3, ge=1)
+    max_topk: Integer = Field(default=50, ge=1)
+    max_queries: Integer = Field(default=256, ge=1, description="queries per request")
+    max_query_chars: Integer = Field(default=4096, ge=1)
+    max_delay_s: Number = Field(
         default=3600.0, gt=0, description="largest delay_s a caller may ask for"
     )
-    max_response_tokens: int = Field(default=200_000, ge=1)
-    document_cache_size: int = Field(
+    max_response_tokens: Integer = Field(default=200_000, ge=1)
+    document_cache_size: Integer = Field(
         default=8192, ge=0, description="queries whose documents are kept"
     )
 
-    max_pacing_lead_s: float = Field(
+    max_pacing_lead_s: Number = Field(
         default=0.002,
         ge=0,
         le=0.05,
         description="how early a handler may wake to cover the response path it measured, so "
         "that replies leave on schedule (timing.Pacer); 0 turns pacing off",
     )
-    hang_without_deadline_s: float = Field(
+    hang_without_deadline_s: Number = Field(
         default=60.0,
         gt=0,
         description="how long a hang fault lasts when the caller sent no deadline",
     )
-    default_deadline_s: float | None = Field(
+    default_deadline_s: Number | None = Field(
         default=None, gt=0, description="deadline when none is sent (None: no deadline)"
     )
-    max_deadline_s: float | None = Field(
+    max_deadline_s: Number | None = Field(
         default=None, gt=0, description="clamp on the caller's deadline"
     )
 
-    reward_length_exponent: float = Field(
+    reward_length_exponent: Number = Field(
         default=0.0,
         description="reward delay scales with (mean response length / recorded mean) ** this",
     )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings
+from toolenv_core.fields import Integer, Number
 
 ToolKind = Literal["sandbox", "search", "reward", "http"]
 
@@ -47,18 +48,18 @@ class RetryPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     enabled: bool = False
-    max_attempts: int = Field(
+    max_attempts: Integer = Field(
         default=3, ge=1, le=10, description="attempts in total, first included"
     )
-    backoff_ms: float = Field(
+    backoff_ms: Number = Field(
         default=0.0,
         ge=0,
         le=10_000,
         description="wait before the first retry, doubled each time (rides out a restart); "
         "never past the call's deadline",
     )
-    budget_ratio: float = Field(default=0.2, ge=0, description="retries allowed per call made")
-    min_retries_per_s: float = Field(
+    budget_ratio: Number = Field(default=0.2, ge=0, description="retries allowed per call made")
+    min_retries_per_s: Number = Field(
         default=10.0, ge=0, description="retries always allowed per second"
     )
 
@@ -68,12 +69,12 @@ class HedgePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     enabled: bool = False
-    quantile: float = Field(
+    quantile: Number = Field(
         default=0.95, gt=0, lt=1, description="hedge after this latency quantile"
     )
-    min_delay_ms: float = Field(default=5.0, ge=0, description="never hedge sooner than this")
-    min_samples: int = Field(default=20, ge=1, description="recent calls needed before hedging")
-    window: int = Field(
+    min_delay_ms: Number = Field(default=5.0, ge=0, description="never hedge sooner than this")
+    min_samples: Integer = Field(default=20, ge=1, description="recent calls needed before hedging")
+    window: Integer = Field(
         default=512, ge=8, description="recent latencies the quantile is taken over"
     )
 
@@ -95,12 +96,14 @@ class ToolConfig(BaseModel):
     )
     call_path: str | None = Field(default=None, description="native endpoint (default by kind)")
     health_path: str | None = None
-    health_interval_s: float = Field(default=2.0, gt=0)
-    concurrency: int = Field(default=64, ge=1, description="calls in flight at once")
-    queue: int = Field(default=1024, ge=0, description="calls waiting beyond that; more get 429")
-    default_deadline_ms: float = Field(default=30_000, gt=0)
-    max_deadline_ms: float = Field(default=300_000, gt=0)
-    timeout_margin_ms: float = Field(
+    health_interval_s: Number = Field(default=2.0, gt=0)
+    concurrency: Integer = Field(default=64, ge=1, description="calls in flight at once")
+    queue: Integer = Field(
+        default=1024, ge=0, description="calls waiting beyond that; more get 429"
+    )
+    default_deadline_ms: Number = Field(default=30_000, gt=0)
+    max_deadline_ms: Number = Field(default=300_000, gt=0)
+    timeout_margin_ms: Number = Field(
         default=5_000,
         ge=0,
         description="sandbox pass-through without a deadline header: added to the request's own "
@@ -170,7 +173,7 @@ class GatewaySettings(FrontDoorSettings):
     section: ClassVar[str] = "gateway"
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    port: Integer = Field(default=8080, ge=0, le=65535)
     log_level: str = "info"
     mode: Literal["embedded", "proxy"] | None = Field(
         default=None, description="force every tool into this mode (None: as each tool says)"
@@ -184,26 +187,28 @@ class GatewaySettings(FrontDoorSettings):
         description="bearer keys (env: comma-separated or a JSON list); empty = open",
     )
     allow_unauthenticated: bool = False
-    shutdown_grace_s: float = Field(
+    shutdown_grace_s: Number = Field(
         default=30.0,
         ge=0,
         description="on SIGINT/SIGTERM, how long calls in flight may take to finish",
     )
-    rate_limit_per_s: float | None = Field(
+    rate_limit_per_s: Number | None = Field(
         default=None, gt=0, description="per API key (or client)"
     )
-    rate_limit_burst: float = Field(default=100.0, ge=1)
+    rate_limit_burst: Number = Field(default=100.0, ge=1)
     trace_path: str | None = Field(default=None, description="JSONL file for trace capture")
-    backlog: int = Field(default=4096, ge=64, description="listen backlog (bursts of connections)")
-    upstream_connect_timeout_s: float = Field(
+    backlog: Integer = Field(
+        default=4096, ge=64, description="listen backlog (bursts of connections)"
+    )
+    upstream_connect_timeout_s: Number = Field(
         default=10.0, gt=0, description="generous: an overloaded event loop must not fail connects"
     )
-    upstream_keepalive_s: float = Field(
+    upstream_keepalive_s: Number = Field(
         default=2.0,
         gt=0,
         description="idle upstream connections closed after this (keep it below the upstream's own)",
     )
-    upstream_pool_size: int = Field(
+    upstream_pool_size: Integer = Field(
         default=1024, ge=1, description="idle connections kept per upstream"
     )
 

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import ServiceSettings
+from toolenv_core.fields import Integer, Number
 
 
 class RolloutSettings(ServiceSettings):
@@ -26,7 +27,7 @@ class RolloutSettings(ServiceSettings):
         description="OpenAI-compatible servers (openai engine)",
         examples=[["http://127.0.0.1:8000"]],
     )
-    openai_capacity: int = Field(
+    openai_capacity: Integer = Field(
         default=64, ge=1, description="max sequences per server (occupancy denominator)"
     )
     cost_profile: str = Field(
@@ -42,50 +43,52 @@ class RolloutSettings(ServiceSettings):
         description="virtual clock: latency profile file per tool (else recorded latencies, --exact)",
         examples=[{"search": "emulators/profiles/search_default.yaml"}],
     )
-    tool_scale: float = Field(
+    tool_scale: Number = Field(
         default=1.0, gt=0, description="virtual clock: multiply every tool latency"
     )
-    hedge_quantile: float = Field(
+    hedge_quantile: Number = Field(
         default=0.95, gt=0, lt=1, description="hedge policy: second attempt after this quantile"
     )
-    time_scale: float = Field(
+    time_scale: Number = Field(
         default=1.0, gt=0, description="sim runs this many times faster than its cost model"
     )
-    vocab_size: int = Field(
+    vocab_size: Integer = Field(
         default=1024, ge=32, description="token ids are synthesized in [16, vocab_size)"
     )
 
     policy: str = Field(
         default="async", description="sync|async, plus +timeout, +hedge and/or +overlap"
     )
-    tool_timeout_s: float = Field(default=1.0, gt=0)
-    overlap_ratio: float = Field(default=0.25, gt=0, description="overlap launches N * (1 + ratio)")
+    tool_timeout_s: Number = Field(default=1.0, gt=0)
+    overlap_ratio: Number = Field(
+        default=0.25, gt=0, description="overlap launches N * (1 + ratio)"
+    )
     overlap_unfinished: Literal["carry", "abort"] = "carry"
-    batch: int = Field(default=64, ge=1, description="trajectories that complete a step (N)")
-    steps: int = Field(default=1, ge=1)
-    observation_tokens: int = Field(
+    batch: Integer = Field(default=64, ge=1, description="trajectories that complete a step (N)")
+    steps: Integer = Field(default=1, ge=1)
+    observation_tokens: Integer = Field(
         default=16, ge=0, description="tokens a timeout/error observation appends"
     )
 
     exact: bool = Field(default=False, description="send recorded tool latencies as delay_s")
-    length_scale: float = Field(default=1.0, gt=0)
-    max_prompt: int | None = Field(default=None, ge=1)
-    max_output: int | None = Field(default=None, ge=1)
-    max_append: int | None = Field(default=None, ge=0)
-    limit: int | None = Field(default=None, ge=1)
-    sample: float | None = Field(default=None, gt=0, le=1)
-    seed: int = 0
+    length_scale: Number = Field(default=1.0, gt=0)
+    max_prompt: Integer | None = Field(default=None, ge=1)
+    max_output: Integer | None = Field(default=None, ge=1)
+    max_append: Integer | None = Field(default=None, ge=0)
+    limit: Integer | None = Field(default=None, ge=1)
+    sample: Number | None = Field(default=None, gt=0, le=1)
+    seed: Integer = 0
 
-    live_max_turns: int = Field(
+    live_max_turns: Integer = Field(
         default=4, ge=1, description="live mode: turns per trajectory at most"
     )
-    live_max_tokens: int = Field(
+    live_max_tokens: Integer = Field(
         default=256, ge=1, description="live mode: tokens per turn at most"
     )
 
-    vllm_max_num_seqs: int = Field(default=64, ge=1)
-    vllm_block_size: int = Field(default=32, ge=16, description="multiple of 32 on CPU")
-    vllm_max_model_len: int = Field(default=8192, ge=64)
+    vllm_max_num_seqs: Integer = Field(default=64, ge=1)
+    vllm_block_size: Integer = Field(default=32, ge=16, description="multiple of 32 on CPU")
+    vllm_max_model_len: Integer = Field(default=8192, ge=64)
     out_dir: str = "rollout-out"
 
     @field_validator("gateway_url", "openai_urls")

@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings
+from toolenv_core.fields import Integer, Number
 
 from .sizing import host_sizing
 
@@ -22,39 +23,43 @@ class SandboxSettings(FrontDoorSettings):
 
     # ---- serving
     host: str = "127.0.0.1"
-    port: int = Field(default=8081, ge=0, le=65535)
+    port: Integer = Field(default=8081, ge=0, le=65535)
 
     # ---- admission: how many programs run at once, how many wait, how long they may wait
-    max_concurrency: int = Field(
+    max_concurrency: Integer = Field(
         default=0,
         ge=0,
         description="programs in flight at once; 0: sized from cores and memory (sandboxd.sizing)",
     )
-    queue_size: int = Field(default=256, ge=0, description="requests waiting beyond that; then 429")
-    queue_timeout_s: float = Field(
+    queue_size: Integer = Field(
+        default=256, ge=0, description="requests waiting beyond that; then 429"
+    )
+    queue_timeout_s: Number = Field(
         default=30.0, gt=0, description="longest wait for a slot before 429"
     )
-    retry_after_s: int = Field(default=1, ge=0, description="Retry-After sent with a 429")
-    default_deadline_s: float | None = Field(
+    retry_after_s: Integer = Field(default=1, ge=0, description="Retry-After sent with a 429")
+    default_deadline_s: Number | None = Field(
         default=None, gt=0, description="a call's deadline when it sends none (None: none)"
     )
-    max_deadline_s: float | None = Field(
+    max_deadline_s: Number | None = Field(
         default=None, gt=0, description="cap on the deadline a caller sends (None: no cap)"
     )
 
     # ---- limits (per step); requests may ask for less, never more than the max_* values
-    default_compile_timeout_s: float = Field(default=10.0, gt=0)
-    default_run_timeout_s: float = Field(default=10.0, gt=0)
-    max_timeout_s: float = Field(default=60.0, gt=0, description="larger timeouts are a 422")
-    default_memory_mb: int = Field(default=512, ge=16)
-    max_memory_mb: int = Field(default=4096, ge=16)
-    max_processes: int = Field(default=64, ge=4, description="pids cgroup limit per run")
-    max_open_files: int = Field(default=256, ge=16)
-    max_file_size_mb: int = Field(default=64, ge=1, description="RLIMIT_FSIZE per file")
-    default_output_bytes: int = Field(default=1024 * 1024, ge=1024, description="stdout/stderr cap")
-    max_output_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    max_tests_per_request: int = Field(default=1000, ge=1)
-    run_cpu_shares: int = Field(
+    default_compile_timeout_s: Number = Field(default=10.0, gt=0)
+    default_run_timeout_s: Number = Field(default=10.0, gt=0)
+    max_timeout_s: Number = Field(default=60.0, gt=0, description="larger timeouts are a 422")
+    default_memory_mb: Integer = Field(default=512, ge=16)
+    max_memory_mb: Integer = Field(default=4096, ge=16)
+    max_processes: Integer = Field(default=64, ge=4, description="pids cgroup limit per run")
+    max_open_files: Integer = Field(default=256, ge=16)
+    max_file_size_mb: Integer = Field(default=64, ge=1, description="RLIMIT_FSIZE per file")
+    default_output_bytes: Integer = Field(
+        default=1024 * 1024, ge=1024, description="stdout/stderr cap"
+    )
+    max_output_bytes: Integer = Field(default=16 * 1024 * 1024, ge=1024)
+    max_tests_per_request: Integer = Field(default=1000, ge=1)
+    run_cpu_shares: Integer = Field(
         default=1024,
         ge=2,
         le=262144,
@@ -74,8 +79,8 @@ class SandboxSettings(FrontDoorSettings):
     workdir_root: str | None = Field(
         default=None, description="where run dirs live; default /dev/shm (tmpfs) else the tmp dir"
     )
-    cgroup_pool_size: int = Field(default=0, ge=0, description="0: max_concurrency * 2")
-    warm_sandboxes: int = Field(
+    cgroup_pool_size: Integer = Field(default=0, ge=0, description="0: max_concurrency * 2")
+    warm_sandboxes: Integer = Field(
         default=-1,
         ge=-1,
         description="sandboxes spawned ahead per warm language (-1: max concurrency, 0: off)",
@@ -88,7 +93,7 @@ class SandboxSettings(FrontDoorSettings):
         description="python runs fork from a zygote (one interpreter start-up for many runs) "
         "where the kernel allows it; else they take the warm-spawn path",
     )
-    fork_server_max_forks: int = Field(
+    fork_server_max_forks: Integer = Field(
         default=1000, ge=1, description="forks per zygote before it is replaced"
     )
     fork_server_batch: bool = Field(
@@ -114,20 +119,22 @@ class SandboxSettings(FrontDoorSettings):
     docker_base_image: str = Field(
         default="debian:bookworm-slim", description="BASE_IMAGE when the backend builds the image"
     )
-    docker_pool_size: int = Field(default=4, ge=1, description="warm containers kept ready")
-    docker_refill_concurrency: int = Field(
+    docker_pool_size: Integer = Field(default=4, ge=1, description="warm containers kept ready")
+    docker_refill_concurrency: Integer = Field(
         default=2, ge=1, description="containers started at once"
     )
-    docker_max_runs_per_container: int = Field(default=500, ge=1, description="then recycled")
-    docker_memory_mb: int = Field(default=1024, ge=64, description="container limit (backstop)")
-    docker_cpus: float = Field(default=1.0, gt=0, description="CPU cores per container")
-    docker_pids_limit: int = Field(
+    docker_max_runs_per_container: Integer = Field(default=500, ge=1, description="then recycled")
+    docker_memory_mb: Integer = Field(default=1024, ge=64, description="container limit (backstop)")
+    docker_cpus: Number = Field(default=1.0, gt=0, description="CPU cores per container")
+    docker_pids_limit: Integer = Field(
         default=128, ge=16, description="pids cgroup limit per container"
     )
-    docker_workdir_mb: int = Field(default=64, ge=1, description="tmpfs size of /sandbox")
-    docker_tmp_mb: int = Field(default=64, ge=1, description="tmpfs size of /tmp and /dev/shm")
-    docker_run_uid: int = Field(default=65534, ge=1, description="uid (and gid) programs run as")
+    docker_workdir_mb: Integer = Field(default=64, ge=1, description="tmpfs size of /sandbox")
+    docker_tmp_mb: Integer = Field(default=64, ge=1, description="tmpfs size of /tmp and /dev/shm")
+    docker_run_uid: Integer = Field(
+        default=65534, ge=1, description="uid (and gid) programs run as"
+    )
     docker_state_dir: str | None = Field(
         default=None, description="agent sockets and pool locks; default /run/toolenv-sandboxd"
     )
-    docker_start_timeout_s: float = Field(default=60.0, gt=0, description="warm-up bound")
+    docker_start_timeout_s: Number = Field(default=60.0, gt=0, description="warm-up bound")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import ServiceSettings
+from toolenv_core.fields import Integer, Number
 
 
 class ReplicaConfig(BaseModel):
@@ -23,23 +24,23 @@ class ReplicaConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_cpus: float = Field(default=1.0, ge=0, description="CPUs reserved per replica")
-    resources: dict[str, float] = Field(
+    num_cpus: Number = Field(default=1.0, ge=0, description="CPUs reserved per replica")
+    resources: dict[str, Number] = Field(
         default_factory=dict, description='custom resources per replica, e.g. {"sandbox_node": 1}'
     )
-    max_ongoing_requests: int = Field(default=16, ge=1, description="calls one replica runs")
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=1, ge=1)
-    target_ongoing_requests: float = Field(
+    max_ongoing_requests: Integer = Field(default=16, ge=1, description="calls one replica runs")
+    min_replicas: Integer = Field(default=1, ge=0)
+    max_replicas: Integer = Field(default=1, ge=1)
+    target_ongoing_requests: Number = Field(
         default=8.0, gt=0, description="autoscaling: queued + running calls per replica"
     )
-    upscale_delay_s: float = Field(default=2.0, ge=0)
-    downscale_delay_s: float = Field(default=20.0, ge=0)
-    max_replicas_per_node: int | None = Field(default=None, ge=1)
-    metrics_interval_s: float = Field(
+    upscale_delay_s: Number = Field(default=2.0, ge=0)
+    downscale_delay_s: Number = Field(default=20.0, ge=0)
+    max_replicas_per_node: Integer | None = Field(default=None, ge=1)
+    metrics_interval_s: Number = Field(
         default=0.5, gt=0, description="autoscaling: how often queue lengths are reported"
     )
-    look_back_period_s: float = Field(
+    look_back_period_s: Number = Field(
         default=2.0, gt=0, description="autoscaling: the window queue lengths are averaged over"
     )
 
@@ -92,7 +93,7 @@ class RaySettings(ServiceSettings):
     http_host: str = Field(
         default="127.0.0.1", description="where each gateway replica listens, on its node"
     )
-    http_port: int = Field(default=8000, ge=1, le=65535)
+    http_port: Integer = Field(default=8000, ge=1, le=65535)
     gateway: ReplicaConfig = Field(
         default_factory=lambda: ReplicaConfig(num_cpus=0.5, max_ongoing_requests=4096)
     )

@@ -25,6 +25,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from toolenv_core.fields import Integer, Number
+
 CONFIG_ENV_VAR = "TOOLENV_CONFIG"
 
 
@@ -208,12 +210,12 @@ class FrontDoorSettings(ServiceSettings):
     (`toolenv_core.bodylimit`), defined once so that no front door refuses what the service
     behind it accepts."""
 
-    max_body_bytes: int = Field(
+    max_body_bytes: Integer = Field(
         default=16 * 1024 * 1024,
         ge=1024,
         description="a larger request body is a 413 (refused before it is read when declared)",
     )
-    body_timeout_s: float = Field(
+    body_timeout_s: Number = Field(
         default=10.0,
         gt=0,
         description="the whole request body must arrive within this; else 408 and the connection "

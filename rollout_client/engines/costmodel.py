@@ -36,35 +36,37 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from toolenv_core.fields import Integer, Number
+
 
 class CostModel(BaseModel):
     name: str = "custom"
     source: str = ""
-    prefill_per_token_s: float = Field(ge=0)
-    decode_base_s: float = Field(ge=0)
-    decode_per_seq_s: float = Field(ge=0)
-    decode_per_ctx_token_s: float = Field(default=0.0, ge=0)
-    max_batch: int = Field(default=256, ge=1, description="sequences decoded together at most")
-    block_size: int = Field(default=16, ge=1, description="prefix-cache granularity (tokens)")
-    kv_capacity_tokens: int | None = Field(
+    prefill_per_token_s: Number = Field(ge=0)
+    decode_base_s: Number = Field(ge=0)
+    decode_per_seq_s: Number = Field(ge=0)
+    decode_per_ctx_token_s: Number = Field(default=0.0, ge=0)
+    max_batch: Integer = Field(default=256, ge=1, description="sequences decoded together at most")
+    block_size: Integer = Field(default=16, ge=1, description="prefix-cache granularity (tokens)")
+    kv_capacity_tokens: Integer | None = Field(
         default=None, ge=1, description="KV-cache size in tokens (None: never full)"
     )
-    prefill_per_seq_s: float = Field(
+    prefill_per_seq_s: Number = Field(
         default=0.0,
         ge=0,
         description="per sequence prefilled in an iteration, whatever its length (the engine's "
         "per-request set-up: block tables, input batch, first-token sampling)",
     )
-    idle_wake_s: float = Field(
+    idle_wake_s: Number = Field(
         default=0.0,
         ge=0,
         description="added to the first iteration after the engine sat idle (its loop and worker "
         "threads waking; paid once per turn by a turn-synchronous rollout)",
     )
-    prefill_budget_tokens: int = Field(
+    prefill_budget_tokens: Integer = Field(
         default=8192, ge=1, description="prompt tokens prefilled per iteration at most"
     )
-    request_latency_s: float = Field(
+    request_latency_s: Number = Field(
         default=0.0,
         ge=0,
         description="per request, outside the batch: submit to scheduler and result to caller "

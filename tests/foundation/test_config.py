@@ -121,6 +121,32 @@ def test_a_boolean_for_a_profile_number_is_one_line_naming_the_field(tmp_path) -
     )
 
 
+@pytest.mark.parametrize(
+    ("yaml_text", "said"),
+    [
+        (  # was one call at a time: the tool's whole throughput
+            "gateway:\n  tools: [{name: search, kind: search, concurrency: true}]\n",
+            "invalid gateway settings: tools.0.concurrency",
+        ),
+        (
+            "gateway:\n  tools: [{name: search, kind: search, retry: {backoff_ms: true}}]\n",
+            "invalid gateway settings: tools.0.retry.backoff_ms",
+        ),
+        ("sandbox:\n  max_timeout_s: true\n", "invalid sandbox settings: max_timeout_s"),
+        ("rollout:\n  tool_timeout_s: true\n", "invalid rollout settings: tool_timeout_s"),
+        ("emulators:\n  body_timeout_s: true\n", "invalid emulators settings: body_timeout_s"),
+    ],
+)
+def test_a_boolean_for_a_number_setting_is_one_line_naming_it(
+    tmp_path, yaml_text: str, said: str
+) -> None:
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text(yaml_text)
+    shown = CliRunner().invoke(build_app(), ["config", "show", "--config", str(cfg)])
+    assert shown.exit_code == 2, (shown.output, shown.exception)
+    assert shown.stderr == f"error: {said}: {BOOL_SAID}\n"
+
+
 def test_deadline_header_round_trip_and_bounds() -> None:
     d = deadline_from_headers({DEADLINE_HEADER: "1500"}, default_s=10, max_s=60)
     assert 1.3 < d.remaining() <= 1.5
