@@ -7,7 +7,7 @@
 - time split, summed over trajectories: generating, queueing (submit to first token), waiting on
   tools, waiting at the sync barrier;
 - tail share: the share of the makespan taken by the last 10% of completed trajectories;
-- timeouts, tool errors, aborted and carried trajectories, staleness distribution, wasted tokens.
+- timeouts, tool errors, calls abandoned in flight at the step close, aborted and carried trajectories, staleness distribution, wasted tokens.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def step_metrics(outcome: StepOutcome, monitor: EngineMonitor) -> dict[str, Any]
         "tool_calls": len(calls),
         "tool_timeouts": sum(1 for c in calls if c.status == "timeout"),
         "tool_errors": sum(1 for c in calls if c.status == "error"),
+        # Not in `tool_calls`: cancelled unanswered when the step closed (over-sampling).
+        "tool_calls_abandoned": outcome.abandoned_calls,
         "wasted_tokens": outcome.wasted_tokens,
         "staleness": {str(k): v for k, v in sorted(staleness.items())},
         "completion_times_s": [round(t, 4) for t in completions],
@@ -122,6 +124,7 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "tool_timeouts": sum(s["tool_timeouts"] for s in steps),
         "tool_errors": sum(s["tool_errors"] for s in steps),
+        "tool_calls_abandoned": sum(s["tool_calls_abandoned"] for s in steps),
         "aborted": sum(s["aborted"] for s in steps),
         "wasted_tokens": sum(s["wasted_tokens"] for s in steps),
     }

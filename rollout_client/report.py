@@ -33,6 +33,7 @@ _ROWS: list[tuple[str, str]] = [
     ("tail_share", "tail share (last 10%)"),
     ("tool_timeouts", "tool timeouts"),
     ("tool_errors", "tool errors"),
+    ("tool_calls_abandoned", "calls left in flight"),
     ("aborted", "aborted"),
     ("carried", "carried over"),
     ("wasted_tokens", "wasted tokens"),

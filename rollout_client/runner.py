@@ -46,6 +46,9 @@ class StepOutcome:
     states: list[TrajectoryState]
     prefix_cache: PrefixCacheStats | None = None
     wasted_tokens: int = 0
+    # Tool calls still unanswered when the step closed: cancelled with their trajectory (made
+    # again if it is carried over), so in no call record; a hung call ends here under overlap.
+    abandoned_calls: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -136,6 +139,7 @@ class Runner:
                 if task.done() and task not in seen and not task.cancelled():
                     record(task)
             pending = [t for t in tasks if not t.done()]
+            abandoned = sum(1 for t in pending if tasks[t].in_call)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -166,6 +170,7 @@ class Runner:
             states=states,
             prefix_cache=cache,
             wasted_tokens=wasted,
+            abandoned_calls=abandoned,
         )
 
     async def _trajectory(self, st: TrajectoryState, step: int) -> None:
@@ -242,6 +247,7 @@ class Runner:
         deadline = Deadline(now() + limit) if limit is not None else None
         started = now()
         malformed = call.live_error  # live mode: the model wrote a bad call
+        st.in_call = True
         try:
             if malformed:
                 outcome = ToolOutcome("error", 0.0, error=malformed)
@@ -255,6 +261,7 @@ class Runner:
                     turn=turn,
                 )
         finally:
+            st.in_call = False
             st.times.tool_s += now() - started
         if outcome.status == "ok":
             append, status = call.append_tokens, "success"

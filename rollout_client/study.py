@@ -209,6 +209,7 @@ def run_cell(
     timelines = report.pop("_timelines")
     calls = sum(s["tool_calls"] for s in steps)
     cut = sum(s["tool_timeouts"] for s in steps)
+    abandoned = sum(s["tool_calls_abandoned"] for s in steps)
     completed = [s for s in steps if s["completed"]]
     staleness = [int(k) for s in steps for k, n in s["staleness"].items() for _ in range(n)]
     makespan = float(np.mean([s["makespan_s"] for s in steps]))
@@ -226,6 +227,7 @@ def run_cell(
         "tool_calls": calls,
         "calls_cut": cut,
         "calls_cut_share": round(cut / calls, 4) if calls else 0.0,
+        "calls_abandoned": abandoned,
         "duplicate_calls": report["tools"]["hedges"],
         "mean_staleness": round(float(np.mean(staleness)), 3) if staleness else 0.0,
         "wasted_tokens": sum(s["wasted_tokens"] for s in steps),
@@ -349,6 +351,7 @@ def recommend(cells: list[dict[str, Any]], max_cut: float = 0.01) -> dict[str, d
             "policy": best["policy"],
             "speedup_over_sync": best["speedup_over_sync"],
             "calls_cut_share": best["calls_cut_share"],
+            "calls_abandoned": best["calls_abandoned"],
             "mean_staleness": best["mean_staleness"],
             "wasted_tokens": best["wasted_tokens"],
             "within_cut_budget": bool(ok),

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .study import HANG_S
+
 _COLUMNS = [
     ("policy", "policy", "{}"),
     ("makespan_s", "step makespan (s)", "{:.1f}"),
@@ -21,6 +23,7 @@ _COLUMNS = [
     ("mean_batch_occupancy", "occupancy", "{:.0%}"),
     ("tail_share", "tail share", "{:.0%}"),
     ("calls_cut_share", "calls cut", "{:.1%}"),
+    ("calls_abandoned", "calls left in flight", "{}"),
     ("duplicate_calls", "hedges sent", "{}"),
     ("mean_staleness", "staleness", "{:.2f}"),
     ("wasted_tokens", "wasted tokens", "{}"),
@@ -41,7 +44,10 @@ def markdown(study: dict[str, Any], command: str) -> str:
         f"{meta['steps']} steps of {meta['batch']} trajectories per cell, cost profile "
         f"`{meta['cost_profile']}`, seed {meta['seed']}. Times are modelled seconds; occupancy is "
         "requests in flight over engine capacity; speed-up is trajectories/s over turn-synchronous "
-        "(sync) in the same scenario; calls cut are tool calls ended by a deadline.",
+        "(sync) in the same scenario; calls cut are tool calls ended by a deadline (a hang with no "
+        f"deadline ends at {HANG_S:g} s, cut too); calls left in flight, not in that share, are "
+        "calls still unanswered when over-sampling closed a step (summed over steps): cancelled "
+        "with their trajectory, made again when it is carried over, lost with it when aborted.",
         "",
     ]
     for name, title in meta["scenarios"].items():
@@ -53,10 +59,12 @@ def markdown(study: dict[str, Any], command: str) -> str:
         for row in rows:
             lines.append("| " + " | ".join(_fmt(t, row[k]) for k, _, t in _COLUMNS) + " |")
         budget = "" if rec["within_cut_budget"] else " (no policy stays within 1% of calls cut)"
+        left = rec.get("calls_abandoned") or 0
+        in_flight = f", {left} calls left in flight at step closes" if left else ""
         lines += [
             "",
             f"Recommendation: **{rec['policy']}**: {rec['speedup_over_sync']:.2f}x over sync, "
-            f"{rec['calls_cut_share']:.1%} of calls cut, mean staleness "
+            f"{rec['calls_cut_share']:.1%} of calls cut{in_flight}, mean staleness "
             f"{rec['mean_staleness']:.2f} steps{budget}.",
             "",
         ]

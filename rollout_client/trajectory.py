@@ -38,6 +38,7 @@ class TrajectoryState:
     context: list[int] = field(default_factory=list)
     next_turn: int = 0
     calls_done: int = 0  # tool calls already made after `next_turn`'s generation
+    in_call: bool = False  # waiting on a tool call now (a step closing here abandons it)
     generated: bool = False  # `next_turn`'s generation is complete
     partial: list[int] = field(default_factory=list)  # tokens of an interrupted generation
     attempts: int = 0

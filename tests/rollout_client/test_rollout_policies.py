@@ -9,9 +9,13 @@ from __future__ import annotations
 import pytest
 from rollout_support import FakeTools, plan
 
+from rollout_client.clock import run_virtual
 from rollout_client.engines import CostModel, EventSimEngine
+from rollout_client.metrics import step_metrics, summarize
 from rollout_client.policies import OverlapPolicy, TurnBarrier, build_policy
 from rollout_client.runner import Runner, RunnerOptions
+from rollout_client.simtools import SimTools, ToolModel
+from toolenv_core.latency import HangFault
 
 FAST = CostModel(
     prefill_per_token_s=0.0, decode_base_s=0.002, decode_per_seq_s=0.0, max_batch=64, block_size=16
@@ -138,3 +142,31 @@ async def test_a_failing_trajectory_is_reported_and_the_others_finish() -> None:
     metrics = step_metrics(out, engine.monitor)
     assert (metrics["completed"], metrics["failed"]) == (3, 1)
     assert metrics["failures"] == ["RuntimeError: engine said 400: token id out of vocabulary"]
+
+
+@pytest.mark.parametrize("unfinished", ["carry", "abort"])
+def test_a_hung_call_the_step_closes_on_is_counted_as_left_in_flight(unfinished: str) -> None:
+    """Over-sampling closes the step without the hung call: no timeout, but not 0 either."""
+    plans = [plan(f"q{i}", 16, [(4, 0.05), (4, None)]) for i in range(3)]
+    plans.append(plan("hung", 16, [(4, 0.05), (4, None)], tool="hangs"))
+    tools = SimTools(
+        {"search": ToolModel(), "hangs": ToolModel(faults=[HangFault(rate=1.0)])}, hang_s=60.0
+    )
+
+    async def main():
+        engine = EventSimEngine(FAST)
+        await engine.start()
+        try:
+            policy = build_policy("async+overlap", over=0.34, unfinished=unfinished)
+            runner = Runner(engine, tools, policy, RunnerOptions(batch=3))
+            [out] = await runner.run(iter(plans))
+            return out, step_metrics(out, engine.monitor)
+        finally:
+            await engine.close()
+
+    out, metrics = run_virtual(main())
+    assert out.ended - out.started < 1.0  # closed on the 3 quick ones, long before the 60 s hang
+    assert [s.trajectory_id for s in out.carried + out.aborted] == ["hung"]
+    assert metrics["tool_calls"] == 3 and metrics["tool_timeouts"] == 0
+    assert out.abandoned_calls == metrics["tool_calls_abandoned"] == 1
+    assert summarize([metrics])["tool_calls_abandoned"] == 1

@@ -49,6 +49,10 @@ def test_quick_study_writes_the_matrix_and_its_findings(
         cells[("hangs", "hedge p95")]["calls_cut_share"]
         < cells[("hangs", "async")]["calls_cut_share"]
     )
+    # Over-sampling closes steps on hung calls: left in flight, never reported as answered.
+    assert cells[("hangs", "overlap 25% abort")]["calls_abandoned"] > 0
+    assert cells[("hangs", "async")]["calls_abandoned"] == 0
+    assert "calls left in flight" in (tmp_path / "study.md").read_text()
     # Tools 100x slower make the turn-synchronous barrier costlier: async gains more.
     assert cells[("x100", "sync")]["makespan_s"] > cells[("recorded", "sync")]["makespan_s"]
     md = (tmp_path / "study.md").read_text()
