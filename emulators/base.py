@@ -87,15 +87,23 @@ class ToolEmulator:
             field, msg = error_field(exc)
             raise ProfileRejected(field.split(".") if field else [], msg) from exc
 
-    def draw(self, step: int | None) -> Draw:
+    def draw(self, step: int | None, scale: float = 1.0) -> Draw:
+        """One call's fate: the profile's delay times `scale`, capped at `max_delay_s` (the one
+        bound on every sleep, whatever a profile says: a call never hangs), and its fault."""
         self.calls += 1
-        return self._sampler.draw(self.rng, step)
+        raw = self._sampler.draw(self.rng, step)
+        return Draw(bounded(raw.delay_s * scale, self.settings.max_delay_s), raw.fault)
 
     async def start(self) -> None:
         """Acquire what the emulator needs (indexes, ...); the app's lifespan calls this."""
 
     async def close(self) -> None:
         """Release it again."""
+
+
+def bounded(seconds: float, cap: float) -> float:
+    """`seconds`, at most `cap` (an overflowed or NaN draw becomes `cap` too)."""
+    return seconds if seconds <= cap else cap
 
 
 def request_deadline(request: Request, settings: EmulatorSettings) -> Deadline:
@@ -166,7 +174,7 @@ async def play(
         until = (
             deadline.at
             if math.isfinite(deadline.at)
-            else arrival + settings.hang_without_deadline_s
+            else arrival + min(settings.hang_without_deadline_s, settings.max_delay_s)
         )
         woke = await sleep_until(until)
         outcome = Outcome(until - arrival, woke - arrival, "hang")
@@ -180,11 +188,10 @@ async def play(
     if target > deadline.at:
         woke = await sleep_until(deadline.at)
         outcome = Outcome(deadline.at - arrival, woke - arrival, fault.type if fault else None)
-        takes = f"{delay:.3f} s" if math.isfinite(delay) else "unbounded time"  # an overflowed draw
         return JSONResponse(
             {
-                "detail": f"the emulated call takes {takes}, past the caller's deadline",
-                "delay_s": delay if math.isfinite(delay) else None,
+                "detail": f"the emulated call takes {delay:.3g} s, past the caller's deadline",
+                "delay_s": delay,
             },
             status_code=504,
             headers=outcome.headers(),
@@ -193,7 +200,7 @@ async def play(
     if isinstance(fault, SlowBodyFault):  # its last byte leaves later anyway: no lead
         woke = await sleep_until(target)
         outcome = Outcome(delay, woke - arrival, fault.type)
-        duration = min(fault.duration_s, max(0.0, deadline.remaining()))
+        duration = min(fault.duration_s, settings.max_delay_s, max(0.0, deadline.remaining()))
         return StreamingResponse(
             _trickle(_json_bytes(body), fault.chunks, duration),
             media_type="application/json",

@@ -45,7 +45,10 @@ class EmulatorSettings(FrontDoorSettings):
     max_queries: Integer = Field(default=256, ge=1, description="queries per request")
     max_query_chars: Integer = Field(default=4096, ge=1)
     max_delay_s: Number = Field(
-        default=3600.0, gt=0, description="largest delay_s a caller may ask for"
+        default=3600.0,
+        gt=0,
+        description="the longest a call sleeps: a larger delay_s is a 422; a drawn delay, a slow "
+        "body's trickle and a hang without deadline are capped at it (never a hang)",
     )
     max_response_tokens: Integer = Field(default=200_000, ge=1)
     document_cache_size: Integer = Field(

@@ -64,11 +64,7 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
         step = body.step if body.step is not None else header_step
         mean_length = sum(lengths) / len(lengths) if lengths else None
         scale = emulator.scale(batch, mean_length)
-        if body.delay_s is not None:
-            draw = Draw(body.delay_s)
-        else:
-            raw = emulator.draw(step)
-            draw = Draw(min(raw.delay_s * scale, settings.max_delay_s), raw.fault)
+        draw = Draw(body.delay_s) if body.delay_s is not None else emulator.draw(step, scale)
 
         def reply() -> bytes:
             return json.dumps(

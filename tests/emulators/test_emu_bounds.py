@@ -1,0 +1,77 @@
+"""Bounds a new user can reach over HTTP: no profile makes a call wait past `max_delay_s`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from testkit import ServerProcess, free_port
+
+INJECTED = "x-toolenv-injected-delay-ms"
+
+
+@pytest.fixture(scope="module")
+def capped() -> Iterator[ServerProcess]:
+    """An emulator served alone whose calls may sleep at most 0.5 s."""
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(port)]
+    env = {"TOOLENV_EMULATORS_MAX_DELAY_S": "0.5"}
+    s = ServerProcess(argv, f"http://127.0.0.1:{port}", env).start("/readyz", timeout=60)
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("tool", ["search", "reward"])
+def test_an_absurd_drawn_delay_is_capped_at_max_delay_s(capped: ServerProcess, tool: str) -> None:
+    # a constant 1e300 s was accepted and, served alone without a deadline, the search call
+    # never answered (reward was capped): now both sleep max_delay_s, one rule for every tool
+    with httpx.Client(base_url=capped.url, timeout=10) as c:
+        profile = {"model": {"kind": "constant", "value_s": 1e300}}
+        assert c.put(f"/v1/emulators/{tool}/profile", json=profile).status_code == 200
+        body = {"query": "q"} if tool == "search" else {"batch_size": 64}
+        started = time.monotonic()
+        r = c.post(f"/v1/emulators/{tool}/call", json=body)
+        waited = time.monotonic() - started
+        assert r.status_code == 200, r.text
+        assert float(r.headers[INJECTED]) == 500.0
+        assert 0.45 <= waited < 3.0
+        if tool == "search":  # the Search-R1 route draws from the same capped rule
+            r = c.post("/retrieve", json={"queries": ["q"]})
+            assert r.status_code == 200 and float(r.headers[INJECTED]) == 500.0
+
+
+def test_a_504_names_the_delay_readably(capped: ServerProcess) -> None:
+    # the message printed the drawn delay with `.3f`: 301 digits for 1e300
+    with httpx.Client(base_url=capped.url, timeout=10) as c:
+        profile = {"model": {"kind": "constant", "value_s": 0.4}}
+        assert c.put("/v1/emulators/search/profile", json=profile).status_code == 200
+        r = c.post(
+            "/v1/emulators/search/call",
+            json={"query": "q"},
+            headers={"X-Toolenv-Deadline-Ms": "50"},
+        )
+        assert r.status_code == 504, r.text
+        assert r.json()["detail"] == "the emulated call takes 0.4 s, past the caller's deadline"
+
+
+def test_slow_body_and_hang_without_deadline_are_capped(capped: ServerProcess) -> None:
+    # a slow body trickled over its `duration_s` and a hang lasted hang_without_deadline_s (60 s),
+    # whatever max_delay_s said
+    with httpx.Client(base_url=capped.url, timeout=10) as c:
+        for fault in (
+            {"type": "slow_body", "rate": 1.0, "duration_s": 1e300, "chunks": 2},
+            {"type": "hang", "rate": 1.0},
+        ):
+            profile = {
+                "model": {"kind": "faulty", "model": {"kind": "constant", "value_s": 0.0},
+                          "faults": [fault]},
+            }  # fmt: skip
+            assert c.put("/v1/emulators/search/profile", json=profile).status_code == 200
+            started = time.monotonic()
+            r = c.post("/v1/emulators/search/call", json={"query": "q"})
+            waited = time.monotonic() - started
+            assert r.status_code == (200 if fault["type"] == "slow_body" else 504), r.text
+            assert waited < 3.0, (fault, waited)
