@@ -24,6 +24,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.types import Receive
 
 from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
@@ -34,7 +35,7 @@ from toolenv_core.latency.samplers import Draw, Sampler
 from toolenv_core.timer import sleep_until
 
 from .settings import EmulatorSettings
-from .timing import PacedResponse, Pacer, received_at
+from .timing import ClientGone, PacedResponse, Pacer, received_at, sleep_or_gone
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -152,8 +153,29 @@ async def play(
     make_body: Callable[[], bytes | dict[str, Any]],
     pacer: Pacer,
     min_delay_s: float = 0.0,
+    receive: Receive | None = None,
 ) -> Response:
-    """Turn a draw into the reply, sent at the right moment and never after the deadline.
+    """Turn a draw into the reply, sent at the right moment and never after the deadline;
+    `receive` (the request's) stops a long sleep when the client disconnects (`sleep_or_gone`)."""
+    try:
+        return await _play(
+            arrival, draw, deadline, settings, make_body, pacer, min_delay_s, receive
+        )
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it: uvicorn drops it, the client is gone
+
+
+async def _play(
+    arrival: float,
+    draw: Draw,
+    deadline: Deadline,
+    settings: EmulatorSettings,
+    make_body: Callable[[], bytes | dict[str, Any]],
+    pacer: Pacer,
+    min_delay_s: float,
+    receive: Receive | None,
+) -> Response:
+    """`play` itself.
 
     The handler wakes `pacer.early_s` before the scheduled moment (the response path it measured,
     plus the loop's intake latency before the request was stamped), so that the reply leaves at
@@ -176,7 +198,7 @@ async def play(
             if math.isfinite(deadline.at)
             else arrival + min(settings.hang_without_deadline_s, settings.max_delay_s)
         )
-        woke = await sleep_until(until)
+        woke = await sleep_or_gone(until, receive)
         outcome = Outcome(until - arrival, woke - arrival, "hang")
         return JSONResponse(
             {"detail": "no answer before the deadline (injected hang fault)"},
@@ -186,7 +208,7 @@ async def play(
     delay = max(draw.delay_s, min_delay_s)
     target = arrival + delay
     if target > deadline.at:
-        woke = await sleep_until(deadline.at)
+        woke = await sleep_or_gone(deadline.at, receive)
         outcome = Outcome(deadline.at - arrival, woke - arrival, fault.type if fault else None)
         return JSONResponse(
             {
@@ -198,7 +220,7 @@ async def play(
         )
     body = make_body()  # built while we would be waiting anyway
     if isinstance(fault, SlowBodyFault):  # its last byte leaves later anyway: no lead
-        woke = await sleep_until(target)
+        woke = await sleep_or_gone(target, receive)
         outcome = Outcome(delay, woke - arrival, fault.type)
         duration = min(fault.duration_s, settings.max_delay_s, max(0.0, deadline.remaining()))
         return StreamingResponse(
@@ -212,7 +234,7 @@ async def play(
     early = pacer.early_s
     wake_at = target - early
     slept = wake_at > time.monotonic()
-    woke = await sleep_until(wake_at)
+    woke = await sleep_or_gone(wake_at, receive)
     if slept:  # a real sleep: its overshoot is the loop's latency to a ready fd
         pacer.observe_wake(woke - wake_at)
     outcome = Outcome(delay, woke - arrival, fault.type if fault else None, early)

@@ -77,7 +77,9 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
                 separators=(",", ":"),
             ).encode()
 
-        return await play(arrival, draw, deadline, settings, reply, emulator.pacer)
+        return await play(
+            arrival, draw, deadline, settings, reply, emulator.pacer, receive=request.receive
+        )
 
     router.add_fast_route(
         "POST",

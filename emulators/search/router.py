@@ -85,6 +85,7 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
         arrival: float,
         response_tokens: int | None,
         native: bool,
+        request: Request,
     ) -> Response:
         min_delay = 0.0
         if emulator.corpus is not None and draw.fault is None:
@@ -111,7 +112,9 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
                 + json.dumps(meta, separators=(",", ":")).encode()[1:]
             )
 
-        return await play(arrival, draw, deadline, settings, body, emulator.pacer, min_delay)
+        return await play(
+            arrival, draw, deadline, settings, body, emulator.pacer, min_delay, request.receive
+        )
 
     async def retrieve(request: Request) -> Response:
         """`{"queries": [...], "topk": 3, "return_scores": false}` -> `{"result": [[doc, ...], ...]}`."""
@@ -124,7 +127,7 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
             return checked
         draw = emulator.draw(step)
         return await answer(
-            deadline, call.queries, checked, call.return_scores, draw, arrival, None, False
+            deadline, call.queries, checked, call.return_scores, draw, arrival, None, False, request
         )
 
     async def call(request: Request) -> Response:
@@ -161,6 +164,7 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
             arrival,
             body.response_tokens,
             True,
+            request,
         )
 
     router.add_fast_route(

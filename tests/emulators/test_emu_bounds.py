@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -75,3 +76,43 @@ def test_slow_body_and_hang_without_deadline_are_capped(capped: ServerProcess) -
             waited = time.monotonic() - started
             assert r.status_code == (200 if fault["type"] == "slow_body" else 504), r.text
             assert waited < 3.0, (fault, waited)
+
+
+def test_a_long_sleep_stops_when_its_client_disconnects() -> None:
+    # uvicorn does not cancel a request whose client left: the handler slept on to its delay, so
+    # a server stopped then waited out its 5 s graceful shutdown and logged the CancelledError
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(port)]
+    s = ServerProcess(argv, f"http://127.0.0.1:{port}").start("/readyz", timeout=60)
+    try:
+        # a client that stays is answered as before, watched or not
+        profile = {"model": {"kind": "constant", "value_s": 1.2}}
+        assert httpx.put(f"{s.url}/v1/emulators/search/profile", json=profile).status_code == 200
+        started = time.monotonic()
+        r = httpx.post(f"{s.url}/v1/emulators/search/call", json={"query": "q"}, timeout=10)
+        assert r.status_code == 200 and 1.2 <= time.monotonic() - started < 3.0
+        profile = {"model": {"kind": "constant", "value_s": 30.0}}
+        for tool in ("search", "reward"):
+            r = httpx.put(f"{s.url}/v1/emulators/{tool}/profile", json=profile)
+            assert r.status_code == 200
+        calls = {
+            b"/v1/emulators/search/call": b'{"query":"q"}',
+            b"/retrieve": b'{"queries":["q"]}',
+            b"/v1/emulators/reward/call": b'{"batch_size":64}',
+        }
+        for path, payload in calls.items():
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(
+                    b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (path, len(payload), payload)
+                )
+                time.sleep(0.3)  # the handler is asleep now; then the client goes away
+        time.sleep(0.3)
+    finally:
+        started = time.monotonic()
+        s.stop()
+        stopped_in = time.monotonic() - started
+    assert s.proc is not None and s.proc.stdout is not None
+    log = s.proc.stdout.read().decode(errors="replace")
+    assert stopped_in < 3.0, (stopped_in, log[-2000:])
+    assert "CancelledError" not in log and "Traceback" not in log, log[-2000:]
