@@ -3,13 +3,46 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
+from toolenv_core.latency.profile import Profile
+from toolenv_core.latency.specs import TraceReplay
+from toolenv_core.polytrace.cache import confine_trace
 
 from .base import ProfileRejected, ToolEmulator
+
+
+def _trace_specs(obj: Any, loc: list[str | int]) -> Iterator[tuple[list[str | int], TraceReplay]]:
+    """Every `trace` model in a profile (mixture components, drift stages, faulty, tokens)."""
+    if isinstance(obj, TraceReplay):
+        yield loc, obj
+    elif isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            yield from _trace_specs(getattr(obj, name), [*loc, name])
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            yield from _trace_specs(item, [*loc, i])
+
+
+def confine_traces(profile: Profile, roots: Sequence[Path]) -> None:
+    """Pin each trace path of a profile sent over HTTP inside `roots` (in place), or raise
+    ProfileRejected: a PUT must not read, or learn of, files elsewhere on the server."""
+    for loc, spec in _trace_specs(profile, []):
+        pinned = []
+        for i, raw in enumerate(spec.paths or []):
+            try:
+                pinned.append(str(confine_trace(raw, roots)))
+            except ValueError as exc:
+                raise ProfileRejected([*loc, "paths", i], str(exc)) from exc
+        if spec.paths is not None:
+            spec.paths = pinned
 
 
 def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
@@ -79,6 +112,7 @@ def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
         data.setdefault("tool", tool)
         try:
             profile = emu.parse_profile(data)
+            confine_traces(profile, emu.settings.trace_roots)
             emu.set_profile(profile)
         except ProfileRejected as exc:
             return JSONResponse({"detail": exc.detail, "message": str(exc)}, status_code=422)

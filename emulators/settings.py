@@ -13,6 +13,7 @@ from toolenv_core.config import FrontDoorSettings
 from toolenv_core.deadline import DeadlinePolicy
 from toolenv_core.fields import Integer, Number
 from toolenv_core.latency.profile import Profile
+from toolenv_core.polytrace.cache import trace_cache_dir
 
 
 class EmulatorSettings(FrontDoorSettings):
@@ -37,6 +38,11 @@ class EmulatorSettings(FrontDoorSettings):
         default=None, description="reward profile file (default: the shipped reward_default.yaml)"
     )
 
+    trace_dirs: list[Path] = Field(
+        default_factory=list,
+        description="directories besides the trace cache whose traces a profile PUT over HTTP "
+        "may replay (`trace` paths); profiles in the config file may name any path",
+    )
     corpus: FilePath | None = Field(
         default=None, description="JSONL corpus ({id, contents} or {id, title, text}) for BM25"
     )
@@ -83,3 +89,8 @@ class EmulatorSettings(FrontDoorSettings):
     def deadline_policy(self) -> DeadlinePolicy:
         """The one deadline rule (toolenv_core.deadline) with this service's default and cap."""
         return DeadlinePolicy(self.default_deadline_s, self.max_deadline_s)
+
+    @cached_property
+    def trace_roots(self) -> list[Path]:
+        """Where a profile sent over HTTP may read traces: the trace cache, then `trace_dirs`."""
+        return [trace_cache_dir(), *self.trace_dirs]

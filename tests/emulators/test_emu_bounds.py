@@ -6,6 +6,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -116,3 +117,75 @@ def test_a_long_sleep_stops_when_its_client_disconnects() -> None:
     log = s.proc.stdout.read().decode(errors="replace")
     assert stopped_in < 3.0, (stopped_in, log[-2000:])
     assert "CancelledError" not in log and "Traceback" not in log, log[-2000:]
+
+
+def _call_log(path: Path, *latencies: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "".join(
+            f"Step0, Request ID: {i}, Tool: search, Latency: {x} seconds\n"
+            for i, x in enumerate(latencies)
+        )
+    )
+    return path
+
+
+def test_a_profile_put_reads_traces_only_from_the_trace_dirs(tmp_path: Path) -> None:
+    # `paths` could name any file on the server, and the 422 told whether it existed
+    cache, extra, outside = tmp_path / "cache", tmp_path / "extra", tmp_path / "outside"
+    _call_log(cache / "runs" / "calls.log", 0.01, 0.02)
+    _call_log(extra / "more.log", 0.03)
+    secret = _call_log(outside / "secret.log", 0.04)
+    (cache / "link.log").symlink_to(secret)
+    startup = tmp_path / "startup.yaml"  # the operator's file may name any path
+    startup.write_text(f"model: {{kind: trace, paths: ['{secret}']}}\n")
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(port),
+            "--profile", str(startup)]  # fmt: skip
+    env = {"TOOLENV_TRACES_CACHE_DIR": str(cache), "TOOLENV_EMULATORS_TRACE_DIRS": f'["{extra}"]'}
+    s = ServerProcess(argv, f"http://127.0.0.1:{port}", env).start("/readyz", timeout=60)
+    try:
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            r = c.post("/v1/emulators/search/call", json={"query": "q"})
+            assert r.status_code == 200 and float(r.headers[INJECTED]) == 40.0
+
+            def put(path: str) -> httpx.Response:
+                profile = {"model": {"kind": "trace", "paths": [path]}}
+                return c.put("/v1/emulators/search/profile", json=profile)
+
+            for allowed, ms in (("runs/calls.log", 10.0), ("calls.log", 10.0),
+                                (str(extra / "more.log"), 30.0)):  # fmt: skip
+                assert put(allowed).status_code == 200, put(allowed).text
+                r = c.post("/v1/emulators/search/call", json={"query": "q"})
+                assert float(r.headers[INJECTED]) == ms, allowed
+            missing = put("runs/missing.log")  # inside: saying it is missing reveals nothing
+            assert missing.status_code == 422 and "no such file" in missing.text
+            denied = {
+                p: put(p)
+                for p in (
+                    str(secret),
+                    str(outside / "nope.log"),
+                    "../outside/secret.log",
+                    "/etc/passwd",
+                    "/etc/nope",
+                )
+            }
+            for p, r in denied.items():
+                assert r.status_code == 422, (p, r.text)
+                detail = r.json()["detail"][0]
+                assert detail["loc"] == ["body", "model", "paths", 0], (p, detail)
+                # the same words for a file that exists and one that does not
+                assert detail["msg"].removeprefix(p) == denied["/etc/nope"].json()["detail"][0][
+                    "msg"
+                ].removeprefix("/etc/nope"), (p, detail)
+            # a link in the cache to a file outside is not followed out (nor named)
+            link = put("link.log")
+            assert link.status_code == 422 and str(outside) not in link.text, link.text
+            # nested models are checked too
+            nested = {"model": {"kind": "mixture", "components": [
+                {"weight": 1, "model": {"kind": "trace", "paths": [str(secret)]}}]}}  # fmt: skip
+            r = c.put("/v1/emulators/search/profile", json=nested)
+            assert r.status_code == 422
+            assert r.json()["detail"][0]["loc"][-2:] == ["paths", 0], r.text
+    finally:
+        s.stop()

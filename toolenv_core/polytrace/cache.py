@@ -9,7 +9,7 @@ relative name (`search_r1`, `search_r1/multiturn_workload_step_0.jsonl`) or a ba
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -89,3 +89,26 @@ def resolve_traces(paths: Iterable[str | Path], cache_dir: Path | None = None) -
             raise missing_trace_error(raw, cache_dir)
         out.append(p)
     return out
+
+
+def confine_trace(path: str | Path, roots: Sequence[Path]) -> Path:
+    """Where a trace named by an untrusted caller (a profile `PUT` over HTTP) may be read: inside
+    one of `roots` (symlinks and `..` resolved first), looked up there like `resolve_trace` does
+    in the cache, never relative to the working directory. Raises ValueError otherwise, with the
+    same words whether or not the path exists (a 422 must not probe the server's files)."""
+    p = Path(path)
+    for base in roots:
+        root = base.expanduser().resolve()
+        candidate = p if p.is_absolute() else root / p
+        if not p.is_absolute() and not candidate.exists() and len(p.parts) == 1 and root.is_dir():
+            hits = sorted(root.glob(f"*/{p.name}"))
+            if len(hits) == 1:
+                candidate = hits[0]
+        real = candidate.resolve()
+        if real.is_relative_to(root):
+            return real
+    where = ", ".join(str(r) for r in roots)
+    raise ValueError(
+        f"{path}: a profile sent over HTTP reads traces only from the trace cache and "
+        f"emulators.trace_dirs ({where}); name a file there, or the profile in the config file"
+    )
