@@ -28,9 +28,9 @@ from starlette.types import Receive
 
 from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
-from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS, first_problem
 from toolenv_core.latency.faults import ErrorFault, HangFault, SlowBodyFault, ThrottleFault
-from toolenv_core.latency.profile import Profile, error_field
+from toolenv_core.latency.profile import Profile
 from toolenv_core.latency.samplers import Draw, Sampler
 from toolenv_core.timer import sleep_until
 
@@ -85,7 +85,7 @@ class ToolEmulator:
         try:
             return Profile.model_validate(data)
         except ValidationError as exc:
-            field, msg = error_field(exc)
+            field, msg = first_problem(exc)
             raise ProfileRejected(field.split(".") if field else [], msg) from exc
 
     def draw(self, step: int | None, scale: float = 1.0) -> Draw:

@@ -34,8 +34,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from toolenv_core.errors import first_problem
 from toolenv_core.fields import Integer, Number
 
 
@@ -138,6 +139,11 @@ def load_cost_model(name_or_path: str) -> CostModel:
             f"cost profile {name_or_path!r} is neither a built-in ({known}) nor a file"
         )
     try:
-        return CostModel.model_validate(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
     except ValueError as exc:
         raise ValueError(f"cost profile {path} does not parse: {exc}") from exc
+    try:
+        return CostModel.model_validate(data)
+    except ValidationError as exc:
+        field, msg = first_problem(exc)
+        raise ValueError(f"cost profile {path}: field {field!r}: {msg}") from exc

@@ -144,6 +144,22 @@ def test_cost_profiles(tmp_path: Path) -> None:
         load_cost_model("nope")
 
 
+def test_a_cost_profile_that_does_not_validate_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    # it was pydantic's text, over several lines and ending in a URL
+    path = tmp_path / "p.json"
+    data = BUILTIN_PROFILES["vllm-cpu-tiny"].model_dump(mode="json")
+    path.write_text(json.dumps({**data, "max_batch": True}))
+    with pytest.raises(ValueError) as caught:
+        load_cost_model(str(path))
+    assert str(caught.value) == (
+        f"cost profile {path}: field 'max_batch': must be a number, not true "
+        "(a JSON boolean is not read as 0 or 1)"
+    )
+    path.write_text("{")
+    with pytest.raises(ValueError, match=r"does not parse: Expecting property name"):
+        load_cost_model(str(path))
+
+
 async def test_calibrate_recovers_a_known_cost_model() -> None:
     truth = CostModel(
         prefill_per_token_s=40e-6,

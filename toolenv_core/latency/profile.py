@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from toolenv_core.fields import Number
 
 from ..config import parse_error
+from ..errors import first_problem
 from .specs import LatencyModel
 
 
@@ -50,16 +51,11 @@ class Profile(BaseModel):
 LATENCY_MODEL = TypeAdapter(LatencyModel)
 
 
-def error_field(exc: ValidationError) -> tuple[str, str]:
-    first = exc.errors()[0]
-    return ".".join(str(p) for p in first["loc"]), first["msg"]
-
-
 def parse_profile(data: Any, where: str = "profile") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        field, msg = error_field(exc)
+        field, msg = first_problem(exc)
         raise ProfileError(f"{where}: field {field!r}: {msg}") from exc
 
 

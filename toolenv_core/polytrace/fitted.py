@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from ..errors import first_problem
 from .errors import TraceFormatError
-from .jsonl import field_of, not_text, open_trace
+from .jsonl import not_text, open_trace
 from .kinds import kind_error
 
 
@@ -156,7 +157,7 @@ def read_fitted_parameters(path: str | Path) -> FittedParameters:
     try:
         return FittedParameters.model_validate(raw)
     except ValidationError as exc:
-        field, msg = field_of(exc)
+        field, msg = first_problem(exc)
         raise kind_error(p, "fitted_parameters") or TraceFormatError(
             p, _line_of(text, field), field, msg
         ) from exc

@@ -9,15 +9,10 @@ from typing import IO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ..errors import first_problem
 from .errors import TraceFormatError
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def field_of(exc: ValidationError) -> tuple[str, str]:
-    """The dotted path and message of a validation error's first problem."""
-    first = exc.errors()[0]
-    return ".".join(str(p) for p in first["loc"]), first["msg"]
 
 
 def open_trace(path: str | Path) -> IO[str]:
@@ -74,7 +69,7 @@ def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
             try:
                 yield model.model_validate(raw)
             except ValidationError as exc:
-                field, msg = field_of(exc)
+                field, msg = first_problem(exc)
                 raise TraceFormatError(p, lineno, field, msg) from exc
 
 
