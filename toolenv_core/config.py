@@ -25,6 +25,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from toolenv_core.errors import problems
 from toolenv_core.fields import Integer, Number
 
 CONFIG_ENV_VAR = "TOOLENV_CONFIG"
@@ -46,16 +47,9 @@ def config_error(exc: Exception) -> str:
         return str(exc.__cause__)
     if not isinstance(exc, ValidationError):
         return str(exc)
-    problems = "; ".join(
-        ": ".join(filter(None, (".".join(str(p) for p in e["loc"]), _message(e["msg"]))))
-        for e in exc.errors()
-    )
+    said = "; ".join(": ".join(filter(None, pair)) for pair in problems(exc))
     sections = {cls.__name__: cls.section for cls in _subclasses(ServiceSettings)}
-    return f"invalid {sections.get(exc.title, exc.title)} settings: {problems}"
-
-
-def _message(msg: str) -> str:
-    return msg.removeprefix("Value error, ")  # pydantic's prefix to a validator's own message
+    return f"invalid {sections.get(exc.title, exc.title)} settings: {said}"
 
 
 def parse_error(exc: Exception) -> str:

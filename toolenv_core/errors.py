@@ -12,8 +12,16 @@ NOT_JSON_STATUS = 400
 NOT_JSON = "request body is not valid JSON"
 
 
+def problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """Each problem of a validation error as its dotted field path and its message (without
+    pydantic's "Value error, " prefix to a validator's own words): what one-line errors name
+    (pydantic's own text spans lines and ends in a URL)."""
+    return [
+        (".".join(str(p) for p in e["loc"]), e["msg"].removeprefix("Value error, "))
+        for e in exc.errors()
+    ]
+
+
 def first_problem(exc: ValidationError) -> tuple[str, str]:
-    """The dotted field path and the message of a validation error's first problem: what a
-    one-line error names (pydantic's own text spans lines and ends in a URL)."""
-    first = exc.errors()[0]
-    return ".".join(str(p) for p in first["loc"]), first["msg"].removeprefix("Value error, ")
+    """The dotted field path and the message of a validation error's first problem."""
+    return problems(exc)[0]

@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from toolenv_core.config import config_error
+from toolenv_core.errors import first_problem
 
 from ..settings import RolloutSettings
 
@@ -70,8 +71,6 @@ def tool_pairs(values: list[str], option: str) -> dict[str, str]:
 
 def one_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to a validator's
-        return f"{'.'.join(str(p) for p in first['loc'])}: {message}"
+        return ": ".join(first_problem(exc))
     text = config_error(exc)  # a TOOLENV_ROLLOUT_* variable's bad JSON named, not wrapped
     return text.splitlines()[0] if text else type(exc).__name__
