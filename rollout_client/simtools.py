@@ -16,7 +16,8 @@ call then plays out as the emulators and the gateway play it out:
 
 Each call's randomness is seeded from the run seed and the call's identity, so a call draws the
 same latency under every policy (common random numbers: policies differ by what they do, not
-by luck).
+by luck). A call made again (its trajectory carried over after a step closed on it) is a new
+attempt with draws of its own: a hang is a fault of one attempt, not of the query.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class SimTools:
         self._hedge_factory = hedge
         self._windows: dict[str, LatencyWindow] = {}
         self._fault_draws: dict[str, FaultySampler] = {}
+        self._attempts: dict[str, int] = {}  # calls made so far per call identity
 
     async def check(self) -> None:
         """Nothing to reach."""
@@ -155,7 +157,11 @@ class SimTools:
     ) -> ToolOutcome:
         model = self._model(tool)
         key = f"{trajectory_id}/{turn}/{arguments.get('query') or arguments.get('queries')}"
-        rng = np.random.default_rng([self.seed, zlib.crc32(key.encode())])
+        attempt = self._attempts.get(key, 0)
+        self._attempts[key] = attempt + 1
+        rng = np.random.default_rng(
+            [self.seed, zlib.crc32(key.encode()), *([attempt] if attempt else [])]
+        )
         started = now()
         limit = math.inf if deadline is None else deadline.at
         self.stats.calls += 1

@@ -170,3 +170,32 @@ def test_a_hung_call_the_step_closes_on_is_counted_as_left_in_flight(unfinished:
     assert metrics["tool_calls"] == 3 and metrics["tool_timeouts"] == 0
     assert out.abandoned_calls == metrics["tool_calls_abandoned"] == 1
     assert summarize([metrics])["tool_calls_abandoned"] == 1
+
+
+def test_a_carried_call_is_made_again_with_fresh_draws_not_the_same_hang() -> None:
+    """A hang is a fault of one attempt: made again in the next step, the call may answer."""
+    quick = [plan(f"q{i}", 16, [(4, 0.05), (4, None)]) for i in range(40)]
+    flaky = [plan(f"h{i}", 16, [(4, 0.05), (4, None)], tool="flaky") for i in range(20)]
+    tools = SimTools(
+        {"search": ToolModel(), "flaky": ToolModel(faults=[HangFault(rate=0.5)])}, hang_s=60.0
+    )
+
+    async def main():
+        engine = EventSimEngine(FAST)
+        await engine.start()
+        try:
+            policy = build_policy("async+overlap", over=0.5, unfinished="carry")
+            runner = Runner(engine, tools, policy, RunnerOptions(batch=40, steps=2))
+            return await runner.run(iter(quick + flaky))
+        finally:
+            await engine.close()
+
+    first, second = run_virtual(main())
+    hung = {s.trajectory_id for s in first.carried}
+    assert 4 <= len(hung) <= 16  # about half of the 20 flaky calls hang on their first attempt
+    # Step 1 has only the carried ones, so it waits for all of them: a hang again ends at 60 s.
+    assert {s.trajectory_id for s in second.done} == hung
+    hung_again = {s.trajectory_id for s in second.done if s.timeouts}
+    # Each remade call draws its own fault: some answer now (with the same draw none would).
+    assert 1 <= len(hung_again) <= len(hung) - 1
+    assert tools.stats.faults["hang"] == len(hung) + len(hung_again)
