@@ -47,7 +47,10 @@ def markdown(study: dict[str, Any], command: str) -> str:
         "(sync) in the same scenario; calls cut are tool calls ended by a deadline (a hang with no "
         f"deadline ends at {HANG_S:g} s, cut too); calls left in flight, not in that share, are "
         "calls still unanswered when over-sampling closed a step (summed over steps): cancelled "
-        "with their trajectory, made again when it is carried over, lost with it when aborted.",
+        "with their trajectory, made again when it is carried over, lost with it when aborted; "
+        "staleness is policy versions per completed trajectory as a longer run would see it "
+        "(trajectories carried across a step close, the last step's included, over those "
+        "completed).",
         "",
     ]
     for name, title in meta["scenarios"].items():
