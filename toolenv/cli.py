@@ -12,20 +12,15 @@ import typer
 from rich.table import Table
 
 from emulators.cli import app as emulators_app
-from emulators.settings import EmulatorSettings
 from gateway.cli import build_cli as build_gateway_cli
-from gateway.settings import GatewaySettings
 from rollout_client.cli import app as rollout_app
-from rollout_client.settings import RolloutSettings
 from sandboxd.cli import app as sandboxd_app
-from sandboxd.settings import SandboxSettings
 from stress.cli import stress
 from toolenv_core import __version__
-from toolenv_core.config import ConfigFileError, ServiceSettings, config_error, read_sections
+from toolenv_core.config import ConfigFileError, ServiceSettings, config_error
 from toolenv_core.console import report_console
-from toolenv_core.polytrace.cache import TracesSettings
 
-from .ray_settings import RaySettings
+from .sections import SETTINGS_CLASSES, read_all_sections
 from .traces import app as traces_app
 from .wiring import serve
 
@@ -46,15 +41,7 @@ def root(
 
 def all_settings_classes() -> dict[str, type[ServiceSettings]]:
     """Every service's settings class, by config-file section."""
-    classes: list[type[ServiceSettings]] = [
-        GatewaySettings,
-        SandboxSettings,
-        EmulatorSettings,
-        RolloutSettings,
-        TracesSettings,
-        RaySettings,
-    ]
-    return {cls.section: cls for cls in classes}
+    return dict(SETTINGS_CLASSES)
 
 
 def config_show(
@@ -68,7 +55,7 @@ def config_show(
 ) -> None:
     """Print the effective settings of every service (defaults < file < TOOLENV_* env vars)."""
     try:
-        sections = read_sections(config)
+        sections = read_all_sections(config)
         effective = {
             section: cls.from_sections(sections).model_dump(mode="json")
             for section, cls in all_settings_classes().items()

@@ -1,7 +1,7 @@
 """The one place the services meet: `toolenv serve` builds the in-process apps the gateway mounts.
 
-The config file is read once (`read_sections`); each service gets its own section through its
-own settings class. Only the apps an embedded tool of the table needs are built: sandboxd for an
+The config file is read once (`read_all_sections`, which refuses a section no service reads);
+each service gets its own section through its own settings class. Only the apps an embedded tool of the table needs are built: sandboxd for an
 embedded sandbox tool, the emulators (one app for search and reward) for either of those. A
 custom tool (`app: "module:factory"`) is left to the gateway, which imports its factory.
 """
@@ -24,7 +24,9 @@ from gateway.cli import run as run_gateway
 from gateway.settings import BUILTIN_MOUNT, GatewaySettings
 from sandboxd.app import create_app as create_sandbox_app
 from sandboxd.settings import SandboxSettings
-from toolenv_core.config import ConfigFileError, config_error, read_sections
+from toolenv_core.config import ConfigFileError, config_error
+
+from .sections import read_all_sections
 
 
 def build_mounts(settings: GatewaySettings, sections: Mapping[str, Any]) -> dict[str, ASGIApp]:
@@ -108,7 +110,7 @@ def serve(
     if allow_unauthenticated:
         overrides["allow_unauthenticated"] = True
     try:
-        sections = read_sections(config)
+        sections = read_all_sections(config)
         settings = GatewaySettings.from_sections(sections, **overrides)
         settings.check_bind()
         app = build_gateway(settings, sections)

@@ -2,22 +2,27 @@
 
 Precedence (highest first): explicit keyword arguments, environment variables, the config file
 section, defaults. The config file is YAML, TOML or JSON, named by `TOOLENV_CONFIG` or passed
-explicitly; each service reads its own top-level section (`gateway:`, `sandbox:`, ...).
+explicitly; each service reads its own top-level section (`gateway:`, `sandbox:`, ...). A key of
+a section that names no setting is an error (a typo was silently a default); so is a section that
+names no service, checked by whoever knows every service (`check_sections`, the `toolenv` CLI).
+Environment variables that match no setting are left alone: shells carry stray ones.
 Nothing here reads configuration at import time: services build their settings once at start-up.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AliasChoices, AliasPath, BaseModel, Field, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -89,6 +94,25 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def did_you_mean(word: str, known: Collection[str]) -> str:
+    """` (did you mean X?)` for the known word closest to a typo, or nothing when none is close."""
+    close = difflib.get_close_matches(word, sorted(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_sections(sections: Mapping[str, Any], known: Collection[str]) -> None:
+    """Refuse a top-level section that no service reads: `sandboxx:` was silently nothing.
+
+    Only the caller that wires every service knows them all (toolenv_core imports none)."""
+    unknown = [name for name in sections if name not in known]
+    if unknown:
+        said = ", ".join(f"{str(name)!r}{did_you_mean(str(name), known)}" for name in unknown)
+        plural = "s" if len(unknown) > 1 else ""
+        raise ConfigFileError(
+            f"unknown config section{plural} {said}; known: {', '.join(sorted(known))}"
+        )
+
+
 def read_sections(config_file: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The config file's sections (the explicit file, else `TOOLENV_CONFIG`, else none), read once.
 
@@ -115,7 +139,42 @@ class _FileSectionSource(PydanticBaseSettingsSource):
         return self._values.get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self._values.items() if k in self.settings_cls.model_fields}
+        check_section_keys(self.settings_cls, self._values)
+        return dict(self._values)
+
+
+def check_section_keys(settings_cls: type[BaseModel], values: Mapping[str, Any]) -> None:
+    """Refuse a key of a file section that names no setting, as a `ValidationError` naming it
+    (one problem per key, with the closest setting), so it reads like any other bad value."""
+    known = _known_keys(settings_cls)
+    errors = [
+        InitErrorDetails(
+            type=PydanticCustomError(
+                "unknown_setting", "unknown setting{hint}", {"hint": did_you_mean(str(key), known)}
+            ),
+            loc=(str(key),),
+            input=value,
+        )
+        for key, value in values.items()
+        if key not in known
+    ]
+    if errors:
+        raise ValidationError.from_exception_data(settings_cls.__name__, errors)
+
+
+def _known_keys(settings_cls: type[BaseModel]) -> set[str]:
+    """The keys a file section may hold: each field's name and its aliases, if any."""
+    known: set[str] = set()
+    for name, field in settings_cls.model_fields.items():
+        known.add(name)
+        for alias in (field.alias, field.validation_alias):
+            choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+            for choice in choices:
+                if isinstance(choice, AliasPath):
+                    choice = choice.path[0]
+                if isinstance(choice, str):
+                    known.add(choice)
+    return known
 
 
 def _json_kind(annotation: Any) -> str:

@@ -25,7 +25,7 @@ from emulators.settings import EmulatorSettings
 from gateway.settings import GatewaySettings
 from sandboxd.settings import SandboxSettings
 from toolenv.ray_settings import RaySettings, ReplicaConfig
-from toolenv_core.config import read_sections
+from toolenv.sections import read_all_sections
 
 from .ingress import GatewayServer
 from .lean import CLUSTER_ENV
@@ -44,7 +44,7 @@ class RayStack:
     @classmethod
     def load(cls, config_file: str | None = None, address: str | None = None) -> RayStack:
         """Every section from one read of the config file (else `TOOLENV_CONFIG`)."""
-        sections = read_sections(config_file)
+        sections = read_all_sections(config_file)
         overrides = {"address": address} if address is not None else {}
         return cls(
             RaySettings.from_sections(sections, **overrides),

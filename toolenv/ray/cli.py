@@ -13,6 +13,8 @@ import typer
 from ray import serve
 from rich.console import Console
 
+from toolenv_core.config import ConfigFileError, config_error
+
 from .app import RayStack, deploy
 
 LOCAL = "local"  # `--ray local`: start a local cluster (Ray's own name for one)
@@ -26,7 +28,11 @@ def run_on_ray(
         # A local cluster started by this command ends with it: nothing would stay deployed.
         console.print("[red]--detach needs a running cluster[/] (`--ray auto` or HOST:PORT)")
         raise typer.Exit(2)
-    stack = RayStack.load(config_file, address=None if address == LOCAL else address)
+    try:
+        stack = RayStack.load(config_file, address=None if address == LOCAL else address)
+    except (ConfigFileError, ValueError) as exc:  # a ValidationError too: one line, as `serve`
+        typer.echo(f"error: {config_error(exc)}", err=True)
+        raise typer.Exit(2) from exc
     if port is not None:
         stack.ray = stack.ray.model_copy(update={"http_port": port})
     where = stack.ray.address or "a new local cluster"

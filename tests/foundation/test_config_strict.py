@@ -1,0 +1,172 @@
+"""A typo in the config file is an error, one line with the closest name: it was silently ignored
+(`sandbox: {max_concurency: 3}` ran with the default concurrency, `sandboxx:` with none of it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, NoReturn
+
+import pytest
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import SettingsConfigDict
+from typer.testing import CliRunner
+
+from sandboxd.settings import SandboxSettings
+from toolenv.cli import build_app
+from toolenv_core.config import ConfigFileError, ServiceSettings, check_sections, config_error
+from toolenv_core.errors import problems
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY_SAID = (
+    "invalid sandbox settings: max_concurency: unknown setting (did you mean max_concurrency?)"
+)
+SECTION_SAID = (
+    "unknown config section 'sandboxx' (did you mean sandbox?); "
+    "known: emulators, gateway, ray, rollout, sandbox, traces"
+)
+
+
+def _never_started(*args: object, **kwargs: object) -> NoReturn:
+    raise AssertionError("a server started on a config file with a typo")
+
+
+@pytest.fixture
+def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `serve` command stops before its server: a test fails rather than hangs."""
+    monkeypatch.setattr("uvicorn.run", _never_started)
+    monkeypatch.setattr("toolenv.wiring.run_gateway", _never_started)
+
+
+def _invoke(args: list[str], **env: str | None):
+    return CliRunner().invoke(build_app(), args, env={"TOOLENV_CONFIG": None, **env})
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["config", "show"],
+        ["serve", "--port", "1"],
+        ["gateway", "serve", "--mode", "proxy", "--port", "1"],
+        ["sandboxd", "serve", "--insecure-no-isolation"],
+    ],
+)
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_a_typo_in_a_section_key_is_one_line_with_the_closest_setting(
+    tmp_path: Path, command: list[str], suffix: str, no_server: None
+) -> None:
+    cfg = tmp_path / f"toolenv{suffix}"
+    cfg.write_text(
+        "[sandbox]\nmax_concurency = 3\n"
+        if suffix == ".toml"
+        else "sandbox:\n  max_concurency: 3\n"
+    )
+    result = _invoke([*command, "--config", str(cfg)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == f"error: {KEY_SAID}\n"
+
+
+def test_every_service_refuses_an_unknown_key_in_its_own_section(
+    tmp_path: Path, no_server: None
+) -> None:
+    cfg = tmp_path / "toolenv.yaml"
+    cases = [
+        (["config", "show"], "gateway:\n  hedgeing: true\n", "invalid gateway settings: hedgeing"),
+        (
+            ["emulators", "serve", "--config", str(cfg)],
+            "emulators:\n  sead: 3\n",
+            "invalid emulators settings: sead: unknown setting (did you mean seed?)",
+        ),
+        (
+            ["rollout", "settings"],  # the rollout CLI names the field alone, as for any value
+            "rollout:\n  tool_timout_s: 3\n",
+            "tool_timout_s: unknown setting (did you mean tool_timeout_s?)",
+        ),
+        (
+            ["config", "show"],
+            "ray:\n  adress: auto\n",
+            "invalid ray settings: adress: unknown setting (did you mean address?)",
+        ),
+        (
+            ["config", "show"],
+            "traces:\n  cache_dri: /tmp\n",
+            "invalid traces settings: cache_dri: unknown setting (did you mean cache_dir?)",
+        ),
+    ]
+    for args, text, said in cases:
+        cfg.write_text(text)
+        result = _invoke(args, TOOLENV_CONFIG=str(cfg))
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert result.stderr.startswith(f"error: {said}"), (args, result.stderr)
+        assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "command", [["config", "show"], ["serve", "--port", "1"], ["gateway", "serve", "--port", "1"]]
+)
+def test_an_unknown_section_is_one_line_naming_the_known_ones(
+    tmp_path: Path, command: list[str], no_server: None
+) -> None:
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("sandboxx:\n  max_concurrency: 3\n")
+    result = _invoke([*command, "--config", str(cfg)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == f"error: {SECTION_SAID}\n"
+
+
+def test_the_compose_config_loads_and_the_same_file_with_a_typo_does_not(tmp_path: Path) -> None:
+    text = (ROOT / "compose" / "toolenv.yaml").read_text()
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text(text)
+    shown = _invoke(["config", "show", "--json", "--config", str(cfg)])
+    assert shown.exit_code == 0, (shown.output, shown.exception)
+    cfg.write_text(text.replace("gateway:", "gatway:", 1))
+    typo = _invoke(["config", "show", "--config", str(cfg)])
+    assert typo.exit_code == 2, (typo.output, typo.exception)
+    assert typo.stderr.startswith("error: unknown config section 'gatway' (did you mean gateway?)")
+
+
+def test_a_stray_env_var_is_ignored_but_the_same_key_in_the_file_is_not(tmp_path: Path) -> None:
+    """Shells carry stray `TOOLENV_*` variables: only the file, which the user wrote for toolenv,
+    is held to its names."""
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("sandbox:\n  max_concurrency: 3\n")
+    stray = {"TOOLENV_SANDBOX_MAX_CONCURENCY": "7", "TOOLENV_SANDBOX_NO__SUCH": "1"}
+    shown = _invoke(["config", "show", "--json", "--config", str(cfg)], **stray)
+    assert shown.exit_code == 0, (shown.output, shown.exception)
+    assert '"max_concurrency": 3' in shown.stdout
+    cfg.write_text("sandbox:\n  max_concurency: 3\n")
+    typo = _invoke(["config", "show", "--config", str(cfg)], **stray)
+    assert (typo.exit_code, typo.stderr) == (2, f"error: {KEY_SAID}\n")
+
+
+def test_the_settings_class_names_every_unknown_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLENV_SANDBOX_MAX_CONCURENCY", "7")  # ignored, as before
+    assert SandboxSettings.from_sections({"sandbox": {"max_concurrency": 3}}).max_concurrency == 3
+    with pytest.raises(ValidationError) as caught:
+        SandboxSettings.from_sections({"sandbox": {"max_concurency": 3, "zzz": 1}})
+    assert problems(caught.value) == [
+        ("max_concurency", "unknown setting (did you mean max_concurrency?)"),
+        ("zzz", "unknown setting"),
+    ]
+    assert config_error(caught.value) == f"{KEY_SAID}; zzz: unknown setting"
+
+
+class _Aliased(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="TOOLENV_ALIASED_")
+    section: ClassVar[str] = "aliased"
+    workers: int = Field(default=1, validation_alias=AliasChoices("workers", "num_workers"))
+
+
+def test_a_field_alias_is_a_known_key() -> None:
+    assert _Aliased.from_sections({"aliased": {"num_workers": 4}}).workers == 4
+    with pytest.raises(ValidationError, match="did you mean num_workers"):
+        _Aliased.from_sections({"aliased": {"num_worker": 4}})
+
+
+def test_check_sections_suggests_the_closest_and_lists_the_known() -> None:
+    check_sections({"gateway": {}}, ["gateway", "sandbox"])
+    with pytest.raises(ConfigFileError) as caught:
+        check_sections({"sandboxx": {}, "zzz": {}}, ["gateway", "sandbox"])
+    assert str(caught.value) == (
+        "unknown config sections 'sandboxx' (did you mean sandbox?), 'zzz'; known: gateway, sandbox"
+    )

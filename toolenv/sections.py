@@ -1,0 +1,47 @@
+"""Every service's settings class by config-file section: the one place that knows them all, so
+the one that refuses a section no service reads (`sandboxx:` was silently nothing)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from emulators.settings import EmulatorSettings
+from gateway.settings import GatewaySettings
+from rollout_client.settings import RolloutSettings
+from sandboxd.settings import SandboxSettings
+from toolenv_core.config import (
+    ConfigFileError,
+    ServiceSettings,
+    check_section_keys,
+    check_sections,
+    read_sections,
+)
+from toolenv_core.polytrace.cache import TracesSettings
+
+from .ray_settings import RaySettings
+
+SETTINGS_CLASSES: dict[str, type[ServiceSettings]] = {
+    cls.section: cls
+    for cls in (
+        GatewaySettings,
+        SandboxSettings,
+        EmulatorSettings,
+        RolloutSettings,
+        TracesSettings,
+        RaySettings,
+    )
+}
+
+
+def read_all_sections(config_file: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The config file's sections (`read_sections`), each the section of a known service (else a
+    `ConfigFileError` naming the known ones and the closest) holding only that service's settings
+    (else a `ValidationError` naming the key), whether or not this command builds the service."""
+    sections = read_sections(config_file)
+    check_sections(sections, SETTINGS_CLASSES)
+    for name, values in sections.items():
+        if values is not None and not isinstance(values, dict):
+            raise ConfigFileError(f"config section {name!r} must be a mapping")
+        check_section_keys(SETTINGS_CLASSES[name], values or {})
+    return sections
