@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
-from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
+from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS, error_problems
 
 from .asgi import ASGIApp
 from .control import router as control_router
@@ -102,7 +102,7 @@ def create_app(
         if any(e.get("type") == "json_invalid" for e in errors):
             return JSONResponse({"detail": NOT_JSON, "request_id": _rid(request)}, NOT_JSON_STATUS)
         fields = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errors
+            f"{field or 'body'}: {message}" for field, message in error_problems(errors, skip=1)
         )
         return JSONResponse(
             {

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from toolenv_core.fields import Integer, Number
 
@@ -96,7 +97,11 @@ class TestCase(BaseModel):
             if unknown:
                 names = ", ".join(repr(str(k)) for k in unknown)
                 known = ", ".join(cls.model_fields)
-                raise ValueError(f"unknown case field(s) {names}; a case has {known}")
+                raise PydanticCustomError(  # its own words, not "Value error, ..."
+                    "unknown_case_fields",
+                    "unknown case field(s) {names}; a case has {known}",
+                    {"names": names, "known": known},
+                )
         return data
 
 
