@@ -33,9 +33,10 @@ def gateway() -> Iterator[ServerProcess]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(vllm_module, tiny_model_dir) -> AsyncIterator[VllmEngine]:
     # The engine and its client run at ENGINE_NICE (root may raise priority; the engine's
-    # process and threads inherit it), so that other work on the machine slows no real run:
-    # with a busy loop beside them, the real runs of one policy differed by up to 2.3x
-    # at nice 0 and by 1.2x at -10 (docs/rollout.md, "Against a real engine").
+    # process and threads inherit it), so that other work on the machine takes CPU from them
+    # last: with a busy loop beside them, the real runs of one policy differed by up to 2.3x at
+    # nice 0, and by up to 1.2x at -10 in three runs of four (docs/rollout.md, "Against a real
+    # engine").
     before = os.nice(0)
     if os.geteuid() == 0:
         os.nice(ENGINE_NICE)
