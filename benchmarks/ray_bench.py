@@ -1,6 +1,6 @@
 """Sandbox runs through the Ray gateway (1 and 2 nodes) against the local gateway, same run.
 
-    python -m benchmarks.ray_bench --out bench-results/benchmarks.ray_bench.json [--seconds 8]
+    python -m benchmarks.ray_bench --out bench-results/benchmarks.ray_bench.json [--seconds 8] [--one-node]
 
 Every node is a network namespace on this machine (`toolenv.ray.netns`), so all set-ups share
 the same cores: "2 nodes" is the same total CPU split over two raylets, and the figure that
@@ -113,16 +113,24 @@ def _in_ns(cluster: NetnsCluster, argv: list[str], timeout: float = 600) -> str:
 def _measure(
     cluster: NetnsCluster, port: int, callers: int, seconds: float, tool: str = "sandbox"
 ) -> dict[str, Any]:
-    """One load run, with the CPU each kind of process spent per answered call."""
+    """One load run, with the CPU each kind of process spent per answered call, and the CPU
+    and context switches of each kind of thread of the gateways and replicas."""
     argv = [sys.executable, "-m", "benchmarks.ray_bench", "load", f"http://127.0.0.1:{port}",
             "--callers", str(callers), "--seconds", str(seconds), "--tool", tool]  # fmt: skip
-    before = _cpu_by_group(cluster)
+    before, threads_before = _cpu_by_group(cluster), _threads_by_group(cluster)
     result = json.loads(_in_ns(cluster, argv).strip().splitlines()[-1])
-    after = _cpu_by_group(cluster)
+    after, threads_after = _cpu_by_group(cluster), _threads_by_group(cluster)
     calls = max(result["ok"], 1)
     result["cpu_ms_per_call"] = {
         group: round((after[group] - before.get(group, 0.0)) * 1000 / calls, 3) for group in after
     }
+    per_call: dict[str, dict[str, list[float]]] = {}
+    for (group, kind), (cpu, switches) in threads_after.items():
+        cpu0, switches0 = threads_before.get((group, kind), (0.0, 0))
+        values = [round((cpu - cpu0) * 1000 / calls, 3), round((switches - switches0) / calls, 2)]
+        if any(values):
+            per_call.setdefault(group, {})[kind] = values
+    result["threads_per_call"] = per_call  # group -> thread kind -> [CPU ms, switches]
     return result
 
 
@@ -181,6 +189,44 @@ def _cpu_by_group(cluster: NetnsCluster) -> dict[str, float]:
     return out
 
 
+# Threads of the gateways and replicas by what they are (their `comm`, trailing digits dropped).
+# A Ray worker's Python threads keep the name the process had when they started: `ray::IDLE`
+# is the replica's event loop (its code, Serve's, gRPC's Python side) and gRPC's poller thread.
+_THREAD_KINDS = {"ray::IDLE": "python", "ray::ServeRepli": "ray_main", "event_engine": "grpc_io"}
+
+
+def _threads_by_group(cluster: NetnsCluster) -> dict[tuple[str, str], tuple[float, int]]:
+    """(CPU seconds, context switches) so far of the threads of the gateways and replicas
+    (not Ray's own processes), summed by (group, thread kind)."""
+    out: dict[tuple[str, str], tuple[float, int]] = {}
+    for node in range(len(cluster.nodes)):
+        for pid in cluster.pids(node):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            group = next((name for marker, name in _GROUPS if marker in cmdline), None)
+            if group is None:
+                continue
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    status = task.joinpath("status").read_text()
+                    fields = task.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                info = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+                name = info["Name"].rstrip("0123456789")
+                key = (group, "main" if task.name == str(pid) and group.startswith("local")
+                       else _THREAD_KINDS.get(name, name))  # fmt: skip
+                cpu = (int(fields[11]) + int(fields[12])) / _TICK
+                switches = int(info["voluntary_ctxt_switches"]) + int(
+                    info["nonvoluntary_ctxt_switches"]
+                )
+                was = out.get(key, (0.0, 0))
+                out[key] = (was[0] + cpu, was[1] + switches)
+    return out
+
+
 def _deploy(cluster: NetnsCluster, config: dict[str, Any], workdir: Path) -> None:
     path = workdir / "ray.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -219,7 +265,21 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
         g: round(statistics.median(r["cpu_ms_per_call"].get(g, 0.0) for r in runs), 2)
         for g in sorted(groups)
     }
+    kinds = {(g, k) for r in runs for g, ks in r["threads_per_call"].items() for k in ks}
+    threads: dict[str, dict[str, list[float]]] = {}
+    for g, k in sorted(kinds):
+        values = [r["threads_per_call"].get(g, {}).get(k, [0.0, 0.0]) for r in runs]
+        threads.setdefault(g, {})[k] = [
+            round(statistics.median(v[0] for v in values), 3),
+            round(statistics.median(v[1] for v in values), 2),
+        ]
+    out["threads_per_call"] = threads
     return out | {"runs": runs}
+
+
+def _switches(measured: dict[str, Any], group: str) -> float:
+    """Context switches per call of one group's threads."""
+    return round(sum(v[1] for v in measured["threads_per_call"].get(group, {}).values()), 1)
 
 
 def _path_cpu(measured: dict[str, Any], local: bool) -> float:
@@ -230,7 +290,7 @@ def _path_cpu(measured: dict[str, Any], local: bool) -> float:
     return round(sum(v for g, v in cpu.items() if g != "local_gateway"), 2)
 
 
-def bench(seconds: float, rounds: int, console: Console) -> dict[str, Any]:
+def bench(seconds: float, rounds: int, console: Console, two_nodes: bool = True) -> dict[str, Any]:
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="toolenv-ray-bench-") as tmp:
         workdir = Path(tmp)
@@ -250,36 +310,54 @@ def bench(seconds: float, rounds: int, console: Console) -> dict[str, Any]:
                 local.wait(30)
         finally:
             cluster.stop()
-        with console.status("two nodes: cluster and the Ray deployment"):
-            cluster = NetnsCluster(workers=1, num_cpus=1).start()
-        try:
-            _deploy(cluster, _ray_config(2), workdir)
-            _measure(cluster, RAY_PORT, 4, 1)
-            with console.status(f"two nodes: {rounds} rounds"):
-                report["two_nodes"] = _rounds(cluster, rounds, seconds, local=False)
-        finally:
-            cluster.stop()
-    one, two = report["one_node"], report["two_nodes"]
-    report["summary"] = {
+        if two_nodes:
+            report["two_nodes"] = _two_nodes(rounds, seconds, workdir, console)
+    report["summary"] = _summary(report)
+    return report
+
+
+def _two_nodes(rounds: int, seconds: float, workdir: Path, console: Console) -> dict[str, Any]:
+    with console.status("two nodes: cluster and the Ray deployment"):
+        cluster = NetnsCluster(workers=1, num_cpus=1).start()
+    try:
+        _deploy(cluster, _ray_config(2), workdir)
+        _measure(cluster, RAY_PORT, 4, 1)
+        with console.status(f"two nodes: {rounds} rounds"):
+            return _rounds(cluster, rounds, seconds, local=False)
+    finally:
+        cluster.stop()
+
+
+def _summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures; the 2-node ones only when that part ran."""
+    one = report["one_node"]
+    summary = {
         "local_p50_ms": one["local_seq"]["p50_ms"],
         "ray_p50_ms": one["ray_seq"]["p50_ms"],
         "ray_p50_overhead_ms": round(one["ray_seq"]["p50_ms"] - one["local_seq"]["p50_ms"], 2),
         "local_runs_per_s": one["local_conc"]["runs_per_s"],
         "ray_1node_runs_per_s": one["ray_conc"]["runs_per_s"],
-        "ray_2nodes_runs_per_s": two["ray_conc"]["runs_per_s"],
         "ray_1node_ratio": round(one["ray_conc"]["runs_per_s"] / one["local_conc"]["runs_per_s"], 3),
-        "ray_2nodes_ratio": round(two["ray_conc"]["runs_per_s"] / one["local_conc"]["runs_per_s"], 3),
         "local_search_calls_per_s": one["local_search"]["runs_per_s"],
         "ray_search_calls_per_s": one["ray_search"]["runs_per_s"],
         "local_search_p50_ms": one["local_search"]["p50_ms"],
         "ray_search_p50_ms": one["ray_search"]["p50_ms"],
         "local_cpu_ms_per_call": _path_cpu(one["local_conc"], local=True),
         "ray_1node_cpu_ms_per_call": _path_cpu(one["ray_conc"], local=False),
-        "ray_2nodes_cpu_ms_per_call": _path_cpu(two["ray_conc"], local=False),
         "local_search_cpu_ms_per_call": _path_cpu(one["local_search"], local=True),
         "ray_search_cpu_ms_per_call": _path_cpu(one["ray_search"], local=False),
+        "local_switches_per_call": _switches(one["local_conc"], "local_gateway"),
+        "ray_gateway_switches_per_call": _switches(one["ray_conc"], "ray_gateway"),
+        "ray_sandbox_switches_per_call": _switches(one["ray_conc"], "ray_sandbox"),
     }  # fmt: skip
-    return report
+    if "two_nodes" in report:
+        two = report["two_nodes"]
+        summary |= {
+            "ray_2nodes_runs_per_s": two["ray_conc"]["runs_per_s"],
+            "ray_2nodes_ratio": round(two["ray_conc"]["runs_per_s"] / one["local_conc"]["runs_per_s"], 3),
+            "ray_2nodes_cpu_ms_per_call": _path_cpu(two["ray_conc"], local=False),
+        }  # fmt: skip
+    return summary
 
 
 def print_report(console: Console, report: dict[str, Any]) -> None:
@@ -289,7 +367,7 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
     )
     for col in ("set-up", "p50 sequential", "runs/s", "vs local", "path CPU/call"):
         table.add_column(col)
-    one, two = report["one_node"], report["two_nodes"]
+    one = report["one_node"]
     table.add_row(
         "local gateway",
         f"{s['local_p50_ms']:.2f} ms",
@@ -304,13 +382,14 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         f"{s['ray_1node_ratio']:.2f}",
         f"{s['ray_1node_cpu_ms_per_call']:.2f} ms",
     )
-    table.add_row(
-        "Ray, 2 nodes",
-        f"{two['ray_seq']['p50_ms']:.2f} ms",
-        f"{s['ray_2nodes_runs_per_s']:.1f}",
-        f"{s['ray_2nodes_ratio']:.2f}",
-        f"{s['ray_2nodes_cpu_ms_per_call']:.2f} ms",
-    )
+    if "two_nodes" in report:
+        table.add_row(
+            "Ray, 2 nodes",
+            f"{report['two_nodes']['ray_seq']['p50_ms']:.2f} ms",
+            f"{s['ray_2nodes_runs_per_s']:.1f}",
+            f"{s['ray_2nodes_ratio']:.2f}",
+            f"{s['ray_2nodes_cpu_ms_per_call']:.2f} ms",
+        )
     console.print(table)
     console.print(f"p50 overhead Ray adds per call: {s['ray_p50_overhead_ms']:.2f} ms (target <= 2 ms)"
                   f"; local p99 {one['local_seq']['p99_ms']:.1f} ms, Ray p99 {one['ray_seq']['p99_ms']:.1f} ms")  # fmt: skip
@@ -322,6 +401,9 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
                                   if g != "local_gateway" and ":" not in g)
                       + f", Ray's own processes {sum(system.values()):.2f} ms ("
                       + ", ".join(f"{k} {v:.2f}" for k, v in system.items() if v >= 0.01) + ")")  # fmt: skip
+    console.print(f"context switches per call ({CALLERS} callers, 1 node): local gateway "
+                  f"{s['local_switches_per_call']:.1f}; Ray gateway replica {s['ray_gateway_switches_per_call']:.1f}, "
+                  f"sandbox replicas {s['ray_sandbox_switches_per_call']:.1f}")  # fmt: skip
     console.print(f"zero-delay search, {CALLERS} callers (the path's own cost): local "
                   f"{s['local_search_calls_per_s']:.0f} calls/s p50 {s['local_search_p50_ms']:.1f} ms; "
                   f"Ray {s['ray_search_calls_per_s']:.0f} calls/s p50 {s['ray_search_p50_ms']:.1f} ms; CPU/call local "
@@ -336,8 +418,9 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
 
     s = report["summary"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    names = ["local", "Ray 1 node", "Ray 2 nodes"]
-    a.bar(names, [s["local_runs_per_s"], s["ray_1node_runs_per_s"], s["ray_2nodes_runs_per_s"]])
+    names = ["local", "Ray 1 node", "Ray 2 nodes"][: 3 if "ray_2nodes_runs_per_s" in s else 2]
+    runs = [s["local_runs_per_s"], s["ray_1node_runs_per_s"], s.get("ray_2nodes_runs_per_s")]
+    a.bar(names, runs[: len(names)])
     a.set_title(f"runs/s, {CALLERS} callers")
     b.bar(names[:2], [s["local_p50_ms"], s["ray_p50_ms"]])
     b.set_title("p50 ms, sequential")
@@ -358,12 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--one-node", action="store_true",
+                        help="skip the 2-node cluster (A/B runs of the 1-node path)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.cmd == "load":
         print(json.dumps(load(args.url, args.callers, args.seconds, args.tool)))
         return 0
     console = Console(stderr=True)
-    report = bench(args.seconds, args.rounds, console)
+    report = bench(args.seconds, args.rounds, console, two_nodes=not args.one_node)
     write_report(report, args.out)
     write_plot(report, args.out.with_suffix(".png"))
     if args.json:
