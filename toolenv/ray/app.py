@@ -28,7 +28,7 @@ from toolenv.ray_settings import RaySettings, ReplicaConfig
 from toolenv.sections import read_all_sections
 
 from .ingress import GatewayServer
-from .lean import CLUSTER_ENV
+from .lean import CLUSTER_ENV, GRPC_ENV
 from .replicas import ServiceReplica
 
 
@@ -59,10 +59,12 @@ class RayStack:
 # is asyncio throughout.
 # Serve's cached request metrics go to Ray's metrics API once a second instead of ten times: a
 # replica's and a router's timers, not per-call work (Serve counts every call either way).
+# gRPC's socket I/O on its poller thread instead of extra threads (`lean.GRPC_ENV`).
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    **GRPC_ENV,
 }
 # Serve's per-request access log is a log record per call in every replica it crosses; with the
 # access log off Serve still builds that record and drops it, unless INFO is below the level.
