@@ -23,13 +23,19 @@ FAST = CostModel(
 
 
 async def run(policy: str, plans, *, batch: int, steps: int = 1, **kw):
+    outcomes, _ = await run_with(FakeTools(), policy, plans, batch=batch, steps=steps, **kw)
+    return outcomes
+
+
+async def run_with(tools, policy: str, plans, *, batch: int, steps: int = 1, **kw):
+    """The step outcomes and the engine's monitor (for `step_metrics`)."""
     engine = EventSimEngine(FAST)
     await engine.start()
     try:
         runner = Runner(
-            engine, FakeTools(), build_policy(policy, **kw), RunnerOptions(batch=batch, steps=steps)
+            engine, tools, build_policy(policy, **kw), RunnerOptions(batch=batch, steps=steps)
         )
-        return await runner.run(iter(plans))
+        return await runner.run(iter(plans)), engine.monitor
     finally:
         await engine.close()
 
@@ -153,18 +159,10 @@ def test_a_hung_call_the_step_closes_on_is_counted_as_left_in_flight(unfinished:
         {"search": ToolModel(), "hangs": ToolModel(faults=[HangFault(rate=1.0)])}, hang_s=60.0
     )
 
-    async def main():
-        engine = EventSimEngine(FAST)
-        await engine.start()
-        try:
-            policy = build_policy("async+overlap", over=0.34, unfinished=unfinished)
-            runner = Runner(engine, tools, policy, RunnerOptions(batch=3))
-            [out] = await runner.run(iter(plans))
-            return out, step_metrics(out, engine.monitor)
-        finally:
-            await engine.close()
-
-    out, metrics = run_virtual(main())
+    [out], monitor = run_virtual(
+        run_with(tools, "async+overlap", plans, batch=3, over=0.34, unfinished=unfinished)
+    )
+    metrics = step_metrics(out, monitor)
     assert out.ended - out.started < 1.0  # closed on the 3 quick ones, long before the 60 s hang
     assert [s.trajectory_id for s in out.carried + out.aborted] == ["hung"]
     assert metrics["tool_calls"] == 3 and metrics["tool_timeouts"] == 0
@@ -180,17 +178,11 @@ def test_a_carried_call_is_made_again_with_fresh_draws_not_the_same_hang() -> No
         {"search": ToolModel(), "flaky": ToolModel(faults=[HangFault(rate=0.5)])}, hang_s=60.0
     )
 
-    async def main():
-        engine = EventSimEngine(FAST)
-        await engine.start()
-        try:
-            policy = build_policy("async+overlap", over=0.5, unfinished="carry")
-            runner = Runner(engine, tools, policy, RunnerOptions(batch=40, steps=2))
-            return await runner.run(iter(quick + flaky))
-        finally:
-            await engine.close()
-
-    first, second = run_virtual(main())
+    (first, second), _ = run_virtual(
+        run_with(
+            tools, "async+overlap", quick + flaky, batch=40, steps=2, over=0.5, unfinished="carry"
+        )
+    )
     hung = {s.trajectory_id for s in first.carried}
     assert 4 <= len(hung) <= 16  # about half of the 20 flaky calls hang on their first attempt
     # Step 1 has only the carried ones, so it waits for all of them: a hang again ends at 60 s.
