@@ -13,12 +13,13 @@ the measured response path and intake latency, so that the reply leaves on sched
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import numpy as np
 from fastapi import Request
@@ -38,6 +39,7 @@ from .settings import EmulatorSettings
 from .timing import ClientGone, PacedResponse, Pacer, received_at, sleep_or_gone
 
 M = TypeVar("M", bound=BaseModel)
+P = ParamSpec("P")
 
 
 class ProfileRejected(ValueError):
@@ -145,6 +147,23 @@ def _json_bytes(body: Any) -> bytes:
     return body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
 
 
+def _client_gone_is_499(
+    play_fn: Callable[P, Awaitable[Response]],
+) -> Callable[P, Awaitable[Response]]:
+    """A client that left during the sleep (`sleep_or_gone`) gets a 499 nobody reads: uvicorn
+    drops it."""
+
+    @functools.wraps(play_fn)
+    async def answer(*args: P.args, **kwargs: P.kwargs) -> Response:
+        try:
+            return await play_fn(*args, **kwargs)
+        except ClientGone:
+            return Response(status_code=499)
+
+    return answer
+
+
+@_client_gone_is_499
 async def play(
     arrival: float,
     draw: Draw,
@@ -156,26 +175,7 @@ async def play(
     receive: Receive | None = None,
 ) -> Response:
     """Turn a draw into the reply, sent at the right moment and never after the deadline;
-    `receive` (the request's) stops a long sleep when the client disconnects (`sleep_or_gone`)."""
-    try:
-        return await _play(
-            arrival, draw, deadline, settings, make_body, pacer, min_delay_s, receive
-        )
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads it: uvicorn drops it, the client is gone
-
-
-async def _play(
-    arrival: float,
-    draw: Draw,
-    deadline: Deadline,
-    settings: EmulatorSettings,
-    make_body: Callable[[], bytes | dict[str, Any]],
-    pacer: Pacer,
-    min_delay_s: float,
-    receive: Receive | None,
-) -> Response:
-    """`play` itself.
+    `receive` (the request's) stops a long sleep when the client disconnects.
 
     The handler wakes `pacer.early_s` before the scheduled moment (the response path it measured,
     plus the loop's intake latency before the request was stamped), so that the reply leaves at
