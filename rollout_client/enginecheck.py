@@ -1,7 +1,7 @@
 """Does the engine model predict a real engine? The same workload on both, policy by policy.
 
 `toolenv rollout calibrate --check TRACE` runs two disjoint sets of scaled search_r1
-trajectories on the real engine under sync, async and async+overlap, `ROUNDS` times, interleaved:
+trajectories on the real engine under sync, async and async+overlap, `CHECK_ROUNDS` times, interleaved:
 the calibration set, whose iterations (read off the token stream, `itertimes`) the cost model is
 fitted on, and the check set, which the fitted model then replays in virtual time. It reports
 
@@ -28,13 +28,12 @@ from .engines.costmodel import CostModel
 from .engines.eventsim import EventSimEngine
 from .itertimes import StreamLog, fit_iterations, iterations
 from .session import run_rollout
-from .settings import RolloutSettings
+from .settings import CHECK_ROUNDS, RolloutSettings
 from .simtools import SimTools, ToolModel
 from .workloads.plan import TrajectoryPlan
 
 CHECK_POLICIES = ("sync", "async", "async+overlap")
 Runs = dict[str, list[dict[str, float]]]  # policy -> figures of each real run
-ROUNDS = 5  # real runs per policy and workload (their medians are compared)
 
 
 def _settings(policy: str, batch: int, clock: str) -> RolloutSettings:
@@ -191,7 +190,7 @@ async def measure_and_run(
     calibration: list[TrajectoryPlan],
     batch: int,
     tool_scale: float,
-    rounds: int = ROUNDS,
+    rounds: int = CHECK_ROUNDS,
 ) -> tuple[CostModel, Runs, Runs]:
     """On a started engine: microbenchmark it (isolated batches: a first profile, and a warm-up),
     run the calibration and the check workloads under each policy (`real_rounds`), and fit the

@@ -10,6 +10,11 @@ from pydantic_settings import SettingsConfigDict
 from toolenv_core.config import ServiceSettings
 from toolenv_core.fields import Integer, Number
 
+# Real runs per policy and workload in `calibrate --check` (their medians are compared). Single
+# runs on a shared 2-core machine differ by up to 2x; with 5 the median was a loaded run often
+# enough to move a policy's accuracy by 10-20 points (docs/rollout.md, "Against a real engine").
+CHECK_ROUNDS = 9
+
 
 class RolloutSettings(ServiceSettings):
     model_config = SettingsConfigDict(

@@ -10,7 +10,7 @@ import typer
 
 from toolenv_core.polytrace.kinds import files_of_kind
 
-from ..settings import RolloutSettings
+from ..settings import CHECK_ROUNDS, RolloutSettings
 from .common import fail, one_line
 
 
@@ -57,7 +57,7 @@ def calibrate(
     check_rounds: Annotated[
         int,
         typer.Option("--check-rounds", min=1, help="Real runs per policy (medians compared)."),
-    ] = 5,
+    ] = CHECK_ROUNDS,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
