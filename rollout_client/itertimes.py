@@ -80,19 +80,21 @@ class StreamLog(Engine):
 
 
 # Columns of `iterations`: duration, then the formula's terms.
-DURATION, DECODING, CONTEXT, PREFILL_TOKENS, PREFILL_SEQS, WAKE = range(6)
+DURATION, DECODING, CONTEXT, PREFILL_TOKENS, PREFILL_SEQS, WAKE, ARRIVALS = range(7)
 
 
 def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarray:
     """One row per iteration: (duration, decoding sequences, their context tokens, prompt tokens
-    prefilled, sequences prefilled, 1 if the engine sat idle before it). An iteration starts when
-    the previous one ended, or, after the engine went idle, when its first request was submitted
-    (so that one also carries the request's way in)."""
+    prefilled, sequences prefilled, 1 if the engine sat idle before it, requests submitted while
+    it ran). An iteration starts when the previous one ended, or, after the engine went idle,
+    when its first request was submitted (so that one also carries the request's way in, and
+    the requests submitted with it count as its wake-up, not as arrivals)."""
     events = sorted(
         (t, rid, n, k == 0) for rid, log in requests.items() for k, (t, n) in enumerate(log.chunks)
     )
     if not events:
-        return np.zeros((0, 6))
+        return np.zeros((0, 7))
+    submitted = np.sort([log.submitted for log in requests.values()])
     groups: list[list[tuple[float, str, int, bool]]] = [[events[0]]]
     for event in events[1:]:
         if event[0] - groups[-1][-1][0] > gap_s:
@@ -109,6 +111,8 @@ def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarr
         woke = prev is None or earliest >= prev
         start = earliest if woke else prev
         end = group[-1][0]
+        arrivals = 0 if woke else int(np.searchsorted(submitted, end, "right"))
+        arrivals -= 0 if woke else int(np.searchsorted(submitted, start, "right"))
         rows.append(
             (
                 end - start,
@@ -117,6 +121,7 @@ def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarr
                 sum(requests[r].prompt_len - requests[r].cached for r in fresh),
                 len(fresh),
                 float(woke),
+                arrivals,
             )
         )
         for _, rid, n, _ in group:
@@ -141,38 +146,49 @@ def _least_squares(design: np.ndarray, durations: np.ndarray) -> np.ndarray:
 
 
 def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
-    """The iteration formula fitted on the iterations of several runs, in two stages.
+    """The iteration formula fitted on the iterations of several runs, in three stages.
 
-    1. Iterations that did not start from idle fix the per-iteration costs (decode, prefill per
-       token and per sequence): least squares, coefficients >= 0. A shared machine runs some
-       calibration runs uniformly slower than others (every iteration of a run, not a few
-       stalls), so each run gets a slowdown factor (its measured over fitted busy time) and the
-       model takes the median run's: the shape is refitted on iterations divided by their run's
-       factor, then scaled by the median factor.
-    2. The wake-up cost is the median residual of the first-after-idle iterations under those
+    1. Busy iterations during which no request was submitted fix the per-iteration costs
+       (decode, prefill per token and per sequence): least squares, coefficients >= 0. A shared
+       machine runs some calibration runs uniformly slower than others (every iteration of a
+       run, not a few stalls), so each run gets a slowdown factor (its measured over fitted
+       busy time) and the model takes the median run's: the shape is refitted on iterations
+       divided by their run's factor, then scaled by the median factor.
+    2. The cost of a request arriving at a busy engine is the median, over the busy iterations
+       during which requests were submitted, of their residual per request. Fitted beside the
+       others it would trade off against them (it did: sync's iterations, which never see an
+       arrival, came out cheaper than they ran).
+    3. The wake-up cost is the median residual of the first-after-idle iterations under those
        costs, so it cannot trade off against the prefill it wakes for, and one stalled wake-up
        does not move it.
     """
     runs = [r for r in runs if len(r)]
-    rows = np.vstack(runs) if runs else np.zeros((0, 6))
+    rows = np.vstack(runs) if runs else np.zeros((0, 7))
+    quiet = _quiet(rows)
     busy = rows[rows[:, WAKE] == 0]
+    arriving = busy[busy[:, ARRIVALS] > 0]
     woke = rows[rows[:, WAKE] == 1]
-    if len(busy) < 8 or not len(woke):
+    if len(quiet) < 8 or not len(woke):
         raise ValueError(
-            f"{len(rows)} iterations ({len(woke)} after idle) are too few to fit the cost model"
+            f"{len(rows)} iterations ({len(woke)} after idle, {len(quiet)} busy without an "
+            "arrival) are too few to fit the cost model"
         )
     slowdown = np.ones(len(runs))
     # Alternate: the shape on rows divided by their run's slowdown, then each run's slowdown.
     for _ in range(3):
         norm = np.concatenate(
-            [r[r[:, WAKE] == 0, DURATION] / s for r, s in zip(runs, slowdown, strict=True)]
+            [_quiet(r)[:, DURATION] / s for r, s in zip(runs, slowdown, strict=True)]
         )
-        coef = _least_squares(_design(busy), norm)
+        coef = _least_squares(_design(quiet), norm)
         slowdown = np.array([_slowdown(r, coef) for r in runs])
     coef = coef * float(np.median(slowdown))
+    arrival = 0.0
+    if len(arriving):
+        excess = (arriving[:, DURATION] - _design(arriving) @ coef) / arriving[:, ARRIVALS]
+        arrival = max(0.0, float(np.median(excess)))
     wake = max(0.0, float(np.median(woke[:, DURATION] - _design(woke) @ coef)))
     base, per_seq, per_ctx, per_token, per_prefill = coef.tolist()
-    predicted = _design(rows) @ coef + wake * rows[:, WAKE]
+    predicted = _design(rows) @ coef + wake * rows[:, WAKE] + arrival * rows[:, ARRIVALS]
     measured = rows[:, DURATION]
     return start.model_copy(
         update={
@@ -182,9 +198,11 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
             "prefill_per_token_s": per_token,
             "prefill_per_seq_s": per_prefill,
             "idle_wake_s": wake,
+            "busy_arrival_s": arrival,
             "fit_error": {
                 **(start.fit_error or {}),
                 "workload_iterations": len(rows),
+                "workload_arrival_iterations": len(arriving),
                 "workload_iteration_mean_abs_rel_error": round(
                     float(np.mean(np.abs(predicted - measured) / np.maximum(measured, 1e-9))), 4
                 ),
@@ -197,8 +215,13 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
     )
 
 
+def _quiet(run: np.ndarray) -> np.ndarray:
+    """A run's busy iterations during which no request was submitted."""
+    return run[(run[:, WAKE] == 0) & (run[:, ARRIVALS] == 0)]
+
+
 def _slowdown(run: np.ndarray, coef: np.ndarray) -> float:
-    """A run's measured over fitted busy time (1 for a run with no busy iteration)."""
-    busy = run[run[:, WAKE] == 0]
-    fitted = float((_design(busy) @ coef).sum())
-    return float(busy[:, DURATION].sum()) / fitted if fitted > 0 else 1.0
+    """A run's measured over fitted time of its quiet iterations (1 for a run with none)."""
+    quiet = _quiet(run)
+    fitted = float((_design(quiet) @ coef).sum())
+    return float(quiet[:, DURATION].sum()) / fitted if fitted > 0 else 1.0

@@ -4,6 +4,7 @@
                   + prefill_per_token_s * tokens_prefilled_this_iteration
                   + prefill_per_seq_s * sequences_prefilled_this_iteration
                   (+ idle_wake_s on the first iteration after the engine sat idle)
+                  (+ busy_arrival_s per request that arrived while it was busy)
 
 `context_tokens` is the sum of every running sequence's length (attention reads the whole KV
 cache each iteration). Built-in profiles and where their numbers come from:
@@ -63,6 +64,13 @@ class CostModel(BaseModel):
         ge=0,
         description="added to the first iteration after the engine sat idle (its loop and worker "
         "threads waking; paid once per turn by a turn-synchronous rollout)",
+    )
+    busy_arrival_s: Number = Field(
+        default=0.0,
+        ge=0,
+        description="added to the next iteration for each request that reached the engine while "
+        "it was busy (the engine core takes it in between iterations; a turn-synchronous "
+        "rollout submits to an idle engine and never pays it)",
     )
     prefill_budget_tokens: Integer = Field(
         default=8192, ge=1, description="prompt tokens prefilled per iteration at most"

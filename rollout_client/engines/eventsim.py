@@ -20,6 +20,8 @@ alike. What it models, after vLLM's scheduler:
   floored to `block_size`, while those blocks stay cached (freed blocks are evicted oldest first
   when running sequences need the room);
 - a wake-up cost on the first iteration after the engine sat idle (`idle_wake_s`);
+- a cost per request that arrives while the engine is busy (`busy_arrival_s`), paid by the
+  iteration after it arrived;
 - a fixed latency per request outside the batch (`request_latency_s`: API, IPC, detokenizing),
   which matters for a tiny model on a CPU and not for a 7B model on a GPU. A real request pays
   part of it on the way in and part on the way out of its tokens; what a client sees (every
@@ -80,7 +82,7 @@ class _Segment:
     prefill: int = 0
     prefill_seqs: int = 0  # sequences that took a prefill chunk in this (single) iteration
     joining: list[_Seq] = field(default_factory=list)  # prefills that complete in this segment
-    wake: float = 0.0  # the engine was idle before this (single-iteration) segment
+    wake: float = 0.0  # paid once, by the first iteration: waking from idle, busy arrivals
 
 
 @dataclass
@@ -124,6 +126,7 @@ class EventSimEngine(Engine):
         self._seg_end = -math.inf
         self._tiebreak = 0
         self._waking = False  # the engine sat idle: its next iteration pays `idle_wake_s`
+        self._busy_arrivals = 0  # requests that arrived mid-segment: the next one pays for them
 
     # ------------------------------------------------------------------ interface
 
@@ -163,7 +166,7 @@ class EventSimEngine(Engine):
             if self._inbound_handle is None:
                 self._inbound_handle = self._loop.call_at(arrival, self._arrive)
         else:
-            self._waiting.append(seq)
+            self._enqueue(seq)
             self._poke()
         await future
         self._by_id.pop(request_id, None)
@@ -207,12 +210,19 @@ class EventSimEngine(Engine):
             _, seq = self._inbound.popleft()
             if seq.state == "inbound":  # not aborted on the way
                 seq.state = "waiting"
-                self._waiting.append(seq)
+                self._enqueue(seq)
                 arrived = True
         if self._inbound:
             self._inbound_handle = self._loop.call_at(self._inbound[0][0], self._arrive)
         if arrived:
             self._poke()
+
+    def _enqueue(self, seq: _Seq) -> None:
+        """A request reaches the queue; if the engine is running (not idle, not about to wake),
+        its next iteration pays for taking it in."""
+        self._waiting.append(seq)
+        if self._handle is not None and not self._waking:
+            self._busy_arrivals += 1
 
     def _iteration_s(self, batch: int, ctx: int, prefill: int, prefill_seqs: int) -> float:
         return self.cost.iteration_s(batch, ctx, prefill, prefill_seqs) / self.time_scale
@@ -423,10 +433,14 @@ class EventSimEngine(Engine):
         else:
             self._seg = _Segment(t0=now)
             self._seg_end = now
+            self._busy_arrivals = 0
             return
         self.counters.prefill_tokens += chunk
         self._seg = _Segment(now, k, batch, ctx0, chunk, seqs, joining=joining)
         if self._waking:  # the first iteration after idling: k is 1 (nothing runs, it prefills)
             self._seg.wake, self._waking = self.cost.idle_wake_s / self.time_scale, False
+        if self._busy_arrivals:
+            self._seg.wake += self.cost.busy_arrival_s * self._busy_arrivals / self.time_scale
+            self._busy_arrivals = 0
         self._seg_end = now + self._segment_s(self._seg, k)
         self._handle = self._loop.call_at(self._seg_end, self._tick)

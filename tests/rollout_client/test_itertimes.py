@@ -10,6 +10,7 @@ import pytest
 from rollout_client.clock import now, run_virtual
 from rollout_client.engines import CostModel, EventSimEngine
 from rollout_client.itertimes import (
+    ARRIVALS,
     DURATION,
     WAKE,
     RequestLog,
@@ -61,6 +62,50 @@ def test_iterations_are_rebuilt_from_chunk_arrivals() -> None:
     assert rows[:, 3].tolist() == [150, 0, 0, 32, 0]  # prompt tokens prefilled (minus cached)
     assert rows[:, 4].tolist() == [2, 0, 0, 1, 0]  # sequences prefilled
     assert rows[:, WAKE].tolist() == [1, 0, 0, 1, 0]  # after idle
+    assert rows[:, ARRIVALS].tolist() == [0, 0, 0, 0, 0]  # b came with a, c to an idle engine
+
+
+def test_a_request_submitted_while_an_iteration_ran_is_counted_as_its_arrival() -> None:
+    # a runs from 0; d is submitted at 0.011, during the iteration (0.010, 0.012], and is
+    # prefilled in the next one.
+    logs = {
+        "a": RequestLog(0.0, 10, 0, [(0.010, 1), (0.012, 1), (0.014, 1), (0.016, 1)]),
+        "d": RequestLog(0.011, 10, 0, [(0.0141, 1), (0.0161, 1)]),
+    }
+    assert iterations(logs)[:, ARRIVALS].tolist() == [0, 1, 0, 0]
+
+
+def test_a_request_arriving_at_a_busy_engine_costs_its_next_iteration() -> None:
+    def finish_of_a(arrival_s: float) -> float:
+        async def main() -> float:
+            engine = EventSimEngine(COST.model_copy(update={"busy_arrival_s": arrival_s}))
+            await engine.start()
+            a = asyncio.create_task(
+                engine.generate("a", [1] * 8, max_tokens=20, min_tokens=20, ignore_eos=True)
+            )
+            await asyncio.sleep(0.0155)  # mid-way through a's decode iterations
+            await engine.generate("b", [1] * 8, max_tokens=2, min_tokens=2, ignore_eos=True)
+            return (await a).finished_at
+
+        return run_virtual(main())
+
+    assert finish_of_a(0.003) - finish_of_a(0.0) == pytest.approx(0.003)
+
+
+def test_requests_submitted_together_to_an_idle_engine_pay_no_arrival_cost() -> None:
+    async def main() -> list[float]:
+        engine = EventSimEngine(COST.model_copy(update={"busy_arrival_s": 0.003}))
+        await engine.start()
+        gens = await asyncio.gather(
+            *(
+                engine.generate(k, [1] * 8, max_tokens=3, min_tokens=3, ignore_eos=True)
+                for k in "abc"
+            )
+        )
+        return [g.finished_at - g.submitted_at for g in gens]
+
+    # One wake, one prefill iteration of three sequences, two decode iterations.
+    assert run_virtual(main()) == pytest.approx([0.01 + 3 * 0.002 + 2 * 0.001] * 3)
 
 
 TRUTH = dict(
@@ -70,6 +115,7 @@ TRUTH = dict(
     prefill_per_token_s=1.5e-5,
     prefill_per_seq_s=3e-4,
     idle_wake_s=0.011,
+    busy_arrival_s=4e-4,
 )
 START = CostModel(prefill_per_token_s=0, decode_base_s=0, decode_per_seq_s=0)
 
@@ -80,9 +126,10 @@ def synthetic_run(rng: np.random.Generator, n: int, speed: float = 1.0) -> np.nd
     context = decoding * rng.integers(50, 400, n)
     fresh = rng.integers(0, 3, n) * (rng.random(n) < 0.4)
     prefill = fresh * rng.integers(20, 300, n)
-    wake = (rng.random(n) < 0.05).astype(int)
-    wake[0] = 1  # a run starts from idle
+    wake = (np.arange(n) % 20 == 0).astype(int)  # every run wakes as often (5%), from its start
     fresh[0], prefill[0], decoding[0], context[0] = 2, 200, 0, 0
+    noise = speed * rng.normal(1, 0.01, n)
+    arrivals = rng.integers(1, 3, n) * (rng.random(n) < 0.3) * (wake == 0)
     t = TRUTH
     duration = (
         (decoding > 0) * t["decode_base_s"]
@@ -91,8 +138,9 @@ def synthetic_run(rng: np.random.Generator, n: int, speed: float = 1.0) -> np.nd
         + prefill * t["prefill_per_token_s"]
         + fresh * t["prefill_per_seq_s"]
         + wake * t["idle_wake_s"]
-    ) * (speed * rng.normal(1, 0.01, n))
-    return np.c_[duration, decoding, context, prefill, fresh, wake].astype(float)
+        + arrivals * t["busy_arrival_s"]
+    ) * noise
+    return np.c_[duration, decoding, context, prefill, fresh, wake, arrivals].astype(float)
 
 
 def test_fit_recovers_the_formula_from_iterations() -> None:
