@@ -137,7 +137,8 @@ def calibrate(
         f"{profile.prefill_per_seq_s * 1e3:.3f} ms/sequence; decode iteration "
         f"{profile.decode_base_s * 1e3:.2f} ms + {profile.decode_per_seq_s * 1e3:.3f} ms/seq + "
         f"{profile.decode_per_ctx_token_s * 1e6:.3f} us/context token; waking from idle "
-        f"{profile.idle_wake_s * 1e3:.1f} ms (microbenchmark fit: mean |error| "
+        f"{profile.idle_wake_s * 1e3:.1f} ms; per request arriving at a busy engine "
+        f"{profile.busy_arrival_s * 1e3:.2f} ms (microbenchmark fit: mean |error| "
         f"{err.get('iteration_mean_abs_rel_error', 0):.1%} per iteration); wrote {out}"
     )
     if "workload_run_slowdown_max" in err:

@@ -246,6 +246,7 @@ async def test_engine_model_predicts_real_vllm_under_each_policy(engine, polytra
     assert set(rows) == {"sync", "async", "async+overlap"}
     assert cost.fit_error["workload_iterations"] > 500  # every calibration run was read
     assert cost.idle_wake_s > 0  # waking from idle costs vLLM an iteration's worth
+    assert cost.busy_arrival_s > 0  # so does taking a request in while it runs (0.2-0.3 ms)
     for row in rows.values():
         assert len(row["makespan_real_runs_s"]) == CHECK_ROUNDS
         assert row["completed"][0] >= 64 and row["completed"][1] >= 64, row
