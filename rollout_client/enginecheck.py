@@ -1,8 +1,8 @@
 """Does the engine model predict a real engine? The same workload on both, policy by policy.
 
 `toolenv rollout calibrate --check TRACE` runs two disjoint sets of scaled search_r1
-trajectories on the real engine under sync, async and async+overlap, `CHECK_ROUNDS` times, interleaved:
-the calibration set, whose iterations (read off the token stream, `itertimes`) the cost model is
+trajectories on the real engine under sync, async and async+overlap, `CHECK_ROUNDS` times,
+interleaved: the calibration set, whose iterations (read off the token stream, `itertimes`) the cost model is
 fitted on, and the check set, which the fitted model then replays in virtual time. It reports
 
     accuracy = 1 - |simulated - real| / real

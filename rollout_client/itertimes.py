@@ -111,8 +111,9 @@ def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarr
         woke = prev is None or earliest >= prev
         start = earliest if woke else prev
         end = group[-1][0]
-        arrivals = 0 if woke else int(np.searchsorted(submitted, end, "right"))
-        arrivals -= 0 if woke else int(np.searchsorted(submitted, start, "right"))
+        submitted_during = int(
+            np.searchsorted(submitted, end, "right") - np.searchsorted(submitted, start, "right")
+        )
         rows.append(
             (
                 end - start,
@@ -121,7 +122,7 @@ def iterations(requests: dict[str, RequestLog], gap_s: float = 4e-4) -> np.ndarr
                 sum(requests[r].prompt_len - requests[r].cached for r in fresh),
                 len(fresh),
                 float(woke),
-                arrivals,
+                0 if woke else submitted_during,  # a wake-up's requests are not arrivals
             )
         )
         for _, rid, n, _ in group:

@@ -69,7 +69,7 @@ class CostModel(BaseModel):
         default=0.0,
         ge=0,
         description="added to the next iteration for each request that reached the engine while "
-        "it was busy (the engine core takes it in between iterations; a turn-synchronous "
+        "it was busy (vLLM's engine core takes it in while the batch runs; a turn-synchronous "
         "rollout submits to an idle engine and never pays it)",
     )
     prefill_budget_tokens: Integer = Field(
