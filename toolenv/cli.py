@@ -17,7 +17,7 @@ from rollout_client.cli import app as rollout_app
 from sandboxd.cli import app as sandboxd_app
 from stress.cli import stress
 from toolenv_core import __version__
-from toolenv_core.config import ConfigFileError, ServiceSettings, config_error
+from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.console import report_console
 
 from .sections import SETTINGS_CLASSES, read_all_sections
@@ -39,11 +39,6 @@ def root(
     """toolenv: a warm sandbox pool, latency-replaying tool emulators, one gateway, and a rollout client."""
 
 
-def all_settings_classes() -> dict[str, type[ServiceSettings]]:
-    """Every service's settings class, by config-file section."""
-    return dict(SETTINGS_CLASSES)
-
-
 def config_show(
     config: Annotated[
         Path | None,
@@ -58,7 +53,7 @@ def config_show(
         sections = read_all_sections(config)
         effective = {
             section: cls.from_sections(sections).model_dump(mode="json")
-            for section, cls in all_settings_classes().items()
+            for section, cls in SETTINGS_CLASSES.items()
         }
     except (ConfigFileError, ValueError) as exc:
         typer.echo(f"error: {config_error(exc)}", err=True)

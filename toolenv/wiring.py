@@ -1,9 +1,10 @@
 """The one place the services meet: `toolenv serve` builds the in-process apps the gateway mounts.
 
 The config file is read once (`read_all_sections`, which refuses a section no service reads);
-each service gets its own section through its own settings class. Only the apps an embedded tool of the table needs are built: sandboxd for an
-embedded sandbox tool, the emulators (one app for search and reward) for either of those. A
-custom tool (`app: "module:factory"`) is left to the gateway, which imports its factory.
+each service gets its own section through its own settings class. Only the apps an embedded
+tool of the table needs are built: sandboxd for an embedded sandbox tool, the emulators (one app
+for search and reward) for either of those. A custom tool (`app: "module:factory"`) is left to
+the gateway, which imports its factory.
 """
 
 from __future__ import annotations
