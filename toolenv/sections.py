@@ -11,11 +11,11 @@ from gateway.settings import GatewaySettings
 from rollout_client.settings import RolloutSettings
 from sandboxd.settings import SandboxSettings
 from toolenv_core.config import (
-    ConfigFileError,
     ServiceSettings,
     check_section_keys,
     check_sections,
     read_sections,
+    section_of,
 )
 from toolenv_core.polytrace.cache import TracesSettings
 
@@ -40,8 +40,6 @@ def read_all_sections(config_file: str | os.PathLike[str] | None = None) -> dict
     (else a `ValidationError` naming the key), whether or not this command builds the service."""
     sections = read_sections(config_file)
     check_sections(sections, SETTINGS_CLASSES)
-    for name, values in sections.items():
-        if values is not None and not isinstance(values, dict):
-            raise ConfigFileError(f"config section {name!r} must be a mapping")
-        check_section_keys(SETTINGS_CLASSES[name], values or {})
+    for name in sections:
+        check_section_keys(SETTINGS_CLASSES[name], section_of(sections, name))
     return sections

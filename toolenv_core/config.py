@@ -123,6 +123,14 @@ def read_sections(config_file: str | os.PathLike[str] | None = None) -> dict[str
     return read_config_file(path) if path else {}
 
 
+def section_of(sections: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """One section's settings (empty if the file has none), refused unless it is a mapping."""
+    values = sections.get(section) or {}
+    if not isinstance(values, dict):
+        raise ConfigFileError(f"config section {section!r} must be a mapping")
+    return values
+
+
 class _FileSectionSource(PydanticBaseSettingsSource):
     """One section of the config file's sections (already read), as a settings source."""
 
@@ -130,10 +138,7 @@ class _FileSectionSource(PydanticBaseSettingsSource):
         self, settings_cls: type[BaseSettings], sections: Mapping[str, Any], section: str
     ) -> None:
         super().__init__(settings_cls)
-        section_values = sections.get(section) or {}
-        if not isinstance(section_values, dict):
-            raise ConfigFileError(f"config section {section!r} must be a mapping")
-        self._values: dict[str, Any] = section_values
+        self._values = section_of(sections, section)
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return self._values.get(field_name), field_name, False

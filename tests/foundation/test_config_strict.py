@@ -113,6 +113,17 @@ def test_an_unknown_section_is_one_line_naming_the_known_ones(
     assert result.stderr == f"error: {SECTION_SAID}\n"
 
 
+@pytest.mark.parametrize("command", [["config", "show"], ["sandboxd", "serve"]])
+def test_a_section_that_is_not_a_mapping_is_one_line(
+    tmp_path: Path, command: list[str], no_server: None
+) -> None:
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("sandbox:\n  - max_concurrency\n")
+    result = _invoke([*command, "--config", str(cfg)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == "error: config section 'sandbox' must be a mapping\n"
+
+
 def test_the_compose_config_loads_and_the_same_file_with_a_typo_does_not(tmp_path: Path) -> None:
     text = (ROOT / "compose" / "toolenv.yaml").read_text()
     cfg = tmp_path / "toolenv.yaml"
