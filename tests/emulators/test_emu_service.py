@@ -438,10 +438,14 @@ async def test_replies_reach_the_client_on_time_at_the_median(client: httpx.Clie
         precise_sends=True, spin_s=0.0001,
     )  # fmt: skip
     await arun_load(LoadSpec(**spec))  # the pacer learns the path and the intake
+
+    def on_time(median_error: float) -> bool:
+        return -0.00015 < median_error < 0.0002
+
     # A wrong correction shows in every run; a loaded machine delays a whole run (a fresh-clone
     # CI run measured +0.22 ms once), so up to three runs are measured and one must be on time.
     medians: list[float] = []
-    while len(medians) < 3 and not (medians and -0.00015 < medians[-1] < 0.0002):
+    while len(medians) < 3 and not (medians and on_time(medians[-1])):
         result = await arun_load(LoadSpec(**spec))
         assert list(result.outcomes) == ["ok"] * result.n and result.n == 400
         injected = np.array([float(v) for v in result.captured_values(INJECTED)]) / 1000
@@ -452,7 +456,7 @@ async def test_replies_reach_the_client_on_time_at_the_median(client: httpx.Clie
         error = result.done - result.sent - injected
         assert (error + lead).min() >= 0
         medians.append(float(np.median(error)))
-    assert -0.00015 < medians[-1] < 0.0002, medians
+    assert on_time(medians[-1]), medians
 
 
 def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
