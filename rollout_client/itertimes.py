@@ -165,23 +165,24 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
     """
     runs = [r for r in runs if len(r)]
     rows = np.vstack(runs) if runs else np.zeros((0, 7))
-    quiet = _quiet(rows)
-    busy = rows[rows[:, WAKE] == 0]
-    arriving = busy[busy[:, ARRIVALS] > 0]
+    quiet_runs = [_quiet(r) for r in runs]
+    quiet = np.vstack(quiet_runs) if runs else np.zeros((0, 7))
+    arriving = rows[(rows[:, WAKE] == 0) & (rows[:, ARRIVALS] > 0)]
     woke = rows[rows[:, WAKE] == 1]
     if len(quiet) < 8 or not len(woke):
         raise ValueError(
             f"{len(rows)} iterations ({len(woke)} after idle, {len(quiet)} busy without an "
             "arrival) are too few to fit the cost model"
         )
+    design = _design(quiet)
     slowdown = np.ones(len(runs))
     # Alternate: the shape on rows divided by their run's slowdown, then each run's slowdown.
     for _ in range(3):
         norm = np.concatenate(
-            [_quiet(r)[:, DURATION] / s for r, s in zip(runs, slowdown, strict=True)]
+            [q[:, DURATION] / s for q, s in zip(quiet_runs, slowdown, strict=True)]
         )
-        coef = _least_squares(_design(quiet), norm)
-        slowdown = np.array([_slowdown(r, coef) for r in runs])
+        coef = _least_squares(design, norm)
+        slowdown = np.array([_slowdown(q, coef) for q in quiet_runs])
     coef = coef * float(np.median(slowdown))
     arrival = 0.0
     if len(arriving):
@@ -221,8 +222,7 @@ def _quiet(run: np.ndarray) -> np.ndarray:
     return run[(run[:, WAKE] == 0) & (run[:, ARRIVALS] == 0)]
 
 
-def _slowdown(run: np.ndarray, coef: np.ndarray) -> float:
+def _slowdown(quiet: np.ndarray, coef: np.ndarray) -> float:
     """A run's measured over fitted time of its quiet iterations (1 for a run with none)."""
-    quiet = _quiet(run)
     fitted = float((_design(quiet) @ coef).sum())
     return float(quiet[:, DURATION].sum()) / fitted if fitted > 0 else 1.0
