@@ -44,6 +44,7 @@ from stress import LoadSpec, run_load
 from toolenv_core import headers
 from toolenv_core.latency import Profile, save_profile
 from toolenv_core.latency.specs import Constant, TraceReplay
+from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import tool_latencies
 
 from .harness import ServerProcess, toolenv_server
@@ -282,10 +283,7 @@ def verdict(s: dict[str, Any]) -> dict[str, bool]:
 
 
 def plot(results: list[dict], target: np.ndarray, raws: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     t = np.sort(target)

@@ -30,6 +30,7 @@ from rich.table import Table
 
 from stress import LoadSpec, run_load
 from toolenv.ray.netns import NetnsCluster
+from toolenv_core.plotting import pyplot
 
 from .harness import write_report
 
@@ -411,10 +412,7 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
 
 
 def write_plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s = report["summary"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))

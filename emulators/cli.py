@@ -6,13 +6,22 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
+import uvicorn
+from rich.table import Table
 
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
 from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latencies, tool_latencies
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
+
+from .app import create_app
+from .describe import describe, plot_cdf
+from .fit import build_profile, fit
+from .settings import EmulatorSettings
+from .timing import StampingHttpToolsProtocol
 
 app = typer.Typer(
     help="Latency-replaying tool emulators: fit, describe, serve.", no_args_is_help=True
@@ -22,9 +31,7 @@ app = typer.Typer(
 @app.command("settings")
 def show_settings() -> None:
     """Print this service's effective settings as JSON."""
-    from .settings import EmulatorSettings as S
-
-    typer.echo(S.load().model_dump_json(indent=2))
+    typer.echo(EmulatorSettings.load().model_dump_json(indent=2))
 
 
 def _fail(message: str) -> typer.Exit:
@@ -55,18 +62,12 @@ def fit_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Fit candidate latency models to recorded calls; report KS and quantile errors; write the best."""
-    from rich.table import Table
-
-    from .fit import build_profile, fit
-
     console = report_console(stderr=as_json)
     try:
         with console.status(f"reading {tool} calls from {len(traces)} path(s)..."):
             observations = list(iter_latencies(traces, tool))
         if not observations:
             raise _fail(no_calls_message(traces, tool))
-        import numpy as np
-
         data = np.asarray([o.latency_s for o in observations])
         with console.status(f"fitting {data.size} calls..."):
             report = fit(data, tool)
@@ -129,10 +130,6 @@ def describe_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
-    from rich.table import Table
-
-    from .describe import describe, plot_cdf
-
     try:
         profile = load_profile(profile_path)
         recorded = tool_latencies(data, profile.tool) if data else None
@@ -192,12 +189,6 @@ def serve_command(
     ] = None,
 ) -> None:
     """Serve the search and reward emulators alone (Search-R1 `/retrieve` + native endpoints)."""
-    import uvicorn
-
-    from .app import create_app
-    from .settings import EmulatorSettings
-    from .timing import StampingHttpToolsProtocol
-
     overrides = {
         k: v
         for k, v in {

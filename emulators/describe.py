@@ -9,6 +9,7 @@ import numpy as np
 from scipy import stats
 
 from toolenv_core.latency.profile import Profile
+from toolenv_core.plotting import pyplot
 
 from .fit import REPORT_QUANTILES, qname
 
@@ -58,10 +59,7 @@ def plot_cdf(
     profile: Profile, data: np.ndarray | None, out: Path, n: int = 100_000, seed: int = 0
 ) -> Path:
     """PNG of the model's CDF (log time axis) over the recorded data's empirical CDF."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     samples = np.sort(sample_profile(profile, n, seed))
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from toolenv_core.console import report_console
+from toolenv_core.plotting import pyplot
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:
@@ -91,10 +92,7 @@ def print_table(report: dict[str, Any], console: Console | None = None) -> None:
 
 
 def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paths = []
     steps = report["steps"]

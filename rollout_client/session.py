@@ -18,7 +18,10 @@ from toolenv_core.polytrace import write_multiturn
 from toolenv_core.polytrace.kinds import files_of_kind
 
 from .engines.base import Engine
+from .engines.costmodel import load_cost_model
 from .engines.eventsim import EventSimEngine
+from .engines.openai_engine import OpenAIEngine
+from .engines.vllm_engine import VllmEngine, VllmOptions
 from .gateway_client import GatewayClient
 from .metrics import in_modelled_time, step_metrics, summarize
 from .policies import Event, build_policy
@@ -38,8 +41,6 @@ def model_vocab_size(model_dir: str | Path) -> int:
 
 def build_engine(settings: RolloutSettings) -> Engine:
     if settings.engine == "vllm":
-        from .engines.vllm_engine import VllmEngine, VllmOptions
-
         if not settings.model:
             raise ValueError("--engine vllm needs --model DIR")
         return VllmEngine(
@@ -52,13 +53,9 @@ def build_engine(settings: RolloutSettings) -> Engine:
             )
         )
     if settings.engine == "openai":
-        from .engines.openai_engine import OpenAIEngine
-
         if not settings.openai_urls:
             raise ValueError("--engine openai needs at least one --openai-url URL")
         return OpenAIEngine(settings.openai_urls, capacity=settings.openai_capacity)
-    from .engines.costmodel import load_cost_model
-
     cost = load_cost_model(settings.cost_profile)
     # One engine model for both clocks: compressed by time_scale on the wall clock.
     return EventSimEngine(cost, 1.0 if settings.clock == "virtual" else settings.time_scale)
@@ -227,7 +224,7 @@ def build_live(settings: RolloutSettings, prompts: Path) -> tuple[list[Trajector
     """Live mode: chat prompts tokenized with the model's own tokenizer (needs --model)."""
     if not settings.model:
         raise ValueError("--live needs --model DIR (its tokenizer and chat template)")
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # only live mode needs it (the dev extra has it)
 
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
     rows = list(load_prompts(prompts))

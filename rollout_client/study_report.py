@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from toolenv_core.plotting import pyplot
+
 from .study import HANG_S
 
 _COLUMNS = [
@@ -87,10 +89,7 @@ def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) ->
 
 
 def plot(study: dict[str, Any], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cells = study["cells"]
     scenarios = list(study["study"]["scenarios"])

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize, stats
 
+from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import TraceFormatError, TrajectoryRecord, read_multiturn
 
 from .clock import run_virtual
@@ -101,10 +102,7 @@ def plot_step(
     records: list[TrajectoryRecord], cost: CostModel, path: Path, title: str
 ) -> dict[str, Any]:
     """`validate_step`, plus a PNG: completion-time and turn-latency CDFs, recorded and simulated."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     recorded, simulated = recorded_timings(records), simulate(records, cost)
     result = compare(recorded, simulated)

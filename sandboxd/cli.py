@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import uvicorn
 
 from toolenv_core.config import ConfigFileError, config_error
 
+from .app import create_app
+from .process import BWRAP_INSTALL_HINT
+from .settings import SandboxSettings
 from .sizing import PROGRAMS_PER_CORE
 
 app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
@@ -17,9 +22,7 @@ app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
 @app.command("settings")
 def show_settings() -> None:
     """Print this service's effective settings as JSON."""
-    from .settings import SandboxSettings as S
-
-    typer.echo(S.load().model_dump_json(indent=2))
+    typer.echo(SandboxSettings.load().model_dump_json(indent=2))
 
 
 @app.command("serve")
@@ -49,11 +52,6 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Serve the sandbox API alone (`/run_code`, `/v1/run_tests`, `/v1/ping`, ...)."""
-    import uvicorn
-
-    from .app import create_app
-    from .settings import SandboxSettings
-
     overrides: dict[str, Any] = {}
     for key, value in (
         ("host", host),
@@ -71,10 +69,6 @@ def serve(
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
     if settings.backend == "process" and not settings.insecure_no_isolation:
-        import shutil
-
-        from .process import BWRAP_INSTALL_HINT
-
         if not shutil.which(settings.bwrap_path or "bwrap"):
             typer.echo(f"error: bwrap not found. {BWRAP_INSTALL_HINT}", err=True)
             raise typer.Exit(2)

@@ -13,6 +13,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from toolenv_core.plotting import pyplot
+
 from .ramp import RampResult, RampStep
 from .result import LoadResult
 from .slo import SLOVerdict
@@ -223,10 +225,7 @@ def write_hdr(result: LoadResult, out: IO[str] | Path) -> None:
 
 def write_plot(result: LoadResult, path: Path, title: str | None = None) -> None:
     """Percentile spectrum (corrected vs uncorrected) and latency over time, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     quantiles = np.array([0, 50, 75, 90, 95, 99, 99.5, 99.9, 99.95, 99.99, 99.999])

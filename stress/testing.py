@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import uvicorn
+
 from toolenv_core.headers import INJECTED_DELAY
 from toolenv_core.net import free_port
 
@@ -107,7 +109,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
-    import uvicorn
 
     app = make_app(
         args.kind,

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from toolenv_core.polytrace.kinds import files_of_kind
 
+from ..calibrate import CalibrationPlan, calibrate_engine
+from ..enginecheck import Runs, compare, measure_and_run, simulated_runs
+from ..engines.costmodel import CostModel
+from ..engines.openai_engine import EngineUnreachable
+from ..session import build_engine, model_vocab_size
 from ..settings import CHECK_ROUNDS, RolloutSettings
+from ..workloads.replay import LengthScale, replay_plans
 from .common import fail, one_line
 
 
@@ -61,12 +70,6 @@ def calibrate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
-    import asyncio
-    import math
-
-    from ..calibrate import CalibrationPlan, calibrate_engine
-    from ..engines.openai_engine import EngineUnreachable
-
     try:
         plan = CalibrationPlan(
             batches=[int(x) for x in batches.split(",") if x.strip()],
@@ -76,8 +79,6 @@ def calibrate(
         settings = RolloutSettings.load(
             None, engine=engine, model=str(model) if model else None, openai_urls=openai_url or []
         )
-        from ..session import build_engine, model_vocab_size
-
         if settings.engine == "sim":
             fail("calibrate measures a real engine: --engine vllm or --engine openai")
         eng = build_engine(settings)
@@ -86,10 +87,6 @@ def calibrate(
         if check is None:
             profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
         else:
-            from ..enginecheck import Runs, compare, measure_and_run, simulated_runs
-            from ..engines.costmodel import CostModel
-            from ..workloads.replay import LengthScale, replay_plans
-
             n_check = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
             scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
             files = files_of_kind([check], "multiturn")
@@ -97,8 +94,6 @@ def calibrate(
             plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
             if len(plans) < limit:
                 fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
-            from rich.console import Console
-
             status = Console(stderr=True).status(
                 f"calibrating, then a warm-up round and {check_rounds} rounds of both workloads"
             )

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolenv_core.polytrace import TraceFormatError
 
+from ..clock import VirtualTimeDeadlock, run_virtual
+from ..engines.openai_engine import EngineUnreachable
+from ..gateway_client import GatewayUnreachable
+from ..policies import build_policy
+from ..report import plot, print_table
+from ..session import build_live, build_plans, model_vocab_size, run_rollout
 from ..settings import RolloutSettings
 from .common import POLICY_HELP, fail, one_line, out_dir_for_run, setting_default, tool_pairs
 
@@ -241,15 +251,6 @@ def run(
     ] = None,
 ) -> None:
     """Run rollout steps and write report.json, trajectories.jsonl (a replayable trace) and PNG plots."""
-    import asyncio
-
-    from pydantic import ValidationError
-
-    from ..clock import VirtualTimeDeadlock, run_virtual
-    from ..engines.openai_engine import EngineUnreachable
-    from ..gateway_client import GatewayUnreachable
-    from ..policies import build_policy
-
     overrides = {
         "gateway_url": gateway,
         "engine": engine,
@@ -312,8 +313,6 @@ def run(
             "real time, so tools would run time-scale times too slow: add --exact or drop --time-scale"
         )
     if settings.model:
-        from ..session import model_vocab_size
-
         try:
             settings = settings.model_copy(update={"vocab_size": model_vocab_size(settings.model)})
         except (OSError, ValueError, KeyError) as exc:
@@ -331,8 +330,6 @@ def run(
             fail(str(exc))
         except ValueError as exc:
             fail(one_line(exc))
-    from ..report import plot, print_table
-
     timelines = report.pop("_timelines", [])
     report.pop("_records", None)
     for note in report["notes"]:
@@ -368,11 +365,6 @@ def run(
 async def _run_with_progress(
     settings, traces: list[Path], synthetic: Path | None, out_dir: Path, live: Path | None = None
 ) -> dict:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ..session import build_live, build_plans, run_rollout
-
     driver = None
     if live is not None:
         plans, driver = build_live(settings, live)
@@ -381,8 +373,6 @@ async def _run_with_progress(
         plans = list(build_plans(settings, traces, synthetic))
     if not plans:
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
-    from ..policies import build_policy
-
     launch = build_policy(
         settings.policy, over=settings.overlap_ratio, hedge_quantile=settings.hedge_quantile
     ).launch_count(settings.batch)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolenv_core.polytrace import TraceFormatError
 
+from ..study import JobRunner, StudyPlan, run_here, run_study
+from ..study_report import markdown, write
 from .common import fail, one_line, out_dir_for_run
 
 
@@ -57,14 +62,6 @@ def study(
     ] = None,
 ) -> None:
     """Every straggler policy against every tool scenario on full steps, in virtual time."""
-    import sys
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ..study import JobRunner, StudyPlan, run_here, run_study
-    from ..study_report import markdown, write
-
     plan = (
         StudyPlan.quick(trace, reward_trace or [], seed=seed)
         if quick

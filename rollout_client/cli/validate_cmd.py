@@ -7,11 +7,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from toolenv_core.console import report_console
 from toolenv_core.polytrace import TraceFormatError
 from toolenv_core.polytrace.kinds import files_of_kind
 
+from ..engines.costmodel import load_cost_model
+from ..validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step
 from .common import fail, one_line
 
 
@@ -41,12 +45,6 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Replay recorded steps under verl's policy in virtual time and compare with their timings."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from ..engines.costmodel import load_cost_model
-    from ..validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step
-
     console = Console(stderr=True)
     _check_outputs(save_profile, plot_dir, fitting=bool(fit))
     try:

@@ -6,7 +6,8 @@ counters are read from its Prometheus registry (`vllm:prefix_cache_queries/hits`
 request's `num_cached_tokens` is kept on its `Generation`.
 
 vLLM starts worker processes with spawn: build this engine from imported code (as the CLI and the
-tests do), never from a script body.
+tests do), never from a script body. vLLM itself is imported where the engine uses it: it is an
+optional extra (`toolenv[vllm]`), and it reads its `VLLM_*` environment when first imported.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class FittedDistribution(_Doc):
 
     def frozen(self) -> Any:
         """The scipy frozen distribution these parameters describe."""
-        import scipy.stats
+        import scipy.stats  # about 0.9 s: loaded only by what samples (the gateway never does)
 
         dist = getattr(scipy.stats, self.type, None)
         if dist is None:
