@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -29,9 +29,10 @@ class Profile(BaseModel):
         default=None,
         description="search: tokens returned per query for topk=3 (sampled like a latency)",
     )
-    reference: dict[str, Number] = Field(
+    reference: dict[str, Annotated[Number, Field(gt=0)]] = Field(
         default_factory=dict,
-        description="what the recorded calls looked like (e.g. reward batch_size), for scaling",
+        description="what the recorded calls looked like (e.g. reward batch_size), for scaling: "
+        "each a divisor of a call's scale, so positive",
     )
     source: str | None = Field(default=None, description="where the numbers come from")
     notes: str | None = None

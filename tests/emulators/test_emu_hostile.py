@@ -1,0 +1,48 @@
+"""Hostile input a new user can send over HTTP: a 4xx naming the field, never a 500."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from testkit import ServerProcess, free_port
+
+FAST = {"model": {"kind": "constant", "value_s": 0.0}}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(port)]
+    s = ServerProcess(argv, f"http://127.0.0.1:{port}").start("/readyz", timeout=60)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    """A client; every profile is put back as it was after the test."""
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        before = {t: c.get(f"/v1/emulators/{t}/profile").json() for t in ("search", "reward")}
+        yield c
+        for tool, profile in before.items():
+            assert c.put(f"/v1/emulators/{tool}/profile", json=profile).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("tool", "key", "value"),
+    [("reward", "batch_size", 0), ("reward", "batch_size", -64), ("search", "topk", 0)],
+)
+def test_a_profile_reference_must_be_positive(
+    client: httpx.Client, tool: str, key: str, value: float
+) -> None:
+    # a reference of 0 was accepted and every later call was a 500 (a division by it); a negative
+    # one answered a negative reward_time_s
+    profile = {**FAST, "reference": {key: value}}
+    r = client.put(f"/v1/emulators/{tool}/profile", json=profile)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "reference", key]
+    call = {"batch_size": 3} if tool == "reward" else {"query": "q"}
+    assert client.post(f"/v1/emulators/{tool}/call", json=call).status_code == 200
