@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -20,15 +21,18 @@ from ..base import (
 from ..fastpath import FastRouter
 from .emulator import RewardEmulator
 
+MAX_BATCH = 100_000
+MAX_RESPONSE_LENGTH = 10**9  # tokens; far past any model's context, and their mean stays a float
+
 
 class RewardCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batch_size: Integer | None = Field(
-        default=None, ge=1, le=100_000, description="responses to verify"
+        default=None, ge=1, le=MAX_BATCH, description="responses to verify"
     )
-    response_lengths: list[Integer] | None = Field(
-        default=None, description="token length of each response"
+    response_lengths: list[Annotated[Integer, Field(le=MAX_RESPONSE_LENGTH)]] | None = Field(
+        default=None, max_length=MAX_BATCH, description="token length of each response"
     )
     delay_s: Number | None = Field(
         default=None, ge=0, description="exact replay: sleep exactly this"

@@ -46,3 +46,18 @@ def test_a_profile_reference_must_be_positive(
     assert r.json()["detail"][0]["loc"] == ["body", "reference", key]
     call = {"batch_size": 3} if tool == "reward" else {"query": "q"}
     assert client.post(f"/v1/emulators/{tool}/call", json=call).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("lengths", "loc"),
+    [
+        ([10**400], ["body", "response_lengths", 0]),  # their mean overflowed a float: a 500
+        ([1] * 100_001, ["body", "response_lengths"]),  # more responses than batch_size allows
+    ],
+)
+def test_reward_response_lengths_are_bounded(
+    client: httpx.Client, lengths: list[int], loc: list
+) -> None:
+    r = client.post("/v1/emulators/reward/call", json={"response_lengths": lengths})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == loc
