@@ -56,7 +56,12 @@ class EmulatorSettings(FrontDoorSettings):
         description="the longest a call sleeps: a larger delay_s is a 422; a drawn delay, a slow "
         "body's trickle and a hang without deadline are capped at it (never a hang)",
     )
-    max_response_tokens: Integer = Field(default=200_000, ge=1)
+    max_response_tokens: Integer = Field(
+        default=200_000,
+        ge=1,
+        description="the most a call's response_tokens may ask for, and a profile may draw for "
+        "one query",
+    )
     document_cache_size: Integer = Field(
         default=8192, ge=0, description="queries whose documents are kept"
     )

@@ -44,7 +44,9 @@ class SearchEmulator(ToolEmulator):
         self._tokens.clear()
 
     def tokens_for(self, query: str, topk: int) -> int:
-        """Response tokens of one query's top-k list: drawn per (seed, query) from the profile."""
+        """Response tokens of one query's top-k list: drawn per (seed, query) from the profile,
+        at most `max_response_tokens` (a profile's draw is bounded like a caller's request: a
+        huge one was a 500 or a response of gigabytes)."""
         key = (query, topk)
         cached = self._tokens.get(key)
         if cached is not None:
@@ -55,7 +57,8 @@ class SearchEmulator(ToolEmulator):
             n = TOKENS_PER_DOC_FALLBACK * topk
         else:
             per_ref = model.build().sample(query_rng(self.settings.seed, query, "tokens"))
-            n = max(2 * topk, round(per_ref * topk / ref_topk))
+            scaled = min(per_ref * topk / ref_topk, self.settings.max_response_tokens)
+            n = max(2 * topk, round(scaled))
         if len(self._tokens) >= max(1, self.settings.document_cache_size):
             self._tokens.clear()
         self._tokens[key] = n

@@ -61,3 +61,15 @@ def test_reward_response_lengths_are_bounded(
     r = client.post("/v1/emulators/reward/call", json={"response_lengths": lengths})
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == loc
+
+
+@pytest.mark.parametrize("value", [1e300, 3e6])
+def test_a_drawn_response_size_is_capped_at_max_response_tokens(
+    client: httpx.Client, value: float
+) -> None:
+    # a profile's response_tokens was not bounded: 1e300 was a 500, 3e6 a 20 MB response per query
+    profile = {**FAST, "response_tokens": {"kind": "constant", "value_s": value}}
+    assert client.put("/v1/emulators/search/profile", json=profile).status_code == 200
+    r = client.post("/retrieve", json={"queries": ["q"]})
+    assert r.status_code == 200, r.text
+    assert sum(len(d["contents"].split()) for d in r.json()["result"][0]) == 200_000
