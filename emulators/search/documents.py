@@ -70,7 +70,10 @@ def count_tokens(text: str) -> int:
 
 
 def query_rng(seed: int, query: str, salt: str = "docs") -> np.random.Generator:
-    digest = hashlib.blake2b(f"{seed}\x00{salt}\x00{query}".encode(), digest_size=16).digest()
+    # surrogatepass: JSON may carry a lone surrogate escape ("\ud800"), which strict UTF-8 refused
+    # (a 500); every other string hashes to the same bytes as before
+    key = f"{seed}\x00{salt}\x00{query}".encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(key, digest_size=16).digest()
     return np.random.default_rng(list(np.frombuffer(digest, dtype=np.uint32)))
 
 

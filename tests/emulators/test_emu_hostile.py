@@ -73,3 +73,21 @@ def test_a_drawn_response_size_is_capped_at_max_response_tokens(
     r = client.post("/retrieve", json={"queries": ["q"]})
     assert r.status_code == 200, r.text
     assert sum(len(d["contents"].split()) for d in r.json()["result"][0]) == 200_000
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/retrieve", b'{"queries": ["who wrote \\ud800"]}'),
+        ("/v1/emulators/search/call", b'{"query": "\\udfff", "delay_s": 0}'),
+    ],
+)
+def test_a_query_with_a_lone_surrogate_is_answered(
+    client: httpx.Client, path: str, body: bytes
+) -> None:
+    # JSON can escape a lone surrogate, which strict UTF-8 cannot encode: seeding its documents
+    # was a 500
+    assert client.put("/v1/emulators/search/profile", json=FAST).status_code == 200
+    r = client.post(path, content=body)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["result"][0]) == 3
