@@ -31,6 +31,27 @@ def _trace_specs(obj: Any, loc: list[str | int]) -> Iterator[tuple[list[str | in
             yield from _trace_specs(item, [*loc, i])
 
 
+def _not_text(obj: Any, loc: list[str | int]) -> list[str | int] | None:
+    """Where a JSON value holds a string that is not text (a lone surrogate escape, `"\\ud800"`,
+    which JSON allows and UTF-8 cannot encode), or None."""
+    if isinstance(obj, str):
+        try:
+            obj.encode()
+        except UnicodeEncodeError:
+            return loc
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            found = _not_text(key, loc) or _not_text(value, [*loc, key])
+            if found is not None:
+                return found
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            found = _not_text(item, [*loc, i])
+            if found is not None:
+                return found
+    return None
+
+
 def confine_traces(profile: Profile, roots: Sequence[Path]) -> None:
     """Pin each trace path of a profile sent over HTTP inside `roots` (in place), or raise
     ProfileRejected: a PUT must not read, or learn of, files elsewhere on the server."""
@@ -111,6 +132,11 @@ def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
             )
         data.setdefault("tool", tool)
         try:
+            # an active profile is read back as UTF-8 JSON (GET): one it cannot be written as
+            # made those GETs and `GET /v1/emulators` a 500 until the next swap
+            bad = _not_text(data, [])
+            if bad is not None:
+                raise ProfileRejected(bad, "must be text: a lone surrogate escape is not")
             profile = emu.parse_profile(data)
             confine_traces(profile, emu.settings.trace_roots)
             emu.set_profile(profile)

@@ -91,3 +91,19 @@ def test_a_query_with_a_lone_surrogate_is_answered(
     r = client.post(path, content=body)
     assert r.status_code == 200, r.text
     assert len(r.json()["result"][0]) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        (b'{"model": {"kind": "constant", "value_s": 0}, "source": "\\ud800"}', ["source"]),
+        (b'{"model": {"kind": "constant", "value_s": 0}, "fit": {"\\udfff": 1}}', ["fit"]),
+    ],
+)
+def test_a_profile_string_must_be_text(client: httpx.Client, body: bytes, loc: list) -> None:
+    # accepted, after which GET .../profile and GET /v1/emulators were a 500 until the next PUT
+    r = client.put("/v1/emulators/reward/profile", content=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", *loc]
+    assert client.get("/v1/emulators/reward/profile").status_code == 200
+    assert client.get("/v1/emulators").status_code == 200
