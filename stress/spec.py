@@ -6,6 +6,7 @@ Every run is bounded: `duration_s` and `max_requests` are both required to be fi
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,6 +17,11 @@ Arrival = Literal["constant", "poisson", "closed"]
 HARD_MAX_REQUESTS = 5_000_000
 HARD_MAX_DURATION_S = 3600.0
 HARD_MAX_WORKERS = 64  # each a spawned interpreter, started 0.2 s apart
+
+# RFC 9110: a method or a header name is a token; a header value is visible Latin-1, spaces and
+# tabs (a CR or LF would end the header and start another one the caller never wrote)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
 class LoadSpecError(ValueError):
@@ -108,6 +114,24 @@ class LoadSpec:
             raise LoadSpecError(f"preconnect must be >= 0, got {self.preconnect}")
         if self.workers > 1 and self.arrival == "closed":
             raise LoadSpecError("workers > 1 is for open-loop runs (constant or poisson)")
+        self._check_head()
+
+    def _check_head(self) -> None:
+        """What goes into each request's head is sent as written: refuse what HTTP/1.1 cannot
+        carry (it was a traceback, a header smuggled in by a CR LF, or a run of 400s)."""
+        if not _TOKEN.fullmatch(self.method):
+            raise LoadSpecError(f"method {self.method!r} is not an HTTP method (like POST or GET)")
+        for name in [*self.headers, *self.capture_headers]:
+            if not _TOKEN.fullmatch(name):
+                raise LoadSpecError(
+                    f"header name {name!r} must be letters, digits and !#$%&'*+-.^_`|~ only"
+                )
+        for name, value in self.headers.items():
+            if not _FIELD_VALUE.fullmatch(value):
+                raise LoadSpecError(
+                    f"header {name}: value {value!r} holds a control character (CR, LF, NUL) "
+                    "or a character outside Latin-1"
+                )
 
     def planned_requests(self) -> int:
         if self.arrival == "closed":

@@ -201,6 +201,14 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             "--ramp-step must be >= 0",
         ),
         (["--url", "http://127.0.0.1:9/x", "--out", "/nonexistent/r.json"], "no directory"),
+        # what HTTP/1.1 cannot carry in a request head was a traceback (exit 1, "SLO broken"),
+        # a header smuggled in by CR LF, or a whole run of 400s (exit 4)
+        (["--url", "http://127.0.0.1:9/x", "-H", "X-A: \u65e5"], "outside Latin-1"),
+        (["--url", "http://127.0.0.1:9/x", "-H", "X-A: a\r\nX-B: b"], "control character"),
+        (["--url", "http://127.0.0.1:9/x", "-H", "Bad Name: v"], "header name 'Bad Name'"),
+        (["--url", "http://127.0.0.1:9/x", "-H", ": v"], "header name ''"),
+        (["--url", "http://127.0.0.1:9/x", "--capture-header", "\u65e5"], "header name"),
+        (["--url", "http://127.0.0.1:9/x", "--method", "GE T"], "not an HTTP method"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(args: list[str], message: str) -> None:
