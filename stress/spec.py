@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from toolenv_core.http1 import Endpoint
+
 Arrival = Literal["constant", "poisson", "closed"]
 HARD_MAX_REQUESTS = 5_000_000
 HARD_MAX_DURATION_S = 3600.0
@@ -119,6 +121,12 @@ class LoadSpec:
     def _check_head(self) -> None:
         """What goes into each request's head is sent as written: refuse what HTTP/1.1 cannot
         carry (it was a traceback, a header smuggled in by a CR LF, or a run of 400s)."""
+        path = Endpoint.parse(self.url).path
+        if not path.isascii() or not path.isprintable() or " " in path:
+            raise LoadSpecError(
+                f"URL {self.url!r}: the path may hold only printable ASCII without spaces; "
+                "percent-encode the rest (%20 for a space)"
+            )
         if not _TOKEN.fullmatch(self.method):
             raise LoadSpecError(f"method {self.method!r} is not an HTTP method (like POST or GET)")
         for name in [*self.headers, *self.capture_headers]:

@@ -62,12 +62,15 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
-        parts = urlsplit(url)
+        try:  # a bad port or IPv6 literal: urllib's words, with the URL they are about
+            parts = urlsplit(url)
+            port = parts.port or 80
+        except ValueError as exc:
+            raise TargetURLError(f"URL {url!r}: {exc}") from exc
         if parts.scheme != "http":
             raise TargetURLError(f"only plain http:// URLs are supported, got {url!r}")
         if not parts.hostname:
             raise TargetURLError(f"URL {url!r} has no host")
-        port = parts.port or 80
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query

@@ -209,6 +209,9 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "http://127.0.0.1:9/x", "-H", ": v"], "header name ''"),
         (["--url", "http://127.0.0.1:9/x", "--capture-header", "\u65e5"], "header name"),
         (["--url", "http://127.0.0.1:9/x", "--method", "GE T"], "not an HTTP method"),
+        (["--url", "http://127.0.0.1:9/\u65e5"], "percent-encode"),
+        (["--url", "http://127.0.0.1:9/x y"], "percent-encode"),
+        (["--url", "http://127.0.0.1:99999/x"], "'http://127.0.0.1:99999/x': Port out of range"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(args: list[str], message: str) -> None:
