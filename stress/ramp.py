@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,9 @@ class RampResult:
 
 def ramp_rates(start: float, *, factor: float, step: float, max_rate: float) -> list[float]:
     """Rates from `start` to `max_rate`: multiply by `factor` (> 1) or add `step` (> 0)."""
+    if not all(math.isfinite(x) for x in (start, factor, step, max_rate)):
+        # a NaN passed every check below: a one-step ramp reported "never broke", exit 0
+        raise ValueError("--rate, --ramp-factor, --ramp-step and --ramp-max must be finite")
     if start <= 0 or max_rate < start:
         raise ValueError("ramp needs 0 < start rate <= ramp max")
     if step < 0:  # ignored before: the ramp multiplied by the factor instead

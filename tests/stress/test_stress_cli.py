@@ -200,6 +200,9 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             ["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-step", "-5"],
             "--ramp-step must be >= 0",
         ),
+        # a NaN factor ran one step and reported "never broke" (exit 0); a NaN max, no step (exit 3)
+        (["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-factor", "nan"], "must be finite"),
+        (["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-max", "nan"], "must be finite"),
         (["--url", "http://127.0.0.1:9/x", "--out", "/nonexistent/r.json"], "no directory"),
         # what HTTP/1.1 cannot carry in a request head was a traceback (exit 1, "SLO broken"),
         # a header smuggled in by CR LF, or a whole run of 400s (exit 4)
