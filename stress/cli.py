@@ -114,8 +114,13 @@ def stress(
     ] = 100.0,
     concurrency: Annotated[int, typer.Option(help="Closed-loop callers.")] = 16,
     duration: Annotated[
-        str, typer.Option(help="Run length: 10s, 500ms, 2m, 1h (at most).")
-    ] = "10s",
+        float,
+        typer.Option(
+            parser=parse_duration,
+            metavar="DURATION",
+            help="Run length: 10s, 500ms, 2m, 1h (at most).",
+        ),
+    ] = "10s",  # type: ignore[assignment]  (click parses the default too)
     max_requests: Annotated[int, typer.Option(help="Hard cap on requests in the run.")] = 1_000_000,
     max_in_flight: Annotated[
         int, typer.Option(help="Open loop: a request due while this many are out is 'dropped'.")
@@ -127,7 +132,14 @@ def stress(
             help="Connections to open before the clock starts (slow targets: rate x latency)."
         ),
     ] = None,
-    timeout: Annotated[str, typer.Option(help="Per-request timeout.")] = "30s",
+    timeout: Annotated[
+        float,
+        typer.Option(
+            parser=parse_duration,
+            metavar="DURATION",
+            help="Per-request timeout.",
+        ),
+    ] = "30s",  # type: ignore[assignment]  (click parses the default too)
     seed: Annotated[int | None, typer.Option(help="Seed for Poisson arrivals.")] = None,
     workers: Annotated[
         int, typer.Option(help="Generator processes (open loop; for high rates).")
@@ -148,7 +160,14 @@ def stress(
     ramp_step: Annotated[
         float, typer.Option(help="Ramp: add this many rps per step instead.")
     ] = 0.0,
-    step_duration: Annotated[str, typer.Option(help="Ramp: length of each step.")] = "5s",
+    step_duration: Annotated[
+        float,
+        typer.Option(
+            parser=parse_duration,
+            metavar="DURATION",
+            help="Ramp: length of each step.",
+        ),
+    ] = "5s",  # type: ignore[assignment]  (click parses the default too)
     slo: Annotated[
         list[str],
         typer.Option(help="SLO like p99=500ms, p99.9=2s, errors=0.1%, timeouts=0, rate=95%."),
@@ -200,11 +219,11 @@ def stress(
             arrival=arrival,  # type: ignore[arg-type]
             rate=rate,
             concurrency=concurrency,
-            duration_s=parse_duration(duration),
+            duration_s=duration,
             max_requests=max_requests,
             max_in_flight=max_in_flight,
             connections=connections,
-            timeout_s=parse_duration(timeout),
+            timeout_s=timeout,
             capture_headers=tuple(capture_header),
             seed=seed,
             workers=workers,
@@ -217,7 +236,7 @@ def stress(
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
-            step_s = parse_duration(step_duration)
+            step_s = step_duration
             LoadSpec(**{**_fields(spec), "duration_s": step_s}).validate()
     except (
         TargetError,

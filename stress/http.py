@@ -282,8 +282,9 @@ class LoadClient:
             )
         except (OSError, TimeoutError) as exc:
             self.opening -= 1
-            if len(self.connect_errors) < 5:
-                self.connect_errors.append(f"{type(exc).__name__}: {exc}")
+            message = f"{type(exc).__name__}: {exc}"
+            if len(self.connect_errors) < 5 and message not in self.connect_errors:
+                self.connect_errors.append(message)  # the first five kinds, each once
             if self.waiting:  # fail one queued request per failed connect, then try again
                 self._finish(self.waiting.popleft(), time.monotonic(), 0, ERR_CONNECT)
                 if self.waiting and self._may_open():

@@ -395,6 +395,6 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
         error=error[order],
         captured=captured,
         wall_s=wall,
-        connect_errors=[e for p in parts for e in p[6]][:5],
+        connect_errors=list(dict.fromkeys(e for p in parts for e in p[6]))[:5],
         dispatched=dispatched[order],
     )

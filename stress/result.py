@@ -63,7 +63,7 @@ class LoadResult:
     error: np.ndarray
     captured: dict[int, dict[str, str]]
     wall_s: float
-    connect_errors: list[str] = field(default_factory=list)
+    connect_errors: list[str] = field(default_factory=list)  # the first 5 distinct, each once
     dispatched: np.ndarray | None = None  # when the scheduler handed each request over
     _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 

@@ -186,6 +186,10 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "https://127.0.0.1/x"], "http://"),
         (["--url", "http://127.0.0.1:9/x", "--slo", "p99=fast"], "not a duration"),
         (["--url", "http://127.0.0.1:9/x", "--duration", "0s"], "duration_s"),
+        # a bad duration named no option ("Invalid value: 'abc' is not a duration")
+        (["--url", "http://127.0.0.1:9/x", "--timeout", "abc"], "'--timeout': 'abc' is not a"),
+        (["--url", "http://127.0.0.1:9/x", "--duration", "1x"], "'--duration': '1x' is not a"),
+        (["--url", "http://127.0.0.1:9/x", "--step-duration", "?"], "'--step-duration': '?'"),
         (["--url", "http://127.0.0.1:9/x", "--body", "{not json"], "not JSON"),
         (
             ["--gateway", "http://127.0.0.1:9", "--tool", "run_code", "--payload", "nope"],
