@@ -61,7 +61,9 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
                 f"has {len(lengths)} entries but batch_size is {body.batch_size}",
             )
         batch = body.batch_size or (
-            len(lengths) if lengths else int(emulator.profile.reference.get("batch_size", 64))
+            len(lengths)
+            if lengths
+            else max(1, round(emulator.profile.reference.get("batch_size", 64)))
         )
         if body.delay_s is not None and body.delay_s > settings.max_delay_s:
             return unprocessable(["delay_s"], f"at most {settings.max_delay_s} s")

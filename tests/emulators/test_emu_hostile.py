@@ -107,3 +107,12 @@ def test_a_profile_string_must_be_text(client: httpx.Client, body: bytes, loc: l
     assert r.json()["detail"][0]["loc"] == ["body", *loc]
     assert client.get("/v1/emulators/reward/profile").status_code == 200
     assert client.get("/v1/emulators").status_code == 200
+
+
+def test_a_fractional_reference_batch_is_a_batch_of_at_least_one(client: httpx.Client) -> None:
+    # a call without batch_size takes the profile's reference batch: 0.5 was truncated to 0
+    profile = {**FAST, "reference": {"batch_size": 0.5}}
+    assert client.put("/v1/emulators/reward/profile", json=profile).status_code == 200
+    r = client.post("/v1/emulators/reward/call", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["batch_size"] == 1

@@ -421,3 +421,18 @@ def test_sleep_until_wakes_at_the_target_never_before_and_in_order() -> None:
     assert len(woke) == 180 and late.min() >= 0
     assert np.median(late) < 0.01  # a wake-up, not a drift
     assert precise == sys.platform.startswith("linux")
+
+
+def test_mixture_weights_near_the_float_maximum_still_mix() -> None:
+    """Two weights of 1e308 summed to inf: every draw took the last component."""
+    spec = {
+        "kind": "mixture",
+        "components": [
+            {"weight": 1e308, "model": {"kind": "constant", "value_s": 1.0}},
+            {"weight": 1e308, "model": {"kind": "constant", "value_s": 2.0}},
+        ],
+    }
+    model = LATENCY_MODEL.validate_python(spec)
+    draws = [model.build().sample(np.random.default_rng(seed)) for seed in range(200)]
+    assert 60 < draws.count(1.0) < 140 and draws.count(1.0) + draws.count(2.0) == 200
+    assert model.cdf(np.array([1.5]))[0] == pytest.approx(0.5)

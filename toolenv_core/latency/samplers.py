@@ -98,6 +98,7 @@ class TraceSampler(Sampler):
 class MixtureSampler(Sampler):
     def __init__(self, weights: Sequence[float], components: Sequence[Sampler]) -> None:
         w = np.asarray(weights, dtype=float)
+        w = w / w.max()  # first: weights near the float maximum would sum to inf
         self._cum = np.cumsum(w / w.sum())
         self._components = list(components)
 

@@ -301,8 +301,9 @@ class Mixture(_Spec):
         )
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
-        total = sum(c.weight for c in self.components)
-        return sum(c.weight / total * c.model.cdf(x) for c in self.components)
+        top = max(c.weight for c in self.components)  # as the sampler: no sum overflows to inf
+        total = sum(c.weight / top for c in self.components)
+        return sum(c.weight / top / total * c.model.cdf(x) for c in self.components)
 
 
 class DriftStage(BaseModel):
