@@ -34,6 +34,8 @@ ROUTES: dict[str, tuple[str, str]] = {
 _GENERIC_PREFIX, _GENERIC_SUFFIX = "/v1/tools/", "/call"
 _DELAY = h.INJECTED_DELAY.lower()
 _DELAY_KEY = _DELAY.encode()
+_RETRY_AFTER = "retry-after"
+_RETRY_AFTER_KEY = _RETRY_AFTER.encode()
 
 
 @dataclass(slots=True)
@@ -105,7 +107,8 @@ class PassThrough:
 
 
 async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes) -> Answer:
-    """The body as is to the tool's own endpoint; its answer as is back (status, body, delay).
+    """The body as is to the tool's own endpoint; its answer as is back (status, body, delay,
+    Retry-After).
 
     The sandbox routes keep SandboxFusion's deadline semantics (`gateway.sandboxfusion`)."""
     parsed = _parse(body)
@@ -130,6 +133,8 @@ async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: 
     out = [(b"content-type", reply.headers.get("content-type", "application/json").encode())]
     if _DELAY in reply.headers:
         out.append((_DELAY_KEY, reply.headers[_DELAY].encode()))
+    if _RETRY_AFTER in reply.headers:  # the tool's own 429: its backpressure signal goes on too
+        out.append((_RETRY_AFTER_KEY, reply.headers[_RETRY_AFTER].encode()))
     out += _executor_headers(reply.headers)
     return reply.status, out, reply.body
 

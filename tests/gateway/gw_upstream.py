@@ -2,10 +2,10 @@
 
 Raw ASGI under uvicorn. Any POST echoes what it got; the JSON body steers the behaviour:
 `{"sleep_s": 2}` answers after 2 s (or notices the caller hanging up first; with
-`"sleep_on": NAME` only that upstream sleeps), `{"status": 500}`
-answers that status, `{"die": true}` kills the whole process mid-request. `GET /stats` says how
-many requests started, finished, and were abandoned by the caller (the connection closed while
-the upstream was still working: what a gateway deadline must cause).
+`"sleep_on": NAME` only that upstream sleeps), `{"status": 500}` answers that status (with
+`"retry_after": 7`, that Retry-After too), `{"die": true}` kills the whole process mid-request.
+`GET /stats` says how many requests started, finished, and were abandoned by the caller (the
+connection closed while the upstream was still working: what a gateway deadline must cause).
 
     python tests/gateway/gw_upstream.py --port 9001 --name a [--unhealthy]
 """
@@ -93,6 +93,8 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
             "call_context": {k: headers.get(k) for k in ("x-trajectory-id", "x-step", "x-turn")},
         }
         extra = [(b"x-toolenv-injected-delay-ms", str(sleep_s * 1000).encode())]
+        if body.get("retry_after") is not None:  # with {"status": 429}: a tool's own backpressure
+            extra.append((b"retry-after", str(body["retry_after"]).encode()))
         if body.get("chunked"):  # no content-length, several body messages: chunked encoding
             data = json.dumps(payload).encode()
             await send({"type": "http.response.start", "status": status,

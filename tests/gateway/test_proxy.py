@@ -351,3 +351,16 @@ def test_keep_alive_connections_the_upstream_closed_are_not_reused(upstream, gat
         assert call(gw, "ka", {}).status_code == 200
         time.sleep(0.6)  # the pooled connection is closed by the upstream meanwhile
     assert up.stats()["finished"] == 3
+
+
+def test_pass_through_keeps_the_tools_retry_after(upstream, gateway) -> None:
+    """A tool's own 429 (sandboxd at capacity, an emulator's throttle fault) reaches a
+    SandboxFusion or Search-R1 client with its Retry-After: the backpressure signal, not a bare
+    429."""
+    up = upstream("busy")
+    gw = gateway(
+        [proxy_tool("sandbox", up.url, kind="sandbox"), proxy_tool("search", up.url, kind="search")]
+    )
+    for path in ("/run_code", "/v1/run_tests", "/retrieve"):
+        r = httpx.post(gw.url + path, json={"status": 429, "retry_after": 7}, timeout=10)
+        assert r.status_code == 429 and r.headers.get("retry-after") == "7", (path, r.headers)
