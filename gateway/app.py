@@ -25,7 +25,7 @@ from .routes import router
 from .settings import GatewaySettings
 from .state import GatewayState
 from .toolset import ToolSet, check_custom_apps
-from .trace import TraceWriter
+from .trace import TraceWriter, check_trace_path
 from .upstream import Backend
 
 DESCRIPTION = """One async front door for every tool: admission control (concurrency limit,
@@ -47,6 +47,8 @@ def create_app(
     handles) instead of the one their mode would build."""
     settings = settings or GatewaySettings.load()
     check_custom_apps(settings, mounts or {}, backends or {})
+    if settings.trace_path:
+        check_trace_path(settings.trace_path)
     rate = (
         RateLimits(settings.rate_limit_per_s, settings.rate_limit_burst)
         if settings.rate_limit_per_s

@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 from pydantic import TypeAdapter, ValidationError
@@ -46,8 +46,10 @@ class TraceWriter:
         self.written = 0
 
     async def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._task = asyncio.create_task(self._run(), name="trace-writer")
+        """Opens the file here, not in the writer task: one that cannot be opened fails start-up
+        rather than a task nobody awaits (a capture that records nothing, silently)."""
+        handle = await anyio.to_thread.run_sync(lambda: open_capture(self.path))
+        self._task = asyncio.create_task(self._run(handle), name="trace-writer")
 
     def record(self, fields: dict[str, Any]) -> None:
         """Queue one call's `ToolCallRecord` fields (never blocks; a full queue drops and counts
@@ -57,8 +59,7 @@ class TraceWriter:
         except asyncio.QueueFull:
             self.dropped += 1
 
-    async def _run(self) -> None:
-        handle = await anyio.to_thread.run_sync(lambda: self.path.open("ab"))
+    async def _run(self, handle: BinaryIO) -> None:
         try:
             stop = False
             while not stop:
@@ -105,6 +106,26 @@ class TraceWriter:
                 "trace capture dropped records",
                 extra={"dropped": self.dropped, "invalid": self.invalid},
             )
+
+
+def open_capture(path: Path) -> BinaryIO:
+    """The capture file opened for appending (its directory made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("ab")
+
+
+def check_trace_path(path: str) -> None:
+    """A `trace_path` the gateway cannot append to as one settings error when the app is built
+    (the CLI's one line, exit 2), not a traceback from the server's start-up."""
+    try:
+        open_capture(Path(path)).close()
+    except OSError as exc:
+        # mkdir says "File exists" of a file where a directory of the path should be
+        why = f"{exc.filename} is not a directory" if isinstance(exc, FileExistsError) else None
+        raise ValueError(
+            f"invalid gateway settings: trace_path: cannot append to {path} "
+            f"({why or exc.strerror or exc}); name a file in a writable directory"
+        ) from exc
 
 
 _CALLS = TypeAdapter(list[ToolCallRecord])

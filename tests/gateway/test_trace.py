@@ -10,6 +10,8 @@ import pytest
 from gw_support import proxy_tool
 from typer.testing import CliRunner
 
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
 from gateway.trace import TraceWriter, read_captured_calls
 from toolenv.cli import build_app
 from toolenv_core.polytrace.latencies import tool_latencies
@@ -164,3 +166,24 @@ def test_a_directory_given_as_the_capture_says_so(tmp_path) -> None:
     result = CliRunner().invoke(toolenv_app, args)
     assert result.exit_code == 2  # it said "does not exist"
     assert result.stderr == f"error: {tmp_path} is a directory; name the capture file\n"
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "a_directory"])
+def test_a_trace_path_that_cannot_be_written_is_one_settings_line(tmp_path, where) -> None:
+    """Before: a `trace_path` under a file was a traceback from the server's start-up (exit 3),
+    and a directory started a gateway whose capture recorded nothing, silently."""
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "capture.jsonl" if where == "under_a_file" else tmp_path
+    with pytest.raises(ValueError, match=r"^invalid gateway settings: trace_path: cannot append"):
+        create_app(GatewaySettings(trace_path=str(path)))
+    if where == "under_a_file":  # through the CLI (the directory case would start serving)
+        args = ["gateway", "serve", "--port", "1"]
+        result = CliRunner().invoke(
+            toolenv_app, args, env={"TOOLENV_GATEWAY_TRACE_PATH": str(path)}
+        )
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.stderr.startswith(
+            "error: invalid gateway settings: trace_path: cannot append to "
+            f"{path} ({tmp_path / 'file'} is not a directory)"
+        ), result.stderr
+        assert result.stderr.count("\n") == 1
