@@ -62,6 +62,7 @@ class LaneCycle:
     disconnected: bool = False
     message_event: _Signal = field(default_factory=_Signal)
     body_timer: asyncio.TimerHandle | None = None  # the body's deadline (Door.body_timeout_s)
+    task: asyncio.Task[None] | None = None  # answering it, once the body is in
 
 
 class LaneProtocol(HttpToolsProtocol):
@@ -138,6 +139,16 @@ class LaneProtocol(HttpToolsProtocol):
         task = asyncio.Task(self._answer(lane), loop=self.loop, name=_TASK_NAME)
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
+        lane.task = task
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """uvicorn's, and a lane call whose caller hung up before its answer is cancelled: its
+        tool's work stops (the upstream connection closed, an in-process handler unwound: a
+        sandbox kills its program) and its slot is free, rather than held for nobody."""
+        lane = self.cycle
+        super().connection_lost(exc)
+        if isinstance(lane, LaneCycle) and lane.task is not None and not lane.response_complete:
+            lane.task.cancel()
 
     # -- keep-alive: one timer per idle spell, not one armed and cancelled per request
     def _unset_keepalive_if_required(self) -> None:

@@ -9,6 +9,7 @@ declines (the gateway still starting, or no such tool), with the error saying wh
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from collections.abc import Coroutine
@@ -100,7 +101,10 @@ class PassThrough:
         body = await _read(receive)
         if body is None:
             return  # the caller hung up
-        status, headers, payload = await serve(ctx, call, body)
+        answer = await _unless_hung_up(serve(ctx, call, body), receive)
+        if answer is None:
+            return  # the caller hung up: the call was cancelled
+        status, headers, payload = answer
         headers.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -245,6 +249,25 @@ def _check_call_body(body: Any) -> str | None:
         or deadline == float("inf")
     ):  # fmt: skip
         return "deadline_ms: must be a non-negative number of milliseconds"
+    return None
+
+
+async def _unless_hung_up(call: Coroutine[Any, Any, Answer], receive) -> Answer | None:
+    """`call`'s answer, or None once the caller hangs up first: the call is cancelled, and with it
+    the tool's work (the lane does the same from its connection). ASGI servers do not cancel a
+    request whose client left; after the body, `receive()` returns only at that moment."""
+    task = asyncio.ensure_future(call)
+    gone = asyncio.ensure_future(receive())
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -238,3 +239,49 @@ def test_each_request_is_charged_once_by_the_rate_limit_whichever_path(upstream,
     assert [a[0] for a in answers] == [200, 200, 200, 429]
     assert answers[3][1]["retry-after"]
     sock.close()
+
+
+def _chunked(path: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n".encode()
+    return head + b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])  # the lane; the app's path
+def test_a_caller_that_hangs_up_ends_its_call(upstream, gateway, request, framing) -> None:
+    """Before: the call went on without anyone to answer, holding its tool's slot until the tool
+    finished (a sandboxed program ran to its run_timeout, up to a minute, after an RL client
+    aborted the rollout that asked for it)."""
+    up = upstream("slow")
+    gw = gateway(
+        [proxy_tool("search", up.url, kind="search", max_deadline_ms=60_000, concurrency=2)]
+    )
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    # where an app's exception is logged (after the server set up its logging)
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    request.addfinalizer(lambda: logging.getLogger("uvicorn.error").removeHandler(handler))
+    encode = _post if framing == "content-length" else _chunked
+    calls = [
+        ("/retrieve", {"sleep_s": 30}),
+        ("/v1/tools/search/call", {"arguments": {"sleep_s": 30}}),
+    ]
+    for path, body in calls:
+        sock = _connect(gw.url)
+        sock.sendall(encode(path, body))
+        for _ in range(100):  # until the upstream has the call
+            if up.stats()["started"] > calls.index((path, body)):
+                break
+            time.sleep(0.02)
+        sock.close()
+    for _ in range(100):
+        if up.stats()["abandoned"] == 2:
+            break
+        time.sleep(0.02)
+    assert up.stats() | {"deadline_ms": None} == {
+        "started": 2, "finished": 0, "abandoned": 2, "deadline_ms": None,
+    }  # fmt: skip
+    runtime = gw.toolset.tools["search"]
+    assert runtime.admission.in_flight == 0  # the slots are free again
+    assert not errors, [record.getMessage() for record in errors]
