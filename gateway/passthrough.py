@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -244,12 +245,20 @@ def _check_call_body(body: Any) -> str | None:
     if not isinstance(body["arguments"], dict):
         return "arguments: must be a JSON object (the tool's native request body)"
     deadline = body.get("deadline_ms")
-    if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, int | float) or not deadline >= 0
-        or deadline == float("inf")
-    ):  # fmt: skip
+    if deadline is not None and not _finite_non_negative(deadline):
         return "deadline_ms: must be a non-negative number of milliseconds"
     return None
+
+
+def _finite_non_negative(value: Any) -> bool:
+    """A JSON number >= 0 that is finite as a float (not `true`, NaN, `1e400`, nor an integer
+    past the float range such as 10**400, which no deadline arithmetic can take)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return 0 <= float(value) < math.inf
+    except OverflowError:
+        return False
 
 
 async def _unless_hung_up(call: Coroutine[Any, Any, Answer], receive) -> Answer | None:

@@ -31,7 +31,11 @@ def _seconds(value: Any, default: float) -> float | None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) and value > 0 else None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer past the float range, e.g. 10**400
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def request_budget_ms(path: str, body: Any, margin_ms: float) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -364,3 +365,27 @@ def test_pass_through_keeps_the_tools_retry_after(upstream, gateway) -> None:
     for path in ("/run_code", "/v1/run_tests", "/retrieve"):
         r = httpx.post(gw.url + path, json={"status": 429, "retry_after": 7}, timeout=10)
         assert r.status_code == 429 and r.headers.get("retry-after") == "7", (path, r.headers)
+
+
+def test_an_integer_past_the_float_range_is_a_client_error_not_a_500(upstream, gateway) -> None:
+    """Before: `10**400` as a timeout (`/run_code`, `/v1/run_tests`) or as `deadline_ms` was an
+    OverflowError in the gateway, a 500. Now the generic call refuses it like `1e400`, and the
+    sandbox routes leave it to the tool (sandboxd answers 422 naming the field)."""
+    up = upstream("echo")
+    gw = gateway(
+        [proxy_tool("sandbox", up.url, kind="sandbox"), proxy_tool("search", up.url, kind="search")]
+    )
+    huge = 10**400
+    for path, body in [
+        ("/run_code", {"code": "print(1)", "run_timeout": huge}),
+        ("/run_code", {"code": "print(1)", "compile_timeout": huge}),
+        ("/v1/run_tests", {"code": "x", "cases": [{"stdin": ""}], "timeout": huge}),
+        ("/v1/run_tests", {"code": "x", "cases": [{"stdin": "", "timeout": huge}]}),
+    ]:
+        r = httpx.post(gw.url + path, content=json.dumps(body), timeout=10,
+                       headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 200 and r.json()["body"] == body, (path, r.text)  # the echo
+    r = httpx.post(gw.url + "/v1/tools/search/call", timeout=10,
+                   content=json.dumps({"arguments": {}, "deadline_ms": huge}))  # fmt: skip
+    assert r.status_code == 422, r.text
+    assert "deadline_ms: must be a non-negative number" in r.json()["detail"]
