@@ -87,11 +87,11 @@ def create_app(settings: EmulatorSettings | None = None) -> FastAPI:
         BodyLimit, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
     )
 
-    @app.get("/healthz", tags=["ops"])
+    @app.api_route("/healthz", methods=["GET", "HEAD"], tags=["ops"])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.api_route("/readyz", methods=["GET", "HEAD"], tags=["ops"])
     async def readyz() -> dict[str, object]:
         return {"status": "ready" if app.state.ready else "starting", "tools": sorted(emulators)}
 

@@ -208,13 +208,18 @@ async def list_tools(request: Request) -> dict[str, Any]:
 # ---------------------------------------------------------------- operations
 
 
-@router.get("/healthz", tags=["ops"])
+@router.api_route("/healthz", methods=["GET", "HEAD"], tags=["ops"])
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["ops"], responses={503: {"description": "names what is not ready"}})
+@router.api_route(
+    "/readyz",
+    methods=["GET", "HEAD"],
+    tags=["ops"],
+    responses={503: {"description": "names what is not ready"}},
+)
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: start-up finished and every tool can take calls (upstreams reachable)."""
     state = state_of(request)

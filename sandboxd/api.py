@@ -173,7 +173,9 @@ def build_router(service: SandboxService) -> APIRouter:
     async def status() -> dict[str, Any]:
         return service.status()
 
-    @router.get("/readyz", summary="200 once the backend is started, else 503")
+    @router.api_route(
+        "/readyz", methods=["GET", "HEAD"], summary="200 once the backend is started, else 503"
+    )
     async def readyz() -> Response:
         if not service.started:
             return _error(503, "sandbox backend not started")

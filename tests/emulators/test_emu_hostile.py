@@ -116,3 +116,10 @@ def test_a_fractional_reference_batch_is_a_batch_of_at_least_one(client: httpx.C
     r = client.post("/v1/emulators/reward/call", json={})
     assert r.status_code == 200, r.text
     assert r.json()["batch_size"] == 1
+
+
+def test_probes_answer_head(client: httpx.Client) -> None:
+    # load balancers' health checks send HEAD: it was a 405
+    for probe in ("/healthz", "/readyz"):
+        r = client.head(probe)
+        assert r.status_code == 200 and r.content == b""

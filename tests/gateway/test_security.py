@@ -24,6 +24,10 @@ def test_api_keys_guard_every_route_but_probes_and_never_leak(upstream, gateway,
         [proxy_tool("echo", up.url), proxy_tool("down", "http://127.0.0.1:9")], api_keys=[KEY]
     )
     assert httpx.get(gw.url + "/healthz", timeout=5).status_code == 200
+    for probe in ("/healthz", "/readyz"):  # load balancers probe with HEAD (it was a 405)
+        head = httpx.head(gw.url + probe, timeout=5)
+        assert head.status_code == httpx.get(gw.url + probe, timeout=5).status_code
+        assert head.status_code != 405 and head.content == b""
     for path in ("/v1/tools", "/metrics", "/openapi.json"):
         r = httpx.get(gw.url + path, timeout=5)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"

@@ -47,6 +47,8 @@ def post(server: SandboxdServer, body: object, path: str = "/run_code", **kw) ->
 
 def test_ping_languages_status(api: SandboxdServer) -> None:
     assert api.client.get("/v1/ping").json() == "pong"
+    head = api.client.head("/readyz")  # load balancers probe with HEAD (it was a 405)
+    assert head.status_code == 200 and head.content == b""
     langs = {lang["name"]: lang for lang in api.client.get("/v1/languages").json()["languages"]}
     assert set(langs) == {"python", "bash", "c", "cpp"}
     assert langs["cpp"]["compiled"] and not langs["python"]["compiled"]
