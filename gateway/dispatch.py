@@ -146,7 +146,11 @@ class ToolRuntime:
 
     async def call(self, call: UpstreamCall, deadline_ms: float) -> Outcome:
         started = time.perf_counter()
-        outcome = await self._call(call, started)
+        try:
+            outcome = await self._call(call, started)
+        except asyncio.CancelledError:  # the caller hung up: its call ended unanswered
+            self.m.outcomes["caller_gone"].inc()
+            raise
         outcome.elapsed_s = time.perf_counter() - started
         outcome.deadline_ms = deadline_ms
         self.m.total.observe(outcome.elapsed_s)

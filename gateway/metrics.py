@@ -24,7 +24,7 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 
-OUTCOMES = ("ok", "error", "timeout", "rejected", "unavailable", "upstream_failed")
+OUTCOMES = ("ok", "error", "timeout", "rejected", "unavailable", "upstream_failed", "caller_gone")
 
 # (name, help) of each per-tool histogram, in `ToolMetrics.histograms()` order
 HISTOGRAMS = (
@@ -35,7 +35,7 @@ HISTOGRAMS = (
 )  # fmt: skip
 CALLS_HELP = (
     "Calls by outcome: ok, error (upstream answered an error), timeout, rejected (429), "
-    "unavailable (503), upstream_failed (502)."
+    "unavailable (503), upstream_failed (502), caller_gone (the caller hung up first)."
 )
 
 

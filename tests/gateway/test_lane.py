@@ -284,4 +284,5 @@ def test_a_caller_that_hangs_up_ends_its_call(upstream, gateway, request, framin
     }  # fmt: skip
     runtime = gw.toolset.tools["search"]
     assert runtime.admission.in_flight == 0  # the slots are free again
+    assert runtime.m.outcomes["caller_gone"].value == 2  # and counted (they were in no outcome)
     assert not errors, [record.getMessage() for record in errors]
