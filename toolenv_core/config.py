@@ -77,7 +77,15 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigFileError(f"config file {p} is a directory: name a YAML, TOML or JSON file")
     if not p.is_file():
         raise ConfigFileError(f"config file {p} does not exist")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(
+            f"config file {p} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}): name a YAML, TOML or JSON file"
+        ) from exc
+    except OSError as exc:
+        raise ConfigFileError(f"config file {p} cannot be read: {exc.strerror or exc}") from exc
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -185,3 +186,25 @@ def test_serve_reads_the_config_file_once_and_builds_each_service_from_its_secti
     mounts = build_mounts(settings, sections)
     assert set(mounts) == {"emulators"}  # only what an embedded tool of the table needs
     assert mounts["emulators"].state.settings.seed == 42
+
+
+def test_a_config_file_that_is_not_text_or_cannot_be_read_is_one_line_naming_it(
+    tmp_path, monkeypatch
+) -> None:
+    # said "'utf-8' codec can't decode byte 0xff in position 0" without naming the file
+    binary = tmp_path / "c.yaml"
+    binary.write_bytes(b"\xff\xfegateway: {}\n")
+    with pytest.raises(ConfigFileError) as caught:
+        read_config_file(binary)
+    assert str(caught.value) == (
+        f"config file {binary} is not UTF-8 text (byte 0xff at offset 0): "
+        "name a YAML, TOML or JSON file"
+    )
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", denied)  # root reads a chmod 000 file anyway
+    with pytest.raises(ConfigFileError) as caught:
+        read_config_file(binary)
+    assert str(caught.value) == f"config file {binary} cannot be read: Permission denied"
