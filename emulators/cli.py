@@ -31,7 +31,11 @@ app = typer.Typer(
 @app.command("settings")
 def show_settings() -> None:
     """Print this service's effective settings as JSON."""
-    typer.echo(EmulatorSettings.load().model_dump_json(indent=2))
+    try:
+        settings = EmulatorSettings.load()
+    except ValueError as exc:  # the config file or a TOOLENV_EMULATORS_* variable
+        raise _fail(config_error(exc)) from exc
+    typer.echo(settings.model_dump_json(indent=2))
 
 
 def _fail(message: str) -> typer.Exit:

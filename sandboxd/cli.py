@@ -22,7 +22,12 @@ app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
 @app.command("settings")
 def show_settings() -> None:
     """Print this service's effective settings as JSON."""
-    typer.echo(SandboxSettings.load().model_dump_json(indent=2))
+    try:
+        settings = SandboxSettings.load()
+    except ValueError as exc:  # the config file or a TOOLENV_SANDBOX_* variable
+        typer.echo(f"error: {config_error(exc)}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(settings.model_dump_json(indent=2))
 
 
 @app.command("serve")

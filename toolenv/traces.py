@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.polytrace.cache import TracesSettings
 from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached
@@ -41,7 +42,10 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 def _settings(dest: Path | None, source: str | None) -> TracesSettings:
     overrides = {"cache_dir": dest, "source": source}
-    return TracesSettings.load(None, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return TracesSettings.load(None, **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:  # the config file or a TOOLENV_TRACES_* variable
+        raise _fail(config_error(exc)) from exc
 
 
 def _select(names: list[str] | None) -> list[ManifestEntry]:

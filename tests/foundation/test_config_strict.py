@@ -181,3 +181,52 @@ def test_check_sections_suggests_the_closest_and_lists_the_known() -> None:
     assert str(caught.value) == (
         "unknown config sections 'sandboxx' (did you mean sandbox?), 'zzz'; known: gateway, sandbox"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "section", "said"),
+    [
+        (["sandboxd", "settings"], "sandbox:\n  max_concurency: 3\n", KEY_SAID),
+        (
+            ["emulators", "settings"],
+            "emulators:\n  sead: 3\n",
+            "invalid emulators settings: sead: unknown setting (did you mean seed?)",
+        ),
+        (
+            ["traces", "list"],
+            "traces:\n  sourc: x\n",
+            "invalid traces settings: sourc: unknown setting (did you mean source?)",
+        ),
+        (
+            ["traces", "fetch", "search_r1"],
+            "traces:\n  sourc: x\n",
+            "invalid traces settings: sourc: unknown setting (did you mean source?)",
+        ),
+    ],
+)
+def test_the_settings_and_traces_commands_say_a_bad_config_in_one_line(
+    tmp_path: Path, command: list[str], section: str, said: str
+) -> None:
+    """They printed a pydantic traceback for the same file `config show` refuses in one line."""
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text(section)
+    result = _invoke(command, TOOLENV_CONFIG=str(cfg))
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == f"error: {said}\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "variable"),
+    [
+        (["sandboxd", "settings"], "TOOLENV_SANDBOX_MAX_CONCURRENCY"),
+        (["emulators", "settings"], "TOOLENV_EMULATORS_SEED"),
+    ],
+)
+def test_the_settings_commands_say_a_bad_env_value_in_one_line(
+    command: list[str], variable: str
+) -> None:
+    result = _invoke(command, **{variable: "abc"})
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert (
+        result.stderr.count("\n") == 1 and "unable to parse string as an integer" in result.stderr
+    )
