@@ -26,7 +26,7 @@ from rich.table import Table
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.polytrace.cache import TracesSettings
-from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached
+from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached, source_problem
 from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
 
 app = typer.Typer(
@@ -87,8 +87,9 @@ def fetch_command(
     entries = _select(names)
     settings = _settings(dest, source)
     where = settings.source
-    if where and not where.startswith(("http://", "https://")) and not Path(where).is_dir():
-        raise _fail(f"--from {where}: not a URL (http:// or https://) nor a directory")
+    problem = source_problem(where) if where else None
+    if problem:
+        raise _fail(f"--from {where}: {problem}")
     cache_dir = Path(settings.cache_dir).expanduser()
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)

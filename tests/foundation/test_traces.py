@@ -224,3 +224,19 @@ def test_missing_trace_points_at_the_cache_and_fetch(tmp_path: Path) -> None:
     done = toolenv("emulators", "fit", "multiturn_workload_step_9.jsonl", cache=tmp_path)
     assert done.exit_code == 2
     assert str(tmp_path) in done.stderr and "toolenv traces fetch" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("http://[::1", "not a valid URL (Invalid port: ':1')"),  # was httpx's traceback
+        ("http://", "a URL without a host"),  # was six failed downloads, exit 1
+        ("https:///search_r1", "a URL without a host"),
+    ],
+)
+def test_fetch_from_a_url_that_does_not_parse_is_bad_input(
+    source: str, said: str, tmp_path: Path
+) -> None:
+    done = traces("fetch", *SMALL, "--from", source, "--dest", str(tmp_path))
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert done.stderr == f"error: --from {source}: {said}\n"

@@ -70,6 +70,23 @@ def _is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
 
+def source_problem(source: str) -> str | None:
+    """What is wrong with a `--from` source before any download: neither an http(s) URL with a
+    host (`http://[::1` raised httpx's InvalidURL; `http://` failed every file alike) nor a
+    directory; None when it will do."""
+    if not _is_url(source):
+        return (
+            None
+            if Path(source).expanduser().is_dir()
+            else "not a URL (http:// or https://) nor a directory"
+        )
+    try:
+        host = httpx.URL(source).host
+    except httpx.InvalidURL as exc:
+        return f"not a valid URL ({exc})"
+    return None if host else "a URL without a host"
+
+
 class _Sink:
     """The temporary file a download streams into, hashed and bounded as it is written."""
 
