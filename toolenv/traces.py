@@ -8,6 +8,7 @@ name in the cache (`toolenv_core.polytrace.cache`).
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -93,8 +94,9 @@ def fetch_command(
     cache_dir = Path(settings.cache_dir).expanduser()
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache_dir).close()  # writable: else every file fails alike
     except OSError as exc:
-        raise _fail(f"cannot create the cache directory {cache_dir}: {exc}") from exc
+        raise _fail(f"cannot write to the cache directory {cache_dir}: {exc}") from exc
     manifest = load_manifest()
     console = Console(stderr=True)
     progress = Progress(

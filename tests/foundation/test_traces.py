@@ -240,3 +240,25 @@ def test_fetch_from_a_url_that_does_not_parse_is_bad_input(
     done = traces("fetch", *SMALL, "--from", source, "--dest", str(tmp_path))
     assert done.exit_code == 2, (done.output, done.exception)
     assert done.stderr == f"error: --from {source}: {said}\n"
+
+
+def test_fetch_into_a_cache_it_cannot_write_is_one_line_per_cause(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Each was an OSError traceback from inside the fetch."""
+    source = ["--from", str(polytrace_dir)]
+    # nothing can be written there at all (as root, only /proc refuses): bad input, exit 2
+    done = traces("fetch", *SMALL, *source, "--dest", "/proc")
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert done.stderr.startswith("error: cannot write to the cache directory /proc: ")
+    assert done.stderr.count("\n") == 1
+    # a file where the cache wants a directory: that file fails, named, the others are fetched
+    (tmp_path / "intern_s1").write_text("not a directory")
+    done = traces("fetch", *SMALL, *source, "--dest", str(tmp_path), "--json")
+    assert done.exit_code == 1, (done.output, done.exception)
+    report = json.loads(done.stdout)
+    assert (report["fetched"], report["failed"]) == (5, 1)
+    name = "intern_s1/enhanced_task_distribution_parameters.json"
+    [said] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert said.startswith(f"error: {name}: cannot write {tmp_path / name}: ")
+    assert "File exists" in said and leftovers(tmp_path) == []

@@ -169,14 +169,17 @@ class Fetcher:
         target = self.dest / entry.name
         if not force and is_cached(entry, target):
             return FetchResult(entry.name, "cached", target, entry.bytes)
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             with _sink(entry, target, self.progress) as sink:
                 where = self._download(entry, sink)
                 sink.commit(target, where)
         except FetchError as exc:
             where = self.source or self.manifest.base_url
             return FetchResult(entry.name, "failed", target, 0, where, str(exc), exc.unreachable)
+        except OSError as exc:  # the cache itself: a file where a directory goes, or read-only
+            error = f"{entry.name}: cannot write {target}: {exc}"
+            return FetchResult(entry.name, "failed", target, 0, "", error)
         return FetchResult(entry.name, "fetched", target, entry.bytes, where)
 
     def _download(self, entry: ManifestEntry, sink: _Sink) -> str:
