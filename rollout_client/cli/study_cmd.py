@@ -40,9 +40,10 @@ def study(
         typer.Option("--quick", help="256 trajectories per step and 7 policies (about a minute)."),
     ] = False,
     batch: Annotated[
-        int | None, typer.Option("--batch", help="Trajectories per step (default 2048; quick 256).")
+        int | None,
+        typer.Option("--batch", min=1, help="Trajectories per step (default 2048; quick 256)."),
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Steps per cell.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Steps per cell.")] = 2,
     cost_profile: Annotated[
         str, typer.Option("--cost-profile", help="Built-in engine profile or calibrate JSON.")
     ] = "searchr1-qwen7b",

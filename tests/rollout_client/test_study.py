@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from toolenv.cli import build_app
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,3 +67,16 @@ def test_quick_study_writes_the_matrix_and_its_findings(
     assert cells[("x100", "sync")]["makespan_s"] > cells[("recorded", "sync")]["makespan_s"]
     md = (tmp_path / "study.md").read_text()
     assert "toolenv rollout study" in md and "Recommendation" in md
+
+
+@pytest.mark.parametrize("option", [["--steps", "0"], ["--steps", "-1"], ["--batch", "0"]])
+def test_a_study_of_no_steps_or_no_trajectories_is_bad_input(
+    polytrace_dir: Path, tmp_path: Path, option: list[str]
+) -> None:
+    """It ran the matrix and died on an IndexError (`index -1 is out of bounds`)."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    args = ["rollout", "study", "--quick", "--trace", str(trace), "--out", str(tmp_path / "o")]
+    done = CliRunner().invoke(build_app(), [*args, *option])
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert f"Invalid value for '{option[0]}'" in done.stderr and "Traceback" not in done.output
+    assert not (tmp_path / "o").exists()
