@@ -82,7 +82,9 @@ class RolloutSettings(ServiceSettings):
     max_append: Integer | None = Field(default=None, ge=0)
     limit: Integer | None = Field(default=None, ge=1)
     sample: Number | None = Field(default=None, gt=0, le=1)
-    seed: Integer = 0
+    seed: Integer = Field(
+        default=0, ge=0, description="numpy seeds each tool call's draws from it: non-negative"
+    )
 
     live_max_turns: Integer = Field(
         default=4, ge=1, description="live mode: turns per trajectory at most"

@@ -47,7 +47,7 @@ def study(
     cost_profile: Annotated[
         str, typer.Option("--cost-profile", help="Built-in engine profile or calibrate JSON.")
     ] = "searchr1-qwen7b",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("rollout-study"),
     as_json: Annotated[bool, typer.Option("--json", help="Print study.json to stdout.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,

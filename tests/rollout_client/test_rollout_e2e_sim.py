@@ -272,3 +272,21 @@ def test_time_scale_without_exact_replay_is_refused(polytrace_dir, tmp_path) -> 
     done = rollout_inproc("--trace", str(trace), "--time-scale", "4", "--out", str(tmp_path))
     assert done.exit_code == 2 and isinstance(done.exception, SystemExit)
     assert "--time-scale" in done.stderr and "--exact" in done.stderr
+
+
+def test_a_negative_seed_is_bad_input(polytrace_dir, tmp_path) -> None:
+    """It ran, and every trajectory with a tool call failed on numpy's "expected non-negative
+    integer" (exit 1); `rollout study --seed -1` reported those failures as a quiet cell."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    done = rollout_inproc(
+        *("--engine", "sim", "--clock", "virtual", "--exact", "--trace", str(trace)),
+        *("--limit", "8", "--batch", "8", "--seed", "-1", "--out", str(tmp_path / "o")),
+    )
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    assert done.stderr == "error: seed: Input should be greater than or equal to 0\n"
+    study = CliRunner().invoke(
+        app,
+        ["rollout", "study", "--quick", "--trace", str(trace), "--seed", "-1"]
+        + ["--out", str(tmp_path / "s")],
+    )
+    assert study.exit_code == 2 and "Invalid value for '--seed'" in study.stderr
