@@ -217,3 +217,27 @@ def test_openai_engine_pins_each_trajectory_to_one_server() -> None:
     assert engine.server_for("t2") == second
     with pytest.raises(ValueError, match="--openai-url"):
         OpenAIEngine([])
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "said"),
+    [
+        ("turns.0.engine_latency_s", float("nan"), "Input should be a finite number"),
+        ("turns.0.engine_latency_s", -5.0, "Input should be greater than or equal to 0"),
+        ("tool_calls.0.latency_s", float("inf"), "Input should be a finite number"),
+    ],
+)
+def test_a_latency_that_is_not_a_finite_duration_names_file_line_and_field(
+    tmp_path: Path, polytrace_dir: Path, where: str, value: float, said: str
+) -> None:
+    """`validate` printed `nan%` accuracy for a NaN engine latency and replayed a negative one."""
+    good = (polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl").open().readline()
+    bad = json.loads(good)
+    group, index, field = where.split(".")
+    bad[group][int(index)][field] = value
+    path = tmp_path / "bad.jsonl"
+    path.write_text(good + json.dumps(bad) + "\n")  # json writes NaN / Infinity, as Python reads
+    with pytest.raises(TraceFormatError) as info:
+        list(replay_plans([path]))
+    assert (info.value.line, info.value.field) == (2, where)
+    assert said in str(info.value)

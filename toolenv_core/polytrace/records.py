@@ -27,13 +27,13 @@ class TurnRecord(_Record):
     max_new_tokens: int | None = None
     assistant_append_len: int | None = None
     total_len_after: int | None = None
-    engine_latency_s: float | None = None
+    engine_latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class ToolCallRecord(_Record):
     turn: int = Field(ge=0)
     tool_name: str
-    latency_s: float = Field(ge=0)
+    latency_s: float = Field(ge=0, allow_inf_nan=False)
     status: str = "success"
     query_count: int | None = None
     response_token_len: int | None = Field(default=None, ge=0)
