@@ -133,6 +133,11 @@ def load_step(path: Path) -> list[TrajectoryRecord]:
     records = list(read_multiturn(path))
     if not records:  # it failed later as "batch: Input should be greater than or equal to 1"
         raise TraceFormatError(path, 0, "", "holds no trajectories")
+    if not any(r.turns for r in records) or recorded_timings(records)[0].max() <= 0:
+        # nothing to compare with: it failed later on a ZeroDivisionError
+        raise TraceFormatError(
+            path, 0, "", "records no timings (engine_latency_s, latency_s): nothing to validate"
+        )
     return records
 
 

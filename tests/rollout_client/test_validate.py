@@ -121,3 +121,27 @@ def test_validate_table_gives_every_time_its_unit(polytrace_dir: Path, tmp_path:
     assert result.exit_code == 0, result.output
     # the turn latency columns had no unit, beside "makespan rec/sim (s)"
     assert "turn p50 rec/sim (s)" in result.stdout and "turn p90 rec/sim (s)" in result.stdout
+
+
+def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollout_client.cli import app
+
+    good = json.loads(
+        (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open().readline()
+    )
+    no_turns = {**good, "turns": [], "tool_calls": []}
+    untimed = {
+        **good,
+        "turns": [{k: v for k, v in t.items() if k != "engine_latency_s"} for t in good["turns"]],
+        "tool_calls": [{**c, "latency_s": 0} for c in good["tool_calls"]],
+    }
+    for record in (no_turns, untimed):  # each was a ZeroDivisionError traceback
+        step = tmp_path / "step.jsonl"
+        step.write_text(json.dumps(record) + "\n")
+        result = CliRunner().invoke(app, ["validate", "--trace", str(step)])
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.stderr == (
+            f"error: {step}: records no timings (engine_latency_s, latency_s): nothing to validate\n"
+        )
