@@ -124,5 +124,10 @@ def _check_outputs(save_profile: Path | None, plot_dir: Path | None, *, fitting:
             fail(f"--save-profile {save_profile}: is a directory; name a file")
         if not save_profile.parent.is_dir():
             fail(f"--save-profile {save_profile}: there is no directory {save_profile.parent}")
-    if plot_dir is not None and plot_dir.exists() and not plot_dir.is_dir():
-        fail(f"--plot-dir {plot_dir}: is a file, not a directory")
+    if plot_dir is not None:
+        if plot_dir.exists() and not plot_dir.is_dir():
+            fail(f"--plot-dir {plot_dir}: is a file, not a directory")
+        try:  # made now: after the replays (or a fit of minutes) it was a bare "[Errno 2] ..."
+            plot_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            fail(f"--plot-dir {plot_dir}: cannot make the directory: {exc.strerror or exc}")

@@ -90,6 +90,10 @@ def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_pa
         (["--fit", step0, "--save-profile", str(tmp_path)], f"--save-profile {tmp_path}: is a directory"),
         (["--save-profile", str(tmp_path / "p.json")], "add --fit"),
         (["--plot-dir", str(a_file)], f"--plot-dir {a_file}: is a file"),
+        (
+            ["--plot-dir", str(a_file / "plots")],
+            f"--plot-dir {a_file / 'plots'}: cannot make the directory: Not a directory",
+        ),
     ]  # fmt: skip
     for args, message in cases:
         result = CliRunner().invoke(app, ["validate", "--trace", step2, *args])
