@@ -35,8 +35,14 @@ from .workloads.synthetic import synthetic_plans
 
 
 def model_vocab_size(model_dir: str | Path) -> int:
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return int(config["vocab_size"])
+    """The model's vocabulary size from its config.json; ValueError saying why it cannot be read."""
+    path = Path(model_dir) / "config.json"
+    try:
+        return int(json.loads(path.read_text())["vocab_size"])
+    except KeyError as exc:
+        raise ValueError(f"cannot read the vocabulary size from {path}: no vocab_size") from exc
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"cannot read the vocabulary size from {path}: {exc}") from exc
 
 
 def build_engine(settings: RolloutSettings) -> Engine:

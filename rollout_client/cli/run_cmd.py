@@ -315,8 +315,8 @@ def run(
     if settings.model:
         try:
             settings = settings.model_copy(update={"vocab_size": model_vocab_size(settings.model)})
-        except (OSError, ValueError, KeyError) as exc:
-            fail(f"cannot read the vocabulary size from {settings.model}/config.json: {exc}")
+        except ValueError as exc:
+            fail(str(exc))
     out_dir = Path(settings.out_dir)
     with out_dir_for_run(out_dir):
         try:

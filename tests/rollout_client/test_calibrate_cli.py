@@ -1,0 +1,49 @@
+"""`toolenv rollout calibrate`'s argument checks, without an engine: each bad option is one line,
+exit 2, before anything is measured (the engine is a closed port on loopback, exit 3 if reached)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from testkit import free_port
+from typer.testing import CliRunner
+
+from toolenv.cli import build_app
+
+app = build_app()
+
+
+def calibrate(*args: str) -> Result:
+    engine = ["--engine", "openai", "--openai-url", f"http://127.0.0.1:{free_port()}"]
+    return CliRunner().invoke(app, ["rollout", "calibrate", *engine, *args])
+
+
+def one_line_error(result: Result) -> str:
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (
+        result.output,
+        result.exception,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        (None, "[Errno 2] No such file or directory"),
+        ("{}", "no vocab_size"),
+        ('{"vocab_size": "x"}', "invalid literal for int()"),
+    ],
+)
+def test_a_model_without_a_readable_vocabulary_is_one_line(
+    tmp_path: Path, config: str | None, said: str
+) -> None:
+    """calibrate printed a FileNotFoundError / KeyError traceback (run said it in one line)."""
+    if config is not None:
+        (tmp_path / "config.json").write_text(config)
+    error = one_line_error(calibrate("--model", str(tmp_path)))
+    assert error.startswith(f"error: cannot read the vocabulary size from {tmp_path}/config.json: ")
+    assert said in error
