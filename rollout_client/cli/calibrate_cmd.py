@@ -70,6 +70,11 @@ def calibrate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
+    # Checked before the engine starts: it was found after the whole calibration, as a traceback.
+    if out.is_dir():
+        fail(f"--out {out}: is a directory; name a file")
+    if not out.parent.is_dir():
+        fail(f"--out {out}: there is no directory {out.parent}")
     try:
         plan = CalibrationPlan(
             batches=[int(x) for x in batches.split(",") if x.strip()],
@@ -122,7 +127,10 @@ def calibrate(
         fail(str(exc), code=3)
     except ValueError as exc:
         fail(one_line(exc))
-    profile.save(out)
+    try:
+        profile.save(out)
+    except OSError as exc:
+        fail(f"--out {out}: cannot write the profile: {exc.strerror or exc}")
     if as_json:
         typer.echo(json.dumps({"profile": profile.model_dump(), "check": rows}, indent=2))
         return

@@ -47,3 +47,12 @@ def test_a_model_without_a_readable_vocabulary_is_one_line(
     error = one_line_error(calibrate("--model", str(tmp_path)))
     assert error.startswith(f"error: cannot read the vocabulary size from {tmp_path}/config.json: ")
     assert said in error
+
+
+def test_an_out_it_cannot_write_is_refused_before_the_calibration(tmp_path: Path) -> None:
+    """It was written after minutes of measuring: an IsADirectoryError traceback, the work lost."""
+    said = one_line_error(calibrate("--out", str(tmp_path)))
+    assert said == f"error: --out {tmp_path}: is a directory; name a file"
+    nowhere = tmp_path / "no" / "p.json"
+    said = one_line_error(calibrate("--out", str(nowhere)))
+    assert said == f"error: --out {nowhere}: there is no directory {nowhere.parent}"
