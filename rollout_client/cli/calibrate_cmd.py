@@ -52,13 +52,13 @@ def calibrate(
         ),
     ] = None,
     check_trajectories: Annotated[
-        int, typer.Option("--check-trajectories", help="Trajectories per check step.")
+        int, typer.Option("--check-trajectories", min=1, help="Trajectories per check step.")
     ] = 64,
     check_length_scale: Annotated[
         float, typer.Option("--check-length-scale", help="Scale of the check's trace lengths.")
     ] = 0.1,
     check_max_output: Annotated[
-        int, typer.Option("--check-max-output", help="Cap on each check turn's output.")
+        int, typer.Option("--check-max-output", min=1, help="Cap on each check turn's output.")
     ] = 32,
     check_tool_scale: Annotated[
         float, typer.Option("--check-tool-scale", help="Scale of the check's tool latencies.")
@@ -70,7 +70,10 @@ def calibrate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Fit the simulator's cost model from a real engine and save it (use with --cost-profile FILE)."""
-    # Checked before the engine starts: it was found after the whole calibration, as a traceback.
+    # Checked before the engine starts: a bad scale was found after it (NaN as "cannot convert
+    # float NaN to integer", a negative one not at all); --out after the whole calibration.
+    _check_scale(check_length_scale, "--check-length-scale")
+    _check_scale(check_tool_scale, "--check-tool-scale")
     if out.is_dir():
         fail(f"--out {out}: is a directory; name a file")
     if not out.parent.is_dir():
@@ -160,3 +163,9 @@ def calibrate(
             f"{row['turn_latency_sim_s']:.3f} s (accuracy {row['turn_latency_accuracy']:.1%}; "
             f"per run {turn_spread})"
         )
+
+
+def _check_scale(value: float, option: str) -> None:
+    """A scale multiplies lengths or latencies: a finite number above 0 (typer's `min` lets NaN by)."""
+    if not (math.isfinite(value) and value > 0):
+        fail(f"{option} must be a finite number above 0, got {value}")

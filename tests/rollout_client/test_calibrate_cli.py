@@ -56,3 +56,24 @@ def test_an_out_it_cannot_write_is_refused_before_the_calibration(tmp_path: Path
     nowhere = tmp_path / "no" / "p.json"
     said = one_line_error(calibrate("--out", str(nowhere)))
     assert said == f"error: --out {nowhere}: there is no directory {nowhere.parent}"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--check-length-scale", "nan", "--check-length-scale must be a finite number above 0"),
+        ("--check-length-scale", "-1", "--check-length-scale must be a finite number above 0"),
+        ("--check-tool-scale", "-1", "--check-tool-scale must be a finite number above 0"),
+        ("--check-tool-scale", "inf", "--check-tool-scale must be a finite number above 0"),
+        ("--check-trajectories", "0", "Invalid value for '--check-trajectories'"),
+        ("--check-max-output", "0", "Invalid value for '--check-max-output'"),
+    ],
+)
+def test_a_check_option_out_of_range_is_refused_before_the_engine(
+    polytrace_dir: Path, option: str, value: str, said: str
+) -> None:
+    """Each went on to the engine (exit 3 here; a negative scale or no trajectories with one)."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    done = calibrate("--check", str(trace), option, value)
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert said in done.stderr and "Traceback" not in done.output
