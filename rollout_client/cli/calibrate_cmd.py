@@ -80,8 +80,8 @@ def calibrate(
         fail(f"--out {out}: there is no directory {out.parent}")
     try:
         plan = CalibrationPlan(
-            batches=[int(x) for x in batches.split(",") if x.strip()],
-            prompt_lens=[int(x) for x in prompt_lens.split(",") if x.strip()],
+            batches=_int_list(batches, "--batches"),
+            prompt_lens=_int_list(prompt_lens, "--prompt-lens"),
             decode_tokens=decode_tokens,
         )
         settings = RolloutSettings.load(
@@ -169,3 +169,11 @@ def _check_scale(value: float, option: str) -> None:
     """A scale multiplies lengths or latencies: a finite number above 0 (typer's `min` lets NaN by)."""
     if not (math.isfinite(value) and value > 0):
         fail(f"{option} must be a finite number above 0, got {value}")
+
+
+def _int_list(value: str, option: str) -> list[int]:
+    """`"1,4,16"` -> [1, 4, 16]; anything else names the option (int() said only the word)."""
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        fail(f"{option} takes comma-separated whole numbers, e.g. 1,4,16; got {value!r}")

@@ -77,3 +77,9 @@ def test_a_check_option_out_of_range_is_refused_before_the_engine(
     done = calibrate("--check", str(trace), option, value)
     assert done.exit_code == 2, (done.output, done.exception)
     assert said in done.stderr and "Traceback" not in done.output
+
+
+@pytest.mark.parametrize("option", ["--batches", "--prompt-lens"])
+def test_a_list_option_that_is_not_numbers_names_the_option(option: str) -> None:
+    said = one_line_error(calibrate(option, "4,abc"))  # was "invalid literal for int() ..."
+    assert said == f"error: {option} takes comma-separated whole numbers, e.g. 1,4,16; got '4,abc'"
