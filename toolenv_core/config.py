@@ -86,15 +86,18 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from exc
     except OSError as exc:
         raise ConfigFileError(f"config file {p} cannot be read: {exc.strerror or exc}") from exc
+    kind = {".toml": "TOML", ".json": "JSON"}.get(p.suffix.lower(), "YAML")  # `.TOML` was YAML
     try:
-        if p.suffix == ".toml":
+        if kind == "TOML":
             data = tomllib.loads(text)
-        elif p.suffix == ".json":
+        elif kind == "JSON":
             data = json.loads(text)
         else:
             data = yaml.safe_load(text) or {}
     except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigFileError(f"config file {p} does not parse: {parse_error(exc)}") from exc
+        raise ConfigFileError(
+            f"config file {p} does not parse as {kind}: {parse_error(exc)}"
+        ) from exc
     if not isinstance(data, dict):
         raise ConfigFileError(
             f"config file {p} must hold a mapping of sections, got {type(data).__name__}"

@@ -93,7 +93,7 @@ def test_a_config_file_that_does_not_parse_or_is_a_directory_is_one_line(tmp_pat
     message = str(caught.value)
     assert "\n" not in message and "<unicode string>" not in message
     assert (
-        message.startswith(f"config file {bad} does not parse: ")
+        message.startswith(f"config file {bad} does not parse as YAML: ")
         and "(line 2, column 1)" in message
     )
     with pytest.raises(ConfigFileError, match="is a directory"):  # said "does not exist"
@@ -208,3 +208,14 @@ def test_a_config_file_that_is_not_text_or_cannot_be_read_is_one_line_naming_it(
     with pytest.raises(ConfigFileError) as caught:
         read_config_file(binary)
     assert str(caught.value) == f"config file {binary} cannot be read: Permission denied"
+
+
+def test_a_config_file_suffix_in_capitals_names_its_format(tmp_path) -> None:
+    """`toolenv.TOML` was read as YAML: "expected '<document start>', but found '<scalar>'"."""
+    upper = tmp_path / "toolenv.TOML"
+    upper.write_text("[gateway]\nport = 9000\n")
+    assert read_config_file(upper) == {"gateway": {"port": 9000}}
+    other = tmp_path / "toolenv.conf"  # any other suffix is YAML, and the error says so
+    other.write_text("[gateway]\nport = 9000\n")
+    with pytest.raises(ConfigFileError, match=r"toolenv.conf does not parse as YAML: "):
+        read_config_file(other)
