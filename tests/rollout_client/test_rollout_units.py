@@ -241,3 +241,62 @@ def test_a_latency_that_is_not_a_finite_duration_names_file_line_and_field(
         list(replay_plans([path]))
     assert (info.value.line, info.value.field) == (2, where)
     assert said in str(info.value)
+
+
+def _intern_s1_with(polytrace_dir: Path, tmp_path: Path, change) -> Path:
+    doc = json.loads(
+        (polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json").read_text()
+    )
+    change(doc["tool_calling_task"])
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def _rename_input_2(task: dict) -> None:
+    names = task["sequence_models"]["3"]["feature_names"]
+    names[names.index("input_2")] = "renamed"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "said"),
+    [
+        (  # was a ZeroDivisionError
+            lambda t: t.update(call_count_distribution={"3": 0}),
+            "tool_calling_task.call_count_distribution",
+            "counts no sessions",
+        ),
+        (  # was numpy's "a cannot be empty unless no samples are taken"
+            lambda t: t.update(call_count_distribution={}),
+            "tool_calling_task.call_count_distribution",
+            "counts no sessions",
+        ),
+        (  # was numpy's "Probabilities are not non-negative"
+            lambda t: t["call_count_distribution"].update({"3": -5}),
+            "tool_calling_task.call_count_distribution.3",
+            "greater than or equal to 0",
+        ),
+        (  # was a KeyError: 3
+            lambda t: t["sequence_models"].pop("3"),
+            "tool_calling_task.sequence_models",
+            "has no model for 3 calls",
+        ),
+        (  # was "cannot convert float NaN to integer"
+            lambda t: t["sequence_models"]["3"]["mean_vector"].__setitem__(0, float("nan")),
+            "tool_calling_task.sequence_models.3.mean_vector.0",
+            "finite number",
+        ),
+        (  # was a KeyError: 'input_2'
+            _rename_input_2,
+            "tool_calling_task.sequence_models.3.feature_names",
+            "lacks input_2 for 3 calls",
+        ),
+    ],
+)
+def test_fitted_parameters_that_cannot_be_drawn_from_name_the_field(
+    polytrace_dir: Path, tmp_path: Path, change, field: str, said: str
+) -> None:
+    path = _intern_s1_with(polytrace_dir, tmp_path, change)
+    with pytest.raises(TraceFormatError) as info:
+        list(synthetic_plans(path, 8))
+    assert info.value.field == field and said in str(info.value)

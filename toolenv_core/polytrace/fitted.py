@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -21,7 +21,9 @@ from .kinds import kind_error
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN or inf in a mean or a covariance failed later, far from the file ("cannot convert float
+    # NaN to integer")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class FittedDistribution(_Doc):
@@ -105,12 +107,41 @@ class SequenceModel(_Doc):
             raise ValueError(f"has {len(value)} entries but n_features is {n}")
         return value
 
+    @field_validator("feature_names")
+    @classmethod
+    def _per_call_lengths(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """The lengths a synthetic trajectory is drawn from: input_i and output_i of each call."""
+        k = info.data.get("call_count") or 0
+        missing = [f"{kind}_{i}" for i in range(1, k + 1) for kind in ("input", "output")]
+        missing = [name for name in missing if name not in value]
+        if missing:
+            raise ValueError(f"lacks {', '.join(missing)} for {k} calls")
+        return value
+
 
 class ToolCallingTask(_Doc):
     task_type: str
-    call_count_distribution: dict[int, int]
+    call_count_distribution: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]]
     sequence_models: dict[int, SequenceModel] = Field(default_factory=dict)
     total_sessions: int | None = None
+
+    @field_validator("call_count_distribution")
+    @classmethod
+    def _some_sessions(cls, value: dict[int, int]) -> dict[int, int]:
+        if sum(value.values()) <= 0:  # it was a ZeroDivisionError, or numpy's "a cannot be empty"
+            raise ValueError("counts no sessions: at least one call count needs a count above 0")
+        return value
+
+    @field_validator("sequence_models")
+    @classmethod
+    def _one_per_call_count(
+        cls, value: dict[int, SequenceModel], info: ValidationInfo
+    ) -> dict[int, SequenceModel]:
+        counts = info.data.get("call_count_distribution") or {}
+        missing = sorted(k for k, n in counts.items() if n > 0 and k not in value)
+        if missing:  # a draw of that count was a KeyError
+            raise ValueError(f"has no model for {', '.join(map(str, missing))} calls")
+        return value
 
     def call_count_probabilities(self) -> dict[int, float]:
         total = sum(self.call_count_distribution.values())
