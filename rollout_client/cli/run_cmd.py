@@ -23,6 +23,11 @@ from ..session import build_live, build_plans, model_vocab_size, run_rollout
 from ..settings import RolloutSettings
 from .common import POLICY_HELP, fail, one_line, out_dir_for_run, setting_default, tool_pairs
 
+TOOL_PROFILE_HINT = (
+    "--tool-profile TOOL=FILE (a profile from `toolenv emulators fit`, or "
+    "emulators/profiles/search_default.yaml in a source checkout)"
+)
+
 
 def run(
     trace: Annotated[
@@ -289,8 +294,12 @@ def run(
         if settings.clock == "virtual" and not settings.exact and not settings.tool_profiles:
             raise ValueError(
                 "--clock virtual answers tools in process: replay recorded latencies with --exact "
-                "or draw them from --tool-profile TOOL=FILE (a profile from `toolenv emulators fit`, "
-                "or emulators/profiles/search_default.yaml in a source checkout)"
+                f"or draw them from {TOOL_PROFILE_HINT}"
+            )
+        if settings.clock == "virtual" and synthetic is not None and not settings.tool_profiles:
+            raise ValueError(  # --exact let it start, and every trajectory with a call failed
+                "--synthetic trajectories record no tool latencies for --exact to replay: on "
+                f"--clock virtual draw them from {TOOL_PROFILE_HINT}"
             )
         build_policy(
             settings.policy, tool_timeout_s=settings.tool_timeout_s, over=settings.overlap_ratio

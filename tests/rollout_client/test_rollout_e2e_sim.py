@@ -290,3 +290,16 @@ def test_a_negative_seed_is_bad_input(polytrace_dir, tmp_path) -> None:
         + ["--out", str(tmp_path / "s")],
     )
     assert study.exit_code == 2 and "Invalid value for '--seed'" in study.stderr
+
+
+def test_synthetic_on_the_virtual_clock_needs_a_tool_profile(polytrace_dir, tmp_path) -> None:
+    """--exact let it start, and every trajectory with a tool call failed (exit 1): synthetic
+    trajectories record no latencies."""
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    common = ["--engine", "sim", "--clock", "virtual", "--synthetic", str(params)]
+    done = rollout_inproc(*common, "--exact", "--batch", "8", "--out", str(tmp_path / "o"))
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    assert done.stderr.startswith(
+        "error: --synthetic trajectories record no tool latencies for --exact to replay"
+    )
+    assert done.stderr.count("\n") == 1
