@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from rollout_client.cli import app
 from rollout_client.clock import run_virtual
 from rollout_client.engines.costmodel import BUILTIN_PROFILES
 from rollout_client.engines.eventsim import EventSimEngine
@@ -77,9 +79,6 @@ def test_validate_refuses_to_report_on_a_fitted_step(polytrace_dir: Path) -> Non
 def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_path: Path) -> None:
     """A --save-profile that is a directory was found after minutes of fitting, as a bare
     "[Errno 21] Is a directory"; without --fit it was silently never written."""
-    from typer.testing import CliRunner
-
-    from rollout_client.cli import app
 
     step0, step2 = (
         str(polytrace_dir / "search_r1" / f"multiturn_workload_step_{n}.jsonl") for n in (0, 2)
@@ -102,9 +101,6 @@ def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_pa
 
 
 def test_validate_an_empty_step_says_so(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from rollout_client.cli import app
 
     empty = tmp_path / "step.jsonl"
     empty.write_text("")
@@ -114,9 +110,6 @@ def test_validate_an_empty_step_says_so(tmp_path: Path) -> None:
 
 
 def test_validate_table_gives_every_time_its_unit(polytrace_dir: Path, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from rollout_client.cli import app
 
     lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
     step = tmp_path / "step_2.jsonl"
@@ -128,9 +121,6 @@ def test_validate_table_gives_every_time_its_unit(polytrace_dir: Path, tmp_path:
 
 
 def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from rollout_client.cli import app
 
     good = json.loads(
         (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open().readline()

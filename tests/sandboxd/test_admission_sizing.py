@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import pytest
 from sbx_support import SandboxdServer
+from typer.testing import CliRunner
 
+from sandboxd.cli import app
 from sandboxd.sizing import PROGRAMS_PER_CORE, Sizing, host_sizing
 
 pytestmark = pytest.mark.bwrap
@@ -79,9 +81,6 @@ def test_status_says_why_a_call_waits(sandboxd_factory: Callable[..., SandboxdSe
 
 def test_serve_help_gives_the_default_sizing() -> None:
     """`--max-concurrency` said "0: 2 x CPU cores"; the default is 4 per core, capped by memory."""
-    from typer.testing import CliRunner
-
-    from sandboxd.cli import app
 
     result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "400"})
     assert result.exit_code == 0
