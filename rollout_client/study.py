@@ -233,6 +233,9 @@ def run_cell(
         "wasted_tokens": sum(s["wasted_tokens"] for s in steps),
         "generated_tokens": sum(s["generated_tokens"] for s in steps),
         "wall_s": report["wall"]["elapsed_s"],
+        # a failed trajectory is no figure of the policy: the report and the CLI say so
+        "failed": sum(s["failed"] for s in steps),
+        "first_failure": next((f for s in steps for f in s["failures"]), None),
         "occupancy_timeline": _thin(timelines[0], report["engine_capacity"]) if timelines else [],
     }  # fmt: skip
 

@@ -55,6 +55,17 @@ def markdown(study: dict[str, Any], command: str) -> str:
         "completed).",
         "",
     ]
+    failed = [c for c in study["cells"] if c.get("failed")]
+    if failed:
+        lines += [
+            f"**Trajectories failed in {len(failed)} cell(s)**; their figures count only what "
+            "finished: "
+            + "; ".join(
+                f"{c['scenario']} / {c['policy']}: {c['failed']} ({c['first_failure']})"
+                for c in failed
+            ),
+            "",
+        ]
     for name, title in meta["scenarios"].items():
         rows = [c for c in study["cells"] if c["scenario"] == name]
         rec = study["recommendations"][name]

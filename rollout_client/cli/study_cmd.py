@@ -110,3 +110,12 @@ def study(
     else:
         typer.echo(markdown(result, command.strip()))
         typer.echo(f"wrote {out}/study.md, {out}/study.json" + ("" if no_plots else " and PNGs"))
+    failed = [c for c in result["cells"] if c["failed"]]
+    if failed:  # its figures count only what finished: not a result to compare
+        first = failed[0]
+        typer.echo(
+            f"error: trajectories failed in {len(failed)} cell(s), e.g. {first['failed']} in "
+            f"{first['scenario']} / {first['policy']}: {first['first_failure']}",
+            err=True,
+        )
+        raise typer.Exit(1)

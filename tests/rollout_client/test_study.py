@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from rollout_client.study_report import markdown
 from toolenv.cli import build_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,16 @@ def test_quick_study_writes_the_matrix_and_its_findings(
     assert cells[("x100", "sync")]["makespan_s"] > cells[("recorded", "sync")]["makespan_s"]
     md = (tmp_path / "study.md").read_text()
     assert "toolenv rollout study" in md and "Recommendation" in md
+    # Every trajectory of every cell finished: a cell's failures were counted nowhere (a seed of -1
+    # failed every tool call and the study still exited 0 with its figures).
+    assert all(c["failed"] == 0 and c["first_failure"] is None for c in cells.values())
+    assert "failed" not in md
+    cell = study["cells"][3]
+    cell.update(failed=2, first_failure="ValueError: boom")
+    assert (
+        f"**Trajectories failed in 1 cell(s)**; their figures count only what finished: "
+        f"{cell['scenario']} / {cell['policy']}: 2 (ValueError: boom)"
+    ) in markdown(study, "toolenv rollout study")
 
 
 @pytest.mark.parametrize("option", [["--steps", "0"], ["--steps", "-1"], ["--batch", "0"]])
