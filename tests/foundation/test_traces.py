@@ -86,6 +86,7 @@ def test_fetch_over_http_verifies_caches_and_is_found_by_name(mirror: str, tmp_p
         entry = next(e for e in load_manifest().files if e.name == f["name"])
         path = cache / entry.name
         assert path.stat().st_size == entry.bytes and sha256(path) == entry.sha256
+        assert path.stat().st_mode & 0o777 == 0o644  # readable by whoever shares the cache
         assert f["source"] == f"{mirror}/{entry.name}"
     assert leftovers(cache) == []
     # A second run verifies what is there and downloads nothing.
@@ -158,11 +159,11 @@ def test_corrupted_mirror_is_refused_and_the_good_cache_stays(
     assert step0.startswith("rllm_deepcoder/reward_timings_step_0.jsonl: sha256 mismatch")
     assert load_manifest().select(["reward_timings_step_0.jsonl"])[0].sha256 in step0
     assert (
-        "size mismatch: expected 401 bytes, got 394"
+        "size mismatch: expected 401 bytes, got 394 (from http://"
         in errors["rllm_deepcoder/reward_timings_step_1.jsonl"]
     )
-    assert (
-        "size mismatch: more than the expected 173273 bytes"
+    assert (  # each mismatch names its source (this one did not)
+        f"size mismatch: more than the expected 173273 bytes (from {server.url}/"
         in errors["intern_s1/enhanced_task_distribution_parameters.json"]
     )
     assert "sha256 mismatch" in done.stderr  # each failure also on stderr, one line each

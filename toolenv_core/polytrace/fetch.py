@@ -99,11 +99,12 @@ class _Sink:
         self.hash = hashlib.sha256()
         self.size = 0
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes, source: str) -> None:
         self.size += len(chunk)
         if self.size > self.entry.bytes:
             raise FetchError(
-                f"{self.entry.name}: size mismatch: more than the expected {self.entry.bytes} bytes"
+                f"{self.entry.name}: size mismatch: more than the expected {self.entry.bytes} "
+                f"bytes (from {source})"
             )
         self.hash.update(chunk)
         self.file.write(chunk)
@@ -113,6 +114,7 @@ class _Sink:
     def commit(self, target: Path, source: str) -> None:
         """Verify, flush to disk and rename into place."""
         self.file.flush()
+        os.fchmod(self.file.fileno(), 0o644)  # as any download: mkstemp made it owner-only
         os.fsync(self.file.fileno())
         self.file.close()
         e = self.entry
@@ -200,7 +202,7 @@ class Fetcher:
                 try:
                     with candidate.open("rb") as f:
                         while chunk := f.read(CHUNK):
-                            sink.write(chunk)
+                            sink.write(chunk, str(candidate))
                 except OSError as exc:
                     raise FetchError(f"{entry.name}: cannot read {candidate}: {exc}") from exc
                 return str(candidate)
@@ -217,7 +219,7 @@ class Fetcher:
                 if response.status_code != 200:
                     raise FetchError(f"{entry.name}: HTTP {response.status_code} from {url}")
                 for chunk in response.iter_bytes(CHUNK):
-                    sink.write(chunk)
+                    sink.write(chunk, url)
         except httpx.TransportError as exc:
             unreachable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
             raise FetchError(
