@@ -75,6 +75,10 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         raise ConfigFileError(f"config file {p} is a directory: name a YAML, TOML or JSON file")
+    if p.exists() and not p.is_file():  # a device or a FIFO: it said "does not exist"
+        raise ConfigFileError(
+            f"config file {p} is not a regular file: name a YAML, TOML or JSON file"
+        )
     if not p.is_file():
         raise ConfigFileError(f"config file {p} does not exist")
     try:

@@ -98,6 +98,8 @@ def test_a_config_file_that_does_not_parse_or_is_a_directory_is_one_line(tmp_pat
     )
     with pytest.raises(ConfigFileError, match="is a directory"):  # said "does not exist"
         read_config_file(tmp_path)
+    with pytest.raises(ConfigFileError, match="/dev/null is not a regular file"):  # the same
+        read_config_file("/dev/null")
 
 
 BOOL_SAID = "must be a number, not true (a JSON boolean is not read as 0 or 1)"
