@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .languages import UnknownLanguage, get_language
 from .models import Limits, RunSpec
+from .process.cgroups import MIN_CPU_LIMIT
 from .process.paths import InvalidPath, safe_relative_path
 from .settings import SandboxSettings
 
@@ -56,8 +57,12 @@ class RequestBounds:
                 f"1..{s.max_memory_mb}, got {memory_mb}",
             )
         cores = self.cores
-        if cpu_limit is not None and not 0 < cpu_limit <= cores:
-            raise BadRequest(422, f"cpu_limit must be > 0 and <= {cores} cores, got {cpu_limit}")
+        if cpu_limit is not None and not MIN_CPU_LIMIT <= cpu_limit <= cores:
+            raise BadRequest(
+                422,
+                f"cpu_limit must be >= {MIN_CPU_LIMIT} (the smallest CFS quota) and <= {cores} "
+                f"cores, got {cpu_limit}",
+            )
         if max_output_bytes is not None and not 0 < max_output_bytes <= s.max_output_bytes:
             raise BadRequest(
                 422, f"max_output_bytes must be 1..{s.max_output_bytes}, got {max_output_bytes}"

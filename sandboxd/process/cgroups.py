@@ -31,6 +31,9 @@ PREFIX = "toolenv-sandboxd-"
 # for milliseconds on a busy host (it waits on an RCU grace period); CPU time comes from wait4.
 CONTROLLERS = ("pids", "memory", "cpu")
 MAX_SHARES = 262144  # the kernel's bound on cpu.shares
+CFS_PERIOD_US = 100_000
+MIN_CFS_QUOTA_US = 1000  # the kernel refuses a smaller cpu.cfs_quota_us (EINVAL)
+MIN_CPU_LIMIT = MIN_CFS_QUOTA_US / CFS_PERIOD_US  # in cores: the smallest cpu_limit it can hold
 
 
 def _own_cgroup_paths() -> dict[str, str]:
@@ -214,9 +217,9 @@ class CgroupSlot:
             self._pids_max = pids_max
         cpu = self.dirs.get("cpu")
         if cpu is not None:
-            quota = int(cpu_cores * 100_000) if cpu_cores else -1
+            quota = int(cpu_cores * CFS_PERIOD_US) if cpu_cores else -1
             if quota != self._cpu_quota:
-                _write(cpu / "cpu.cfs_period_us", "100000")
+                _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
                 _write(cpu / "cpu.cfs_quota_us", str(quota))
                 self._cpu_quota = quota
 

@@ -149,6 +149,7 @@ def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer)
         ({"code": "print(1)", "memory_limit_MB": -5}, "-1 or 0 (the default, 512)"),
         ({"code": "print(1)", "max_output_bytes": 10**12}, "max_output_bytes"),
         ({"code": "print(1)", "cpu_limit": 1000}, "cpu_limit"),
+        ({"code": "print(1)", "cpu_limit": 0.005}, "cpu_limit must be >= 0.01"),  # was EINVAL
         ({"code": "print(1)", "files": {"a": "not base64!"}}, "base64"),
         ({"code": "print(1)", "files": {"../escape": ""}}, "escape"),
         ({"code": "print(1)", "files": {"a": "", "a/b": ""}}, "cannot be both a file and a dir"),
@@ -207,6 +208,11 @@ def test_a_boolean_for_a_number_is_422_naming_the_field(
     r = post(api, {"code": "print(1)", **body}, path)
     assert r.status_code == 422, r.text
     assert r.json()["detail"] == [{"type": "bool_not_number", "loc": loc, "msg": BOOL_NOT_NUMBER}]
+
+
+def test_the_smallest_cpu_limit_runs(api: SandboxdServer) -> None:
+    """0.01 cores is the kernel's smallest CFS quota (1 ms per 100 ms period)."""
+    assert api.run_code(code="print(1)", cpu_limit=0.01)["status"] == "Success"
 
 
 def test_sandboxfusion_numbers_still_read_as_before(api: SandboxdServer) -> None:
