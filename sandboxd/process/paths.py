@@ -20,11 +20,23 @@ class InvalidPath(ValueError):
     """A file name in `files` / `fetch_files` that would leave the working dir."""
 
 
+NAME_MAX = 255  # bytes in one file name (Linux)
+PATH_MAX_BYTES = 1024  # a whole path: PATH_MAX (4096) less ample room for the host's run dir
+
+
 def safe_relative_path(name: str) -> Path:
-    """A workdir-relative path with no `..`, no absolute part, no NUL; else `InvalidPath`."""
+    """A workdir-relative path with no `..`, no absolute part, no NUL, that the file system can
+    hold (a name too long was an ENAMETOOLONG showing the host's run dir); else `InvalidPath`."""
     p = Path(name)
     if not name or "\0" in name or p.is_absolute() or ".." in p.parts or name.strip() in (".", ""):
         raise InvalidPath(f"file path {name!r} must be relative to the working dir, without '..'")
+    if len(name.encode(errors="surrogatepass")) > PATH_MAX_BYTES or any(
+        len(part.encode(errors="surrogatepass")) > NAME_MAX for part in p.parts
+    ):
+        raise InvalidPath(
+            f"file path {name[:64]!r}... is too long: at most {PATH_MAX_BYTES} bytes, "
+            f"{NAME_MAX} per name"
+        )
     return p
 
 

@@ -155,6 +155,10 @@ def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer)
         ({"code": "print(1)", "files": {"a": "", "a/b": ""}}, "cannot be both a file and a dir"),
         ({"code": "print(1)", "files": {"a": "", "./a": ""}}, "name the same file"),
         ({"code": "print(1)", "fetch_files": ["/etc/passwd"]}, "/etc/passwd"),
+        # names the file system cannot hold (an ENAMETOOLONG SandboxError with the host's path)
+        ({"code": "print(1)", "files": {"a" * 256: ""}}, "at most 1024 bytes, 255 per name"),
+        ({"code": "print(1)", "files": {"ab/" * 400 + "x": ""}}, "is too long"),
+        ({"code": "print(1)", "fetch_files": ["a" * 256]}, "is too long"),
     ],
 )
 def test_invalid_fields_are_422(api: SandboxdServer, body: dict, needle: str) -> None:
