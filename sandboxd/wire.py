@@ -8,9 +8,9 @@ additions a SandboxFusion client ignores.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from toolenv_core.fields import Integer, Number
@@ -18,12 +18,31 @@ from toolenv_core.fields import Integer, Number
 from .models import ExecResult
 
 
+def _utf8(value: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "has a lone surrogate {char} at index {index}: not valid Unicode (a JSON "
+                "escape \\uD800-\\uDFFF must be half of a pair)",
+                {"char": repr(value[exc.start])[1:-1], "index": exc.start},
+            ) from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+"""Text a program receives (its code, stdin, expected output): a JSON string may escape a lone
+surrogate, which no file or pipe can hold (it was a SandboxError, UnicodeEncodeError)."""
+
+
 class RunCodeRequest(BaseModel):
     """SandboxFusion `POST /run_code`. Unknown fields are ignored, as SandboxFusion does."""
 
     model_config = ConfigDict(extra="ignore")
 
-    code: str = Field(description="the complete program")
+    code: Text = Field(description="the complete program")
     language: str = Field(
         default="python", description="python, bash, c or cpp (see /v1/languages)"
     )
@@ -32,7 +51,7 @@ class RunCodeRequest(BaseModel):
     memory_limit_MB: Integer | None = Field(
         default=None, description="-1, 0 or absent: the default"
     )
-    stdin: str | None = None
+    stdin: Text | None = None
     files: dict[str, str | None] = Field(
         default_factory=dict, description="path in the working dir -> base64 content"
     )
@@ -85,8 +104,8 @@ class TestCase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    stdin: str = ""
-    expected_stdout: str | None = Field(default=None, description="absent: only the exit matters")
+    stdin: Text = ""
+    expected_stdout: Text | None = Field(default=None, description="absent: only the exit matters")
     timeout: Number | None = Field(default=None, description="seconds; default: the request's")
 
     @model_validator(mode="before")
@@ -110,7 +129,7 @@ class RunTestsRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    code: str
+    code: Text
     language: str = "python"
     cases: list[TestCase] = Field(min_length=1)
     timeout: Number | None = Field(default=None, description="run timeout per case (default 10)")

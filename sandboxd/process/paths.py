@@ -26,13 +26,16 @@ PATH_MAX_BYTES = 1024  # a whole path: PATH_MAX (4096) less ample room for the h
 
 def safe_relative_path(name: str) -> Path:
     """A workdir-relative path with no `..`, no absolute part, no NUL, that the file system can
-    hold (a name too long was an ENAMETOOLONG showing the host's run dir); else `InvalidPath`."""
+    hold (a name too long was an ENAMETOOLONG showing the host's run dir, a lone surrogate a
+    UnicodeEncodeError); else `InvalidPath`."""
     p = Path(name)
     if not name or "\0" in name or p.is_absolute() or ".." in p.parts or name.strip() in (".", ""):
         raise InvalidPath(f"file path {name!r} must be relative to the working dir, without '..'")
-    if len(name.encode(errors="surrogatepass")) > PATH_MAX_BYTES or any(
-        len(part.encode(errors="surrogatepass")) > NAME_MAX for part in p.parts
-    ):
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:  # a lone surrogate (JSON allows its escape): no file can have it
+        raise InvalidPath(f"file path {name!r} has a lone surrogate: not valid Unicode") from None
+    if size > PATH_MAX_BYTES or any(len(part.encode()) > NAME_MAX for part in p.parts):
         raise InvalidPath(
             f"file path {name[:64]!r}... is too long: at most {PATH_MAX_BYTES} bytes, "
             f"{NAME_MAX} per name"

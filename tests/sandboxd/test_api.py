@@ -188,6 +188,36 @@ def test_non_finite_numbers_are_422_naming_the_field(
     assert r.json()["detail"][0]["loc"] == [field]
 
 
+@pytest.mark.parametrize(
+    "path,body,loc",
+    [
+        ("/run_code", rb'{"code": "print(1)  # \ud800"}', ["code"]),
+        ("/run_code", rb'{"code": "print(1)", "stdin": "\udfff"}', ["stdin"]),
+        ("/run_code", rb'{"code": "print(1)", "files": {"\ud800": ""}}', None),
+        ("/run_code", rb'{"code": "print(1)", "fetch_files": ["\ud800"]}', None),
+        ("/v1/run_tests", rb'{"code": "print(1)  # \ud800", "cases": [{}]}', ["code"]),
+        (
+            "/v1/run_tests",
+            rb'{"code": "print(1)", "cases": [{"stdin": "\ud800"}]}',
+            ["cases", 0, "stdin"],
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_422(
+    api: SandboxdServer, path: str, body: bytes, loc: list | None
+) -> None:
+    """JSON may escape half a surrogate pair; no file or pipe can hold it (a SandboxError,
+    UnicodeEncodeError, before; in a run_tests case a sandbox_error with no message)."""
+    r = api.client.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "lone surrogate" in r.text
+    if loc is not None:
+        assert r.json()["detail"][0]["loc"] == loc
+    pair = rb'{"code": "print(input())", "stdin": "\ud83d\ude00"}'  # a whole pair still runs
+    r = api.client.post("/run_code", content=pair, headers={"content-type": "application/json"})
+    assert r.json()["run_result"]["stdout"] == "\U0001f600\n"
+
+
 BOOL_NOT_NUMBER = "must be a number, not true (a JSON boolean is not read as 0 or 1)"
 
 
