@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 import uvicorn
+from uvicorn.config import LOG_LEVELS
 
 from toolenv_core.config import ConfigFileError, config_error
 
@@ -54,7 +55,9 @@ def serve(
             help="Run programs without bubblewrap (trusted code only).",
         ),
     ] = False,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    log_level: Annotated[
+        str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")
+    ] = "warning",
 ) -> None:
     """Serve the sandbox API alone (`/run_code`, `/v1/run_tests`, `/v1/ping`, ...)."""
     overrides: dict[str, Any] = {}
@@ -68,6 +71,9 @@ def serve(
             overrides[key] = value
     if insecure_no_isolation:
         overrides["insecure_no_isolation"] = True
+    if log_level.lower() not in LOG_LEVELS:  # uvicorn's KeyError was a traceback
+        typer.echo(f"error: --log-level must be one of {', '.join(LOG_LEVELS)}", err=True)
+        raise typer.Exit(2)
     try:
         settings = SandboxSettings.load(config, **overrides)
     except (ConfigFileError, ValueError) as exc:
