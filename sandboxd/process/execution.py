@@ -424,6 +424,10 @@ class Execution:
             self.ctx.track(self._reap_later(self.proc))
         elif not self.exited and self.forked is not None:  # the zygote reaps its runner
             self.kill(self.kill_reason or ExecStatus.ERROR, self.kill_message or "cancelled")
+        # The caller releases the slot next (drained and removed, or pooled for another run): a
+        # zygote's end report arriving after a cancel must not read it (FileNotFoundError in a
+        # loop callback, the fork server's top-up skipped) nor kill what another run has in it.
+        self.slot = None
         for fd in list(self.readers):
             self.loop.remove_reader(fd)
         self.readers.clear()

@@ -94,6 +94,47 @@ async def test_insecure_mode_runs_without_bwrap() -> None:
     assert backend.root is not None and not backend.root.exists()
 
 
+async def test_a_cancelled_runs_late_end_report_leaves_its_slot_alone(bwrap_path: str) -> None:
+    """The zygote reports a cancelled run's end after its slot was released (drained and
+    removed, or pooled for another run): reading it raised FileNotFoundError in a loop
+    callback (the fork server's top-up skipped); had the slot gone to another run, the
+    backstop would have killed that run's program. Single runs and run_tests cases."""
+    errors: list[object] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _loop, ctx: errors.append(ctx.get("exception") or ctx["message"])
+    )
+    backend = ProcessBackend(SandboxSettings(max_concurrency=4))
+    await backend.start()
+    spec = RunSpec(language="python", code="import time\ntime.sleep(60)")
+    spec.run_limits.wall_time_s = 60
+
+    async def case_run() -> None:
+        async with backend.case_batch(spec, Deadline.after(60)) as batch:
+            assert batch is not None
+            await asyncio.gather(*(backend.run_case(batch, spec, Deadline.after(60)),) * 2)
+
+    try:
+        for _ in range(15):
+            tasks = [
+                asyncio.create_task(backend.run(spec, Deadline.after(60))),
+                asyncio.create_task(case_run()),
+            ]
+            await asyncio.sleep(0.15)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(200):  # every report in, every slot drained
+            if not backend.cgroups.draining and not backend.status()["running"]:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert not errors, errors
+        r = await backend.run(RunSpec(language="python", code="print('next')"), Deadline.after(30))
+        assert r.run is not None and r.run.stdout == "next\n"
+    finally:
+        await backend.close()
+
+
 async def test_cancelled_run_is_killed_and_cleaned_up(bwrap_path: str) -> None:
     backend = ProcessBackend(settings())
     await backend.start()
