@@ -9,8 +9,10 @@ words, so that it stays bounded wherever it is mounted.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -35,6 +37,7 @@ from .wire import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 log = logging.getLogger("sandboxd")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -90,6 +93,40 @@ async def _parse(request: Request, model: type[M], limit: int) -> M | JSONRespon
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
+class _ClientGone(Exception):
+    """The client disconnected before its answer: no one is left to read it."""
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`, stopped as soon as the client disconnects (then `_ClientGone`).
+
+    uvicorn does not cancel a request's task when its client leaves: a program would run on to
+    its time limit (up to `max_timeout_s`, a run_tests request's every case), holding admission
+    slots for an answer no one reads, and a queued call would still take its turn. Past the body
+    the next `receive()` returns only at the disconnect, so a watcher awaits it and cancels this
+    task; the backend then kills the program and cleans up, as for any cancelled run."""
+    task = asyncio.current_task()
+    assert task is not None
+    state = {"working": True, "gone": False}
+
+    async def watch() -> None:
+        message = await request.receive()
+        if message["type"] == "http.disconnect" and state["working"]:
+            state["gone"] = True
+            task.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if state["gone"] and task.uncancel() == 0:  # ours alone (not a shutdown's)
+            raise _ClientGone from None
+        raise
+    finally:
+        state["working"] = False
+        watcher.cancel()
+
+
 def _run_code_failure(message: str) -> RunCodeResponse:
     return RunCodeResponse(status=RunStatus.SANDBOX_ERROR, message=message)
 
@@ -119,7 +156,9 @@ def build_router(service: SandboxService) -> APIRouter:
         if isinstance(parsed, JSONResponse):
             return parsed
         try:
-            result = await call(parsed, deadline)
+            result = await _unless_gone(request, call(parsed, deadline))
+        except _ClientGone:
+            return Response(status_code=499)  # never sent: nginx's "client closed request"
         except BadRequest as exc:
             return _error(exc.status, exc.message)
         except Rejected as exc:

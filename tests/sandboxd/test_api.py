@@ -289,6 +289,32 @@ def test_deadline_header_bounds_the_whole_call(api: SandboxdServer) -> None:
     assert elapsed < 5
 
 
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/run_code", {"code": "import time; time.sleep(30)", "run_timeout": 30}),
+        ("/run_code", {"code": "int main(){for(;;);}", "language": "c", "run_timeout": 30}),
+        (  # more cases than slots: the running ones are killed, the queued ones never start
+            "/v1/run_tests",
+            {"code": "import time; time.sleep(30)", "timeout": 30, "cases": [{}] * 6},
+        ),
+    ],
+)
+def test_a_client_that_leaves_stops_its_programs(
+    api: SandboxdServer, path: str, body: dict
+) -> None:
+    """uvicorn does not cancel a handler whose client left: its programs ran on to their time
+    limit (30 s here; a run_tests request's every case), holding the slots."""
+    with httpx.Client(base_url=api.url, timeout=1.0) as quitter:
+        with pytest.raises(httpx.ReadTimeout):
+            quitter.post(path, json=body)
+    end = time.monotonic() + 5
+    while (running := api.client.get("/v1/sandbox/status").json()["admission"]["running"]) > 0:
+        assert time.monotonic() < end, f"{running} programs still run for a client that left"
+        time.sleep(0.05)
+    assert api.run_code(code="print('next')")["run_result"]["stdout"] == "next\n"
+
+
 # ---------------------------------------------------------------- capacity
 
 
