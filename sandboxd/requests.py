@@ -77,8 +77,13 @@ class RequestBounds:
             max_file_size_mb=s.max_file_size_mb,
         )
 
-    @staticmethod
-    def decode_files(files: dict[str, str | None]) -> dict[str, bytes]:
+    def count(self, names: dict[str, str | None] | list[str], field: str) -> None:
+        """At most `max_files_per_request` paths: each one costs the event loop, every run."""
+        if len(names) > (most := self.settings.max_files_per_request):
+            raise BadRequest(422, f"at most {most} {field} per request, got {len(names)}")
+
+    def decode_files(self, files: dict[str, str | None]) -> dict[str, bytes]:
+        self.count(files, "files")
         out: dict[str, bytes] = {}
         paths: dict[Path, str] = {}
         for name, b64 in files.items():
@@ -122,6 +127,7 @@ class RequestBounds:
             lang = get_language(language)
         except UnknownLanguage as exc:
             raise BadRequest(400, str(exc)) from exc
+        self.count(fetch_files, "fetch_files")
         for name in fetch_files:
             try:
                 safe_relative_path(name)

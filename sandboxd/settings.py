@@ -59,6 +59,12 @@ class SandboxSettings(FrontDoorSettings):
     )
     max_output_bytes: Integer = Field(default=16 * 1024 * 1024, ge=1024)
     max_tests_per_request: Integer = Field(default=1000, ge=1)
+    max_files_per_request: Integer = Field(
+        default=1000,
+        ge=1,
+        description="entries of files, and of fetch_files, in one request (a 422 beyond): each "
+        "is handled on the event loop, for every run (100,000 empty files stalled it 5 s)",
+    )
     run_cpu_shares: Integer = Field(
         default=1024,
         ge=2,

@@ -159,6 +159,15 @@ def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer)
         ({"code": "print(1)", "files": {"a" * 256: ""}}, "at most 1024 bytes, 255 per name"),
         ({"code": "print(1)", "files": {"ab/" * 400 + "x": ""}}, "is too long"),
         ({"code": "print(1)", "fetch_files": ["a" * 256]}, "is too long"),
+        # each path is handled on the event loop: 100,000 of them stalled every request 5 s
+        (
+            {"code": "print(1)", "files": {f"{i}": "" for i in range(1001)}},
+            "at most 1000 files per request, got 1001",
+        ),
+        (
+            {"code": "print(1)", "fetch_files": [f"{i}" for i in range(1001)]},
+            "at most 1000 fetch_files per request, got 1001",
+        ),
     ],
 )
 def test_invalid_fields_are_422(api: SandboxdServer, body: dict, needle: str) -> None:
