@@ -12,6 +12,7 @@ import asyncio
 import base64
 import logging
 import os
+import signal
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -52,6 +53,18 @@ def make_backend(settings: SandboxSettings) -> SandboxBackend:
             ) from exc
         return DockerBackend(settings)
     raise SandboxUnavailable(f"unknown sandbox backend {settings.backend!r}: use process or docker")
+
+
+def _how_it_ended(e: ExecResult) -> str:
+    """A failed step's end in words, when no limit explains it ("Finished" said nothing)."""
+    if e.status != ExecStatus.FINISHED:
+        return e.status.value
+    if e.signal is not None:
+        try:
+            return f"killed by signal {e.signal} ({signal.Signals(e.signal).name})"
+        except ValueError:  # a real-time signal has no name
+            return f"killed by signal {e.signal}"
+    return f"exited with code {e.exit_code}"
 
 
 class SandboxService:
@@ -168,7 +181,7 @@ class SandboxService:
                 (e for e in steps if e.status != ExecStatus.FINISHED or e.exit_code), None
             )
             if failing is not None:
-                message = failing.message or failing.status.value
+                message = failing.message or _how_it_ended(failing)
         return RunCodeResponse(
             status=status,
             message=message,

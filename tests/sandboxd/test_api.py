@@ -95,8 +95,10 @@ def test_compile_error_and_runtime_signal(api: SandboxdServer) -> None:
     assert res["status"] == "Failed"
     assert res["run_result"]["status"] == "Finished"
     assert res["run_result"]["signal"] == 11 and res["run_result"]["return_code"] == -11
+    assert res["message"] == "killed by signal 11 (SIGSEGV)"  # it said "Finished"
     res = api.run_code(code="import sys; print('x'); sys.exit(3)")
     assert res["status"] == "Failed" and res["run_result"]["return_code"] == 3
+    assert res["message"] == "exited with code 3"
 
 
 def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
