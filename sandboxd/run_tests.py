@@ -89,12 +89,31 @@ def _case_specs(bounds: RequestBounds, req: RunTestsRequest) -> list[RunSpec]:
 class _Cases:
     """The state of one run_tests call while its cases run."""
 
-    def __init__(self, req: RunTestsRequest, specs: list[RunSpec]) -> None:
+    def __init__(self, req: RunTestsRequest, specs: list[RunSpec], output_budget: int) -> None:
         self.req = req
         self.specs = specs
         self.results: list[CaseResult | None] = [None] * len(specs)
         self.compile_result: CommandRunResult | None = None
         self.stop = asyncio.Event()
+        self.output_budget = output_budget
+        self.output_room = output_budget
+
+    def keep_within_budget(self, wire: CommandRunResult | None) -> None:
+        """Cut a judged case's output to what is left of the answer's budget: each case may
+        print up to its cap, and 1,000 cases at 16 MiB were a 16 GB answer (3x in the
+        service's memory: a 335 MB answer took its RSS from 0.26 to 1.25 GB)."""
+        if wire is None:
+            return
+        for stream in ("stdout", "stderr"):
+            text: str = getattr(wire, stream) or ""
+            data = text.encode()
+            if len(data) > self.output_room:
+                setattr(wire, stream, data[: self.output_room].decode(errors="ignore"))
+                setattr(wire, f"{stream}_truncated", True)
+                wire.truncated = True
+                note = f"{stream} cut: the answer carries {self.output_budget} bytes of output"
+                wire.message = f"{wire.message}; {note}" if wire.message else note
+            self.output_room = max(self.output_room - len(data), 0)
 
     def verdict_of(self, i: int, r: RunResult) -> Verdict:
         if r.compile is not None and self.compile_result is None:
@@ -124,7 +143,9 @@ class _Cases:
                     return
                 r = await runner.run_admitted(self.specs[i], deadline, batch)
                 v = self.verdict_of(i, r)
-                self.results[i] = CaseResult(index=i, verdict=v, run_result=exec_to_wire(r.run))
+                wire = exec_to_wire(r.run)
+                self.keep_within_budget(wire)
+                self.results[i] = CaseResult(index=i, verdict=v, run_result=wire)
                 if v != Verdict.ACCEPTED and (
                     self.req.stop_on_first_failure or v == Verdict.COMPILE_ERROR
                 ):
@@ -206,9 +227,9 @@ async def run_tests(
                 executor_pod_name=pod_name,
             )
         specs = [spec.model_copy(update={"prebuilt": artifact}) for spec in specs]
-    state = _Cases(req, specs)
-    state.compile_result = compile_result
     s = bounds.settings
+    state = _Cases(req, specs, s.max_run_tests_output_bytes)
+    state.compile_result = compile_result
     workers = min(len(specs), req.concurrency or s.concurrency, s.concurrency)
     # one isolation boundary for the request where the backend has one (the python fork
     # server: one runner forking a fresh process per case); else every case on its own

@@ -59,6 +59,12 @@ class SandboxSettings(FrontDoorSettings):
     )
     max_output_bytes: Integer = Field(default=16 * 1024 * 1024, ge=1024)
     max_tests_per_request: Integer = Field(default=1000, ge=1)
+    max_run_tests_output_bytes: Integer = Field(
+        default=16 * 1024 * 1024,
+        ge=0,
+        description="program output (stdout and stderr, every case) one run_tests answer "
+        "carries; past it a case's output is cut there (its verdict is from the whole)",
+    )
     max_files_per_request: Integer = Field(
         default=1000,
         ge=1,

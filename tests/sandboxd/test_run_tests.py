@@ -149,3 +149,26 @@ def test_a_case_with_misnamed_fields_is_refused_not_accepted(server: SandboxdSer
     assert error["loc"] == ["cases", 0]
     assert error["msg"].startswith("unknown case field(s) 'input', 'output'; a case has stdin")
     assert "expected_stdout" in error["msg"]
+
+
+def test_the_answer_carries_a_bounded_amount_of_output(
+    sandboxd_factory: Callable[..., SandboxdServer],
+) -> None:
+    """Each case may print up to its cap: 1,000 cases at 16 MiB were a 16 GB answer, held
+    three times over in the service's memory. Verdicts still judge the whole output."""
+    server = sandboxd_factory(
+        "--max-concurrency", "2", env={"TOOLENV_SANDBOX_MAX_RUN_TESTS_OUTPUT_BYTES": "100000"}
+    )
+    out = "x" * 30_000 + "\n"
+    res = run_tests(
+        server,
+        code="print('x' * 30_000)",
+        cases=[{"expected_stdout": out}] * 6,
+        concurrency=1,
+    )
+    assert res["verdict"] == "accepted" and res["passed"] == 6
+    runs = [c["run_result"] for c in res["cases"]]
+    assert sum(len(r["stdout"]) for r in runs) == 100_000
+    assert [r["stdout_truncated"] for r in runs] == [False] * 3 + [True] * 3
+    assert [len(r["stdout"]) for r in runs[3:]] == [100_000 - 3 * len(out), 0, 0]
+    assert "stdout cut: the answer carries 100000 bytes of output" in runs[3]["message"]
