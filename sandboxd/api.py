@@ -107,24 +107,23 @@ async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
     task; the backend then kills the program and cleans up, as for any cancelled run."""
     task = asyncio.current_task()
     assert task is not None
-    state = {"working": True, "gone": False}
+    gone = False
 
     async def watch() -> None:
-        message = await request.receive()
-        if message["type"] == "http.disconnect" and state["working"]:
-            state["gone"] = True
+        nonlocal gone
+        if (await request.receive())["type"] == "http.disconnect":
+            gone = True
             task.cancel()
 
     watcher = asyncio.get_running_loop().create_task(watch())
     try:
         return await work
     except asyncio.CancelledError:
-        if state["gone"] and task.uncancel() == 0:  # ours alone (not a shutdown's)
+        if gone and task.uncancel() == 0:  # ours alone (not a shutdown's)
             raise _ClientGone from None
         raise
     finally:
-        state["working"] = False
-        watcher.cancel()
+        watcher.cancel()  # no await since `work` ended: the watcher cannot have fired after it
 
 
 def _run_code_failure(message: str) -> RunCodeResponse:
