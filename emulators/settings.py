@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import Field, FilePath
 from pydantic_settings import SettingsConfigDict
 
-from toolenv_core.config import FrontDoorSettings
+from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.deadline import DeadlinePolicy
 from toolenv_core.fields import Integer, Number
 from toolenv_core.latency.profile import Profile
@@ -24,7 +24,7 @@ class EmulatorSettings(FrontDoorSettings):
 
     host: str = "127.0.0.1"
     port: Integer = Field(default=8090, ge=0, le=65535)
-    log_level: str = "warning"
+    log_level: LogLevel = "warning"
     seed: Integer = Field(
         default=0, description="seeds every delay draw and every synthetic document"
     )

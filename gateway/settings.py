@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from toolenv_core.config import FrontDoorSettings
+from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.fields import Integer, Number
 
 ToolKind = Literal["sandbox", "search", "reward", "http"]
@@ -174,7 +174,7 @@ class GatewaySettings(FrontDoorSettings):
 
     host: str = "127.0.0.1"
     port: Integer = Field(default=8080, ge=0, le=65535)
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     mode: Literal["embedded", "proxy"] | None = Field(
         default=None, description="force every tool into this mode (None: as each tool says)"
     )

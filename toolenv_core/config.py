@@ -17,10 +17,17 @@ import os
 import tomllib
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
-from pydantic import AliasChoices, AliasPath, BaseModel, Field, ValidationError
+from pydantic import (
+    AliasChoices,
+    AliasPath,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import (
@@ -34,6 +41,11 @@ from toolenv_core.errors import problems
 from toolenv_core.fields import Integer, Number
 
 CONFIG_ENV_VAR = "TOOLENV_CONFIG"
+# uvicorn's levels, in any case: one outside them was its KeyError or logging's ValueError at start
+LogLevel = Annotated[
+    Literal["critical", "error", "warning", "info", "debug", "trace"],
+    BeforeValidator(lambda value: value.lower() if isinstance(value, str) else value),
+]
 
 
 class ConfigFileError(ValueError):

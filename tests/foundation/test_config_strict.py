@@ -230,3 +230,20 @@ def test_the_settings_commands_say_a_bad_env_value_in_one_line(
     assert (
         result.stderr.count("\n") == 1 and "unable to parse string as an integer" in result.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("section", "variable"),
+    [("gateway", "TOOLENV_GATEWAY_LOG_LEVEL"), ("emulators", "TOOLENV_EMULATORS_LOG_LEVEL")],
+)
+def test_a_log_level_is_checked_with_the_settings(section: str, variable: str) -> None:
+    """An unknown level passed every check and was logging's ValueError (a traceback) at start;
+    uvicorn's own names are taken in any case."""
+    result = _invoke(["config", "show", "--json"], **{variable: "bogus"})
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == (
+        f"error: invalid {section} settings: log_level: Input should be 'critical', 'error', "
+        "'warning', 'info', 'debug' or 'trace'\n"
+    )
+    shown = _invoke(["config", "show", "--json"], **{variable: "DEBUG"})
+    assert shown.exit_code == 0 and '"log_level": "debug"' in shown.stdout
