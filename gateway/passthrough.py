@@ -9,7 +9,6 @@ declines (the gateway still starting, or no such tool), with the error saying wh
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import math
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolenv_core import headers as h
+from toolenv_core.disconnect import ClientGone, unless_disconnected
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
 from . import wirejson
@@ -102,10 +102,12 @@ class PassThrough:
         body = await _read(receive)
         if body is None:
             return  # the caller hung up
-        answer = await _unless_hung_up(serve(ctx, call, body), receive)
-        if answer is None:
-            return  # the caller hung up: the call was cancelled
-        status, headers, payload = answer
+        try:  # the lane does the same from its connection
+            status, headers, payload = await unless_disconnected(
+                serve(ctx, call, body), receive, watch_after_s=0.0
+            )
+        except ClientGone:
+            return  # the caller hung up: the call was cancelled, and with it the tool's work
         headers.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -259,25 +261,6 @@ def _finite_non_negative(value: Any) -> bool:
         return 0 <= float(value) < math.inf
     except OverflowError:
         return False
-
-
-async def _unless_hung_up(call: Coroutine[Any, Any, Answer], receive) -> Answer | None:
-    """`call`'s answer, or None once the caller hangs up first: the call is cancelled, and with it
-    the tool's work (the lane does the same from its connection). ASGI servers do not cancel a
-    request whose client left; after the body, `receive()` returns only at that moment."""
-    task = asyncio.ensure_future(call)
-    gone = asyncio.ensure_future(receive())
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    return None
 
 
 async def _read(receive) -> bytes | None:

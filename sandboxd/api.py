@@ -9,10 +9,8 @@ words, so that it stays bounded wherever it is mounted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -23,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from toolenv_core.admission import Rejected
 from toolenv_core.bodylimit import too_large_message
 from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError
+from toolenv_core.disconnect import ClientGone, unless_disconnected
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
 from .requests import BadRequest
@@ -37,7 +36,6 @@ from .wire import (
 )
 
 M = TypeVar("M", bound=BaseModel)
-T = TypeVar("T")
 WATCH_AFTER_S = 0.05  # a call still running after this watches for its client's disconnect
 log = logging.getLogger("sandboxd")
 
@@ -94,49 +92,6 @@ async def _parse(request: Request, model: type[M], limit: int) -> M | JSONRespon
         return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its answer: no one is left to read it."""
-
-
-async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
-    """`work`, stopped as soon as the client disconnects (then `_ClientGone`).
-
-    uvicorn does not cancel a request's task when its client leaves: a program would run on to
-    its time limit (up to `max_timeout_s`, a run_tests request's every case), holding admission
-    slots for an answer no one reads, and a queued call would still take its turn. Past the body
-    the next `receive()` returns only at the disconnect, so a watcher awaits it and cancels this
-    task; the backend then kills the program and cleans up, as for any cancelled run. The watcher
-    starts only once the call has taken `WATCH_AFTER_S`: most runs end sooner, and a task per
-    call cost a short run's throughput a few percent."""
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    gone = False
-    watcher: asyncio.Task[None] | None = None
-
-    async def watch() -> None:
-        nonlocal gone
-        if (await request.receive())["type"] == "http.disconnect":
-            gone = True
-            task.cancel()
-
-    def arm() -> None:
-        nonlocal watcher
-        watcher = loop.create_task(watch())
-
-    timer = loop.call_later(WATCH_AFTER_S, arm)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:  # ours alone (not a shutdown's)
-            raise _ClientGone from None
-        raise
-    finally:
-        timer.cancel()
-        if watcher is not None:  # no await since `work` ended: it cannot have fired after it
-            watcher.cancel()
-
-
 def _run_code_failure(message: str) -> RunCodeResponse:
     return RunCodeResponse(status=RunStatus.SANDBOX_ERROR, message=message)
 
@@ -166,8 +121,10 @@ def build_router(service: SandboxService) -> APIRouter:
         if isinstance(parsed, JSONResponse):
             return parsed
         try:
-            result = await _unless_gone(request, call(parsed, deadline))
-        except _ClientGone:
+            result = await unless_disconnected(
+                call(parsed, deadline), request.receive, watch_after_s=WATCH_AFTER_S
+            )
+        except ClientGone:
             return Response(status_code=499)  # never sent: nginx's "client closed request"
         except BadRequest as exc:
             return _error(exc.status, exc.message)
