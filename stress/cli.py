@@ -57,6 +57,12 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * scale
 
 
+def _duration_option(help_text: str) -> Any:
+    """A duration option (`10s`, `500ms`, ...): click parses it, so a bad one names its option.
+    Its default is written as a string too (`= "10s"`): click parses defaults alike."""
+    return typer.Option(parser=parse_duration, metavar="DURATION", help=help_text)
+
+
 def _headers(values: list[str]) -> dict[str, str]:
     out = {}
     for item in values:
@@ -114,13 +120,8 @@ def stress(
     ] = 100.0,
     concurrency: Annotated[int, typer.Option(help="Closed-loop callers.")] = 16,
     duration: Annotated[
-        float,
-        typer.Option(
-            parser=parse_duration,
-            metavar="DURATION",
-            help="Run length: 10s, 500ms, 2m, 1h (at most).",
-        ),
-    ] = "10s",  # type: ignore[assignment]  (click parses the default too)
+        float, _duration_option("Run length: 10s, 500ms, 2m, 1h (at most).")
+    ] = "10s",  # type: ignore[assignment]
     max_requests: Annotated[int, typer.Option(help="Hard cap on requests in the run.")] = 1_000_000,
     max_in_flight: Annotated[
         int, typer.Option(help="Open loop: a request due while this many are out is 'dropped'.")
@@ -132,14 +133,7 @@ def stress(
             help="Connections to open before the clock starts (slow targets: rate x latency)."
         ),
     ] = None,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            parser=parse_duration,
-            metavar="DURATION",
-            help="Per-request timeout.",
-        ),
-    ] = "30s",  # type: ignore[assignment]  (click parses the default too)
+    timeout: Annotated[float, _duration_option("Per-request timeout.")] = "30s",  # type: ignore[assignment]
     seed: Annotated[int | None, typer.Option(help="Seed for Poisson arrivals.")] = None,
     workers: Annotated[
         int, typer.Option(help="Generator processes (open loop; for high rates).")
@@ -160,14 +154,7 @@ def stress(
     ramp_step: Annotated[
         float, typer.Option(help="Ramp: add this many rps per step instead.")
     ] = 0.0,
-    step_duration: Annotated[
-        float,
-        typer.Option(
-            parser=parse_duration,
-            metavar="DURATION",
-            help="Ramp: length of each step.",
-        ),
-    ] = "5s",  # type: ignore[assignment]  (click parses the default too)
+    step_duration: Annotated[float, _duration_option("Ramp: length of each step.")] = "5s",  # type: ignore[assignment]
     slo: Annotated[
         list[str],
         typer.Option(help="SLO like p99=500ms, p99.9=2s, errors=0.1%, timeouts=0, rate=95%."),

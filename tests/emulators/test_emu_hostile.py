@@ -2,33 +2,25 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from testkit import ServerProcess, free_port
-
-FAST = {"model": {"kind": "constant", "value_s": 0.0}}
+from emu_support import FAST, restoring_client, start_server
+from testkit import ServerProcess
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    port = free_port()
-    argv = [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(port)]
-    s = ServerProcess(argv, f"http://127.0.0.1:{port}").start("/readyz", timeout=60)
+    s = start_server()
     yield s
     s.stop()
 
 
 @pytest.fixture
 def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    """A client; every profile is put back as it was after the test."""
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        before = {t: c.get(f"/v1/emulators/{t}/profile").json() for t in ("search", "reward")}
+    with restoring_client(server) as c:
         yield c
-        for tool, profile in before.items():
-            assert c.put(f"/v1/emulators/{tool}/profile", json=profile).status_code == 200
 
 
 @pytest.mark.parametrize(

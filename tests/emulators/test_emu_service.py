@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from emu_support import FAST, restoring_client, start_server
 from scipy import stats
 from testkit import ServerProcess, free_port
 
@@ -23,24 +24,6 @@ from toolenv_core.latency import load_profile
 INJECTED = "x-toolenv-injected-delay-ms"
 TIMER = "x-toolenv-timer-error-ms"
 LEAD = "x-toolenv-pacing-lead-ms"
-FAST = {"model": {"kind": "constant", "value_s": 0.0}}
-
-
-def start_server(*args: str) -> ServerProcess:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "toolenv",
-        "emulators",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *args,
-    ]
-    return ServerProcess(argv, f"http://127.0.0.1:{port}").start("/readyz", timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +35,8 @@ def server() -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    """A client; every profile is put back as it was after the test."""
-    with httpx.Client(base_url=server.url, timeout=30) as c:
-        before = {t: c.get(f"/v1/emulators/{t}/profile").json() for t in ("search", "reward")}
+    with restoring_client(server) as c:
         yield c
-        for tool, profile in before.items():
-            assert c.put(f"/v1/emulators/{tool}/profile", json=profile).status_code == 200
 
 
 def tokens(result: list[dict]) -> int:
