@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 import uvicorn
-from uvicorn.config import LOG_LEVELS
 
 from toolenv_core.config import ConfigFileError, config_error
 
@@ -56,8 +55,9 @@ def serve(
         ),
     ] = False,
     log_level: Annotated[
-        str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}.")
-    ] = "warning",
+        str | None,
+        typer.Option(help="critical, error, warning (the default), info, debug or trace."),
+    ] = None,
 ) -> None:
     """Serve the sandbox API alone (`/run_code`, `/v1/run_tests`, `/v1/ping`, ...)."""
     overrides: dict[str, Any] = {}
@@ -66,14 +66,12 @@ def serve(
         ("port", port),
         ("backend", backend),
         ("max_concurrency", max_concurrency),
+        ("log_level", log_level),
     ):
         if value is not None:
             overrides[key] = value
     if insecure_no_isolation:
         overrides["insecure_no_isolation"] = True
-    if log_level.lower() not in LOG_LEVELS:  # uvicorn's KeyError was a traceback
-        typer.echo(f"error: --log-level must be one of {', '.join(LOG_LEVELS)}", err=True)
-        raise typer.Exit(2)
     try:
         settings = SandboxSettings.load(config, **overrides)
     except (ConfigFileError, ValueError) as exc:
@@ -92,7 +90,7 @@ def serve(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        log_level=log_level,
+        log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=10,
     )

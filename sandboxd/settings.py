@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from toolenv_core.config import FrontDoorSettings
+from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.fields import Integer, Number
 
 from .sizing import host_sizing
@@ -24,6 +24,7 @@ class SandboxSettings(FrontDoorSettings):
     # ---- serving
     host: str = "127.0.0.1"
     port: Integer = Field(default=8081, ge=0, le=65535)
+    log_level: LogLevel = Field(default="warning", description="uvicorn's, for `sandboxd serve`")
 
     # ---- admission: how many programs run at once, how many wait, how long they may wait
     max_concurrency: Integer = Field(

@@ -35,7 +35,8 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
         (["emulators", "serve", "--port", "99999"], {}, "invalid emulators settings: port: "),
         (["sandboxd", "serve", "--port", "99999"], {}, "invalid sandbox settings: port: "),
         (["sandboxd", "serve", "--log-level", "bogus"], {},
-         "--log-level must be one of critical, error, warning, info, debug, trace\n"),
+         "invalid sandbox settings: log_level: Input should be 'critical', 'error', 'warning', "
+         "'info', 'debug' or 'trace'\n"),
         (["emulators", "serve", "--corpus", "/nonexistent/corpus.jsonl"], {},
          "invalid emulators settings: corpus: Path does not point to a file"),
         (["config", "show"], {"TOOLENV_GATEWAY_PORT": "abc"}, "invalid gateway settings: port: "),
