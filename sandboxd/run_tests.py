@@ -106,14 +106,15 @@ class _Cases:
             return
         for stream in ("stdout", "stderr"):
             text: str = getattr(wire, stream) or ""
-            data = text.encode()
-            if len(data) > self.output_room:
-                setattr(wire, stream, data[: self.output_room].decode(errors="ignore"))
+            size = len(text) if text.isascii() else len(text.encode())  # no copy per case
+            if size > self.output_room:
+                cut = text.encode()[: self.output_room].decode(errors="ignore")
+                setattr(wire, stream, cut)
                 setattr(wire, f"{stream}_truncated", True)
                 wire.truncated = True
                 note = f"{stream} cut: the answer carries {self.output_budget} bytes of output"
                 wire.message = f"{wire.message}; {note}" if wire.message else note
-            self.output_room = max(self.output_room - len(data), 0)
+            self.output_room = max(self.output_room - size, 0)
 
     def verdict_of(self, i: int, r: RunResult) -> Verdict:
         if r.compile is not None and self.compile_result is None:
