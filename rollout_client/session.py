@@ -85,6 +85,33 @@ def build_tools(settings: RolloutSettings, hedge_quantile: float | None) -> SimT
     )
 
 
+def tool_profile_problems(
+    settings: RolloutSettings, plans: list[TrajectoryPlan]
+) -> tuple[str | None, str | None]:
+    """Before a virtual-clock run: (an error, a note) about `--tool-profile` against the tools
+    the selected trajectories call. Without `--exact` a called tool with no profile would fail
+    every call of it (a misspelt tool name, typically); a profile no call uses only warns."""
+    called = {call.tool for plan in plans for turn in plan.turns for call in turn.calls}
+    given = set(settings.tool_profiles)
+    tools = ", ".join(sorted(called)) or "none"
+    unused = sorted(given - called)
+    note = (
+        f"note: --tool-profile {', '.join(unused)}: no selected trajectory calls it "
+        f"(tools called: {tools})"
+        if unused
+        else None
+    )
+    missing = sorted(called - given)
+    if settings.exact or not missing:
+        return None, note
+    error = (
+        f"--tool-profile names no profile for {', '.join(missing)} (tools called: {tools}; "
+        f"profiles given: {', '.join(sorted(given)) or 'none'}): give TOOL=FILE for each, "
+        "or replay recorded latencies with --exact"
+    )
+    return error, note
+
+
 def sim_time_scale(settings: RolloutSettings) -> float:
     """How many times faster than modelled time a run goes: the sim engine's `time_scale`, else 1.
 

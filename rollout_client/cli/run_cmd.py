@@ -19,7 +19,13 @@ from ..engines.openai_engine import EngineUnreachable
 from ..gateway_client import GatewayUnreachable
 from ..policies import build_policy
 from ..report import plot, print_table
-from ..session import build_live, build_plans, model_vocab_size, run_rollout
+from ..session import (
+    build_live,
+    build_plans,
+    model_vocab_size,
+    run_rollout,
+    tool_profile_problems,
+)
 from ..settings import RolloutSettings
 from .common import POLICY_HELP, fail, one_line, out_dir_for_run, setting_default, tool_pairs
 
@@ -382,10 +388,15 @@ async def _run_with_progress(
         plans = list(build_plans(settings, traces, synthetic))
     if not plans:
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
+    notes = []
+    if settings.clock == "virtual":
+        error, note = tool_profile_problems(settings, plans)
+        if error is not None:
+            raise ValueError(error)
+        notes += [note] if note else []
     launch = build_policy(
         settings.policy, over=settings.overlap_ratio, hedge_quantile=settings.hedge_quantile
     ).launch_count(settings.batch)
-    notes = []
     if len(plans) < launch * settings.steps:
         notes.append(
             f"note: {len(plans)} trajectories selected (trace size, --limit, --sample) for "

@@ -287,6 +287,31 @@ def test_virtual_run_draws_from_a_tool_profile_or_says_what_it_needs(
     assert report["summary"]["completed"] == 32 and report["tools"]["calls"] > 32
 
 
+def test_a_misspelt_tool_profile_is_refused_before_the_run(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """A profile for a tool no trajectory calls: without --exact every call of the tool it was
+    meant for would fail (15 of 16 trajectories did), so the run is refused up front; with
+    --exact the recorded latencies serve and the unused profile is a note."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    base = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--batch", "16", "--limit", "16", "--json",
+        "--no-plots", "--out", str(tmp_path), "--tool-profile", f"serch={profile}",
+    ]  # fmt: skip
+    refused = subprocess.run(base, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "no profile for search" in refused.stderr and "serch" in refused.stderr
+    assert not (tmp_path / "report.json").exists()
+    exact = subprocess.run(
+        [*base, "--exact"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert exact.returncode == 0, exact.stderr
+    assert "--tool-profile serch: no selected trajectory calls it" in exact.stderr
+    assert json.loads(exact.stdout)["summary"]["completed"] == 16
+
+
 def test_an_unbounded_tool_latency_ends_the_run_with_a_message(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
