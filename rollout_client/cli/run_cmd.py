@@ -389,7 +389,7 @@ async def _run_with_progress(
     if not plans:
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
     notes = []
-    if settings.clock == "virtual":
+    if settings.clock == "virtual" and live is None:  # live calls are the model's, not planned
         error, note = tool_profile_problems(settings, plans)
         if error is not None:
             raise ValueError(error)
