@@ -68,7 +68,14 @@ def count_header(name: str, value: str | None) -> int | None:
 
 
 def trajectory_header(value: str | None) -> str | None:
-    """`X-Trajectory-Id` as sent (None when absent); raises HeaderError beyond the limit."""
+    """`X-Trajectory-Id` as the caller wrote it (None when absent); raises HeaderError beyond the
+    limit. HTTP servers hand header bytes over decoded as Latin-1: an id sent in UTF-8 is read
+    back as UTF-8, so that the capture records the id the caller sent, not mojibake of it."""
+    if value is not None and not value.isascii():
+        try:
+            value = value.encode("latin-1").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            pass  # not UTF-8: the Latin-1 reading stands
     if value is not None and len(value) > TRAJECTORY_MAX_CHARS:
         raise HeaderError(
             f"{TRAJECTORY} must be at most {TRAJECTORY_MAX_CHARS} characters, got {len(value)} "

@@ -14,6 +14,7 @@ from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.trace import TraceWriter, read_captured_calls
 from toolenv.cli import build_app
+from toolenv_core.headers import trajectory_header
 from toolenv_core.polytrace.latencies import tool_latencies
 from toolenv_core.polytrace.multiturn import read_multiturn
 
@@ -159,6 +160,23 @@ def test_a_trajectory_id_over_256_characters_is_a_400_and_256_is_fine(
     assert r.status_code == 200, r.text
     gw.stop()
     assert [r.trajectory_id for r in read_captured_calls(capture)] == ["t" * 256]
+
+
+def test_a_utf8_trajectory_id_is_captured_as_sent(upstream, gateway, tmp_path) -> None:
+    """Header bytes reach the app decoded as Latin-1: a UTF-8 id ("t-é", 4 bytes) was recorded
+    as "t-Ã©". Bytes that are not UTF-8 keep their Latin-1 reading."""
+    up = upstream("a")
+    capture = tmp_path / "capture.jsonl"
+    gw = gateway([proxy_tool("search", up.url, kind="search")], trace_path=str(capture))
+    for raw in ("t-é".encode(), "траектория-2".encode()):
+        for path, body in (("/v1/tools/search/call", {"arguments": {}}), ("/retrieve", {})):
+            r = httpx.post(gw.url + path, json=body, headers={"X-Trajectory-Id": raw}, timeout=10)
+            assert r.status_code == 200, (path, r.text)
+    gw.stop()
+    ids = [r.trajectory_id for r in read_captured_calls(capture)]
+    assert ids == ["t-é", "t-é", "траектория-2", "траектория-2"]
+    assert trajectory_header(b"t-\xe9".decode("latin-1")) == "t-\xe9"  # not UTF-8: as read
+    assert trajectory_header("t-1") == "t-1"
 
 
 def test_a_directory_given_as_the_capture_says_so(tmp_path) -> None:
