@@ -8,6 +8,7 @@ sandbox service behind the published gateway port, and the leak probe looks insi
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,7 @@ __all__ = [
     "test_one_gigabyte_flood_is_cut_at_the_cap",
     "test_sleep_ignoring_sigterm_is_killed_with_partial_output",
     "test_writes_outside_the_workdir_do_not_reach_the_host",
+    "test_a_run_filling_its_working_dir_leaves_room_for_the_others",
 ]
 
 
@@ -94,3 +96,42 @@ def sandboxd(stack: Stack) -> ComposeSandbox:
     server = ComposeSandbox(stack)
     server.probe.assert_clean()
     return server
+
+
+# Writes 640 MB of files (32 MB each: under the 64 MB file-size limit), says so, then holds them.
+FILLER = (
+    "import time\n"
+    "n = 0\n"
+    "try:\n"
+    "    for i in range(20):\n"
+    "        with open(f'fill{i}', 'wb') as f:\n"
+    "            for _ in range(32):\n"
+    "                f.write(b'x' * (1 << 20)); n += 1\n"
+    "except OSError as e:\n"
+    "    print(e.strerror, flush=True)\n"
+    "print('wrote', n, 'MB', flush=True)\n"
+    "time.sleep(8)\n"
+)
+
+
+def test_a_run_filling_its_working_dir_leaves_room_for_the_others(
+    sandboxd: ComposeSandbox,
+) -> None:
+    """A run's files are bounded by its own memory limit (tmpfs pages charged to its cgroup), not
+    by a shared cap on the run dirs' tmpfs that one run could fill for every other run."""
+    filled: list[dict] = []
+    filler = threading.Thread(
+        target=lambda: filled.append(
+            sandboxd.run_code(code=FILLER, run_timeout=20, memory_limit_MB=1024)
+        )
+    )
+    filler.start()
+    try:
+        time.sleep(3)  # the filler has written its files (well under a second) and holds them
+        for language, code in (("python", "print(6 * 7)"), ("c", "int main(void) { return 0; }")):
+            res = sandboxd.run_code(code=code, language=language)
+            assert res["status"] == "Success", (language, res)
+    finally:
+        filler.join(30)
+    assert filled and filled[0]["run_result"]["stdout"] == "wrote 640 MB\n", filled
+    sandboxd.probe.assert_clean()
