@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 
@@ -112,6 +113,31 @@ def test_python_runs_through_the_fork_server_without_privileges(stack: Stack) ->
     ]
     after = json.loads(stack.exec("sandbox", "python", "-c", STATUS))["fork_server"]
     assert after["forks"] == forks + 1 and after["anomalies"] == 0
+
+
+def test_api_keys_from_the_host_environment_reach_the_gateway(stack: Stack) -> None:
+    """`TOOLENV_GATEWAY_API_KEYS=... docker compose up` (or the key in .env) turns keys on, as the
+    compose file says; without it the gateway stays open on the loopback port."""
+    keyed = {**stack.env, "TOOLENV_GATEWAY_API_KEYS": "compose-test-key"}
+    try:
+        up = subprocess.run(
+            ["docker", "compose", "up", "-d", "--wait", "--wait-timeout", "120", "gateway"],
+            cwd=REPO,
+            env=keyed,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert up.returncode == 0, up.stderr
+        assert stack.client.get("/readyz").status_code == 200  # probes need no key
+        assert run_code(stack, "print(1)").status_code == 401
+        auth = {"authorization": "Bearer compose-test-key"}
+        r = stack.client.post("/run_code", json={"code": "print(1)"}, headers=auth)
+        assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+    finally:
+        up = stack.compose("up", "-d", "--wait", "--wait-timeout", "120", "gateway")
+    assert up.returncode == 0, up.stderr
+    assert run_code(stack, "print(1)").status_code == 200
 
 
 def _crash(stack: Stack, service: str) -> None:
