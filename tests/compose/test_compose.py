@@ -258,3 +258,27 @@ def test_trace_capture_on_the_volume_survives_a_gateway_restart(stack: Stack) ->
         assert got == list(range(20 if batch == 1 else 35)), (batch, took, got, logs)
         if batch == 1:
             calls(15, 20)
+
+
+def test_a_gateway_restart_lets_the_call_in_flight_finish(stack: Stack) -> None:
+    """SIGTERM stops the gateway gracefully (calls in flight may finish for `shutdown_grace_s`,
+    30 s): Docker must not SIGKILL it first, which cut a longer call with no answer at 10 s."""
+    answers: list[httpx.Response | httpx.HTTPError] = []
+    code = "import time\nprint('start', flush=True)\ntime.sleep(14)\nprint('done')"
+
+    def call() -> None:
+        try:
+            answers.append(run_code(stack, code, run_timeout=20))
+        except httpx.HTTPError as exc:  # e.g. the gateway killed: no answer at all
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1)
+    restart = stack.compose("restart", "gateway")
+    caller.join(60)
+    assert restart.returncode == 0, restart.stderr
+    assert answers and isinstance(answers[0], httpx.Response), answers
+    assert answers[0].status_code == 200, answers[0].text
+    assert answers[0].json()["run_result"]["stdout"] == "start\ndone\n", answers[0].text
+    stack.wait_healthy("gateway")
