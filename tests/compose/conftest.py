@@ -9,7 +9,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from compose_support import IMAGE, REPO, Stack, delegated_cgroups, project_leftovers
+from compose_support import (
+    IMAGE,
+    REPO,
+    Stack,
+    delegated_cgroups,
+    project_leftovers,
+    remove_dangling_test_images,
+)
 from testkit import free_port
 
 
@@ -48,5 +55,6 @@ def stack(compose_v2: str, base_image: str) -> Iterator[Stack]:
         for d in delegated_cgroups(project):
             if d.is_dir():
                 d.rmdir()  # fails (and fails the run) if sandboxd left a cgroup in it
+        remove_dangling_test_images()
     assert down.returncode == 0, down.stderr
     assert project_leftovers(project) == {"container": [], "network": [], "volume": []}
