@@ -33,7 +33,11 @@ async def load(args: argparse.Namespace) -> list[dict]:
             headers = {"X-Toolenv-Deadline-Ms": str(args.deadline_ms)}
             if args.trajectory:
                 headers |= {"X-Trajectory-Id": args.trajectory, "X-Turn": str(i)}
-            code = {"code": args.code or SLEEPY.format(s=args.sleep_s), "language": "python"}
+            program = args.code or SLEEPY.format(s=args.sleep_s)
+            pad = "#" * args.pad_bytes + "\n" if args.pad_bytes else ""
+            code: dict = {"code": pad + program, "language": "python"}
+            if args.max_output_bytes:
+                code["max_output_bytes"] = args.max_output_bytes
             if args.tool == "sandbox":
                 path, body = "/run_code", code
             elif args.tool == "search":
@@ -59,6 +63,7 @@ async def load(args: argparse.Namespace) -> list[dict]:
                     "replica": replica,
                     "request_ids": request_ids,
                     "body": text[:8000],
+                    "body_bytes": len(text),
                     "retry_after": resp.headers.get("retry-after") if status else None,
                 }
             )
@@ -108,6 +113,8 @@ def main() -> None:
     p.add_argument("--trajectory", default=None, help="X-Trajectory-Id to send")
     p.add_argument("--sleep-s", type=float, default=0.0)
     p.add_argument("--code", default=None, help="program to run (default: sleep, then print)")
+    p.add_argument("--pad-bytes", type=int, default=0, help="a comment this long before the code")
+    p.add_argument("--max-output-bytes", type=int, default=0, help="output bound (0: its own)")
     p.add_argument("--pause-s", type=float, default=0.0)
     p.add_argument("--deadline-ms", type=float, default=10_000)
     p.add_argument("--grace-s", type=float, default=3.0)

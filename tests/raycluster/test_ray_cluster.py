@@ -93,6 +93,17 @@ def test_deadline_is_forwarded_and_the_replica_kills_the_program(ray_env: RayEnv
     assert running.stdout.strip() == "", "the program outlived its deadline"
 
 
+def test_bodies_and_replies_above_grpcs_default_message_size_pass(ray_env: RayEnv) -> None:
+    """A 6 MB program that prints 6 MB is answered as the local gateway answers it: within the
+    gateway's body bound and sandboxd's output bound, above gRPC's 4 MiB default."""
+    code = "import sys\nsys.stdout.write('y' * 6_000_000)\n"
+    results = ray_env.load("--calls", "1", "--concurrency", "1", "--code", code,
+                           "--pad-bytes", "6000000", "--max-output-bytes", "8000000")  # fmt: skip
+    assert statuses(results) == {200: 1}, results[0]["body"][:300]
+    assert results[0]["body"].startswith('{"status":"Success"'), results[0]["body"][:300]
+    assert results[0]["body_bytes"] > 6_000_000
+
+
 def test_admission_answers_429_with_retry_after(ray_env: RayEnv) -> None:
     results = ray_env.load("--tool", "sandbox_tight", "--calls", "6", "--concurrency", "6",
                            "--sleep-s", "1")  # fmt: skip

@@ -64,6 +64,7 @@ def test_replicas_run_on_their_own_loop_without_access_logs() -> None:
     assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": REPLICA_ENV}
     assert REPLICA_ENV["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert REPLICA_ENV["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
+    assert int(REPLICA_ENV["RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"]) == 2**31 - 1
     assert REPLICA_ENV["GRPC_EXPERIMENTS"] == "-event_engine_client,-event_engine_listener"
     assert opts["logging_config"] == {"enable_access_log": False, "log_level": "WARNING"}
 

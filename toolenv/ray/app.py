@@ -60,10 +60,16 @@ class RayStack:
 # Serve's cached request metrics go to Ray's metrics API once a second instead of ten times: a
 # replica's and a router's timers, not per-call work (Serve counts every call either way).
 # gRPC's socket I/O on its poller thread instead of extra threads (`lean.GRPC_ENV`).
+# A handle call's request and reply up to gRPC's largest message (2 GiB - 1, the size Serve's
+# other gRPC servers take), not its 4 MiB default: that one bound is read both by the replica's
+# server (the request) and by the handle's channel (the reply), and it refused what the gateway
+# (`max_body_bytes`, 16 MiB) and sandboxd (`max_output_bytes`) accept, as a 502. Those two are
+# the bounds; this one must not be lower.
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1),
     **GRPC_ENV,
 }
 # Serve's per-request access log is a log record per call in every replica it crosses; with the
