@@ -14,7 +14,11 @@ from typing import Any
 
 import ray
 
+from toolenv_core.ray_connect import LOCAL, RayUnreachable, check_reachable, init_ray
+
 from .study import CellJob, StudyInputs, run_job
+
+__all__ = ["RayRunner", "RayUnreachable"]
 
 
 @ray.remote(num_cpus=1)
@@ -25,8 +29,12 @@ def _cell(inputs: StudyInputs, job: CellJob) -> dict[str, Any]:
 class RayRunner:
     """A `JobRunner` that runs every cell as a Ray task on the cluster at `address`."""
 
-    def __init__(self, address: str | None) -> None:
-        self.address = address  # None: start a local cluster
+    def __init__(self, address: str) -> None:
+        """`address`: `local` starts a new local cluster, else a running one (auto, HOST:PORT),
+        which must answer now (`RayUnreachable`), before the inputs are loaded."""
+        self.address = address
+        if address != LOCAL:
+            check_reachable(address)
 
     def __call__(
         self,
@@ -36,7 +44,7 @@ class RayRunner:
     ) -> list[dict[str, Any]]:
         started_here = not ray.is_initialized()
         if started_here:
-            ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+            init_ray(self.address, log_to_driver=False, logging_level="ERROR")
         try:
             shared = ray.put(inputs)
             refs = [_cell.remote(shared, job) for job in jobs]

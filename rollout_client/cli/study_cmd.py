@@ -74,10 +74,13 @@ def study(
     runner: JobRunner = run_here
     if ray_address is not None:
         try:  # Ray is an optional extra (`pip install toolenv[ray]`)
-            from ..study_ray import RayRunner
+            from ..study_ray import RayRunner, RayUnreachable
         except ImportError as exc:
             fail(f"--ray needs Ray: pip install 'toolenv[ray]' ({exc})")
-        runner = RayRunner(None if ray_address == "local" else ray_address)
+        try:
+            runner = RayRunner(ray_address)
+        except RayUnreachable as exc:
+            fail(f"{exc} (--ray)", code=1)
     scenarios = [s for s in plan.scenarios if not s.reward or plan.reward_traces]
     total = len(scenarios) * len(plan.policies)
     progress = Progress(

@@ -3,8 +3,11 @@ the CLI's checks, and no Ray needed outside `--ray`."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +16,7 @@ from toolenv.cli import build_app
 from toolenv.ray.app import REPLICA_ENV, replica_options
 from toolenv.ray.ingress import listen_socket
 from toolenv.ray_settings import RaySettings, ReplicaConfig
+from toolenv_core.net import free_port
 
 
 def test_fixed_replicas_and_autoscaling_bounds_become_serve_options() -> None:
@@ -86,3 +90,40 @@ def test_detach_with_a_local_cluster_is_refused() -> None:
     result = CliRunner().invoke(build_app(), ["serve", "--ray", "local", "--detach"])
     assert result.exit_code == 2
     assert "--detach needs a running cluster" in result.output
+
+
+def _toolenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it; a connect that hangs (Ray retries for minutes) fails the test."""
+    return subprocess.run([sys.executable, "-m", "toolenv", *args], capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("address", "env", "said"),
+    [
+        ("127.0.0.1:{port}", {}, "no Ray cluster answers at 127.0.0.1:{port}"),
+        ("auto", {"RAY_ADDRESS": "127.0.0.1:{port}"}, "no Ray cluster answers at auto"),
+        ("not an address", {}, "no Ray cluster at 'not an address'"),
+    ],
+    ids=["closed-port", "auto-to-a-closed-port", "not-an-address"],
+)
+def test_an_address_with_no_cluster_is_a_one_line_error_at_once(
+    address: str, env: dict[str, str], said: str
+) -> None:
+    """Not Ray's 20 connection attempts of about 40 s each, nor a traceback."""
+    port = str(free_port())  # closed: nothing listens there
+    environ = {**os.environ, **{k: v.format(port=port) for k, v in env.items()}}
+    started = time.monotonic()
+    done = _toolenv("serve", "--ray", address.format(port=port), env=environ)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    assert said.format(port=port) in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_study_on_an_unreachable_cluster_fails_before_loading_anything(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    done = _toolenv("rollout", "study", "--trace", str(tmp_path / "none.jsonl"), "--no-plots",
+                    "--out", str(tmp_path / "out"), "--ray", address)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"no Ray cluster answers at {address}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()

@@ -26,6 +26,7 @@ from gateway.settings import GatewaySettings
 from sandboxd.settings import SandboxSettings
 from toolenv.ray_settings import RaySettings, ReplicaConfig
 from toolenv.sections import read_all_sections
+from toolenv_core.ray_connect import LOCAL, init_ray
 
 from .ingress import GatewayServer
 from .lean import CLUSTER_ENV, GRPC_ENV
@@ -123,8 +124,8 @@ def deploy(stack: RayStack) -> DeploymentHandle:
             # the background work toolenv does not use (`lean`; what the environment sets wins).
             for key, value in CLUSTER_ENV.items():
                 os.environ.setdefault(key, value)
-            ray.init(address="local", log_to_driver=False, include_dashboard=False)
+            init_ray(LOCAL, log_to_driver=False, include_dashboard=False)
         else:
-            ray.init(address=r.address, log_to_driver=False)
+            init_ray(r.address, log_to_driver=False)  # RayUnreachable when nothing answers
     serve.start(proxy_location="Disabled")
     return serve.run(build_application(stack), name=r.app_name, route_prefix=None)

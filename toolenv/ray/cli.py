@@ -14,10 +14,9 @@ from ray import serve
 from rich.console import Console
 
 from toolenv_core.config import ConfigFileError, config_error
+from toolenv_core.ray_connect import LOCAL, RayUnreachable
 
 from .app import RayStack, deploy
-
-LOCAL = "local"  # `--ray local`: start a local cluster (Ray's own name for one)
 
 
 def run_on_ray(
@@ -37,8 +36,12 @@ def run_on_ray(
         stack.ray = stack.ray.model_copy(update={"http_port": port})
     where = stack.ray.address or "a new local cluster"
     url = f"http://{stack.ray.http_host}:{stack.ray.http_port}"
-    with console.status(f"deploying toolenv on Ray ({where})"):
-        deploy(stack)
+    try:
+        with console.status(f"deploying toolenv on Ray ({where})"):
+            deploy(stack)
+    except RayUnreachable as exc:
+        typer.echo(f"error: {exc} (--ray)", err=True)
+        raise typer.Exit(1) from exc
     with console.status(f"waiting for {url}/readyz"):
         problem = wait_ready(url, ready_timeout_s)
     if problem is not None:

@@ -1,0 +1,61 @@
+"""Connecting a driver to a Ray cluster: a one-line error in seconds where `ray.init` gives none.
+
+With nothing listening at `HOST:PORT`, `ray.init` retries for about 14 minutes (20 attempts of
+about 40 s each in Ray 2.60, a log line per attempt); an address it cannot parse, or `auto`
+with no cluster on this machine, is a traceback. Every command that connects to a cluster
+(`toolenv serve --ray`, `toolenv rollout study --ray`) goes through `init_ray`. Imported only by
+the modules that use Ray (an optional extra).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import ray
+from ray._private.services import canonicalize_bootstrap_address
+
+LOCAL = "local"  # Ray's name for "start a new local cluster"
+CLIENT_SCHEME = "ray://"  # a Ray Client server, not the GCS
+CONNECT_TIMEOUT_S = 5.0
+
+
+class RayUnreachable(ConnectionError):
+    """No Ray cluster answers at the address given; the message says which and why."""
+
+
+def cluster_address(address: str) -> str:
+    """HOST:PORT that `ray.init(address)` dials: `auto` is RAY_ADDRESS, else the last cluster
+    `ray start` started on this machine; localhost names become this node's address."""
+    if address.startswith(CLIENT_SCHEME):
+        return address.removeprefix(CLIENT_SCHEME)
+    try:
+        resolved = canonicalize_bootstrap_address(address)
+    except (ValueError, ConnectionError) as exc:
+        raise RayUnreachable(f"no Ray cluster at {address!r}: {exc}") from None
+    if resolved is None:  # "local" or an empty RAY_ADDRESS: nothing to dial
+        raise RayUnreachable(f"no Ray cluster at {address!r}")
+    return resolved
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise `RayUnreachable` unless a TCP connection to the cluster's address opens."""
+    target = cluster_address(address)
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise RayUnreachable(f"no Ray cluster at {address!r}: not HOST:PORT")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        via = "" if target == address else f" (as {target})"
+        raise RayUnreachable(f"no Ray cluster answers at {address}{via}: {why}") from None
+
+
+def init_ray(address: str, **kwargs: Any) -> None:
+    """`ray.init(address, **kwargs)`: `local` starts a new local cluster (never one found running
+    here); any other address must answer first (`check_reachable`)."""
+    if address != LOCAL:
+        check_reachable(address)
+    ray.init(address=address, **kwargs)
