@@ -127,3 +127,14 @@ def test_study_on_an_unreachable_cluster_fails_before_loading_anything(tmp_path:
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"no Ray cluster answers at {address}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_options_ray_refuses_are_a_config_error_before_any_cluster_starts(tmp_path: Path) -> None:
+    """Ray's own checks of a deployment's options (a negative resource) are a one-line config
+    error, not a traceback after a local cluster was started for nothing."""
+    config = tmp_path / "c.yaml"
+    config.write_text("ray:\n  sandbox: {resources: {sandbox_node: -1}}\n")
+    done = _toolenv("serve", "--ray", "local", "-c", str(config))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "sandbox_node cannot be negative" in done.stderr and "Traceback" not in done.stderr
+    assert "Started a local Ray instance" not in done.stderr, done.stderr

@@ -114,10 +114,13 @@ def build(args: dict[str, str]) -> Application:
     return build_application(RayStack.load(args.get("config")))
 
 
-def deploy(stack: RayStack) -> DeploymentHandle:
+def deploy(stack: RayStack, app: Application | None = None) -> DeploymentHandle:
     """Connect (or start a local cluster), start Serve without its HTTP proxies (the gateway
-    replicas serve HTTP), run the application."""
+    replicas serve HTTP), run the application (`app`, else built from `stack` before connecting:
+    Ray checks the options as it builds)."""
     r = stack.ray
+    if app is None:
+        app = build_application(stack)
     if not ray.is_initialized():
         if r.address is None:
             # A new local cluster ("local"), never one found running on this machine: without
@@ -128,4 +131,4 @@ def deploy(stack: RayStack) -> DeploymentHandle:
         else:
             init_ray(r.address, log_to_driver=False)  # RayUnreachable when nothing answers
     serve.start(proxy_location="Disabled")
-    return serve.run(build_application(stack), name=r.app_name, route_prefix=None)
+    return serve.run(app, name=r.app_name, route_prefix=None)

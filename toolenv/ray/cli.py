@@ -16,7 +16,7 @@ from rich.console import Console
 from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.ray_connect import LOCAL, RayUnreachable
 
-from .app import RayStack, deploy
+from .app import RayStack, build_application, deploy
 
 
 def run_on_ray(
@@ -29,16 +29,19 @@ def run_on_ray(
         raise typer.Exit(2)
     try:
         stack = RayStack.load(config_file, address=None if address == LOCAL else address)
+        if port is not None:
+            stack.ray = stack.ray.model_copy(update={"http_port": port})
+        # Ray checks the deployments' options (e.g. `resources`) as they are built: before any
+        # cluster is started or joined.
+        app = build_application(stack)
     except (ConfigFileError, ValueError) as exc:  # a ValidationError too: one line, as `serve`
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
-    if port is not None:
-        stack.ray = stack.ray.model_copy(update={"http_port": port})
     where = stack.ray.address or "a new local cluster"
     url = f"http://{stack.ray.http_host}:{stack.ray.http_port}"
     try:
         with console.status(f"deploying toolenv on Ray ({where})"):
-            deploy(stack)
+            deploy(stack, app)
     except RayUnreachable as exc:
         typer.echo(f"error: {exc} (--ray)", err=True)
         raise typer.Exit(1) from exc
