@@ -82,3 +82,33 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(
         assert ns.pids(0) == []
     finally:
         ns.stop()
+
+
+def test_a_deployment_that_cannot_start_says_why_and_stops_the_cluster(tmp_path: Path) -> None:
+    """The gateway's port is taken: one line naming the deployment and the error its replicas
+    raised (Serve's own says only "Failed to update the deployments"), exit 1, no cluster left."""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    holder = None
+    try:
+        config = tmp_path / "local.yaml"
+        config.write_text(yaml.safe_dump(CONFIG))
+        hold = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.listen()\n"
+        holder = subprocess.Popen(ns.exec_argv([sys.executable, "-c", hold + "time.sleep(300)"]))
+        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
+        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
+        done = subprocess.run(ns.exec_argv(argv), env=env, capture_output=True, text=True,
+                              timeout=200)  # fmt: skip
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        said = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(said) == 1 and "gateway: " in said[0] and "Address already in use" in said[0]
+        holder.kill()
+        holder.wait()
+        end = time.monotonic() + 30
+        while ns.pids(0) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert ns.pids(0) == []
+    finally:
+        if holder is not None:
+            holder.kill()
+        ns.stop()

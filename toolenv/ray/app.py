@@ -20,6 +20,7 @@ import ray
 from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
+from ray.serve.schema import DeploymentStatus
 
 from emulators.settings import EmulatorSettings
 from gateway.settings import GatewaySettings
@@ -131,4 +132,24 @@ def deploy(stack: RayStack, app: Application | None = None) -> DeploymentHandle:
         else:
             init_ray(r.address, log_to_driver=False)  # RayUnreachable when nothing answers
     serve.start(proxy_location="Disabled")
-    return serve.run(app, name=r.app_name, route_prefix=None)
+    try:
+        return serve.run(app, name=r.app_name, route_prefix=None)
+    except RuntimeError as exc:  # DEPLOY_FAILED: Serve names the deployments, not what failed
+        raise DeployFailed(f"{exc} {why_failed(r.app_name)}".strip()) from exc
+
+
+class DeployFailed(RuntimeError):
+    """Serve gave up on the application; the message says which deployment and what its
+    replicas raised (a port in use, a sandbox backend that cannot start)."""
+
+
+def why_failed(app_name: str) -> str:
+    """Each failed deployment's name and the last line of its replicas' error (Serve keeps the
+    whole traceback in the deployment's status message)."""
+    app = serve.status().applications.get(app_name)
+    deployments = app.deployments.items() if app is not None else []
+    return "; ".join(
+        f"{name}: {d.message.strip().splitlines()[-1]}"
+        for name, d in deployments
+        if d.status == DeploymentStatus.DEPLOY_FAILED and d.message.strip()
+    )

@@ -16,7 +16,7 @@ from rich.console import Console
 from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.ray_connect import LOCAL, RayUnreachable
 
-from .app import RayStack, build_application, deploy
+from .app import DeployFailed, RayStack, build_application, deploy
 
 
 def run_on_ray(
@@ -44,6 +44,9 @@ def run_on_ray(
             deploy(stack, app)
     except RayUnreachable as exc:
         typer.echo(f"error: {exc} (--ray)", err=True)
+        raise typer.Exit(1) from exc
+    except DeployFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     with console.status(f"waiting for {url}/readyz"):
         problem = wait_ready(url, ready_timeout_s)
