@@ -28,22 +28,30 @@ def cluster_address(address: str) -> str:
     """HOST:PORT that `ray.init(address)` dials: `auto` is RAY_ADDRESS, else the last cluster
     `ray start` started on this machine; localhost names become this node's address."""
     if address.startswith(CLIENT_SCHEME):
-        return address.removeprefix(CLIENT_SCHEME)
+        return host_port(address, address.removeprefix(CLIENT_SCHEME))
+    if address != "auto":  # checked first: Ray logs a traceback for an empty host
+        host_port(address, address)
     try:
         resolved = canonicalize_bootstrap_address(address)
     except (ValueError, ConnectionError) as exc:
         raise RayUnreachable(f"no Ray cluster at {address!r}: {exc}") from None
     if resolved is None:  # "local" or an empty RAY_ADDRESS: nothing to dial
         raise RayUnreachable(f"no Ray cluster at {address!r}")
-    return resolved
+    return host_port(address, resolved)
+
+
+def host_port(address: str, target: str) -> str:
+    """`target` if it is HOST:PORT with a host and a TCP port, else `RayUnreachable`."""
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RayUnreachable(f"no Ray cluster at {address!r}: not HOST:PORT")
+    return target
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Raise `RayUnreachable` unless a TCP connection to the cluster's address opens."""
     target = cluster_address(address)
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit():
-        raise RayUnreachable(f"no Ray cluster at {address!r}: not HOST:PORT")
+    host, _, port = target.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
             pass

@@ -103,9 +103,11 @@ def _toolenv(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     [
         ("127.0.0.1:{port}", {}, "no Ray cluster answers at 127.0.0.1:{port}"),
         ("auto", {"RAY_ADDRESS": "127.0.0.1:{port}"}, "no Ray cluster answers at auto"),
-        ("not an address", {}, "no Ray cluster at 'not an address'"),
+        ("not an address", {}, "no Ray cluster at 'not an address': not HOST:PORT"),
+        (":", {}, "no Ray cluster at ':': not HOST:PORT"),
+        ("127.0.0.1:99999", {}, "no Ray cluster at '127.0.0.1:99999': not HOST:PORT"),
     ],
-    ids=["closed-port", "auto-to-a-closed-port", "not-an-address"],
+    ids=["closed-port", "auto-to-a-closed-port", "not-an-address", "no-host", "no-such-port"],
 )
 def test_an_address_with_no_cluster_is_a_one_line_error_at_once(
     address: str, env: dict[str, str], said: str
@@ -118,6 +120,7 @@ def test_an_address_with_no_cluster_is_a_one_line_error_at_once(
     assert done.returncode == 1, done.stderr[-2000:]
     assert time.monotonic() - started < 30
     assert said.format(port=port) in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_study_on_an_unreachable_cluster_fails_before_loading_anything(tmp_path: Path) -> None:
