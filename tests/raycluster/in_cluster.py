@@ -36,6 +36,8 @@ async def load(args: argparse.Namespace) -> list[dict]:
             program = args.code or SLEEPY.format(s=args.sleep_s)
             pad = "#" * args.pad_bytes + "\n" if args.pad_bytes else ""
             code: dict = {"code": pad + program, "language": "python"}
+            if args.run_timeout:
+                code["run_timeout"] = args.run_timeout
             if args.max_output_bytes:
                 code["max_output_bytes"] = args.max_output_bytes
             if args.tool == "sandbox":
@@ -115,6 +117,7 @@ def main() -> None:
     p.add_argument("--code", default=None, help="program to run (default: sleep, then print)")
     p.add_argument("--pad-bytes", type=int, default=0, help="a comment this long before the code")
     p.add_argument("--max-output-bytes", type=int, default=0, help="output bound (0: its own)")
+    p.add_argument("--run-timeout", type=float, default=0, help="run_timeout (0: the default)")
     p.add_argument("--pause-s", type=float, default=0.0)
     p.add_argument("--deadline-ms", type=float, default=10_000)
     p.add_argument("--grace-s", type=float, default=3.0)

@@ -112,3 +112,47 @@ def test_a_deployment_that_cannot_start_says_why_and_stops_the_cluster(tmp_path:
         if holder is not None:
             holder.kill()
         ns.stop()
+
+
+def test_stopping_with_a_call_in_flight_releases_the_sandbox_pool(tmp_path: Path) -> None:
+    """SIGTERM while a program runs: the gateway's shutdown grace (here 22 s, above Serve's 20 s
+    default for a replica's shutdown) runs out, its call is cancelled, and the sandbox replica
+    releases its pool (run dir, cgroups) instead of being killed by Serve with them in place."""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    before = {d.name for d in Path("/dev/shm").glob("toolenv-sandboxd-*")}
+    try:
+        config = tmp_path / "local.yaml"
+        config.write_text(yaml.safe_dump({**CONFIG, "gateway": {"shutdown_grace_s": 22}}))
+        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
+        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
+        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE, text=True)
+        assert server.stderr is not None
+        end, said = time.monotonic() + 200, ""
+        while "serving on Ray" not in said and server.poll() is None and time.monotonic() < end:
+            said += server.stderr.readline()
+        assert "serving on Ray" in said, said[-3000:]
+        threading.Thread(target=server.stderr.read, daemon=True).start()
+        marker = "987.41"  # a sleep nobody else runs
+        code = f"import os\nos.execv('/bin/sleep', ['sleep', '{marker}'])\n"
+        call = subprocess.Popen(ns.exec_argv([sys.executable, str(HELPER), "load", URL, "--calls",
+                                              "1", "--code", code, "--run-timeout", "50",
+                                              "--deadline-ms", "55000"]),
+                                env=ns.env(), stdout=subprocess.PIPE)  # fmt: skip
+        end = time.monotonic() + 30
+        while not _running(marker) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert _running(marker)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(120) == 0
+        call.wait(60)
+        assert not _running(marker)
+        left = {d.name for d in Path("/dev/shm").glob("toolenv-sandboxd-*")} - before
+        cgroups = [p for n in left for p in Path("/sys/fs/cgroup").glob(f"*/{n}")]
+        assert not left and not cgroups, (left, cgroups)
+    finally:
+        ns.stop()
+
+
+def _running(marker: str) -> bool:
+    found = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    return bool(found.stdout.strip())

@@ -64,7 +64,8 @@ def test_gateway_and_cli_need_no_ray() -> None:
 
 
 def test_replicas_run_on_their_own_loop_without_access_logs() -> None:
-    opts = replica_options(ReplicaConfig(num_cpus=0.5))
+    opts = replica_options(ReplicaConfig(num_cpus=0.5), 40.0)
+    assert opts["graceful_shutdown_timeout_s"] == 40.0
     assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": REPLICA_ENV}
     assert REPLICA_ENV["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert REPLICA_ENV["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"

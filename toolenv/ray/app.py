@@ -79,11 +79,21 @@ REPLICA_ENV = {
 LOGGING = {"enable_access_log": False, "log_level": "WARNING"}
 
 
-def replica_options(config: ReplicaConfig) -> dict[str, Any]:
-    """A deployment's Serve options: its replica config, our replica env and logging."""
+# Past the gateway's shutdown grace: its replica waits that long for calls in flight (then up to
+# 5 s more for uvicorn to stop, `GatewayServer.__del__`), and a sandbox replica drains once the
+# gateway has cancelled what was left, then releases its pool.
+SHUTDOWN_MARGIN_S = 10.0
+
+
+def replica_options(config: ReplicaConfig, shutdown_s: float) -> dict[str, Any]:
+    """A deployment's Serve options: its replica config, our replica env and logging, and how
+    long Serve lets a stopping replica finish (`shutdown_s`) before it kills it. At Serve's
+    default (20 s) it killed the replicas within the gateway's own grace (30 s), and a sandbox
+    replica with a program running left its run dir and cgroups behind."""
     options = config.deployment_options()
     options["ray_actor_options"]["runtime_env"] = {"env_vars": dict(REPLICA_ENV)}
     options["logging_config"] = dict(LOGGING)
+    options["graceful_shutdown_timeout_s"] = shutdown_s
     return options
 
 
@@ -96,11 +106,16 @@ def build_application(stack: RayStack) -> Application:
         "max_concurrency": r.sandbox.max_ongoing_requests,
         "queue_size": r.sandbox.max_ongoing_requests,  # calls still unwinding after a cancel
     }
-    sandbox = serve.deployment(ServiceReplica, name="sandbox").options(**replica_options(r.sandbox))
-    emulators = serve.deployment(ServiceReplica, name="emulators").options(
-        **replica_options(r.emulators)
+    shutdown_s = stack.gateway.shutdown_grace_s + SHUTDOWN_MARGIN_S
+    sandbox = serve.deployment(ServiceReplica, name="sandbox").options(
+        **replica_options(r.sandbox, shutdown_s)
     )
-    gateway = serve.deployment(GatewayServer, name="gateway").options(**replica_options(r.gateway))
+    emulators = serve.deployment(ServiceReplica, name="emulators").options(
+        **replica_options(r.emulators, shutdown_s)
+    )
+    gateway = serve.deployment(GatewayServer, name="gateway").options(
+        **replica_options(r.gateway, shutdown_s)
+    )
     return gateway.bind(
         stack.gateway.model_dump(),
         r.http_host,
