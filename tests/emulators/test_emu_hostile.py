@@ -2,25 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
-from emu_support import FAST, restoring_client, start_server
-from testkit import ServerProcess
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    s = start_server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    with restoring_client(server) as c:
-        yield c
+from emu_support import FAST
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from emu_support import FAST, restoring_client, start_server
+from emu_support import FAST, start_server
 from scipy import stats
 from testkit import ServerProcess, free_port
 
@@ -24,19 +23,6 @@ from toolenv_core.latency import load_profile
 INJECTED = "x-toolenv-injected-delay-ms"
 TIMER = "x-toolenv-timer-error-ms"
 LEAD = "x-toolenv-pacing-lead-ms"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    s = start_server("--seed", "7")
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    with restoring_client(server) as c:
-        yield c
 
 
 def tokens(result: list[dict]) -> int:
