@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from toolenv_core.ray_connect import LOCAL, RayUnreachable, check_reachable, init_ray
+from toolenv_core.ray_connect import LOCAL, RayUnreachable, check_reachable
 
 from .study import CellJob, StudyInputs, run_job
 
@@ -44,7 +44,8 @@ class RayRunner:
     ) -> list[dict[str, Any]]:
         started_here = not ray.is_initialized()
         if started_here:
-            init_ray(self.address, log_to_driver=False, logging_level="ERROR")
+            # reachable: checked when this runner was made, before the inputs were loaded
+            ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
         try:
             shared = ray.put(inputs)
             refs = [_cell.remote(shared, job) for job in jobs]

@@ -2,9 +2,10 @@
 
 With nothing listening at `HOST:PORT`, `ray.init` retries for about 14 minutes (20 attempts of
 about 40 s each in Ray 2.60, a log line per attempt); an address it cannot parse, or `auto`
-with no cluster on this machine, is a traceback. Every command that connects to a cluster
-(`toolenv serve --ray`, `toolenv rollout study --ray`) goes through `init_ray`. Imported only by
-the modules that use Ray (an optional extra).
+with no cluster on this machine, is a traceback. Every command that connects to a cluster checks
+first: `toolenv serve --ray` through `init_ray`, `toolenv rollout study --ray` through
+`check_reachable` before it loads its inputs. Imported only by the modules that use Ray (an
+optional extra).
 """
 
 from __future__ import annotations

@@ -130,13 +130,11 @@ def build(args: dict[str, str]) -> Application:
     return build_application(RayStack.load(args.get("config")))
 
 
-def deploy(stack: RayStack, app: Application | None = None) -> DeploymentHandle:
+def deploy(stack: RayStack, app: Application) -> DeploymentHandle:
     """Connect (or start a local cluster), start Serve without its HTTP proxies (the gateway
-    replicas serve HTTP), run the application (`app`, else built from `stack` before connecting:
-    Ray checks the options as it builds)."""
+    replicas serve HTTP), run the application (built from `stack` before connecting: Ray checks
+    the deployments' options as it builds them)."""
     r = stack.ray
-    if app is None:
-        app = build_application(stack)
     if not ray.is_initialized():
         if r.address is None:
             # A new local cluster ("local"), never one found running on this machine: without
