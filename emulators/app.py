@@ -6,7 +6,6 @@ this app is what `toolenv emulators serve` runs.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 from toolenv_core import __version__
 from toolenv_core.bodylimit import BodyLimit
+from toolenv_core.heap import freeze_startup_objects
 from toolenv_core.latency.profile import Profile, load_profile
 
 from .base import ToolEmulator
@@ -62,10 +62,7 @@ def create_app(settings: EmulatorSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for emu in emulators.values():
             await emu.start()
-        # Long-lived start-up objects (profiles, indexes) out of the collector's way: fewer and
-        # shorter GC pauses, which would otherwise show up as timer error.
-        gc.collect()
-        gc.freeze()
+        freeze_startup_objects()
         app.state.ready = True
         try:
             yield

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
@@ -15,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS, error_problems
+from toolenv_core.heap import freeze_startup_objects
 
 from .asgi import ASGIApp
 from .control import router as control_router
@@ -78,11 +78,7 @@ def create_app(
             if trace is not None:
                 await trace.start()
             await toolset.start()
-            # Everything built at start-up lives as long as the process: move it out of the
-            # collector's sight, so full collections under load scan only per-call garbage
-            # (hundreds of thousands of framework objects otherwise: tens of ms per pass).
-            gc.collect()
-            gc.freeze()
+            freeze_startup_objects()
             state.ready = True
             yield
         finally:

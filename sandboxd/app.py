@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from toolenv_core.bodylimit import BodyLimit
+from toolenv_core.heap import freeze_startup_objects
 
 from .api import build_router
 from .service import SandboxService
@@ -23,6 +24,7 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        freeze_startup_objects()
         try:
             yield
         finally:
