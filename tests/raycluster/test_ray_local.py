@@ -84,6 +84,50 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(
         ns.stop()
 
 
+@pytest.mark.parametrize(
+    ("stop_signal", "started_with_sigint_ignored"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["ctrl-c-from-a-background-job", "sigterm"],
+)
+def test_a_stop_signal_while_starting_stops_what_started(
+    tmp_path: Path, stop_signal: signal.Signals, started_with_sigint_ignored: bool
+) -> None:
+    """Ctrl-C or `kill` once the cluster is up and the application is being deployed: one line,
+    exit 128 + the signal, no cluster left. (Before: SIGINT from a background job was ignored
+    and the command went on to serve; SIGTERM hit `ray.init`'s native handler, which crashed
+    the driver with a segmentation fault.)"""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    try:
+        config = tmp_path / "local.yaml"
+        config.write_text(yaml.safe_dump(CONFIG))
+        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
+        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
+        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=_ignore_sigint if started_with_sigint_ignored else None)  # fmt: skip
+        assert server.stderr is not None
+        end, said = time.monotonic() + 200, ""
+        while "Started Serve" not in said and server.poll() is None and time.monotonic() < end:
+            said += server.stderr.readline()
+        assert "Started Serve" in said, said[-3000:]  # connected; the deployments are starting
+        server.send_signal(stop_signal)
+        out: list[str] = []
+        drain = threading.Thread(target=lambda: out.append(server.stderr.read()), daemon=True)
+        drain.start()  # Ray's processes hold the pipe too: read it aside, up to their end
+        code = server.wait(120)
+        drain.join(30)
+        rest = "".join(out)
+        assert code == 128 + stop_signal, (said + rest)[-3000:]
+        assert f"interrupted ({stop_signal.name}) while starting" in rest, rest[-3000:]
+        assert "serving on Ray" not in rest
+        assert "Traceback" not in rest and "received at time" not in rest, rest[-3000:]
+        end = time.monotonic() + 30
+        while ns.pids(0) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert ns.pids(0) == []
+    finally:
+        ns.stop()
+
+
 def test_a_deployment_that_cannot_start_says_why_and_stops_the_cluster(tmp_path: Path) -> None:
     """The gateway's port is taken: one line naming the deployment and the error its replicas
     raised (Serve's own says only "Failed to update the deployments"), exit 1, no cluster left."""

@@ -130,20 +130,27 @@ def build(args: dict[str, str]) -> Application:
     return build_application(RayStack.load(args.get("config")))
 
 
+def connect(stack: RayStack) -> None:
+    """Connect to the stack's cluster (RayUnreachable when nothing answers), or start a new
+    local one, never one found running on this machine."""
+    if ray.is_initialized():
+        return
+    if stack.ray.address is None:
+        # without the background work toolenv does not use (`lean`; what the environment sets
+        # wins)
+        for key, value in CLUSTER_ENV.items():
+            os.environ.setdefault(key, value)
+        init_ray(LOCAL, log_to_driver=False, include_dashboard=False)
+    else:
+        init_ray(stack.ray.address, log_to_driver=False)
+
+
 def deploy(stack: RayStack, app: Application) -> DeploymentHandle:
-    """Connect (or start a local cluster), start Serve without its HTTP proxies (the gateway
-    replicas serve HTTP), run the application (built from `stack` before connecting: Ray checks
-    the deployments' options as it builds them)."""
+    """Connect (`connect`), start Serve without its HTTP proxies (the gateway replicas serve
+    HTTP), run the application (built from `stack` before connecting: Ray checks the
+    deployments' options as it builds them)."""
     r = stack.ray
-    if not ray.is_initialized():
-        if r.address is None:
-            # A new local cluster ("local"), never one found running on this machine: without
-            # the background work toolenv does not use (`lean`; what the environment sets wins).
-            for key, value in CLUSTER_ENV.items():
-                os.environ.setdefault(key, value)
-            init_ray(LOCAL, log_to_driver=False, include_dashboard=False)
-        else:
-            init_ray(r.address, log_to_driver=False)  # RayUnreachable when nothing answers
+    connect(stack)
     serve.start(proxy_location="Disabled")
     try:
         return serve.run(app, name=r.app_name, route_prefix=None)

@@ -3,6 +3,7 @@ the foreground like `serve run` (Ctrl-C deletes the application) unless `--detac
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -11,12 +12,13 @@ import httpx
 import ray
 import typer
 from ray import serve
+from ray.serve import Application
 from rich.console import Console
 
 from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.ray_connect import LOCAL, RayUnreachable
 
-from .app import DeployFailed, RayStack, build_application, deploy
+from .app import DeployFailed, RayStack, build_application, connect, deploy
 
 
 def run_on_ray(
@@ -37,46 +39,98 @@ def run_on_ray(
     except (ConfigFileError, ValueError) as exc:  # a ValidationError too: one line, as `serve`
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
-    where = stack.ray.address or "a new local cluster"
     url = f"http://{stack.ray.http_host}:{stack.ray.http_port}"
     try:
+        problem = start(stack, app, url, ready_timeout_s, console)
+        if problem is not None:
+            console.print(f"[red]not ready after {ready_timeout_s:.0f} s:[/] {problem}")
+            raise typer.Exit(1)
+        console.print(
+            f"[green]toolenv is serving on Ray[/] at {url} (application {stack.ray.app_name!r})"
+        )
+        if detach:
+            return
+        wait_for_stop_signal()
+    except StartInterrupted as exc:
+        console.print(f"interrupted ({exc.signal.name}) while starting: stopping what started")
+        ignore_stop_signals()  # the replicas' own stop takes seconds: let it finish
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):  # there may be nothing (whole) to delete
+                serve.delete(stack.ray.app_name)
+        ray.shutdown()  # also stops a local cluster that `ray.init` had only begun to start
+        raise typer.Exit(128 + exc.signal) from None
+    console.print("deleting the application")
+    serve.delete(stack.ray.app_name)
+    ray.shutdown()
+
+
+class StartInterrupted(BaseException):
+    """SIGINT or SIGTERM while the stack was starting. Not an `Exception`, as KeyboardInterrupt
+    is not: Ray's and Serve's code running when it is raised catches those."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal = signal.Signals(signum)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise StartInterrupted(signum)
+
+
+def interrupt_on_stop_signals() -> None:
+    """SIGINT and SIGTERM raise `StartInterrupted` in the main thread, installed explicitly as
+    `wait_for_stop_signal` does (a background job starts with SIGINT ignored)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+
+
+def start(
+    stack: RayStack, app: Application, url: str, ready_timeout_s: float, console: Console
+) -> str | None:
+    """Connect, deploy and wait for `/readyz` (what `wait_ready` says); raises
+    `StartInterrupted` at a stop signal, whenever it comes. `ray.init` installs SIGTERM handlers
+    of its own, a Python one that exits and a native one that crashes the driver: the stop
+    signals are taken back as soon as it returns, and its exit is read as the SIGTERM it was."""
+    where = stack.ray.address or "a new local cluster"
+    interrupt_on_stop_signals()
+    try:
         with console.status(f"deploying toolenv on Ray ({where})"):
+            try:
+                connect(stack)
+            finally:
+                interrupt_on_stop_signals()
             deploy(stack, app)
+        with console.status(f"waiting for {url}/readyz"):
+            return wait_ready(url, ready_timeout_s)
     except RayUnreachable as exc:
         typer.echo(f"error: {exc} (--ray)", err=True)
         raise typer.Exit(1) from exc
     except DeployFailed as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    with console.status(f"waiting for {url}/readyz"):
-        problem = wait_ready(url, ready_timeout_s)
-    if problem is not None:
-        console.print(f"[red]not ready after {ready_timeout_s:.0f} s:[/] {problem}")
-        raise typer.Exit(1)
-    console.print(
-        f"[green]toolenv is serving on Ray[/] at {url} (application {stack.ray.app_name!r})"
-    )
-    if detach:
-        return
-    wait_for_stop_signal()
-    console.print("deleting the application")
-    serve.delete(stack.ray.app_name)
-    ray.shutdown()
+    except KeyboardInterrupt:
+        raise StartInterrupted(signal.SIGINT) from None
+    except SystemExit as exc:  # ray.init's own SIGTERM handler
+        if exc.code != signal.SIGTERM:
+            raise
+        raise StartInterrupted(signal.SIGTERM) from None
+
+
+def ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def wait_for_stop_signal() -> None:
     """Block until SIGINT or SIGTERM. The handlers are installed explicitly, as uvicorn does, so
     Ctrl-C and `kill` both clean up even when the command was started with SIGINT ignored (a
-    background job of a non-interactive shell), where Python raises no KeyboardInterrupt."""
+    background job of a non-interactive shell), where Python raises no KeyboardInterrupt. They
+    stay installed: a second signal does not cut the clean-up short."""
     stop = threading.Event()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
 
 
 def wait_ready(url: str, timeout_s: float) -> str | None:
