@@ -19,18 +19,28 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from toolenv_core.fields import Number
+
 from .dispatch import Outcome
 
 SANDBOX_ROUTES = frozenset({"/run_code", "/v1/run_tests"})
 DEFAULT_TIMEOUT_S = 10.0  # SandboxFusion's compile_timeout and run_timeout defaults
+_NUMBER: TypeAdapter[float] = TypeAdapter(Number)  # a number field as sandboxd's models read it
 
 
 def _seconds(value: Any, default: float) -> float | None:
-    """A timeout field as sent (None when it is not a positive number: sandboxd will say why)."""
+    """A timeout field read as sandboxd reads it (ints, floats and numeric strings such as `"40"`,
+    as in SandboxFusion; never a boolean); None when that is not a positive finite number:
+    sandboxd will say why."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
+    if type(value) is not int and type(value) is not float:
+        try:
+            value = _NUMBER.validate_python(value)
+        except ValidationError:
+            return None
     try:
         seconds = float(value)
     except OverflowError:  # an integer past the float range, e.g. 10**400

@@ -61,6 +61,19 @@ def test_no_deadline_header_the_request_bounds_itself(sandbox_gateway) -> None:
     assert r.status_code == 504 and r.json()["deadline_ms"] == 800
 
 
+def test_timeouts_sent_as_numeric_strings_bound_the_request_too(sandbox_gateway) -> None:
+    """sandboxd reads `"run_timeout": "3"` as 3 s, as SandboxFusion does; the gateway read it as
+    no timeout at all and cut the run at the tool's default deadline (0.8 s here, 30 s by
+    default) with TimeLimitExceeded."""
+    gw = sandbox_gateway(default_deadline_ms=800, timeout_margin_ms=2000)
+    r = _run_code(gw.url, PRINT_SLEEP_PRINT.format(s=1.5), run_timeout="3", compile_timeout="1")
+    assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+    cases = {"code": PRINT_SLEEP_PRINT.format(s=1.2), "language": "python",
+             "cases": [{"expected_stdout": "before\nafter\n", "timeout": "3"}], "timeout": "3"}  # fmt: skip
+    r = httpx.post(gw.url + "/v1/run_tests", json=cases, timeout=60)
+    assert r.status_code == 200 and r.json()["verdict"] == "accepted", r.text
+
+
 def test_a_boolean_timeout_is_a_422_through_the_gateway(sandbox_gateway) -> None:
     """Before: `run_timeout: true` ran with a 1-second limit. sandboxd says what to fix and the
     gateway passes its 422 on; the same numbers as ints and floats still run."""
