@@ -149,6 +149,7 @@ class ToolRuntime:
         try:
             outcome = await self._call(call, started)
         except asyncio.CancelledError:  # the caller hung up: its call ended unanswered
+            self.m.total.observe(time.perf_counter() - started)  # a call like any other
             self.m.outcomes["caller_gone"].inc()
             raise
         outcome.elapsed_s = time.perf_counter() - started

@@ -330,6 +330,32 @@ def test_metrics_list_every_family_per_tool(upstream, gateway) -> None:
     assert metric_value(text, "toolenv_gateway_upstream_seconds_sum", tool="m") >= 0.049
 
 
+def test_every_counted_call_is_in_the_call_histogram(upstream, gateway) -> None:
+    """Before: a call whose caller hung up counted in `calls_total{outcome="caller_gone"}` but not
+    in `call_seconds`, so the histogram's count fell short of the calls (a dashboard's rate of
+    calls from either disagreed)."""
+    up = upstream("slow")
+    gw = gateway([proxy_tool("m", up.url)])
+    assert call(gw, "m", {}).status_code == 200
+    try:
+        httpx.post(gw.url + "/v1/tools/m/call", json={"arguments": {"sleep_s": 30}}, timeout=0.3)
+    except httpx.ReadTimeout:
+        pass  # hung up before the answer
+    runtime = gw.toolset.tools["m"]
+    for _ in range(100):  # until the gateway has seen the caller go
+        if runtime.m.outcomes["caller_gone"].value == 1:
+            break
+        time.sleep(0.02)
+    text = gw.metrics_text()
+    calls = sum(
+        metric_value(text, "toolenv_gateway_calls_total", tool="m", outcome=outcome)
+        for outcome in ("ok", "caller_gone")
+    )
+    assert calls == 2
+    assert metric_value(text, "toolenv_gateway_call_seconds_count", tool="m") == calls
+    assert metric_value(text, "toolenv_gateway_call_seconds_sum", tool="m") >= 0.25
+
+
 def test_tools_list_is_openai_function_format(upstream, gateway) -> None:
     up = upstream("t")
     gw = gateway(
