@@ -6,7 +6,9 @@ so every route answers, forwards, captures and logs alike.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +108,15 @@ async def run_call(
         if value is not None:
             headers[name] = value
     call = UpstreamCall("POST", path, body, headers, deadline, reserve_s)
-    outcome = await runtime.call(call, deadline_ms)
+    started = time.perf_counter()
+    try:
+        outcome = await runtime.call(call, deadline_ms)
+    except asyncio.CancelledError:  # the caller hung up: still a call, captured and logged
+        elapsed = time.perf_counter() - started
+        gone = Outcome("caller_gone", elapsed_s=elapsed, deadline_ms=deadline_ms)
+        _capture(ctx, runtime, gone)
+        _log(ctx, runtime, gone)
+        raise
     _capture(ctx, runtime, outcome)
     _log(ctx, runtime, outcome)
     return outcome

@@ -64,7 +64,7 @@ class UpstreamCall:
 class Outcome:
     """How a call ended, as the routes need it to answer."""
 
-    kind: str  # ok | error | timeout | rejected | unavailable | upstream_failed
+    kind: str  # ok | error | timeout | rejected | unavailable | upstream_failed | caller_gone
     reply: UpstreamReply | None = None
     error: str | None = None
     elapsed_s: float = 0.0

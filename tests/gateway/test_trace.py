@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -205,3 +206,35 @@ def test_a_trace_path_that_cannot_be_written_is_one_settings_line(tmp_path, wher
             f"{path} ({tmp_path / 'file'} is not a directory)"
         ), result.stderr
         assert result.stderr.count("\n") == 1
+
+
+def _hang_up(url: str, path: str, body: dict, headers: dict[str, str]) -> None:
+    """Send a call and hang up before its answer (the client's read timeout closes the socket)."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + path, json=body, headers=headers, timeout=0.3)
+
+
+def test_a_call_whose_caller_hung_up_is_captured_too(upstream, gateway, tmp_path) -> None:
+    """Before: a call ended by its caller hanging up (an RL client aborting a rollout) was
+    counted in `caller_gone` but left no line in the capture, so the trace held fewer calls than
+    the gateway served (and none of the aborted ones a replay should reproduce)."""
+    up = upstream("slow")
+    capture = tmp_path / "capture.jsonl"
+    gw = gateway([proxy_tool("search", up.url, kind="search")], trace_path=str(capture))
+    calls = [("/retrieve", {"sleep_s": 30}), ("/v1/tools/search/call", {"arguments": {"sleep_s": 30}})]  # fmt: skip
+    for turn, (path, body) in enumerate(calls):
+        _hang_up(
+            gw.url, path, body, {"X-Trajectory-Id": "gone", "X-Step": "2", "X-Turn": str(turn)}
+        )
+    runtime = gw.toolset.tools["search"]
+    for _ in range(100):  # until the gateway has seen both callers go
+        if runtime.m.outcomes["caller_gone"].value == 2:
+            break
+        time.sleep(0.02)
+    gw.stop()  # flushes the writer
+    records = list(read_captured_calls(capture))
+    assert [(r.trajectory_id, r.step, r.turn, r.status) for r in records] == [
+        ("gone", 2, 0, "caller_gone"),
+        ("gone", 2, 1, "caller_gone"),
+    ]
+    assert all(0.25 <= r.latency_s < 5 and r.response_bytes == 0 for r in records), records
