@@ -49,24 +49,36 @@ def _emulated(request: Request, name: str) -> ToolRuntime:
 async def _send(
     runtime: ToolRuntime, method: str, path: str, body: bytes, request: Request
 ) -> list[UpstreamReply]:
-    """Send to one upstream (GET) or to every upstream (PUT); the tool's failures as HTTP errors."""
+    """Send to one upstream (GET) or to every upstream (PUT); the tool's failures as HTTP errors.
+    A PUT some upstreams took and others missed says which did what (the replicas now differ)."""
     headers = {"content-type": "application/json", h.REQUEST_ID: _request_id(request)}
     endpoints = runtime.backend.endpoints if method == "PUT" else [pick(runtime.backend.endpoints)]
     try:
         async with asyncio.timeout(CONTROL_TIMEOUT_S):
-            return list(
-                await asyncio.gather(
-                    *(runtime.backend.send(e, method, path, body, headers) for e in endpoints)
-                )
+            results = await asyncio.gather(
+                *(runtime.backend.send(e, method, path, body, headers) for e in endpoints),
+                return_exceptions=True,
             )
-    except UpstreamConnectError as exc:
-        raise HTTPException(503, f"tool {runtime.name!r} is unavailable: {exc}") from None
-    except UpstreamBroken as exc:
-        raise HTTPException(502, f"tool {runtime.name!r} failed mid-request: {exc}") from None
     except TimeoutError:
         raise HTTPException(
             504, f"tool {runtime.name!r} did not answer within {CONTROL_TIMEOUT_S:.0f} s"
         ) from None
+    replies = [r for r in results if isinstance(r, UpstreamReply)]
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if not failures:
+        return replies
+    if replies:  # some took it: name each (an error's text names its upstream)
+        detail = "; ".join(
+            f"{r.endpoint}: HTTP {r.status}" if isinstance(r, UpstreamReply) else str(r)
+            for r in results
+        )
+        raise HTTPException(502, f"tool {runtime.name!r}: its upstreams answered apart ({detail})")
+    exc = failures[0]
+    if isinstance(exc, UpstreamConnectError):
+        raise HTTPException(503, f"tool {runtime.name!r} is unavailable: {exc}") from None
+    if isinstance(exc, UpstreamBroken):
+        raise HTTPException(502, f"tool {runtime.name!r} failed mid-request: {exc}") from None
+    raise exc
 
 
 def _answer(runtime: ToolRuntime, replies: list[UpstreamReply]) -> Response:

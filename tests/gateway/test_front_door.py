@@ -16,6 +16,7 @@ from gw_support import proxy_tool
 from gateway.settings import GatewaySettings, ToolConfig
 from sandboxd.settings import SandboxSettings
 from toolenv_core import headers as h
+from toolenv_core.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_JSON = {"detail": "request body is not valid JSON"}
@@ -68,6 +69,26 @@ def test_a_profile_change_reaches_every_proxied_emulator(gateway, toolenv_server
         direct = httpx.get(up.url + "/v1/emulators/search/profile", timeout=10).json()
         assert direct["model"] == {"kind": "constant", "value_s": 0.02}
     assert httpx.get(gw.url + "/v1/emulators/reward/profile", timeout=10).json()["tool"] == "reward"
+
+
+def test_a_profile_change_one_upstream_missed_says_which_took_it(
+    gateway, toolenv_server, tmp_path
+) -> None:
+    """Before: with one upstream down, the PUT still changed the live one but answered `503 tool
+    'search' is unavailable: <the down one>: cannot connect`, as if nothing had changed (the
+    replicas now disagreed, silently). Now the answer names what each upstream did."""
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(PROFILES)
+    up = toolenv_server("emulators", "serve", "--config", str(config))
+    closed = f"http://127.0.0.1:{free_port()}"
+    gw = gateway(_emulator_tools("proxy", up.url, closed))
+    put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
+    assert put.status_code == 502, put.text
+    detail = put.json()["detail"]
+    assert detail.startswith("tool 'search': its upstreams answered apart ("), detail
+    assert f"{up.url}: HTTP 200" in detail and f"{closed}: cannot connect" in detail, detail
+    direct = httpx.get(up.url + "/v1/emulators/search/profile", timeout=10).json()
+    assert direct["model"] == SLOW["model"]  # what the answer says: this one took it
 
 
 def test_control_routes_sit_behind_the_api_key(gateway, upstream) -> None:
