@@ -22,6 +22,7 @@ attempt draws a fresh latency from that distribution (a recorded latency belongs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,13 +262,18 @@ def _thin(points: list[tuple[float, int]], capacity: int, n: int = 200) -> list[
 
 def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     """Every trajectory the cells may need (exact mode), and the recorded call latencies."""
-    want = int(plan.batch * plan.steps * 1.6) + plan.batch
+    # An over-sampling cell that aborts launches N * (1 + ratio) fresh trajectories every step:
+    # with fewer, its later steps ran short and were ranked beside cells that ran in full.
+    launch = max(math.ceil(plan.batch * (1 + (p.over or 0.0))) for p in plan.policies)
+    need = launch * plan.steps
+    want = max(need, int(plan.batch * plan.steps * 1.6) + plan.batch)
     traces = files_of_kind(plan.traces, "multiturn")  # directories, names in the trace cache
     plans = list(replay_plans(traces, exact=True, limit=want))
-    if len(plans) < plan.batch * plan.steps:
+    if len(plans) < need:
+        over = f", over-sampling launching {launch} a step" if launch > plan.batch else ""
         raise ValueError(
             f"the traces hold {len(plans)} trajectories; {plan.steps} steps of {plan.batch} need "
-            f"{plan.batch * plan.steps} (give more --trace files or a smaller --batch/--steps)"
+            f"{need}{over} (give more --trace files or a smaller --batch/--steps)"
         )
     # The latency histogram of the trajectories every policy runs (the first steps x batch).
     base = plans[: plan.batch * plan.steps]

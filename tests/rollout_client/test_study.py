@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from rollout_support import first_records, write_trace
 from typer.testing import CliRunner
 
+from rollout_client.study import StudyPlan, load_plans
 from rollout_client.study_report import markdown
 from toolenv.cli import build_app
 
@@ -91,3 +93,20 @@ def test_a_study_of_no_steps_or_no_trajectories_is_bad_input(
     assert done.exit_code == 2, (done.output, done.exception)
     assert f"Invalid value for '{option[0]}'" in done.stderr and "Traceback" not in done.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_trace_too_short_for_the_over_sampled_cells_is_bad_input(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """20 trajectories passed the check for 2 steps of 8 (16), but over-sampling by 50% launches
+    12 a step: its cells ran short, silently, and were ranked against cells that ran in full."""
+    trace = write_trace(first_records(polytrace_dir, 20), tmp_path / "t.jsonl")
+    args = ["rollout", "study", "--quick", "--trace", str(trace), "--out", str(tmp_path / "o")]
+    done = CliRunner().invoke(build_app(), [*args, "--batch", "8", "--steps", "2"])
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert "the traces hold 20 trajectories" in done.stderr and "need 24" in done.stderr
+    assert not (tmp_path / "o").exists()
+    plan = StudyPlan.quick([trace], [])
+    plan.batch = 8
+    with pytest.raises(ValueError, match="need 24"):
+        load_plans(plan)
