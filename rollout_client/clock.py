@@ -56,7 +56,7 @@ class _VirtualSelector(selectors.DefaultSelector):
                 raise VirtualTimeDeadlock(
                     f"virtual time passed {HORIZON_S:.0e} s: a wait that never ends in practice "
                     "(a tool latency of +inf or 1e308 s?); cap the latency profile with max_s or "
-                    "add a timeout policy"
+                    "add a timeout policy (or an engine cost profile's costs are that large)"
                 )
             self.clock += timeout
         return []

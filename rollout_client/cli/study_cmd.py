@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from toolenv_core.polytrace import TraceFormatError
 
+from ..clock import VirtualTimeDeadlock
 from ..study import JobRunner, StudyPlan, run_here, run_study
 from ..study_report import markdown, write
 from .common import fail, one_line, out_dir_for_run
@@ -104,7 +105,7 @@ def study(
 
         try:
             result = run_study(plan, on_cell, runner)
-        except (TraceFormatError, ValueError) as exc:
+        except (TraceFormatError, ValueError, VirtualTimeDeadlock) as exc:
             fail(one_line(exc))
     command = "toolenv rollout study " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])
     write(result, out, command.strip(), plots=not no_plots)

@@ -14,6 +14,7 @@ from toolenv_core.console import report_console
 from toolenv_core.polytrace import TraceFormatError
 from toolenv_core.polytrace.kinds import files_of_kind
 
+from ..clock import VirtualTimeDeadlock
 from ..engines.costmodel import load_cost_model
 from ..validate import fit_cost_model, initial_guess, load_step, plot_step, validate_step
 from .common import fail, one_line
@@ -79,7 +80,7 @@ def validate(
                 else:
                     result = validate_step(records, cost)
                 results.append({"trace": str(path), **result})
-    except (TraceFormatError, ValueError, OSError) as exc:
+    except (TraceFormatError, ValueError, OSError, VirtualTimeDeadlock) as exc:
         fail(one_line(exc))
     report = {
         "cost_profile": cost.name,

@@ -110,3 +110,21 @@ def test_a_trace_too_short_for_the_over_sampled_cells_is_bad_input(
     plan.batch = 8
     with pytest.raises(ValueError, match="need 24"):
         load_plans(plan)
+
+
+def test_a_cost_profile_whose_iterations_never_end_is_bad_input(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Iterations of 1e308 s passed the virtual clock's horizon: a VirtualTimeDeadlock traceback."""
+    profile = tmp_path / "cost.json"
+    profile.write_text(
+        json.dumps({"prefill_per_token_s": 1e308, "decode_base_s": 1, "decode_per_seq_s": 1})
+    )
+    trace = write_trace(first_records(polytrace_dir, 40), tmp_path / "t.jsonl")
+    args = ["rollout", "study", "--quick", "--trace", str(trace), "--out", str(tmp_path / "o")]
+    done = CliRunner().invoke(
+        build_app(), [*args, "--batch", "8", "--steps", "1", "--cost-profile", str(profile)]
+    )
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert done.stderr.startswith("error: virtual time passed") and "Traceback" not in done.output
+    assert not (tmp_path / "o").exists()

@@ -139,3 +139,21 @@ def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: 
         assert result.stderr == (
             f"error: {step}: records no timings (engine_latency_s, latency_s): nothing to validate\n"
         )
+
+
+def test_validate_a_cost_profile_whose_iterations_never_end_is_bad_input(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Iterations of 1e308 s passed the virtual clock's horizon: a VirtualTimeDeadlock traceback."""
+    profile = tmp_path / "cost.json"
+    profile.write_text(
+        json.dumps({"prefill_per_token_s": 1e308, "decode_base_s": 1, "decode_per_seq_s": 1})
+    )
+    lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    step = tmp_path / "step_2.jsonl"
+    step.write_text("".join(itertools.islice(lines, 4)))
+    result = CliRunner().invoke(
+        app, ["validate", "--trace", str(step), "--cost-profile", str(profile)]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith("error: virtual time passed")
