@@ -112,10 +112,10 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for s in steps:
         times = s["completion_times_s"]
-        if times:
+        if times:  # from (0, 0): one trajectory, or all finishing together, is still a curve
             ax.step(
-                [t * scale for t in times],
-                [(i + 1) / len(times) for i in range(len(times))],
+                [0.0] + [t * scale for t in times],
+                [0.0] + [(i + 1) / len(times) for i in range(len(times))],
                 where="post",
                 label=f"step {s['step']}",
             )

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.image as plt_image
 import numpy as np
 import pytest
 
@@ -376,3 +377,19 @@ def test_reports_count_on_one_set_and_say_what_they_ran(
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert "[default: (64)]" in helped.stdout and "[default: (async)]" in helped.stdout
+
+
+def test_the_completion_cdf_of_one_trajectory_is_drawn(polytrace_dir: Path, tmp_path: Path) -> None:
+    """A CDF that started at the first completion was a single point for one trajectory (or for
+    a batch that all finished together): completion_cdf.png had empty axes."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--exact", "--batch", "1", "--limit", "1",
+        "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rgb = plt_image.imread(tmp_path / "completion_cdf.png")[..., :3]
+    blue = np.all(np.abs(rgb - np.array([31, 119, 180]) / 255) < 0.05, axis=-1)
+    assert blue.sum() > 500  # the legend's sample alone is about 60 pixels
