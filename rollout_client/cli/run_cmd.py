@@ -220,6 +220,7 @@ def run(
         str | None,
         typer.Option(
             "--clock",
+            show_default=setting_default("clock"),
             help="sim: wall (real time, tools through the gateway) or virtual (a simulated clock: "
             "no sleeping, no HTTP, deterministic for a seed).",
         ),

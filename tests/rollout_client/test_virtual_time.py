@@ -393,3 +393,14 @@ def test_the_completion_cdf_of_one_trajectory_is_drawn(polytrace_dir: Path, tmp_
     rgb = plt_image.imread(tmp_path / "completion_cdf.png")[..., :3]
     blue = np.all(np.abs(rgb - np.array([31, 119, 180]) / 255) < 0.05, axis=-1)
     assert blue.sum() > 500  # the legend's sample alone is about 60 pixels
+
+
+def test_run_help_shows_every_settings_default() -> None:
+    """docs/cli.md: "Every option's default shows in `toolenv rollout run --help`"; --clock's
+    (wall: real time, tools through a gateway) did not."""
+    helped = subprocess.run(
+        [sys.executable, "-m", "toolenv", "rollout", "run", "--help"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    clock = next(line for line in helped.stdout.splitlines() if "--clock" in line)
+    assert "[default: (wall)]" in clock, clock
