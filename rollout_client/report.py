@@ -84,6 +84,12 @@ def table(report: dict[str, Any], max_steps: int = 6) -> Table:
         t.add_column(f"step {s['step']}", justify="right")
     for key, label in _ROWS:
         t.add_row(label, *(_cell(s, key) for s in steps))
+    hidden = report["steps"][max_steps:]
+    if hidden:  # the summary line under the table counts every step
+        first, last = hidden[0]["step"], hidden[-1]["step"]
+        which = f"step {first}" if first == last else f"steps {first}-{last}"
+        t.caption = f"{which} not shown (report.json has every step)"
+        t.caption_justify = "left"
     return t
 
 

@@ -404,3 +404,22 @@ def test_run_help_shows_every_settings_default() -> None:
     )  # fmt: skip
     clock = next(line for line in helped.stdout.splitlines() if "--clock" in line)
     assert "[default: (wall)]" in clock, clock
+
+
+def test_the_table_says_which_steps_it_leaves_out(polytrace_dir: Path, tmp_path: Path) -> None:
+    """The table shows six steps: an 8-step run printed steps 0-5 and, below them, "64
+    trajectories in ..." over all eight, with nothing saying two steps were left out."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--exact", "--batch", "2", "--limit", "16",
+        "--steps", "8", "--no-plots", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "step 5" in done.stdout and "step 6" not in done.stdout
+    assert "steps 6-7 not shown (report.json has every step)" in done.stdout
+    assert "16 trajectories in" in done.stdout
