@@ -280,6 +280,11 @@ def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     recorded = np.asarray(
         [c.recorded_latency_s for p in base for t in p.turns for c in t.calls], dtype=float
     )
+    if not recorded.size:  # the scenarios, deadlines and hedges are all of tool latency
+        raise ValueError(
+            f"the {len(base)} trajectories the study runs make no tool calls: there is no tool "
+            "latency to study (give a multi-turn trace with tool calls, such as search_r1)"
+        )
     return plans, recorded
 
 

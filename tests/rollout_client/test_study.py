@@ -128,3 +128,17 @@ def test_a_cost_profile_whose_iterations_never_end_is_bad_input(
     assert done.exit_code == 2, (done.output, done.exception)
     assert done.stderr.startswith("error: virtual time passed") and "Traceback" not in done.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_trace_without_tool_calls_is_bad_input(polytrace_dir: Path, tmp_path: Path) -> None:
+    """The study varies tool latency: trajectories that call no tool left its quantiles nothing to
+    read, and it died on numpy's `IndexError: index -1 is out of bounds`."""
+    records = first_records(polytrace_dir, 20, min_turns=1)
+    for r in records:
+        r.update(turns=r["turns"][:1], tool_calls=[], tool_call_count=0, turn_count=1)
+    trace = write_trace(records, tmp_path / "t.jsonl")
+    args = ["rollout", "study", "--quick", "--trace", str(trace), "--out", str(tmp_path / "o")]
+    done = CliRunner().invoke(build_app(), [*args, "--batch", "8", "--steps", "1"])
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert "make no tool calls" in done.stderr and "Traceback" not in done.output
+    assert not (tmp_path / "o").exists()
