@@ -64,8 +64,12 @@ def validate(
                     start,
                     on_trial=lambda c, v: status.update(f"fitting: loss {v:.3f}"),
                 )
-            cost = cost.model_copy(
-                update={"source": f"toolenv rollout validate --fit {' --fit '.join(map(str, fit))}"}
+            cost = cost.model_copy(  # not the starting profile's name, nor its fit's error
+                update={
+                    "name": "fitted",
+                    "source": f"toolenv rollout validate --fit {' --fit '.join(map(str, fit))}",
+                    "fit_error": {"fit_loss": round(loss, 4)},
+                }
             )
             fitted = {"profile": cost.model_dump(), "loss": round(loss, 4)}
             if save_profile is not None:

@@ -157,3 +157,21 @@ def test_validate_a_cost_profile_whose_iterations_never_end_is_bad_input(
     )
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.startswith("error: virtual time passed")
+
+
+def test_a_saved_fit_names_itself_and_its_own_error(polytrace_dir: Path, tmp_path: Path) -> None:
+    """The fitted profile kept the starting profile's name and fit_error: a fit on 16 trajectories
+    was saved as `searchr1-qwen7b` with "step2_makespan_accuracy": 0.9973, the built-in's."""
+    steps = []
+    for n in (0, 1, 2):
+        lines = (polytrace_dir / "search_r1" / f"multiturn_workload_step_{n}.jsonl").open()
+        steps.append(tmp_path / f"step_{n}.jsonl")
+        steps[-1].write_text("".join(itertools.islice(lines, 16)))
+    saved = tmp_path / "fitted.json"
+    args = ["validate", "--fit", str(steps[0]), "--fit", str(steps[1]), "--trace", str(steps[2])]
+    result = CliRunner().invoke(app, [*args, "--save-profile", str(saved), "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    report = json.loads(result.stdout)
+    profile = json.loads(saved.read_text())
+    assert profile["name"] == report["cost_profile"] == "fitted"
+    assert profile["fit_error"] == {"fit_loss": report["fit"]["loss"]}
