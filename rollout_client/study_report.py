@@ -10,6 +10,8 @@ cell took to simulate is beside it in the JSON.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +92,20 @@ def markdown(study: dict[str, Any], command: str) -> str:
 
 
 def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) -> list[Path]:
+    """Every file is made in a staging directory under `out` and renamed into place at the end
+    (study.json last): an interrupted write (Ctrl-C while plotting) leaves the previous report,
+    or none, never part of this one beside it."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps(study, indent=2) + "\n")
-    (out / "study.md").write_text(markdown(study, command))
-    paths = [out / "study.json", out / "study.md"]
-    if plots:
-        paths += plot(study, out)
-    return paths
+    staging = Path(tempfile.mkdtemp(prefix=".study-", dir=out))
+    try:
+        (staging / "study.md").write_text(markdown(study, command))
+        if plots:
+            plot(study, staging)
+        (staging / "study.json").write_text(json.dumps(study, indent=2) + "\n")
+        made = sorted(staging.iterdir(), key=lambda p: p.name == "study.json")
+        return [p.replace(out / p.name) for p in made]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def plot(study: dict[str, Any], out: Path) -> list[Path]:

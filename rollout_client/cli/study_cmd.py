@@ -92,23 +92,25 @@ def study(
         TimeElapsedColumn(),
         console=Console(stderr=True),
     )
-    with out_dir_for_run(out), progress:
-        task = progress.add_task("cells", total=total, last="")
+    # the report is written inside: one interrupted while written leaves no empty --out either
+    with out_dir_for_run(out):
+        with progress:
+            task = progress.add_task("cells", total=total, last="")
 
-        def on_cell(row: dict) -> None:
-            progress.update(
-                task,
-                advance=1,
-                last=f"{row['scenario']} / {row['policy']}: {row['trajectories_per_s']:.2f} traj/s, "
-                f"{row['calls_cut_share']:.1%} cut",
-            )
+            def on_cell(row: dict) -> None:
+                progress.update(
+                    task,
+                    advance=1,
+                    last=f"{row['scenario']} / {row['policy']}: "
+                    f"{row['trajectories_per_s']:.2f} traj/s, {row['calls_cut_share']:.1%} cut",
+                )
 
-        try:
-            result = run_study(plan, on_cell, runner)
-        except (TraceFormatError, ValueError, VirtualTimeDeadlock) as exc:
-            fail(one_line(exc))
-    command = "toolenv rollout study " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])
-    write(result, out, command.strip(), plots=not no_plots)
+            try:
+                result = run_study(plan, on_cell, runner)
+            except (TraceFormatError, ValueError, VirtualTimeDeadlock) as exc:
+                fail(one_line(exc))
+        command = "toolenv rollout study " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])
+        write(result, out, command.strip(), plots=not no_plots)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:

@@ -11,6 +11,7 @@ import pytest
 from rollout_support import first_records, write_trace
 from typer.testing import CliRunner
 
+from rollout_client import study_report
 from rollout_client.study import StudyPlan, load_plans
 from rollout_client.study_report import markdown
 from toolenv.cli import build_app
@@ -142,3 +143,27 @@ def test_a_trace_without_tool_calls_is_bad_input(polytrace_dir: Path, tmp_path: 
     assert done.exit_code == 2, (done.output, done.exception)
     assert "make no tool calls" in done.stderr and "Traceback" not in done.output
     assert not (tmp_path / "o").exists()
+
+
+def test_an_interrupted_write_leaves_the_previous_report_or_none(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the plots were drawn left study.json and study.md (and the plots drawn so
+    far) in a fresh --out, or beside the previous run's plots in an old one."""
+
+    def interrupted(study: dict, out: Path) -> list[Path]:
+        (out / "pareto.png").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_report, "plot", interrupted)
+    trace = write_trace(first_records(polytrace_dir, 24), tmp_path / "t.jsonl")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "study.json").write_text("previous")
+    for out in (tmp_path / "fresh", old):
+        args = ["rollout", "study", "--quick", "--trace", str(trace), "--out", str(out)]
+        done = CliRunner().invoke(build_app(), [*args, "--batch", "8", "--steps", "1"])
+        assert done.exit_code != 0 and "Traceback" not in done.output
+    assert not (tmp_path / "fresh").exists()
+    assert [p.name for p in old.iterdir()] == ["study.json"]
+    assert (old / "study.json").read_text() == "previous"
