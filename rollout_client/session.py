@@ -180,6 +180,12 @@ async def run_rollout(
             "a live gateway hedges per its own tool settings (tools.<name>.hedge); "
             "the hedge policy part is for --clock virtual"
         )
+    elif settings.tool_profiles or settings.tool_scale != 1:
+        raise ValueError(
+            "--tool-profile and --tool-scale shape the in-process tools of --clock virtual; a "
+            "live gateway's tools answer with their own latency (the emulators' profile is set "
+            "there: PUT /v1/emulators/search/profile)"
+        )
     else:
         gateway = GatewayClient(settings.gateway_url)
     wall_started = time.time()

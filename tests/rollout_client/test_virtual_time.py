@@ -17,6 +17,7 @@ from pathlib import Path
 import matplotlib.image as plt_image
 import numpy as np
 import pytest
+from testkit import free_port
 
 from rollout_client.clock import VirtualTimeDeadlock, now, run_virtual
 from rollout_client.engines.costmodel import CostModel
@@ -423,3 +424,23 @@ def test_the_table_says_which_steps_it_leaves_out(polytrace_dir: Path, tmp_path:
     assert "step 5" in done.stdout and "step 6" not in done.stdout
     assert "steps 6-7 not shown (report.json has every step)" in done.stdout
     assert "16 trajectories in" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "option", [["--tool-scale", "10"], ["--tool-profile", "search=profile.yaml"]]
+)
+def test_in_process_tool_options_on_the_wall_clock_are_refused(
+    polytrace_dir: Path, tmp_path: Path, option: list[str]
+) -> None:
+    """On the wall clock the gateway's tools answer: --tool-scale 10 was ignored and the run
+    reported tools at their usual speed (the hedge part is refused the same way)."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--gateway",
+        f"http://127.0.0.1:{free_port()}", "--trace", str(trace), "--exact", "--limit", "2",
+        "--batch", "2", "--out", str(tmp_path / "o"), *option,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith("error: --tool-profile and --tool-scale shape")
+    assert not (tmp_path / "o").exists()
