@@ -313,10 +313,14 @@ def run(
         )
     except (ValidationError, ValueError) as exc:
         fail(one_line(exc))
-    if not trace and synthetic is None:
+    given = [o for o, v in (("--trace", trace), ("--synthetic", synthetic), ("--live", live)) if v]
+    if not given:
         fail(
-            "give at least one --trace PATH (PolyTrace multi-turn JSONL) or --synthetic PARAMS.json"
+            "give at least one --trace PATH (PolyTrace multi-turn JSONL), --synthetic PARAMS.json "
+            "or --live PROMPTS.jsonl"
         )
+    if len(given) > 1:  # each chooses the workload alone: the others were silently ignored
+        fail(f"{' and '.join(given)} each choose the workload: give one of them")
     if (
         settings.engine == "sim"
         and settings.clock == "wall"

@@ -444,3 +444,28 @@ def test_in_process_tool_options_on_the_wall_clock_are_refused(
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().startswith("error: --tool-profile and --tool-scale shape")
     assert not (tmp_path / "o").exists()
+
+
+def test_live_alone_is_a_workload_and_two_workloads_are_refused(
+    tiny_model_dir: Path, polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """`--live PROMPTS --model DIR` (docs/cli.md) was refused with "give at least one --trace";
+    `--trace T --synthetic P` ran the synthetic workload and ignored the trace."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "who wrote hamlet?"}\n')
+    base = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--exact", "--batch", "1", "--no-plots", "--out", str(tmp_path / "o"),
+    ]  # fmt: skip
+    live = [*base, "--live", str(prompts), "--model", str(tiny_model_dir)]
+    done = subprocess.run(live, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["summary"]["completed"] == 1
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    both = [*base[:7], "--trace", str(trace), "--synthetic", str(params), "--out", str(tmp_path)]
+    done = subprocess.run(both, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert (
+        done.stderr == "error: --trace and --synthetic each choose the workload: give one of them\n"
+    )
