@@ -92,9 +92,9 @@ def markdown(study: dict[str, Any], command: str) -> str:
 
 
 def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) -> list[Path]:
-    """Every file is made in a staging directory under `out` and renamed into place at the end
-    (study.json last): an interrupted write (Ctrl-C while plotting) leaves the previous report,
-    or none, never part of this one beside it."""
+    """Every file is made in a staging directory under `out` and renamed into place at the end,
+    study.json last: Ctrl-C while plotting (the slow part) leaves no file of this report, and
+    this study.json is in place only once the rest is."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".study-", dir=out))
     try:
