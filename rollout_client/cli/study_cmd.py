@@ -38,7 +38,7 @@ def study(
     ] = None,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="256 trajectories per step and 7 policies (about a minute)."),
+        typer.Option("--quick", help="256 trajectories per step and 7 policies (about 10 s)."),
     ] = False,
     batch: Annotated[
         int | None,
