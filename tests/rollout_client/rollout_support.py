@@ -85,3 +85,10 @@ def first_records(polytrace_dir: Path, n: int, min_turns: int = 2) -> list[dict]
             if len(out) == n:
                 break
     return out
+
+
+def endless_cost_profile(path: Path) -> Path:
+    """An engine cost profile whose iterations take 1e308 s: past the virtual clock's horizon."""
+    costs = {"prefill_per_token_s": 1e308, "decode_base_s": 1, "decode_per_seq_s": 1}
+    path.write_text(json.dumps(costs))
+    return path

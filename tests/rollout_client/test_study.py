@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rollout_support import first_records, write_trace
+from rollout_support import endless_cost_profile, first_records, write_trace
 from typer.testing import CliRunner
 
 from rollout_client import study_report
@@ -117,10 +117,7 @@ def test_a_cost_profile_whose_iterations_never_end_is_bad_input(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
     """Iterations of 1e308 s passed the virtual clock's horizon: a VirtualTimeDeadlock traceback."""
-    profile = tmp_path / "cost.json"
-    profile.write_text(
-        json.dumps({"prefill_per_token_s": 1e308, "decode_base_s": 1, "decode_per_seq_s": 1})
-    )
+    profile = endless_cost_profile(tmp_path / "cost.json")
     trace = write_trace(first_records(polytrace_dir, 40), tmp_path / "t.jsonl")
     args = ["rollout", "study", "--quick", "--trace", str(trace), "--out", str(tmp_path / "o")]
     done = CliRunner().invoke(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from rollout_support import endless_cost_profile
 from typer.testing import CliRunner
 
 from rollout_client.cli import app
@@ -145,10 +146,7 @@ def test_validate_a_cost_profile_whose_iterations_never_end_is_bad_input(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
     """Iterations of 1e308 s passed the virtual clock's horizon: a VirtualTimeDeadlock traceback."""
-    profile = tmp_path / "cost.json"
-    profile.write_text(
-        json.dumps({"prefill_per_token_s": 1e308, "decode_base_s": 1, "decode_per_seq_s": 1})
-    )
+    profile = endless_cost_profile(tmp_path / "cost.json")
     lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
     step = tmp_path / "step_2.jsonl"
     step.write_text("".join(itertools.islice(lines, 4)))
