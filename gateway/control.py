@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
@@ -67,12 +68,8 @@ async def _send(
     failures = [r for r in results if isinstance(r, BaseException)]
     if not failures:
         return replies
-    if replies:  # some took it: name each (an error's text names its upstream)
-        detail = "; ".join(
-            f"{r.endpoint}: HTTP {r.status}" if isinstance(r, UpstreamReply) else str(r)
-            for r in results
-        )
-        raise HTTPException(502, f"tool {runtime.name!r}: its upstreams answered apart ({detail})")
+    if replies:  # some took it
+        raise _answered_apart(runtime, results)
     exc = failures[0]
     if isinstance(exc, UpstreamConnectError):
         raise HTTPException(503, f"tool {runtime.name!r} is unavailable: {exc}") from None
@@ -81,12 +78,23 @@ async def _send(
     raise exc
 
 
+def _answered_apart(
+    runtime: ToolRuntime, results: Sequence[UpstreamReply | BaseException]
+) -> HTTPException:
+    """A 502 naming what each upstream did (an error's text names its upstream): the replicas
+    now differ."""
+    detail = "; ".join(
+        f"{r.endpoint}: HTTP {r.status}" if isinstance(r, UpstreamReply) else str(r)
+        for r in results
+    )
+    return HTTPException(502, f"tool {runtime.name!r}: its upstreams answered apart ({detail})")
+
+
 def _answer(runtime: ToolRuntime, replies: list[UpstreamReply]) -> Response:
     first = replies[0]
     disagree = [r for r in replies if r.status != first.status]
     if disagree:
-        detail = "; ".join(f"{r.endpoint}: HTTP {r.status}" for r in replies)
-        raise HTTPException(502, f"tool {runtime.name!r}: its upstreams answered apart ({detail})")
+        raise _answered_apart(runtime, replies)
     media = first.headers.get("content-type", "application/json")
     return Response(first.body, first.status, media_type=media)
 
