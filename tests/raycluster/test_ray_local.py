@@ -36,6 +36,43 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _serve_command(ns: NetnsCluster, tmp_path: Path, config: dict) -> tuple[list[str], dict]:
+    """`toolenv serve --ray local` in the head's namespace, and its environment: Ray's defaults
+    for a local cluster (token auth on), with the token it writes in a home of this test's own
+    rather than in ~/.ray, where every later `ray start` would see it."""
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(path)]
+    env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
+    return ns.exec_argv(argv), env
+
+
+def _start_serve(
+    ns: NetnsCluster,
+    tmp_path: Path,
+    until: str,
+    config: dict = CONFIG,
+    sigint_ignored: bool = False,
+) -> tuple[subprocess.Popen[str], str]:
+    """The command started, and what it said on stderr up to the line holding `until`."""
+    argv, env = _serve_command(ns, tmp_path, config)
+    server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_ignore_sigint if sigint_ignored else None)  # fmt: skip
+    assert server.stderr is not None
+    end, said = time.monotonic() + 200, ""
+    while until not in said and server.poll() is None and time.monotonic() < end:
+        said += server.stderr.readline()
+    assert until in said, said[-3000:]
+    return server, said
+
+
+def _assert_no_process_left(ns: NetnsCluster) -> None:
+    end = time.monotonic() + 30
+    while ns.pids(0) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert ns.pids(0) == []
+
+
 @pytest.mark.parametrize(
     ("stop_signal", "started_with_sigint_ignored"),
     [(signal.SIGINT, True), (signal.SIGTERM, False)],
@@ -46,20 +83,10 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(
 ) -> None:
     ns = NetnsCluster(workers=0).start(ray=False)
     try:
-        config = tmp_path / "local.yaml"
-        config.write_text(yaml.safe_dump(CONFIG))
-        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
-        # Ray's defaults for a local cluster (token auth on), with the token it writes in a home
-        # of this test's own rather than in ~/.ray, where every later `ray start` would see it.
-        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
-        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE, text=True,
-                                  preexec_fn=_ignore_sigint if started_with_sigint_ignored else None)  # fmt: skip
         # ready once `--ray` prints that it serves (it waits for /readyz itself)
-        assert server.stderr is not None
-        end, said = time.monotonic() + 200, ""
-        while "serving on Ray" not in said and server.poll() is None and time.monotonic() < end:
-            said += server.stderr.readline()
-        assert "serving on Ray" in said, said[-3000:]
+        server, _ = _start_serve(
+            ns, tmp_path, "serving on Ray", sigint_ignored=started_with_sigint_ignored
+        )
         threading.Thread(target=server.stderr.read, daemon=True).start()  # keep the pipe drained
 
         def helper(*args: str) -> list[dict]:
@@ -75,11 +102,7 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(
 
         server.send_signal(stop_signal)  # the foreground command: Ctrl-C, or `kill`
         assert server.wait(120) == 0
-        # the application and the cluster the command started are gone with it
-        end = time.monotonic() + 30
-        while ns.pids(0) and time.monotonic() < end:
-            time.sleep(0.5)
-        assert ns.pids(0) == []
+        _assert_no_process_left(ns)  # the application and the cluster it started are gone
     finally:
         ns.stop()
 
@@ -98,17 +121,10 @@ def test_a_stop_signal_while_starting_stops_what_started(
     the driver with a segmentation fault.)"""
     ns = NetnsCluster(workers=0).start(ray=False)
     try:
-        config = tmp_path / "local.yaml"
-        config.write_text(yaml.safe_dump(CONFIG))
-        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
-        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
-        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE, text=True,
-                                  preexec_fn=_ignore_sigint if started_with_sigint_ignored else None)  # fmt: skip
-        assert server.stderr is not None
-        end, said = time.monotonic() + 200, ""
-        while "Started Serve" not in said and server.poll() is None and time.monotonic() < end:
-            said += server.stderr.readline()
-        assert "Started Serve" in said, said[-3000:]  # connected; the deployments are starting
+        # connected; the deployments are starting
+        server, said = _start_serve(
+            ns, tmp_path, "Started Serve", sigint_ignored=started_with_sigint_ignored
+        )
         server.send_signal(stop_signal)
         out: list[str] = []
         drain = threading.Thread(target=lambda: out.append(server.stderr.read()), daemon=True)
@@ -120,10 +136,7 @@ def test_a_stop_signal_while_starting_stops_what_started(
         assert f"interrupted ({stop_signal.name}) while starting" in rest, rest[-3000:]
         assert "serving on Ray" not in rest
         assert "Traceback" not in rest and "received at time" not in rest, rest[-3000:]
-        end = time.monotonic() + 30
-        while ns.pids(0) and time.monotonic() < end:
-            time.sleep(0.5)
-        assert ns.pids(0) == []
+        _assert_no_process_left(ns)
     finally:
         ns.stop()
 
@@ -134,24 +147,17 @@ def test_a_deployment_that_cannot_start_says_why_and_stops_the_cluster(tmp_path:
     ns = NetnsCluster(workers=0).start(ray=False)
     holder = None
     try:
-        config = tmp_path / "local.yaml"
-        config.write_text(yaml.safe_dump(CONFIG))
         hold = "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.listen()\n"
         holder = subprocess.Popen(ns.exec_argv([sys.executable, "-c", hold + "time.sleep(300)"]))
-        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
-        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
-        done = subprocess.run(ns.exec_argv(argv), env=env, capture_output=True, text=True,
-                              timeout=200)  # fmt: skip
+        argv, env = _serve_command(ns, tmp_path, CONFIG)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=200)
         assert done.returncode == 1, done.stderr[-3000:]
         assert "Traceback" not in done.stderr, done.stderr[-3000:]
         said = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert len(said) == 1 and "gateway: " in said[0] and "Address already in use" in said[0]
         holder.kill()
         holder.wait()
-        end = time.monotonic() + 30
-        while ns.pids(0) and time.monotonic() < end:
-            time.sleep(0.5)
-        assert ns.pids(0) == []
+        _assert_no_process_left(ns)
     finally:
         if holder is not None:
             holder.kill()
@@ -165,16 +171,8 @@ def test_stopping_with_a_call_in_flight_releases_the_sandbox_pool(tmp_path: Path
     ns = NetnsCluster(workers=0).start(ray=False)
     before = {d.name for d in Path("/dev/shm").glob("toolenv-sandboxd-*")}
     try:
-        config = tmp_path / "local.yaml"
-        config.write_text(yaml.safe_dump({**CONFIG, "gateway": {"shutdown_grace_s": 22}}))
-        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", "local", "-c", str(config)]
-        env = {k: v for k, v in ns.env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(tmp_path)}
-        server = subprocess.Popen(ns.exec_argv(argv), env=env, stderr=subprocess.PIPE, text=True)
-        assert server.stderr is not None
-        end, said = time.monotonic() + 200, ""
-        while "serving on Ray" not in said and server.poll() is None and time.monotonic() < end:
-            said += server.stderr.readline()
-        assert "serving on Ray" in said, said[-3000:]
+        config = {**CONFIG, "gateway": {"shutdown_grace_s": 22}}
+        server, _ = _start_serve(ns, tmp_path, "serving on Ray", config)
         threading.Thread(target=server.stderr.read, daemon=True).start()
         marker = "987.41"  # a sleep nobody else runs
         code = f"import os\nos.execv('/bin/sleep', ['sleep', '{marker}'])\n"
