@@ -20,6 +20,8 @@ from toolenv_core.ray_connect import LOCAL, RayUnreachable
 
 from .app import DeployFailed, RayStack, build_application, connect, deploy
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and `kill`
+
 
 def run_on_ray(
     address: str, config_file: str | None, port: int | None, detach: bool, ready_timeout_s: float
@@ -80,7 +82,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 def interrupt_on_stop_signals() -> None:
     """SIGINT and SIGTERM raise `StartInterrupted` in the main thread, installed explicitly as
     `wait_for_stop_signal` does (a background job starts with SIGINT ignored)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _interrupt)
 
 
@@ -117,7 +119,7 @@ def start(
 
 
 def ignore_stop_signals() -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
@@ -127,7 +129,7 @@ def wait_for_stop_signal() -> None:
     background job of a non-interactive shell), where Python raises no KeyboardInterrupt. They
     stay installed: a second signal does not cut the clean-up short."""
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         pass
