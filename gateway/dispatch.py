@@ -30,6 +30,7 @@ from .upstream import (
     UpstreamConnectError,
     UpstreamReply,
     pick,
+    pick_another,
 )
 
 log = logging.getLogger("toolenv.gateway")
@@ -273,16 +274,19 @@ class ToolRuntime:
         return pick(self.backend.endpoints, turn=self._turn)
 
     async def _hedged(self, first: Endpoint, call: UpstreamCall) -> UpstreamReply:
-        a1 = asyncio.create_task(self._attempt(first, call))
+        used = [first]  # where this call's attempts went: hedge and retries go elsewhere
+        a1 = asyncio.create_task(self._attempt(first, call, used))
         pending: set[asyncio.Task[UpstreamReply]] = {a1}
         try:
             delay = self.window.hedge_delay()
             if delay is not None:
                 done, pending = await asyncio.wait(pending, timeout=delay)
                 if not done:
-                    second = pick(self.backend.endpoints, exclude=[first], turn=self._turn)
-                    self.m.hedged.inc()
-                    pending.add(asyncio.create_task(self._attempt(second, call)))
+                    second = pick_another(self.backend.endpoints, used, self._turn)
+                    if second.healthy:  # never a hedge to an upstream known to be down
+                        used.append(second)
+                        self.m.hedged.inc()
+                        pending.add(asyncio.create_task(self._attempt(second, call, used)))
                 else:
                     pending = done
             error: BaseException | None = None
@@ -298,7 +302,10 @@ class ToolRuntime:
             for task in pending:
                 task.cancel()  # the loser's connection is closed: the upstream stops working on it
 
-    async def _attempt(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply:
+    async def _attempt(
+        self, endpoint: Endpoint, call: UpstreamCall, used: list[Endpoint] | None = None
+    ) -> UpstreamReply:
+        """`endpoint`, then retries (`used`: where the call's attempts went, shared with a hedge)."""
         attempt = 1
         while True:
             try:
@@ -320,7 +327,10 @@ class ToolRuntime:
                 if wait:
                     await asyncio.sleep(min(wait, max(call.deadline.remaining() - 0.05, 0)))
                 attempt += 1
-                endpoint = pick(self.backend.endpoints, exclude=[endpoint], turn=self._turn)
+                if used is None:
+                    used = [endpoint]
+                endpoint = pick_another(self.backend.endpoints, used, self._turn)
+                used.append(endpoint)
 
     async def _send_once(self, endpoint: Endpoint, call: UpstreamCall) -> UpstreamReply:
         endpoint.outstanding += 1

@@ -79,21 +79,39 @@ class Backend(Protocol):
     ) -> UpstreamReply: ...
 
 
-def pick(endpoints: list[Endpoint], exclude: Iterable[Endpoint] = (), turn: int = 0) -> Endpoint:
-    """Least outstanding requests among healthy endpoints (all of them if none is healthy).
+def pick(endpoints: list[Endpoint], turn: int = 0) -> Endpoint:
+    """Where a call's first attempt goes: least outstanding requests among healthy endpoints (all
+    of them if none is healthy: the call still tries, and says no upstream was reachable).
 
     Ties go round-robin from position `turn`, so an idle pool still spreads its calls.
     """
     if len(endpoints) == 1:
         return endpoints[0]  # the common case: nothing to choose
-    excluded = set(map(id, exclude))
-    candidates = [e for e in endpoints if id(e) not in excluded] or endpoints
-    healthy = [e for e in candidates if e.healthy] or candidates
-    n = len(healthy)
+    return _least_busy([e for e in endpoints if e.healthy] or endpoints, turn)
+
+
+def pick_another(endpoints: list[Endpoint], used: Iterable[Endpoint], turn: int = 0) -> Endpoint:
+    """Where a hedge or a retry goes, given the endpoints the call has `used` (failed on, or still
+    in flight at): first a healthy one it has not used, then any healthy one, and only when every
+    endpoint is known to be down one of those (unused first). A hedge is not sent to an endpoint
+    known to be down; a retry is (with backoff it rides out an upstream's restart)."""
+    if len(endpoints) == 1:
+        return endpoints[0]
+    seen = set(map(id, used))
+    fresh = [e for e in endpoints if id(e) not in seen]
+    for group in ([e for e in fresh if e.healthy], [e for e in endpoints if e.healthy], fresh):
+        if group:
+            return _least_busy(group, turn)
+    return _least_busy(endpoints, turn)
+
+
+def _least_busy(endpoints: list[Endpoint], turn: int) -> Endpoint:
+    """Least outstanding requests; ties go round-robin from position `turn`."""
+    n = len(endpoints)
     if n == 1:
-        return healthy[0]
+        return endpoints[0]
     start = turn % n
-    return min(healthy[start:] + healthy[:start], key=lambda e: e.outstanding)
+    return min(endpoints[start:] + endpoints[:start], key=lambda e: e.outstanding)
 
 
 # ------------------------------------------------------------------ embedded

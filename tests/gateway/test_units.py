@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from gateway.policies import LatencyWindow, RetryBudget
 from gateway.settings import GatewaySettings, HedgePolicy, RetryPolicy, ToolConfig
-from gateway.upstream import Endpoint, pick
+from gateway.upstream import Endpoint, pick, pick_another
 from toolenv_core.admission import Admission, RateLimits, Rejected, TokenBucket
 from toolenv_core.deadline import DeadlineHeaderError
 
@@ -99,10 +99,20 @@ def test_pick_prefers_healthy_and_least_outstanding() -> None:
         Endpoint("c", healthy=False),
     )
     assert pick([a, b, c]) is b
-    assert pick([a, b, c], exclude=[b]) is a
     assert pick([c]) is c  # nothing healthy: still try
     idle = [Endpoint("x"), Endpoint("y")]
     assert {pick(idle, turn=t).label for t in range(4)} == {"x", "y"}
+
+
+def test_pick_another_prefers_healthy_then_unused() -> None:
+    """A hedge's or a retry's endpoint: healthy and unused, else healthy, else unused, else any."""
+    a, b, c = Endpoint("a", outstanding=3), Endpoint("b"), Endpoint("c", healthy=False)
+    assert pick_another([a, b, c], used=[b]) is a  # busier, but healthy and unused
+    assert pick_another([a, b, c], used=[a, b]) is b  # c is down: a healthy one, used or not
+    d = Endpoint("d", healthy=False)
+    assert pick_another([c, d], used=[c]) is d  # everything down: an unused one (a retry's)
+    assert pick_another([c, d], used=[c, d]) in (c, d)
+    assert pick_another([c], used=[c]) is c
 
 
 def test_default_settings_mount_three_embedded_tools(monkeypatch) -> None:

@@ -1,0 +1,50 @@
+"""Where a hedge and a retry go, against real loopback upstreams: never to an upstream the gateway
+knows is down while one that is up exists, and not back to one the call already used while an
+unused one is up."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from gw_support import metric_value, proxy_tool
+
+HEDGE = {"enabled": True, "quantile": 0.5, "min_samples": 5, "min_delay_ms": 50}
+
+
+def test_a_hedge_skips_an_upstream_known_to_be_down(upstream, gateway) -> None:
+    """Before: with the other upstream known down, the hedge went to it anyway (a connect error),
+    and its retry then landed on the first upstream, spending the retry budget on the way."""
+    live, dead = upstream("live"), upstream("dead")
+    retry = {"enabled": True, "max_attempts": 2}
+    gw = gateway([proxy_tool("h", live.url, dead.url, hedge=HEDGE, retry=retry, idempotent=True)])
+    runtime = gw.toolset.tools["h"]
+    dead.kill()
+    for _ in range(100):  # until the health check has seen it
+        if not runtime.backend.endpoints[1].healthy:
+            break
+        time.sleep(0.05)
+    assert not runtime.backend.endpoints[1].healthy
+    for _ in range(10):
+        runtime.window.add(0.01)  # recent history: calls take 10 ms, so hedge after 50 ms
+    r = httpx.post(f"{gw.url}/v1/tools/h/call", json={"arguments": {"sleep_s": 0.5}}, timeout=30)
+    assert r.status_code == 200 and r.json()["result"]["upstream"] == "live"
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_hedged_total", tool="h") == 1
+    assert metric_value(text, "toolenv_gateway_retried_total", tool="h") == 0
+    assert live.stats()["started"] == 2  # the hedge went to the one upstream that is up
+
+
+def test_a_retry_goes_to_an_upstream_the_call_has_not_used(upstream, gateway) -> None:
+    """Before: a retry avoided only the upstream that had just failed, so a third attempt went
+    back to the first one (here already dead: a 503) while a third upstream was never tried."""
+    ups = [upstream(name) for name in ("a", "b", "c")]
+    retry = {"enabled": True, "max_attempts": 3}
+    gw = gateway(
+        [proxy_tool("r", *(u.url for u in ups), retry=retry, idempotent=True, health_interval_s=60)]
+    )
+    # every upstream dies mid-request: each attempt breaks a different one
+    r = httpx.post(f"{gw.url}/v1/tools/r/call", json={"arguments": {"die": True}}, timeout=30)
+    assert r.status_code == 502 and r.json()["status"] == "upstream_failed", r.text
+    assert [u.proc.wait(timeout=5) for u in ups] == [17, 17, 17]
+    assert metric_value(gw.metrics_text(), "toolenv_gateway_retried_total", tool="r") == 2
