@@ -36,8 +36,6 @@ ROUTES: dict[str, tuple[str, str]] = {
 _GENERIC_PREFIX, _GENERIC_SUFFIX = "/v1/tools/", "/call"
 _DELAY = h.INJECTED_DELAY.lower()
 _DELAY_KEY = _DELAY.encode()
-_RETRY_AFTER = "retry-after"
-_RETRY_AFTER_KEY = _RETRY_AFTER.encode()
 
 
 @dataclass(slots=True)
@@ -140,9 +138,7 @@ async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: 
     out = [(b"content-type", reply.headers.get("content-type", "application/json").encode())]
     if _DELAY in reply.headers:
         out.append((_DELAY_KEY, reply.headers[_DELAY].encode()))
-    if _RETRY_AFTER in reply.headers:  # the tool's own 429: its backpressure signal goes on too
-        out.append((_RETRY_AFTER_KEY, reply.headers[_RETRY_AFTER].encode()))
-    out += _executor_headers(reply.headers)
+    out += _tool_headers(reply.headers)
     return reply.status, out, reply.body
 
 
@@ -174,7 +170,7 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
             "elapsed_s": round(outcome.elapsed_s, 6), "request_id": ctx.request_id,
         }  # fmt: skip
         status, headers, payload = _json(200, answer)
-        return status, headers + _executor_headers(reply.headers), payload
+        return status, headers + _tool_headers(reply.headers), payload
     # The tool's JSON goes in as it came (checked, not parsed and written again: the larger
     # half of the JSON work of a call), between bytes written once per tool and outcome, and a
     # tail written by hand (a dict, `round` and a serializer cost five times as much).
@@ -185,17 +181,19 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
         outcome.elapsed_s,
         request_id,
     )
-    headers = [_JSON, *_executor_headers(reply.headers)]
+    headers = [_JSON, *_tool_headers(reply.headers)]
     return 200, headers, b"".join((_answer_head(runtime.name, outcome.kind), reply.body, tail))
 
 
 _JSON = (b"content-type", b"application/json")
-_EXECUTOR_KEYS = tuple((name, name.encode()) for name in EXECUTOR_HEADERS)
+# A tool's headers every route passes on to its caller: Retry-After (the tool's own 429, its
+# backpressure signal) and the executor headers (where the call ran).
+_TOOL_KEYS = tuple((name, name.encode()) for name in ("retry-after", *EXECUTOR_HEADERS))
 
 
-def _executor_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    """The executor headers of a reply (where the call ran), passed on to the caller."""
-    return [(key, headers[name].encode()) for name, key in _EXECUTOR_KEYS if name in headers]
+def _tool_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The headers of a reply passed on to the caller (`_TOOL_KEYS`)."""
+    return [(key, headers[name].encode()) for name, key in _TOOL_KEYS if name in headers]
 
 
 def _json_string(text: str) -> bytes:

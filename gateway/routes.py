@@ -164,7 +164,8 @@ async def call_tool(tool: str, request: Request) -> Response:
     body's `deadline_ms` and the `X-Toolenv-Deadline-Ms` header, else the tool's default, capped
     by the tool's maximum.
 
-    200 `{"tool", "status": "ok"|"error", "result", "error", "elapsed_s", "request_id"}`;
+    200 `{"tool", "status": "ok"|"error", "result", "error", "elapsed_s", "request_id"}` (a
+    tool's own error answer: "error", its body in `result`, its `Retry-After` passed on);
     504 `{"tool", "status": "timeout", "error", "elapsed_s", "deadline_ms", "request_id"}`.
     """
     # Served by gateway.passthrough.generic_call; reached only for an unknown tool (or while

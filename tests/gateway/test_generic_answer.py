@@ -60,7 +60,8 @@ CASES = [
 
 @pytest.mark.parametrize(("kind", "error", "body", "elapsed", "request_id"), CASES)
 def test_generic_answer_is_the_documented_dict(kind, error, body, elapsed, request_id) -> None:
-    reply = UpstreamReply(200 if kind == "ok" else 500, body, {h.EXECUTOR_NODE.lower(): "n1"}, "u")
+    headers = {h.EXECUTOR_NODE.lower(): "n1", "retry-after": "3"}
+    reply = UpstreamReply(200 if kind == "ok" else 500, body, headers, "u")
     runtime = _Runtime(Outcome(kind, reply=reply, error=error, elapsed_s=elapsed))
     ctx = CallContext(request_id, None, {}, None)
     raw = b'{"arguments": {"q": "x", "n": [1, 2]}}'
@@ -68,6 +69,7 @@ def test_generic_answer_is_the_documented_dict(kind, error, body, elapsed, reque
     assert status == 200
     assert (b"content-type", b"application/json") in headers
     assert (h.EXECUTOR_NODE.lower().encode(), b"n1") in headers
+    assert (b"retry-after", b"3") in headers  # the tool's own, passed on as the pass-through does
     try:
         result = json.loads(body)
     except ValueError:

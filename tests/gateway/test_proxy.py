@@ -393,6 +393,16 @@ def test_pass_through_keeps_the_tools_retry_after(upstream, gateway) -> None:
         assert r.status_code == 429 and r.headers.get("retry-after") == "7", (path, r.headers)
 
 
+def test_generic_call_keeps_the_tools_retry_after(upstream, gateway) -> None:
+    """Before: the generic call answered a tool's own 429 as a tool error (200, `status: error`)
+    without its Retry-After, so its caller could not tell when to try again."""
+    up = upstream("busy")
+    gw = gateway([proxy_tool("echo", up.url)])
+    r = call(gw, "echo", {"status": 429, "retry_after": 7})
+    assert r.status_code == 200 and r.json()["status"] == "error" and "429" in r.json()["error"]
+    assert r.headers.get("retry-after") == "7", r.headers
+
+
 def test_an_integer_past_the_float_range_is_a_client_error_not_a_500(upstream, gateway) -> None:
     """Before: `10**400` as a timeout (`/run_code`, `/v1/run_tests`) or as `deadline_ms` was an
     OverflowError in the gateway, a 500. Now the generic call refuses it like `1e400`, and the
