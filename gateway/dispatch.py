@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolenv_core.admission import Admission, Rejected
-from toolenv_core.deadline import Deadline, DeadlinePolicy, header_value_at
+from toolenv_core.deadline import HEADER_RESOLUTION_S, Deadline, DeadlinePolicy, header_value_at
 from toolenv_core.headers import DEADLINE as DEADLINE_HEADER
 
 from .metrics import GatewayMetrics
@@ -172,6 +172,11 @@ class ToolRuntime:
     # ---------------------------------------------------------------- internals
 
     async def _call(self, call: UpstreamCall, started: float) -> Outcome:
+        remaining = call.deadline.remaining()
+        if remaining - call.reserve_s < HEADER_RESOLUTION_S:
+            # The tool would be told 0 ms, which it reads as expired: answered here, as a deadline
+            # that ran out in the queue (no slot taken, nothing sent).
+            return self._timed_out("it had expired when the call arrived")
         task: asyncio.Task[UpstreamReply] | None = None
         admitted = False
         queue_wait = 0.0
@@ -181,7 +186,7 @@ class ToolRuntime:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         try:
-            async with Expiry(call.deadline.remaining(), loop):
+            async with Expiry(remaining, loop):
                 if not self.admission.try_acquire():
                     await self.admission.acquire()
                 admitted = True
@@ -206,11 +211,7 @@ class ToolRuntime:
             if task is not None:
                 task.cancel()  # clean-up continues in the background; we answer now
             where = "waiting for the upstream" if admitted else "waiting for a slot"
-            return Outcome(
-                "timeout",
-                error=f"tool {self.name!r} did not answer within the deadline ({where})",
-                queue_wait_s=queue_wait,
-            )
+            return self._timed_out(where, queue_wait)
         except Rejected as exc:
             return Outcome("rejected", error=str(exc), retry_after=exc.retry_after_header)
         except UpstreamConnectError as exc:
@@ -239,14 +240,18 @@ class ToolRuntime:
         if reply.status == 504:
             # The tool stopped at the deadline we forwarded, a moment before our own timer fired:
             # the same outcome, so callers and metrics see one kind of timeout, not two.
-            return Outcome(
-                "timeout",
-                error=f"tool {self.name!r} did not answer within the deadline (the tool stopped at it)",
-                queue_wait_s=queue_wait,
-            )
+            return self._timed_out("the tool stopped at it", queue_wait)
         kind = "ok" if reply.status < 400 else "error"
         error = None if kind == "ok" else f"tool {self.name!r} answered HTTP {reply.status}"
         return Outcome(kind, reply=reply, error=error, queue_wait_s=queue_wait)
+
+    def _timed_out(self, where: str, queue_wait: float = 0.0) -> Outcome:
+        """The one timeout outcome, saying where the deadline ran out."""
+        return Outcome(
+            "timeout",
+            error=f"tool {self.name!r} did not answer within the deadline ({where})",
+            queue_wait_s=queue_wait,
+        )
 
     def _release_when_done(self, started: float) -> Callable[[asyncio.Task[UpstreamReply]], None]:
         """The slot is held until the task has really ended (even if cancelled before it ran)."""

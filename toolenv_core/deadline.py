@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from .headers import DEADLINE as DEADLINE_HEADER
 from .headers import HeaderError, header
 
+HEADER_RESOLUTION_S = 0.001
+"""The header counts whole milliseconds: a deadline less than this away is sent as `0`, which
+every hop reads as already expired."""
+
 
 def header_value_at(at: float) -> str:
     """The header value for a deadline at `at` (finite) on this process's monotonic clock: the
