@@ -1,8 +1,9 @@
 """Straggler policies: when to hedge (a latency quantile of recent calls) and how many retries.
 
-Both are per tool and off by default. Hedging only applies to idempotent tools; retries only to
-connection errors (the upstream never saw the request), so neither can run a side effect twice
-that a caller did not ask for.
+Both are per tool and off by default. Hedging only applies to idempotent tools; retries to
+connection errors (the upstream never saw the request) for every tool, and to calls broken
+mid-request for idempotent tools only, so neither can run a side effect twice that a caller did
+not ask for.
 """
 
 from __future__ import annotations
