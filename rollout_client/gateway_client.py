@@ -4,8 +4,9 @@
 `X-Toolenv-Deadline-Ms` (remaining budget; none for a call without a deadline), `X-Trajectory-Id`,
 `X-Step`, `X-Turn` (names in `toolenv_core.headers`). A 200 carries `status` "ok" or "error"; a
 timeout is the gateway's structured 504 (`status: "timeout"`, also when the tool itself stopped
-at the shared deadline first); a 429 is backpressure, retried after `Retry-After` while the
-deadline allows. Transport failures become `status="error"` results so a
+at the shared deadline first); backpressure is retried after its `Retry-After` while the deadline
+allows: the gateway's own 429, and a tool's (a 200 `status: "error"` that carries the tool's
+`Retry-After`, as sandboxd at capacity answers). Transport failures become `status="error"` results so a
 trajectory goes on; only an unreachable gateway at start-up stops the run (`GatewayUnreachable`).
 """
 
@@ -114,7 +115,9 @@ class GatewayClient:
                     error=f"{type(exc).__name__}: {exc}",
                     retries_429=retries,
                 )
-            if response.status_code == 429:
+            elapsed = time.monotonic() - started
+            body = _json_object(response)
+            if response.status_code == 429 or _tools_backpressure(response, body):
                 retries += 1
                 wait = _retry_after(response)
                 if deadline is not None and wait >= deadline.remaining():
@@ -127,13 +130,6 @@ class GatewayClient:
                     )
                 await asyncio.sleep(wait)
                 continue
-            elapsed = time.monotonic() - started
-            try:
-                body = response.json()
-            except ValueError:
-                body = {}
-            if not isinstance(body, dict):
-                body = {}
             if response.status_code == 504 or body.get("status") == "timeout":
                 return ToolOutcome(
                     "timeout",
@@ -159,6 +155,24 @@ class GatewayClient:
                 http_status=200,
                 retries_429=retries,
             )
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _tools_backpressure(response: httpx.Response, body: dict[str, Any]) -> bool:
+    """A tool's own 429 (or 503) reaches the generic call as its error answer with its
+    `Retry-After` passed on: backpressure, as the gateway's own 429 is."""
+    return (
+        response.status_code == 200
+        and body.get("status") == "error"
+        and "retry-after" in response.headers
+    )
 
 
 def _retry_after(response: httpx.Response) -> float:

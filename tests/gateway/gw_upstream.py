@@ -3,7 +3,8 @@
 Raw ASGI under uvicorn. Any POST echoes what it got; the JSON body steers the behaviour:
 `{"sleep_s": 2}` answers after 2 s (or notices the caller hanging up first; with
 `"sleep_on": NAME` only that upstream sleeps), `{"status": 500}` answers that status (with
-`"retry_after": 7`, that Retry-After too), `{"die": true}` kills the whole process mid-request.
+`"retry_after": 7`, that Retry-After too; `{"busy_first": 2}` answers 429 to this upstream's
+first two calls, then as asked), `{"die": true}` kills the whole process mid-request.
 `GET /stats` says how many requests started, finished, and were abandoned by the caller (the
 connection closed while the upstream was still working: what a gateway deadline must cause).
 
@@ -83,6 +84,8 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
             waiter.cancel()
         stats["finished"] += 1
         status = int(body.get("status", 200))
+        if stats["started"] <= int(body.get("busy_first", 0)):
+            status = 429  # a tool at capacity for its first calls: retried calls then get through
         payload = {
             "upstream": name,
             "path": path,

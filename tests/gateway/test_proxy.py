@@ -9,6 +9,9 @@ import time
 import httpx
 from gw_support import metric_value, proxy_tool
 
+from rollout_client.gateway_client import GatewayClient
+from toolenv_core.deadline import Deadline
+
 
 def call(gw, tool: str, arguments: dict, **kw) -> httpx.Response:
     return httpx.post(
@@ -401,6 +404,30 @@ def test_generic_call_keeps_the_tools_retry_after(upstream, gateway) -> None:
     r = call(gw, "echo", {"status": 429, "retry_after": 7})
     assert r.status_code == 200 and r.json()["status"] == "error" and "429" in r.json()["error"]
     assert r.headers.get("retry-after") == "7", r.headers
+
+
+async def test_the_rollout_client_waits_out_a_tools_own_backpressure(upstream, gateway) -> None:
+    """Before: the rollout client retried the gateway's own 429 only; a tool's 429, answered by
+    the generic call as a tool error with the tool's Retry-After, failed the tool call at once."""
+    up = upstream("busy")
+    gw = gateway([proxy_tool("echo", up.url)])
+    client = GatewayClient(gw.url)
+    try:
+        started = time.monotonic()
+        through = await client.call(
+            "echo", {"busy_first": 2, "retry_after": 0.3}, deadline=Deadline.after(10)
+        )
+        waited = time.monotonic() - started
+        # Past the deadline, the wait the tool asks for is a timeout, not an error.
+        late = await client.call(
+            "echo", {"busy_first": 99, "retry_after": 5}, deadline=Deadline.after(1)
+        )
+    finally:
+        await client.close()
+    assert through.status == "ok" and through.retries_429 == 2, through
+    assert waited >= 0.6  # it waited the tool's Retry-After before each retry
+    assert late.status == "timeout" and late.error == "backpressure past the deadline", late
+    assert httpx.get(up.url + "/stats", timeout=5).json()["started"] == 4
 
 
 def test_an_integer_past_the_float_range_is_a_client_error_not_a_500(upstream, gateway) -> None:
