@@ -29,7 +29,7 @@ from .runner import Runner, RunnerOptions, StepOutcome
 from .settings import RolloutSettings
 from .simtools import SimTools, ToolModel
 from .workloads.live import LiveDriver, live_plans, load_prompts
-from .workloads.plan import TrajectoryPlan
+from .workloads.plan import MAX_CONTEXT_TOKENS, TrajectoryPlan
 from .workloads.replay import LengthScale, replay_plans
 from .workloads.synthetic import synthetic_plans
 
@@ -110,6 +110,19 @@ def tool_profile_problems(
         "or replay recorded latencies with --exact"
     )
     return error, note
+
+
+def context_too_long(plans: list[TrajectoryPlan], shrink: str) -> str | None:
+    """Before a run: an error if a trajectory's context would outgrow `MAX_CONTEXT_TOKENS` (a
+    length scale of 1e9 died in a MemoryError building its prompt), saying what to lower."""
+    longest = max(plans, key=lambda plan: plan.context_tokens, default=None)
+    if longest is None or longest.context_tokens <= MAX_CONTEXT_TOKENS:
+        return None
+    return (
+        f"trajectory {longest.trajectory_id} would reach {longest.context_tokens:,} tokens "
+        f"(prompt, outputs and tool responses); a trajectory holds at most "
+        f"{MAX_CONTEXT_TOKENS:,} (docs/rollout.md): {shrink}"
+    )
 
 
 def sim_time_scale(settings: RolloutSettings) -> float:

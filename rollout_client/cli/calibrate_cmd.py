@@ -17,7 +17,7 @@ from ..calibrate import CalibrationPlan, calibrate_engine
 from ..enginecheck import Runs, compare, measure_and_run, simulated_runs
 from ..engines.costmodel import CostModel
 from ..engines.openai_engine import EngineUnreachable
-from ..session import build_engine, model_vocab_size
+from ..session import build_engine, context_too_long, model_vocab_size
 from ..settings import CHECK_ROUNDS, RolloutSettings
 from ..workloads.replay import LengthScale, replay_plans
 from .common import fail, one_line
@@ -102,6 +102,9 @@ def calibrate(
             plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
             if len(plans) < limit:
                 fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
+            too_long = context_too_long(plans, "lower --check-length-scale")
+            if too_long is not None:
+                fail(too_long)
             status = Console(stderr=True).status(
                 f"calibrating, then a warm-up round and {check_rounds} rounds of both workloads"
             )

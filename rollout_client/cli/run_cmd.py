@@ -22,6 +22,7 @@ from ..report import plot, print_table
 from ..session import (
     build_live,
     build_plans,
+    context_too_long,
     model_vocab_size,
     run_rollout,
     tool_profile_problems,
@@ -32,6 +33,10 @@ from .common import POLICY_HELP, fail, one_line, out_dir_for_run, setting_defaul
 TOOL_PROFILE_HINT = (
     "--tool-profile TOOL=FILE (a profile from `toolenv emulators fit`, or "
     "emulators/profiles/search_default.yaml in a source checkout)"
+)
+
+LENGTH_HINT = (
+    "lower --length-scale or cap the lengths with --max-prompt, --max-output, --max-append"
 )
 
 
@@ -394,6 +399,10 @@ async def _run_with_progress(
     if not plans:
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
     notes = []
+    if live is None:  # a live context grows by the tokens the engine makes, within its own limit
+        error = context_too_long(plans, LENGTH_HINT)
+        if error is not None:
+            raise ValueError(error)
     if settings.clock == "virtual" and live is None:  # live calls are the model's, not planned
         error, note = tool_profile_problems(settings, plans)
         if error is not None:

@@ -13,6 +13,15 @@ from typing import Any
 
 import numpy as np
 
+MAX_CONTEXT_TOKENS = 1 << 20
+"""Tokens one trajectory's context may reach: its prompt, every turn's output, every tool response.
+
+The runner holds each context as a list of token ids whatever the engine (the simulator too, 8
+bytes a token), and no engine it drives holds a longer sequence: 2^20 is the longest context of
+today's deployed models, about 90x the longest replayed search_r1 trajectory (11,725 tokens) or
+intern_s1 one drawn (about 12,000). A selection that outgrows it is refused before the run.
+"""
+
 
 @dataclass
 class ToolCallPlan:
@@ -43,6 +52,12 @@ class TrajectoryPlan:
     @property
     def output_tokens(self) -> int:
         return sum(t.output_tokens for t in self.turns)
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens its context reaches if every call answers: what `MAX_CONTEXT_TOKENS` bounds."""
+        appended = sum(call.append_tokens for turn in self.turns for call in turn.calls)
+        return self.prompt_len + self.output_tokens + appended
 
 
 @dataclass(frozen=True, slots=True)

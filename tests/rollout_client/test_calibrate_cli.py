@@ -67,6 +67,7 @@ def test_an_out_it_cannot_write_is_refused_before_the_calibration(tmp_path: Path
         ("--check-tool-scale", "inf", "--check-tool-scale must be a finite number above 0"),
         ("--check-trajectories", "0", "Invalid value for '--check-trajectories'"),
         ("--check-max-output", "0", "Invalid value for '--check-max-output'"),
+        ("--check-length-scale", "1e9", "a trajectory holds at most 1,048,576"),  # MemoryError
     ],
 )
 def test_a_check_option_out_of_range_is_refused_before_the_engine(
