@@ -4,6 +4,7 @@ engine-busy timeline)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,19 @@ from rich.table import Table
 
 from toolenv_core.console import report_console
 from toolenv_core.plotting import pyplot
+
+MAKESPAN_PNG, COMPLETION_PNG, BUSY_PNG = "makespan.png", "completion_cdf.png", "engine_busy.png"
+PLOTS = (MAKESPAN_PNG, COMPLETION_PNG, BUSY_PNG)
+"""Every plot `plot` draws, by file name."""
+
+
+def drop_plots_not_written(out: Path, names: Iterable[str], written: Iterable[Path]) -> None:
+    """Remove from `out` the report's plots (`names`) that this run did not write: `--no-plots`
+    into an earlier run's directory left its PNGs beside the new report, describing another run."""
+    kept = {path.name for path in written}
+    for name in names:
+        if name not in kept:
+            (out / name).unlink(missing_ok=True)
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:
@@ -111,7 +125,7 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     ax.set_ylabel("makespan, modelled (s)")
     ax.set_title(f"per-step makespan: {title}")
     fig.tight_layout()
-    paths.append(out / "makespan.png")
+    paths.append(out / MAKESPAN_PNG)
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
 
@@ -130,7 +144,7 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     ax.set_title(f"trajectory completion CDF: {title}")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    paths.append(out / "completion_cdf.png")
+    paths.append(out / COMPLETION_PNG)
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
 
@@ -151,7 +165,7 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     ax.set_ylabel(f"in flight / capacity {capacity} (%)")
     ax.set_title(f"engine-busy timeline: {title}")
     fig.tight_layout()
-    paths.append(out / "engine_busy.png")
+    paths.append(out / BUSY_PNG)
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
     return paths

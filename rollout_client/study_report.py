@@ -17,7 +17,12 @@ from typing import Any
 
 from toolenv_core.plotting import pyplot
 
+from .report import drop_plots_not_written
 from .study import HANG_S
+
+PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG = "pareto.png", "speedup.png", "occupancy.png"
+PLOTS = (PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG)
+"""Every plot `plot` draws, by file name."""
 
 _COLUMNS = [
     ("policy", "policy", "{}"),
@@ -94,7 +99,8 @@ def markdown(study: dict[str, Any], command: str) -> str:
 def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) -> list[Path]:
     """Every file is made in a staging directory under `out` and renamed into place at the end,
     study.json last: Ctrl-C while plotting (the slow part) leaves no file of this report, and
-    this study.json is in place only once the rest is."""
+    this study.json is in place only once the rest is. An earlier study's plots that this one
+    does not draw (`--no-plots`) are removed before it: they would describe another study."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".study-", dir=out))
     try:
@@ -102,8 +108,10 @@ def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) ->
         if plots:
             plot(study, staging)
         (staging / "study.json").write_text(json.dumps(study, indent=2) + "\n")
-        made = sorted(staging.iterdir(), key=lambda p: p.name == "study.json")
-        return [p.replace(out / p.name) for p in made]
+        *rest, last = sorted(staging.iterdir(), key=lambda p: p.name == "study.json")
+        placed = [p.replace(out / p.name) for p in rest]
+        drop_plots_not_written(out, PLOTS, placed)
+        return [*placed, last.replace(out / last.name)]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -135,7 +143,7 @@ def plot(study: dict[str, Any], out: Path) -> list[Path]:
         ax.axis("off")
     fig.suptitle("speed-up against calls cut (dashed: the 1% budget)")
     fig.tight_layout()
-    paths.append(out / "pareto.png")
+    paths.append(out / PARETO_PNG)
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -152,7 +160,7 @@ def plot(study: dict[str, Any], out: Path) -> list[Path]:
     ax.set_title("policies side by side, per tool scenario")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    paths.append(out / "speedup.png")
+    paths.append(out / SPEEDUP_PNG)
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -172,7 +180,7 @@ def plot(study: dict[str, Any], out: Path) -> list[Path]:
         ax.axis("off")
     fig.suptitle("batch occupancy over time (the GPU-idle proxy)")
     fig.tight_layout()
-    paths.append(out / "occupancy.png")
+    paths.append(out / OCCUPANCY_PNG)
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths

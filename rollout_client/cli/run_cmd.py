@@ -18,7 +18,7 @@ from ..clock import VirtualTimeDeadlock, run_virtual
 from ..engines.openai_engine import EngineUnreachable
 from ..gateway_client import GatewayUnreachable
 from ..policies import build_policy
-from ..report import plot, print_table
+from ..report import PLOTS, drop_plots_not_written, plot, print_table
 from ..session import (
     build_live,
     build_plans,
@@ -359,8 +359,8 @@ def run(
     report.pop("_records", None)
     for note in report["notes"]:
         typer.echo(note, err=True)
-    if not no_plots and report["steps"]:
-        plot(report, timelines, out_dir)
+    written = plot(report, timelines, out_dir) if not no_plots and report["steps"] else []
+    drop_plots_not_written(out_dir, PLOTS, written)
     summary = report["summary"]
     if as_json:
         typer.echo(json.dumps(report, indent=2))

@@ -1,4 +1,4 @@
-"""`toolenv rollout run` as a user meets it: what it refuses up front and what it leaves in --out."""
+"""`toolenv rollout run` and `study` as a user meets them: what it refuses up front and what it leaves in --out."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rollout_client.report import PLOTS as RUN_PLOTS
+from rollout_client.study_report import PLOTS as STUDY_PLOTS
 from rollout_client.workloads.plan import MAX_CONTEXT_TOKENS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,3 +39,33 @@ def test_a_length_scale_past_what_a_trajectory_holds_is_refused_before_the_run(
     done = rollout_run(polytrace_dir, tmp_path / "fits", *small, "--length-scale", "20", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["summary"]["completed"] == 2
+
+
+def test_no_plots_into_an_earlier_runs_directory_leaves_no_plot_of_that_run(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """The earlier run's PNGs stayed beside the new report.json, describing another run."""
+    small = ("--limit", "4", "--batch", "4")
+    assert rollout_run(polytrace_dir, tmp_path, *small).returncode == 0
+    assert {p.name for p in tmp_path.glob("*.png")} == set(RUN_PLOTS)
+    done = rollout_run(polytrace_dir, tmp_path, *small, "--policy", "sync", "--no-plots")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "trajectories.jsonl"]
+    assert json.loads((tmp_path / "report.json").read_text())["policy"] == "sync"
+
+
+def test_study_no_plots_into_an_earlier_studys_directory_leaves_no_plot_of_that_study(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """The report is staged, then renamed in: the earlier study's PNGs were left beside it."""
+    for name in STUDY_PLOTS:  # what the earlier study drew (drawing them takes seconds)
+        (tmp_path / name).write_bytes(b"\x89PNG of the earlier study")
+    (tmp_path / "notes.png").write_bytes(b"\x89PNG of the user's own")
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "study", "--quick", "--steps", "1",
+        "--batch", "16", "--trace", str(polytrace_dir / "search_r1"), "--out", str(tmp_path),
+        "--no-plots",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.png", "study.json", "study.md"]
