@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
+from toolenv_core.console import counted
+
 from .clock import now
 from .engines.base import Chunk, Engine, PrefixCacheStats
 from .engines.costmodel import CostModel
@@ -171,8 +173,8 @@ def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:
     woke = rows[rows[:, WAKE] == 1]
     if len(quiet) < 8 or not len(woke):
         raise ValueError(
-            f"{len(rows)} iterations ({len(woke)} after idle, {len(quiet)} busy without an "
-            "arrival) are too few to fit the cost model"
+            f"too few iterations to fit the cost model: {counted(len(rows), 'iteration')} "
+            f"({len(woke)} after idle, {len(quiet)} busy without an arrival)"
         )
     design = _design(quiet)
     slowdown = np.ones(len(runs))

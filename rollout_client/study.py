@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from toolenv_core.console import counted
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.latency import HangFault
 from toolenv_core.latency.samplers import InterpolatedSampler
@@ -272,7 +273,8 @@ def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     if len(plans) < need:
         over = f", over-sampling launching {launch} a step" if launch > plan.batch else ""
         raise ValueError(
-            f"the traces hold {len(plans)} trajectories; {plan.steps} steps of {plan.batch} need "
+            f"the traces hold {counted(len(plans), 'trajectory')}; "
+            f"{counted(plan.steps, 'step')} of {plan.batch} need "
             f"{need}{over} (give more --trace files or a smaller --batch/--steps)"
         )
     # The latency histogram of the trajectories every policy runs (the first steps x batch).
@@ -282,8 +284,9 @@ def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     )
     if not recorded.size:  # the scenarios, deadlines and hedges are all of tool latency
         raise ValueError(
-            f"the {len(base)} trajectories the study runs make no tool calls: there is no tool "
-            "latency to study (give a multi-turn trace with tool calls, such as search_r1)"
+            f"the study runs {counted(len(base), 'trajectory')} and none makes a tool call: "
+            "there is no tool latency to study (give a multi-turn trace with tool calls, such as "
+            "search_r1)"
         )
     return plans, recorded
 

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from toolenv_core.console import counted
 from toolenv_core.plotting import pyplot
 
 from .report import drop_plots_not_written
@@ -50,7 +51,8 @@ def markdown(study: dict[str, Any], command: str) -> str:
         "",
         f"`{command}`",
         "",
-        f"{meta['steps']} steps of {meta['batch']} trajectories per cell, cost profile "
+        f"{counted(meta['steps'], 'step')} of {counted(meta['batch'], 'trajectory')} per cell, "
+        f"cost profile "
         f"`{meta['cost_profile']}`, seed {meta['seed']}. Times are modelled seconds; occupancy is "
         "requests in flight over engine capacity; speed-up is trajectories/s over turn-synchronous "
         "(sync) in the same scenario; calls cut are tool calls ended by a deadline (a hang with no "
@@ -65,8 +67,8 @@ def markdown(study: dict[str, Any], command: str) -> str:
     failed = [c for c in study["cells"] if c.get("failed")]
     if failed:
         lines += [
-            f"**Trajectories failed in {len(failed)} cell(s)**; their figures count only what "
-            "finished: "
+            f"**Trajectories failed in {counted(len(failed), 'cell')}**; their figures count "
+            "only what finished: "
             + "; ".join(
                 f"{c['scenario']} / {c['policy']}: {c['failed']} ({c['first_failure']})"
                 for c in failed
@@ -83,7 +85,7 @@ def markdown(study: dict[str, Any], command: str) -> str:
             lines.append("| " + " | ".join(_fmt(t, row[k]) for k, _, t in _COLUMNS) + " |")
         budget = "" if rec["within_cut_budget"] else " (no policy stays within 1% of calls cut)"
         left = rec.get("calls_abandoned") or 0
-        in_flight = f", {left} calls left in flight at step closes" if left else ""
+        in_flight = f", {counted(left, 'call')} left in flight at step closes" if left else ""
         lines += [
             "",
             f"Recommendation: **{rec['policy']}**: {rec['speedup_over_sync']:.2f}x over sync, "

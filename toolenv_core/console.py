@@ -20,3 +20,15 @@ def report_console(*, stderr: bool = False) -> Console:
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = max(console.width, REPORT_WIDTH)
     return console
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 step`, `2 steps`, `3 trajectories`: a count and its noun in agreement ("1 steps" read
+    wrong in reports). A regular plural adds -s (-ies after a consonant and y); pass `plural`
+    for any other."""
+    if n == 1:
+        return f"{n} {noun}"
+    if plural is None:
+        consonant_y = noun.endswith("y") and noun[-2:-1] not in tuple("aeiou")
+        plural = noun[:-1] + "ies" if consonant_y else noun + "s"
+    return f"{n} {plural}"

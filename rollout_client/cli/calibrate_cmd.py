@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from toolenv_core.console import counted
 from toolenv_core.polytrace.kinds import files_of_kind
 
 from ..calibrate import CalibrationPlan, calibrate_engine
@@ -101,12 +102,14 @@ def calibrate(
             limit = 2 * n_check  # the check set, then as many again to calibrate on
             plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
             if len(plans) < limit:
-                fail(f"--check {check} holds {len(plans)} trajectories; the check needs {limit}")
+                held = counted(len(plans), "trajectory")
+                fail(f"--check {check} holds {held}; the check needs {limit}")
             too_long = context_too_long(plans, "lower --check-length-scale")
             if too_long is not None:
                 fail(too_long)
             status = Console(stderr=True).status(
-                f"calibrating, then a warm-up round and {check_rounds} rounds of both workloads"
+                f"calibrating, then a warm-up round and {counted(check_rounds, 'round')} of both "
+                "workloads"
             )
 
             async def measured() -> tuple[CostModel, Runs, Runs]:
@@ -152,7 +155,8 @@ def calibrate(
     )
     if "workload_run_slowdown_max" in err:
         typer.echo(
-            f"fitted on {err['workload_iterations']:.0f} iterations of the calibration runs; "
+            f"fitted on {counted(round(err['workload_iterations']), 'iteration')} of the "
+            "calibration runs; "
             f"each run's iteration times over the median run's (the machine's load): "
             f"{err['workload_run_slowdown_min']:.2f}-{err['workload_run_slowdown_max']:.2f}x"
         )

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
 
 from ..clock import VirtualTimeDeadlock, run_virtual
@@ -369,7 +370,7 @@ def run(
         s = report["summary"]
         modelled = sum(step["modeled_makespan_s"] for step in report["steps"])
         typer.echo(
-            f"{s.get('completed', 0)} trajectories in {modelled:.2f} modelled s "
+            f"{counted(s.get('completed', 0), 'trajectory')} in {modelled:.2f} modelled s "
             f"(wall {report['wall']['elapsed_s']:.2f} s); "
             f"engine busy {s.get('engine_busy_fraction', 0):.0%}; wrote {out_dir}/report.json, "
             f"{out_dir}/trajectories.jsonl" + ("" if no_plots else " and PNG plots")
@@ -383,7 +384,8 @@ def run(
             )
     if summary.get("failed"):
         first = next(f for step in report["steps"] for f in step["failures"])
-        typer.echo(f"error: {summary['failed']} trajectories failed, e.g. {first}", err=True)
+        failed = counted(summary["failed"], "trajectory")
+        typer.echo(f"error: {failed} failed, e.g. {first}", err=True)
         raise typer.Exit(1)
 
 
@@ -413,8 +415,9 @@ async def _run_with_progress(
     ).launch_count(settings.batch)
     if len(plans) < launch * settings.steps:
         notes.append(
-            f"note: {len(plans)} trajectories selected (trace size, --limit, --sample) for "
-            f"{settings.steps} step(s) of --batch {settings.batch} (launching {launch} each): "
+            f"note: {counted(len(plans), 'trajectory')} selected (trace size, --limit, --sample) "
+            f"for {counted(settings.steps, 'step')} of --batch {settings.batch} (launching "
+            f"{launch} each): "
             + (
                 f"the first step runs {len(plans)}"
                 if len(plans) < launch

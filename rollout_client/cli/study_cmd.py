@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
 
 from ..clock import VirtualTimeDeadlock
@@ -120,7 +121,8 @@ def study(
     if failed:  # its figures count only what finished: not a result to compare
         first = failed[0]
         typer.echo(
-            f"error: trajectories failed in {len(failed)} cell(s), e.g. {first['failed']} in "
+            f"error: trajectories failed in {counted(len(failed), 'cell')}, e.g. "
+            f"{first['failed']} in "
             f"{first['scenario']} / {first['policy']}: {first['first_failure']}",
             err=True,
         )

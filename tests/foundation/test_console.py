@@ -1,11 +1,12 @@
-"""Reports piped or redirected keep their full width (rich would cut cells at 80 columns)."""
+"""Reports piped or redirected keep their full width (rich would cut cells at 80 columns), and
+their counts agree with their nouns."""
 
 from __future__ import annotations
 
 import pytest
 from rich.table import Table
 
-from toolenv_core.console import REPORT_WIDTH, report_console
+from toolenv_core.console import REPORT_WIDTH, counted, report_console
 
 
 def test_a_report_piped_gets_the_report_width_and_whole_cells(
@@ -26,3 +27,18 @@ def test_a_report_piped_gets_the_report_width_and_whole_cells(
 def test_columns_still_decides_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "90")
     assert report_console().width == 90
+
+
+@pytest.mark.parametrize(
+    ("n", "noun", "plural", "said"),
+    [
+        (1, "step", None, "1 step"),
+        (0, "step", None, "0 steps"),
+        (2, "trajectory", None, "2 trajectories"),
+        (1, "trajectory", None, "1 trajectory"),
+        (3, "day", None, "3 days"),
+        (2, "status", "statuses", "2 statuses"),
+    ],
+)
+def test_a_count_agrees_with_its_noun(n: int, noun: str, plural: str | None, said: str) -> None:
+    assert counted(n, noun, plural) == said

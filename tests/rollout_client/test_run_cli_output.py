@@ -69,3 +69,24 @@ def test_study_no_plots_into_an_earlier_studys_directory_leaves_no_plot_of_that_
     done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.png", "study.json", "study.md"]
+
+
+def test_counts_of_one_read_in_the_singular(polytrace_dir: Path, tmp_path: Path) -> None:
+    """The run said "1 trajectories selected ... for 1 step(s)" and "1 trajectories in", the
+    study "1 steps of 1 trajectories per cell"."""
+    done = rollout_run(
+        polytrace_dir, tmp_path / "run", "--limit", "1", "--batch", "2", "--no-plots"
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "note: 1 trajectory selected (trace size, --limit, --sample) for 1 step of" in done.stderr
+    )
+    assert "\n1 trajectory in " in done.stdout
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "study", "--quick", "--steps", "1",
+        "--batch", "1", "--trace", str(polytrace_dir / "search_r1"), "--out", str(tmp_path / "s"),
+        "--no-plots",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "1 step of 1 trajectory per cell" in (tmp_path / "s" / "study.md").read_text()

@@ -78,7 +78,7 @@ def test_quick_study_writes_the_matrix_and_its_findings(
     cell = study["cells"][3]
     cell.update(failed=2, first_failure="ValueError: boom")
     assert (
-        f"**Trajectories failed in 1 cell(s)**; their figures count only what finished: "
+        f"**Trajectories failed in 1 cell**; their figures count only what finished: "
         f"{cell['scenario']} / {cell['policy']}: 2 (ValueError: boom)"
     ) in markdown(study, "toolenv rollout study")
 
@@ -138,7 +138,7 @@ def test_a_trace_without_tool_calls_is_bad_input(polytrace_dir: Path, tmp_path: 
     args = ["rollout", "study", "--quick", "--trace", str(trace), "--out", str(tmp_path / "o")]
     done = CliRunner().invoke(build_app(), [*args, "--batch", "8", "--steps", "1"])
     assert done.exit_code == 2, (done.output, done.exception)
-    assert "make no tool calls" in done.stderr and "Traceback" not in done.output
+    assert "none makes a tool call" in done.stderr and "Traceback" not in done.output
     assert not (tmp_path / "o").exists()
 
 
