@@ -19,7 +19,7 @@ from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 
 from .app import create_app
 from .describe import describe, plot_cdf
-from .fit import build_profile, fit
+from .fit import build_profile, fit, split_by_status
 from .settings import EmulatorSettings
 from .timing import StampingHttpToolsProtocol
 
@@ -72,18 +72,24 @@ def fit_command(
             observations = list(iter_latencies(traces, tool))
         if not observations:
             raise _fail(no_calls_message(traces, tool))
-        data = np.asarray([o.latency_s for o in observations])
+        split = split_by_status(observations)
+        if len(split.ok) < 2:  # fit's own "got 0" said nothing of the calls that were not fitted
+            raise _fail(f"need at least 2 successful calls of {tool!r} to fit: {split.describe()}")
+        data = np.asarray([o.latency_s for o in split.ok])
         with console.status(f"fitting {data.size} calls..."):
             report = fit(data, tool)
     except (TraceFormatError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
+    report.extra["statuses"] = split.as_dict()
 
     wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
     used = [p for p in expand_paths(traces) if p.is_file() and detect_format(p) in wanted]
     source = "PolyTrace " + ", ".join(sorted(f"{p.parent.name}/{p.name}" for p in used))
     summary = report.as_dict()
     if out is not None:
-        profile = build_profile(report, source=source, observations=observations, per_step=per_step)
+        profile = build_profile(
+            report, source=source, observations=split.ok, per_step=per_step, faults=split.faults()
+        )
         try:
             save_profile(profile, out)
         except OSError as exc:
@@ -113,6 +119,8 @@ def fit_command(
     q = report.data_quantiles
     console.print("data: " + ", ".join(f"{k} {v:.4g}s" for k, v in q.items()))
     console.print(f"chosen: [bold]{report.best.name}[/bold]: {report.reason}")
+    if split.carried or split.left_out:
+        console.print(split.describe())
     if out is not None:
         console.print(f"profile written to {out}")
 

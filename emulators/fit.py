@@ -7,6 +7,11 @@ scored by the KS distance to the data and the relative error at p50/p90/p99/p99.
 Choice: the parametric candidate with the smallest KS distance wins if the data cannot tell it
 apart from the model (KS below the 5% critical value 1.358/sqrt(n)); otherwise the empirical
 quantile table wins, because then every closed form misses the recorded shape somewhere.
+
+Only successful calls are fitted (`split_by_status`): a timed-out call's latency is its deadline,
+an error's how fast the tool failed, and a call whose caller left says nothing of the tool. Errors
+and timeouts become the profile's faults at the rate recorded (an `error` fault, a `hang`, which
+times out under the same deadline); every other status is left out and counted.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from toolenv_core.console import counted
+from toolenv_core.latency.faults import ErrorFault, Fault, HangFault
 from toolenv_core.latency.profile import Profile
 from toolenv_core.latency.specs import (
     Drift,
     DriftStage,
     Empirical,
     Exponential,
+    Faulty,
     Gamma,
     LogNormal,
     Lomax,
@@ -31,8 +39,71 @@ from toolenv_core.latency.specs import (
     MixtureComponent,
     TruncNormal,
 )
+from toolenv_core.polytrace.latencies import LatencyObservation
 
 REPORT_QUANTILES = (0.5, 0.9, 0.99, 0.999)
+OK_STATUS = "success"  # an answered call, as PolyTrace, the gateway capture and rollouts record it
+FAULT_OF_STATUS: dict[str, type[ErrorFault] | type[HangFault]] = {
+    "error": ErrorFault,  # the tool answered an error (the capture keeps no HTTP status: 503)
+    "timeout": HangFault,  # cut at the caller's deadline: a hang times out under the same one
+}
+
+
+@dataclass
+class StatusSplit:
+    """Recorded calls by status: the successful ones to fit, the rest counted by status."""
+
+    ok: list[LatencyObservation]
+    carried: dict[str, int]  # status -> calls, carried as the profile's faults
+    left_out: dict[str, int]  # status -> calls neither fitted nor carried
+
+    def faults(self) -> list[Fault]:
+        """Each carried status as its fault, at its share of the calls the tool answered or
+        timed out on (left-out calls say nothing of the tool)."""
+        seen = len(self.ok) + sum(self.carried.values())
+        return [FAULT_OF_STATUS[s](rate=round(n / seen, 6)) for s, n in self.carried.items()]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fitted": len(self.ok),
+            "carried_as_faults": self.carried,
+            "left_out": self.left_out,
+        }
+
+    def describe(self) -> str:
+        """What was fitted, carried and left out, for the human report."""
+        parts = [f"latency fitted on {counted(len(self.ok), 'successful call')}"]
+        if self.carried:
+            carried = zip(self.carried.items(), self.faults(), strict=True)
+            parts.append(
+                "carried as faults: "
+                + ", ".join(
+                    f"{counted(n, f'{status} call')} ({fault.type}, rate {fault.rate:.4g})"
+                    for (status, n), fault in carried
+                )
+            )
+        if self.left_out:
+            parts.append(
+                "left out: "
+                + ", ".join(
+                    f"{counted(n, f'{status} call')}" for status, n in self.left_out.items()
+                )
+            )
+        return "; ".join(parts)
+
+
+def split_by_status(observations: list[LatencyObservation]) -> StatusSplit:
+    """A call without a status (call logs, reward timings) is a successful one."""
+    ok: list[LatencyObservation] = []
+    carried: dict[str, int] = {}
+    left_out: dict[str, int] = {}
+    for o in observations:
+        if o.status is None or o.status == OK_STATUS:
+            ok.append(o)
+        else:
+            counts = carried if o.status in FAULT_OF_STATUS else left_out
+            counts[o.status] = counts.get(o.status, 0) + 1
+    return StatusSplit(ok, dict(sorted(carried.items())), dict(sorted(left_out.items())))
 
 
 @dataclass
@@ -255,8 +326,10 @@ def build_profile(
     source: str,
     observations: list | None = None,
     per_step: bool = False,
+    faults: list[Fault] | None = None,
 ) -> Profile:
-    """The profile a fit writes: the chosen model, token sizes (search), scaling reference (reward)."""
+    """The profile a fit writes: the chosen model (with `faults`, when a status was carried as
+    one), token sizes (search), scaling reference (reward)."""
     model = report.best.spec
     response_tokens = None
     reference: dict[str, float] = {}
@@ -289,6 +362,8 @@ def build_profile(
         for c in report.candidates
         if c.spec is not None
     ]
+    if faults:
+        model = Faulty(model=model, faults=faults)
     return Profile(
         tool=report.tool,
         model=model,

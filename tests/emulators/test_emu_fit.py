@@ -42,7 +42,13 @@ def search_fit(polytrace_dir: Path, tmp_path_factory) -> tuple[dict, Path]:
 
 def test_fit_on_the_search_trace_picks_the_empirical_table(search_fit) -> None:
     report, _ = search_fit
-    assert report["n"] == 10190
+    # 25 calls of status "unknown" (no query run, answered in under 1 ms) are not fitted
+    assert report["n"] == 10165
+    assert report["statuses"] == {
+        "fitted": 10165,
+        "carried_as_faults": {},
+        "left_out": {"unknown": 25},
+    }
     by_name = {c["name"]: c for c in report["candidates"]}
     assert {
         "lognormal",
@@ -196,3 +202,55 @@ def test_per_step_drift_profile_switches_by_step() -> None:
         assert lo <= min(draws) and max(draws) <= hi
     table = empirical_table(data)
     assert table.quantiles[0] == (0.0, pytest.approx(data.min(), abs=1e-6))
+
+
+def test_fit_on_a_gateway_capture_fits_successful_calls_and_carries_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Timeouts (cut at the 1 s deadline), errors (answered in 2 ms) and calls whose caller left
+    were fitted alike with the successes: the fitted p90 was the deadline."""
+    rng = np.random.default_rng(3)
+    statuses = ["success"] * 300 + ["timeout"] * 40 + ["error"] * 20 + ["caller_gone"] * 10
+    latency = {"timeout": 1.0, "error": 0.002, "caller_gone": 0.05}
+    lines = [
+        json.dumps(
+            {
+                "tool_name": "search",
+                "turn": i % 3,
+                "status": status,
+                "response_bytes": 100,
+                "latency_s": latency.get(status) or float(rng.lognormal(np.log(0.1), 0.4)),
+                "trajectory_id": f"t{i // 3}",
+                "step": 0,
+            }
+        )  # fmt: skip
+        for i, status in enumerate(rng.permutation(statuses))
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("\n".join(lines) + "\n")
+    trace = tmp_path / "trace.jsonl"
+    converted = runner.invoke(app, ["gateway", "trace-to-multiturn", str(capture), str(trace)])
+    assert converted.exit_code == 0, converted.output
+    out = tmp_path / "profile.yaml"
+    result = runner.invoke(app, ["emulators", "fit", str(trace), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["n"] == 300 and report["data_quantiles"]["max"] < 0.9
+    assert report["data_quantiles"]["min"] > 0.002
+    assert report["statuses"] == {
+        "fitted": 300,
+        "carried_as_faults": {"error": 20, "timeout": 40},
+        "left_out": {"caller_gone": 10},
+    }
+    profile = load_profile(out)
+    assert profile.model.kind == "faulty"
+    faults = {f.type: f.rate for f in profile.model.faults}
+    assert faults == {"error": round(20 / 360, 6), "hang": round(40 / 360, 6)}
+    assert profile.fit["statuses"] == report["statuses"]
+    human = runner.invoke(app, ["emulators", "fit", str(trace)])
+    assert human.exit_code == 0, human.output
+    said = " ".join(human.output.split())
+    assert "latency fitted on 300 successful calls" in said
+    assert "carried as faults: 20 error calls (error, rate 0.05556)" in said
+    assert "40 timeout calls (hang, rate 0.1111)" in said
+    assert "left out: 10 caller_gone calls" in said

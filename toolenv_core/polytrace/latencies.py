@@ -33,6 +33,7 @@ class LatencyObservation:
     query_count: int | None = None
     batch_size: int | None = None
     response_sum: int | None = None
+    status: str | None = None  # multi-turn: the call's `status` ("success", "timeout", ...)
 
 
 def iter_latencies(
@@ -56,6 +57,7 @@ def iter_latencies(
                             call.latency_s,
                             call.response_token_len,
                             call.query_count,
+                            status=call.status,
                         )
         elif fmt == "call_log":
             for index, rec in enumerate(read_call_log(path)):
