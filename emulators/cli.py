@@ -14,12 +14,12 @@ from rich.table import Table
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
-from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latencies, tool_latencies
+from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latencies
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 
 from .app import create_app
 from .describe import describe, plot_cdf
-from .fit import build_profile, fit, split_by_status
+from .fit import build_profile, fit, split_by_status, successful_latencies
 from .settings import EmulatorSettings
 from .timing import StampingHttpToolsProtocol
 
@@ -144,7 +144,7 @@ def describe_command(
     """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
     try:
         profile = load_profile(profile_path)
-        recorded = tool_latencies(data, profile.tool) if data else None
+        recorded = successful_latencies(data, profile.tool) if data else None
         report = describe(profile, recorded, samples, seed)
     except (ProfileError, TraceFormatError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from toolenv_core.latency.specs import (
     MixtureComponent,
     TruncNormal,
 )
-from toolenv_core.polytrace.latencies import LatencyObservation
+from toolenv_core.polytrace.latencies import LatencyObservation, iter_latencies, no_calls_message
 
 REPORT_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 OK_STATUS = "success"  # an answered call, as PolyTrace, the gateway capture and rollouts record it
@@ -104,6 +105,17 @@ def split_by_status(observations: list[LatencyObservation]) -> StatusSplit:
             counts = carried if o.status in FAULT_OF_STATUS else left_out
             counts[o.status] = counts.get(o.status, 0) + 1
     return StatusSplit(ok, dict(sorted(carried.items())), dict(sorted(left_out.items())))
+
+
+def successful_latencies(paths: list[Path], tool: str) -> np.ndarray:
+    """The latencies `fit` fits (successful calls): what a profile is compared with."""
+    observations = list(iter_latencies(paths, tool))
+    if not observations:
+        raise ValueError(no_calls_message(paths, tool))
+    split = split_by_status(observations)
+    if not split.ok:
+        raise ValueError(f"no successful call of {tool!r} to compare with: {split.describe()}")
+    return np.asarray([o.latency_s for o in split.ok])
 
 
 @dataclass

@@ -254,3 +254,9 @@ def test_fit_on_a_gateway_capture_fits_successful_calls_and_carries_the_rest(
     assert "carried as faults: 20 error calls (error, rate 0.05556)" in said
     assert "40 timeout calls (hang, rate 0.1111)" in said
     assert "left out: 10 caller_gone calls" in said
+    # describe compares the profile with what fit fitted, not with the timeouts and errors
+    described = runner.invoke(
+        app, ["emulators", "describe", str(out), "--data", str(trace), "--json"]
+    )
+    assert described.exit_code == 0, described.output
+    assert json.loads(described.stdout)["data"]["n"] == 300
