@@ -92,5 +92,7 @@ def serve(
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        # SIGINT or SIGTERM: stop accepting, let the runs in flight finish (as the gateway does),
+        # then close the backend. A second Ctrl-C (SIGINT) stops at once.
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )

@@ -25,6 +25,11 @@ class SandboxSettings(FrontDoorSettings):
     host: str = "127.0.0.1"
     port: Integer = Field(default=8081, ge=0, le=65535)
     log_level: LogLevel = Field(default="warning", description="uvicorn's, for `sandboxd serve`")
+    shutdown_grace_s: Number = Field(
+        default=30.0,
+        ge=0,
+        description="`sandboxd serve` on SIGINT/SIGTERM: how long runs in flight may take to finish",
+    )
 
     # ---- admission: how many programs run at once, how many wait, how long they may wait
     max_concurrency: Integer = Field(

@@ -282,3 +282,41 @@ def test_a_gateway_restart_lets_the_call_in_flight_finish(stack: Stack) -> None:
     assert answers[0].status_code == 200, answers[0].text
     assert answers[0].json()["run_result"]["stdout"] == "start\ndone\n", answers[0].text
     stack.wait_healthy("gateway")
+
+
+def test_a_sandbox_restart_lets_the_run_in_flight_finish(stack: Stack) -> None:
+    """SIGTERM stops sandboxd gracefully too: runs in flight may finish for its
+    `shutdown_grace_s` (30 s), and Docker's SIGKILL comes after (`stop_grace_period: 35s`).
+    With uvicorn's 10 s and Docker's 10 s a longer run was cut and the caller got a 502."""
+    stack.wait_healthy("sandbox")
+    answers: list[httpx.Response | httpx.HTTPError] = []
+    code = "import time\nprint('start', flush=True)\ntime.sleep(14)\nprint('done')"
+
+    def call() -> None:
+        try:
+            answers.append(run_code(stack, code, run_timeout=20))
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    _wait_for(lambda: stack.sandbox_state()["running"] == 1, timeout=10, step=0.2)
+    restart = subprocess.Popen(
+        ["docker", "compose", "restart", "sandbox"], cwd=REPO, env=stack.env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    time.sleep(3)  # draining: a new call is refused at once, naming the tool
+    during = run_code(stack, "print(1)")
+    assert during.status_code in (502, 503) and "sandbox" in during.text, during.text
+    _, err = restart.communicate(timeout=60)
+    caller.join(60)
+    assert restart.returncode == 0, err
+    assert answers and isinstance(answers[0], httpx.Response), answers
+    assert answers[0].status_code == 200, answers[0].text
+    assert answers[0].json()["run_result"]["stdout"] == "start\ndone\n", answers[0].text
+    stack.wait_healthy("sandbox")
+    _wait_for(stack.python_ready, 30, 0.5)
+    state = stack.sandbox_state()
+    assert state["procs"] == [] and state["tasks"] == [] and state["dirs"] == [], state
+    _wait_for(lambda: stack.client.get("/readyz").status_code == 200, timeout=10)
+    assert run_code(stack, "print(1)").status_code == 200
