@@ -44,7 +44,7 @@ def uvicorn_config(
         proxy_headers=False,  # X-Forwarded-* are not trusted: the caller is the socket's peer
         backlog=settings.backlog,
         # SIGINT (Ctrl-C) or SIGTERM: stop accepting, let the calls in flight finish, then stop
-        # the tools. A second signal stops at once.
+        # the tools. A second Ctrl-C (SIGINT) stops at once.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
 
