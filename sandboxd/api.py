@@ -18,6 +18,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from toolenv_core import headers as h
 from toolenv_core.admission import Rejected
 from toolenv_core.bodylimit import too_large_message
 from toolenv_core.deadline import DEADLINE_HEADER, DeadlineHeaderError
@@ -111,6 +112,7 @@ def build_router(service: SandboxService) -> APIRouter:
     """All sandboxd endpoints, bound to one service (the gateway mounts this in-process)."""
     router = APIRouter()
     limit = service.settings.max_body_bytes
+    expired = {h.DEADLINE_EXPIRED: "1"}  # on an answer the call's deadline ended
 
     async def handle(request: Request, model: type[M], call, fallback) -> Response:
         try:
@@ -133,7 +135,10 @@ def build_router(service: SandboxService) -> APIRouter:
         except Exception as exc:  # never a 500: the failure is reported in the body
             log.exception("sandboxd request failed")
             result = fallback(f"sandbox error: {type(exc).__name__}: {exc}")
-        return Response(result.model_dump_json(), media_type="application/json")
+        # The body stays SandboxFusion's; the header tells a gateway that this TimeLimitExceeded
+        # is the deadline's (its `timeout`), not the program's own run_timeout.
+        headers = expired if service.ended_by_deadline(result, deadline) else None
+        return Response(result.model_dump_json(), media_type="application/json", headers=headers)
 
     @router.post(
         "/run_code",

@@ -16,6 +16,9 @@ class SandboxUnavailable(RuntimeError):
 
 class SandboxBackend(Protocol):
     name: str
+    deadline_margin_s: float
+    """How long before the call's deadline this backend answers a run the deadline cut (what
+    `SandboxService.ended_by_deadline` allows for): 0 where the kill is at the deadline itself."""
 
     async def start(self) -> None:
         """Acquire what the backend needs (check bwrap; warm the container pool, reap leftovers)."""

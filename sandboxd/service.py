@@ -39,6 +39,12 @@ log = logging.getLogger("sandboxd")
 
 __all__ = ["BadRequest", "Rejected", "SandboxService", "make_backend"]
 
+DEADLINE_TIE_S = 0.05
+"""A TimeLimitExceeded answered with less than this (plus the backend's own answer margin) of
+the call's deadline left counts as the deadline's, not the program's own `run_timeout`: the two
+limits were that close, and the deadline would have ended the run within that time anyway."""
+_TIME_LIMIT = ExecStatus.TIME_LIMIT.value
+
 
 def make_backend(settings: SandboxSettings) -> SandboxBackend:
     """The backend `settings.backend` names; the Docker one is imported only when asked for."""
@@ -194,6 +200,24 @@ class SandboxService:
     async def run_tests(self, req: RunTestsRequest, deadline: Deadline) -> RunTestsResponse:
         """One program against every case (see `sandboxd.run_tests`)."""
         return await run_tests(self, self.bounds, req, deadline, self.pod_name)
+
+    def ended_by_deadline(
+        self, answer: RunCodeResponse | RunTestsResponse, deadline: Deadline
+    ) -> bool:
+        """Whether the call's deadline (the one sent, capped by `max_deadline_s`) ended this
+        answer: a step (compile, run, a case) ended TimeLimitExceeded and the deadline had run
+        out by the time the answer was built. A step's wall limit is the smaller of its own
+        timeout and what is left of the deadline, so a program's own `run_timeout` ends it with
+        time to spare: that TimeLimitExceeded is the one the caller asked for, not a deadline's.
+        Within `DEADLINE_TIE_S` of each other the deadline's is chosen (see above)."""
+        if isinstance(answer, RunCodeResponse):
+            steps = [answer.compile_result, answer.run_result]
+        else:
+            steps = [answer.compile_result, *(case.run_result for case in answer.cases)]
+        if not any(step is not None and step.status == _TIME_LIMIT for step in steps):
+            return False
+        margin = DEADLINE_TIE_S + (self.backend.deadline_margin_s if self.backend else 0.0)
+        return deadline.bounded and deadline.remaining() <= margin
 
     # ------------------------------------------------------------------ introspection
 

@@ -47,6 +47,11 @@ EXECUTOR_NODE = "X-Toolenv-Node"
 EXECUTOR_REPLICA = "X-Toolenv-Replica"
 """The replica a call ran on (Ray Serve's replica id)."""
 
+DEADLINE_EXPIRED = "X-Toolenv-Deadline-Expired"
+"""Set (to `1`) by a tool on an answer whose call its deadline ended (sandboxd: a run cut at the
+deadline it was sent, answered as SandboxFusion's TimeLimitExceeded with the output so far; not
+a program's own `run_timeout`). The gateway counts such a call as its `timeout`, as a 504."""
+
 REQUEST_ID = "X-Request-Id"
 """The gateway's id for one call, echoed in logs and error bodies."""
 

@@ -57,6 +57,7 @@ class DockerBackend:
     """A warm pool of sandbox containers (see the module docstring)."""
 
     name = "docker"
+    deadline_margin_s = ANSWER_MARGIN_S  # the agent answers a cut run this much early
 
     def __init__(
         self, settings: SandboxSettings, client: docker.DockerClient | None = None

@@ -58,6 +58,7 @@ class ProcessBackend:
     """Runs programs under bubblewrap with per-run cgroups and rlimits (see module docstring)."""
 
     name = "process"
+    deadline_margin_s = 0.0  # a step's wall limit is what is left of the deadline: killed at it
 
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
