@@ -23,6 +23,7 @@ from .metrics import GatewayMetrics
 from .policies import LatencyWindow, RetryBudget
 from .settings import ToolConfig
 from .upstream import (
+    DEADLINE_EXPIRED_HEADER,
     Backend,
     Endpoint,
     RemoteBackend,
@@ -241,14 +242,23 @@ class ToolRuntime:
             # The tool stopped at the deadline we forwarded, a moment before our own timer fired:
             # the same outcome, so callers and metrics see one kind of timeout, not two.
             return self._timed_out("the tool stopped at it", queue_wait)
+        if DEADLINE_EXPIRED_HEADER in reply.headers:
+            # The same, answered in the tool's own format (sandboxd's TimeLimitExceeded with the
+            # output so far, HTTP 200): a timeout too, which keeps the reply for the routes that
+            # pass the tool's body on (the generic call answers its 504).
+            return self._timed_out("the tool stopped at it", queue_wait, reply)
         kind = "ok" if reply.status < 400 else "error"
         error = None if kind == "ok" else f"tool {self.name!r} answered HTTP {reply.status}"
         return Outcome(kind, reply=reply, error=error, queue_wait_s=queue_wait)
 
-    def _timed_out(self, where: str, queue_wait: float = 0.0) -> Outcome:
-        """The one timeout outcome, saying where the deadline ran out."""
+    def _timed_out(
+        self, where: str, queue_wait: float = 0.0, reply: UpstreamReply | None = None
+    ) -> Outcome:
+        """The one timeout outcome, saying where the deadline ran out (`reply`: the tool's own
+        answer at its deadline, when it gave one in its format)."""
         return Outcome(
             "timeout",
+            reply=reply,
             error=f"tool {self.name!r} did not answer within the deadline ({where})",
             queue_wait_s=queue_wait,
         )

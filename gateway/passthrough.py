@@ -113,7 +113,8 @@ class PassThrough:
 
 async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: bytes) -> Answer:
     """The body as is to the tool's own endpoint; its answer as is back (status, body, delay,
-    Retry-After).
+    Retry-After), a timeout the tool answered itself included (sandboxd's TimeLimitExceeded
+    marked as the deadline's: the outcome is `timeout`, the body the tool's).
 
     The sandbox routes keep SandboxFusion's deadline semantics (`gateway.sandboxfusion`)."""
     parsed = _parse(body)
@@ -161,7 +162,7 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
         ctx, runtime, runtime.config.native_path, payload, deadline, deadline_ms
     )
     reply = outcome.reply
-    if reply is None:
+    if reply is None or outcome.kind == "timeout":  # a timeout is the 504 however it came
         return _failure(runtime, outcome, ctx)
     if not wirejson.is_json(reply.body):  # not JSON: the body as text
         text = reply.body.decode("utf-8", errors="replace") if reply.body else None

@@ -25,7 +25,12 @@ log = logging.getLogger("toolenv.gateway")
 
 INJECTED_DELAY_HEADER = h.INJECTED_DELAY.lower()  # replies' header keys are lower-cased here
 EXECUTOR_HEADERS = (h.EXECUTOR_NODE.lower(), h.EXECUTOR_REPLICA.lower())  # where a call ran
-_KEPT_HEADERS = ("content-type", INJECTED_DELAY_HEADER, "retry-after", *EXECUTOR_HEADERS)
+DEADLINE_EXPIRED_HEADER = h.DEADLINE_EXPIRED.lower()  # the tool's deadline ended the call
+# the reply headers kept, embedded, on Ray and proxied alike (the rest are skipped unread)
+_KEPT_HEADERS = (
+    "content-type", INJECTED_DELAY_HEADER, "retry-after", DEADLINE_EXPIRED_HEADER,
+    *EXECUTOR_HEADERS,
+)  # fmt: skip
 
 
 class UpstreamConnectError(Exception):
@@ -202,7 +207,10 @@ class RemoteBackend:
     ) -> None:
         self.tool = tool
         self.endpoints = [
-            Endpoint(label=url, pool=Pool(url, connect_timeout_s, keepalive_s, max_idle))
+            Endpoint(
+                label=url,
+                pool=Pool(url, connect_timeout_s, keepalive_s, max_idle, _KEPT_HEADERS),
+            )
             for url in tool.upstreams
         ]
         self._health_task: asyncio.Task[None] | None = None
