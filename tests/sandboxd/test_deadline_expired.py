@@ -5,8 +5,11 @@ first as its `timeout` (before, both were plain 200s). Real server, real bwrap, 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +19,8 @@ from toolenv_core import headers as h
 
 pytestmark = pytest.mark.bwrap
 
+REPO = Path(__file__).resolve().parents[2]
+SANDBOX_IMAGE = "toolenv/sandbox:0.1.0"
 STARTED_THEN_SLEEP = "import time\nprint('started', flush=True)\ntime.sleep(30)\n"
 
 
@@ -72,3 +77,25 @@ def test_a_compile_cut_by_the_deadline_carries_the_header(server: SandboxdServer
     steps = [r.json()["compile_result"], r.json()["run_result"]]
     assert any(s and s["status"] == "TimeLimitExceeded" for s in steps), r.text
     assert r.headers.get(h.DEADLINE_EXPIRED) == "1", r.headers
+
+
+@pytest.mark.docker
+def test_the_docker_backend_marks_the_deadlines_time_limit_too(toolenv_server, base_image) -> None:
+    """The agent answers a cut run 150 ms before the deadline (its answer margin): still marked."""
+    env = {"TOOLENV_BASE_IMAGE": base_image, "TOOLENV_SANDBOX_DOCKER_IMAGE": SANDBOX_IMAGE}
+    subprocess.run(
+        [str(REPO / "scripts/build_sandbox_image.sh")], env={**os.environ, **env}, check=True
+    )
+    docker = toolenv_server(
+        "sandboxd", "serve", "--backend", "docker", env={"TOOLENV_SANDBOX_DOCKER_POOL_SIZE": "1"}
+    )
+    client = httpx.Client(base_url=docker.url, timeout=60)
+    body = {"code": STARTED_THEN_SLEEP, "language": "python", "run_timeout": 30}
+    r = client.post("/run_code", json=body, headers={h.DEADLINE: "1500"})
+    assert r.json()["run_result"]["status"] == "TimeLimitExceeded", r.text
+    assert r.json()["run_result"]["stdout"] == "started\n", r.text
+    assert r.headers.get(h.DEADLINE_EXPIRED) == "1", r.headers
+    r = client.post("/run_code", json={**body, "run_timeout": 0.5}, headers={h.DEADLINE: "20000"})
+    assert r.json()["run_result"]["status"] == "TimeLimitExceeded", r.text
+    assert h.DEADLINE_EXPIRED not in r.headers, r.headers
+    client.close()
