@@ -74,11 +74,24 @@ def test_load_reaches_sandbox_replicas_on_both_nodes(ray_env: RayEnv) -> None:
     assert len({r["request_ids"][0] for r in results}) == 24
 
 
+def sandbox_timeouts(ray_env: RayEnv) -> float:
+    """The gateway's count of sandbox calls whose deadline ended them."""
+    for line in ray_env.helper("get", f"{URL}/metrics")["text"].splitlines():
+        if line.startswith("toolenv_gateway_calls_total{") and 'tool="sandbox"' in line:
+            if 'outcome="timeout"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_deadline_is_forwarded_and_the_replica_kills_the_program(ray_env: RayEnv) -> None:
     marker = "987.25"  # a sleep nobody else runs: find it in the process table
     code = f"import os\nos.execv('/bin/sleep', ['sleep', '{marker}'])\n"
+    before = sandbox_timeouts(ray_env)
     results = ray_env.load("--calls", "2", "--concurrency", "2", "--code", code,
                            "--deadline-ms", "1500")  # fmt: skip
+    # Whichever answered, the gateway counts a timeout: the replica marks the answer the
+    # deadline ended (X-Toolenv-Deadline-Expired), and that header crosses Ray.
+    assert sandbox_timeouts(ray_env) - before == 2
     for r in results:
         # The gateway's 504, or the sandbox's own answer: it stopped the program at the deadline
         # it was forwarded (SandboxFusion semantics: Failed, TimeLimitExceeded).
