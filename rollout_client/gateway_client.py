@@ -5,9 +5,10 @@
 `X-Step`, `X-Turn` (names in `toolenv_core.headers`). A 200 carries `status` "ok" or "error"; a
 timeout is the gateway's structured 504 (`status: "timeout"`, also when the tool itself stopped
 at the shared deadline first); backpressure is retried after its `Retry-After` while the deadline
-allows: the gateway's own 429, and a tool's (a 200 `status: "error"` that carries the tool's
-`Retry-After`, as sandboxd at capacity answers). Transport failures become `status="error"` results so a
-trajectory goes on; only an unreachable gateway at start-up stops the run (`GatewayUnreachable`).
+allows (and never past the client's own timeout, 600 s by default): the gateway's own 429, and a
+tool's (a 200 `status: "error"` that carries the tool's `Retry-After`, as sandboxd at capacity
+answers). Transport failures become `status="error"` results so a trajectory goes on; only an
+unreachable gateway at start-up stops the run (`GatewayUnreachable`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class GatewayClient:
         started = time.monotonic()
         headers = {h.TRAJECTORY: trajectory_id, h.STEP: str(step), h.TURN: str(turn)}
         retries = 0
+        # Backpressure is waited out until the deadline, and never longer than the client's own
+        # timeout: without a deadline a tool that answers 429 forever would hold the call forever.
+        patience = Deadline(started + self._default_timeout_s).earliest(deadline)
         while True:
             timeout = self._default_timeout_s
             if deadline is not None:
@@ -120,11 +124,13 @@ class GatewayClient:
             if response.status_code == 429 or _tools_backpressure(response, body):
                 retries += 1
                 wait = _retry_after(response)
-                if deadline is not None and wait >= deadline.remaining():
+                if wait >= patience.remaining():
                     return ToolOutcome(
                         "timeout",
                         time.monotonic() - started,
-                        error="backpressure past the deadline",
+                        error="backpressure past the deadline"
+                        if patience is deadline
+                        else f"backpressure past the client's {self._default_timeout_s:g} s timeout",
                         http_status=429,
                         retries_429=retries,
                     )

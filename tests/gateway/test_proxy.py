@@ -452,3 +452,28 @@ def test_an_integer_past_the_float_range_is_a_client_error_not_a_500(upstream, g
                    content=json.dumps({"arguments": {}, "deadline_ms": huge}))  # fmt: skip
     assert r.status_code == 422, r.text
     assert "deadline_ms: must be a non-negative number" in r.json()["detail"]
+
+
+async def test_the_rollout_client_stops_waiting_out_backpressure_without_a_deadline(
+    upstream, gateway
+) -> None:
+    """Before: a call without a deadline (the default policies set none) retried a tool that
+    answers 429 forever, forever: the rollout hung. Now the client's own timeout bounds the wait,
+    as it bounds each request."""
+    up = upstream("busy")
+    gw = gateway([proxy_tool("echo", up.url)])
+    client = GatewayClient(gw.url, default_timeout_s=1.0)
+    try:
+        started = time.monotonic()
+        stuck = await asyncio.wait_for(
+            client.call("echo", {"busy_first": 10**6, "retry_after": 0.2}), 10
+        )
+        waited = time.monotonic() - started
+        forever = await asyncio.wait_for(
+            client.call("echo", {"busy_first": 10**6, "retry_after": "inf"}), 10
+        )
+    finally:
+        await client.close()
+    assert stuck.status == "timeout" and "backpressure" in (stuck.error or ""), stuck
+    assert 0.6 <= waited < 2.0
+    assert forever.status == "timeout" and forever.retries_429 == 1, forever
