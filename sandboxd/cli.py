@@ -11,7 +11,7 @@ import uvicorn
 
 from toolenv_core.config import ConfigFileError, config_error
 
-from .app import create_app
+from .app import AnswerCutCalls, create_app
 from .process import BWRAP_INSTALL_HINT
 from .settings import SandboxSettings
 from .sizing import PROGRAMS_PER_CORE
@@ -87,12 +87,13 @@ def serve(
         err=True,
     )
     uvicorn.run(
-        create_app(settings),
+        AnswerCutCalls(create_app(settings), settings.shutdown_grace_s),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
         # SIGINT or SIGTERM: stop accepting, let the runs in flight finish (as the gateway does),
-        # then close the backend. A second Ctrl-C (SIGINT) stops at once.
+        # then close the backend (a run still going then is cut: AnswerCutCalls). A second Ctrl-C
+        # (SIGINT) stops at once.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )

@@ -1,0 +1,43 @@
+"""sandboxd serve stopping with a run in flight past its `shutdown_grace_s`.
+
+Before, uvicorn cancelled the handler and answered its own `500 Internal Server Error` (text):
+the run was cut, and the caller (and a gateway, which passed the 500 on) could not tell why.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from sbx_support import SandboxdServer
+
+pytestmark = pytest.mark.bwrap
+
+
+def test_a_run_cut_by_the_shutdown_grace_is_a_503_that_says_so(
+    sandboxd_factory: Callable[..., SandboxdServer],
+) -> None:
+    server = sandboxd_factory(
+        "--backend", "process", env={"TOOLENV_SANDBOX_SHUTDOWN_GRACE_S": "0.3"}
+    )
+    answers: list[httpx.Response] = []
+    code = "import time\nprint('start', flush=True)\ntime.sleep(5)\nprint('done')"
+
+    def call() -> None:
+        body = {"code": code, "language": "python", "run_timeout": 10}
+        answers.append(httpx.post(server.url + "/run_code", json=body, timeout=30))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1.0)  # the run is under way
+    server.proc.send_signal(signal.SIGTERM)
+    caller.join(30)
+    server.proc.wait(30)
+    assert answers, "no answer"
+    r = answers[0]
+    assert r.status_code == 503, (r.status_code, r.text)
+    assert "shutdown_grace_s" in r.json()["detail"], r.text
