@@ -18,7 +18,7 @@ from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latenci
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 
 from .app import create_app
-from .describe import describe, plot_cdf
+from .describe import describe, faults_line, plot_cdf
 from .fit import build_profile, fit, split_by_status, successful_latencies
 from .settings import EmulatorSettings
 from .timing import StampingHttpToolsProtocol
@@ -175,6 +175,8 @@ def describe_command(
             ),
         )
     console.print(table)
+    if "faults" in report:
+        console.print(faults_line(report["faults"]) + " (the quantiles are of the latency alone)")
     if "ks_model_vs_data" in report:
         console.print(f"KS distance model vs data: {report['ks_model_vs_data']:.4f}")
     if "plot" in report:

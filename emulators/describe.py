@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from toolenv_core.latency.faults import ErrorFault
 from toolenv_core.latency.profile import Profile
+from toolenv_core.latency.specs import Faulty
 from toolenv_core.plotting import pyplot
 
 from .fit import REPORT_QUANTILES, qname
@@ -37,6 +39,12 @@ def describe(
         "seed": seed,
         "model": summarize(samples),
     }
+    if isinstance(profile.model, Faulty) and profile.model.faults:  # what `fit` carries over
+        report["faults"] = [
+            {"type": f.type, "rate": f.rate}
+            | ({"status": f.status} if isinstance(f, ErrorFault) else {})
+            for f in profile.model.faults
+        ]
     if profile.response_tokens is not None:
         tokens = profile.response_tokens.build().sample_many(np.random.default_rng(seed), 10_000)
         report["response_tokens_per_query"] = {
@@ -53,6 +61,17 @@ def describe(
             if k.startswith("p")
         }
     return report
+
+
+def faults_line(faults: list[dict[str, Any]]) -> str:
+    """`faults: error (HTTP 503) on 5.556% of calls, hang on 11.11%`, for the human report."""
+    parts = [
+        f"{f['type']}"
+        + (f" (HTTP {f['status']})" if "status" in f else "")
+        + f" on {f['rate'] * 100:.4g}%"
+        for f in faults
+    ]
+    return "faults: " + parts[0] + " of calls" + "".join(", " + p for p in parts[1:])
 
 
 def plot_cdf(

@@ -260,3 +260,28 @@ def test_fit_on_a_gateway_capture_fits_successful_calls_and_carries_the_rest(
     )
     assert described.exit_code == 0, described.output
     assert json.loads(described.stdout)["data"]["n"] == 300
+
+
+def test_describe_says_what_share_of_calls_a_profiles_faults_take(tmp_path: Path) -> None:
+    """Before: `describe` of a profile `fit` wrote from a capture with errors and timeouts showed
+    its latency only: nothing said that one call in nine hangs."""
+    out = tmp_path / "faulty.yaml"
+    out.write_text(
+        "tool: search\n"
+        "model:\n"
+        "  kind: faulty\n"
+        "  model: {kind: lognormal, median_s: 0.1, sigma: 0.3}\n"
+        "  faults:\n"
+        "  - {type: error, rate: 0.055556, status: 503}\n"
+        "  - {type: hang, rate: 0.111111}\n"
+    )
+    described = runner.invoke(app, ["emulators", "describe", str(out), "--json"])
+    assert described.exit_code == 0, described.output
+    assert json.loads(described.stdout)["faults"] == [
+        {"type": "error", "rate": 0.055556, "status": 503},
+        {"type": "hang", "rate": 0.111111},
+    ]
+    human = runner.invoke(app, ["emulators", "describe", str(out)])
+    assert human.exit_code == 0, human.output
+    said = " ".join(human.output.split())
+    assert "faults: error (HTTP 503) on 5.556% of calls, hang on 11.11%" in said, said
