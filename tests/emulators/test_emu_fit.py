@@ -285,3 +285,21 @@ def test_describe_says_what_share_of_calls_a_profiles_faults_take(tmp_path: Path
     assert human.exit_code == 0, human.output
     said = " ".join(human.output.split())
     assert "faults: error (HTTP 503) on 5.556% of calls, hang on 11.11%" in said, said
+
+
+def test_fit_on_a_gateway_capture_itself_says_to_convert_it_first(tmp_path: Path) -> None:
+    """Before: a trace capture given to `fit` as is was 'not a PolyTrace file this project
+    reads', with no word of the command that makes one of it."""
+    capture = tmp_path / "capture.jsonl"
+    record = {"turn": 0, "tool_name": "search", "latency_s": 0.06, "status": "success"}
+    capture.write_text(json.dumps(record | {"trajectory_id": "t1", "step": 0}) + "\n")
+    result = runner.invoke(app, ["emulators", "fit", str(capture)])
+    assert result.exit_code != 0
+    said = " ".join(result.output.split())
+    assert "gateway trace capture" in said and "toolenv gateway trace-to-multiturn" in said, said
+    run = runner.invoke(
+        app, ["rollout", "run", "--trace", str(capture), "--clock", "virtual", "--exact"]
+    )
+    assert run.exit_code != 0
+    said = " ".join(run.output.split())
+    assert "toolenv gateway trace-to-multiturn" in said, said

@@ -57,6 +57,14 @@ def describe(kind: str) -> str:
     return f"{what}: {reader}"
 
 
+CAPTURE_KEYS = frozenset({"tool_name", "latency_s", "trajectory_id"})
+"""A gateway trace capture's line (one `records.ToolCallRecord` a line), not a PolyTrace kind."""
+CAPTURE_HINT = (
+    "a gateway trace capture (one tool call a line), not a PolyTrace file: turn it into one with "
+    "`toolenv gateway trace-to-multiturn CAPTURE OUT.jsonl` and give OUT.jsonl"
+)
+
+
 def _kind_of_record(raw: object) -> str | None:
     if not isinstance(raw, dict):
         return None
@@ -92,11 +100,14 @@ def detect_format(path: str | Path) -> str:
             if not text.startswith("{"):
                 continue  # other log output before the first call record
             try:
-                kind = _kind_of_record(json.loads(text))
+                record = json.loads(text)
             except json.JSONDecodeError:
                 break
+            kind = _kind_of_record(record)
             if kind is not None:
                 return kind
+            if isinstance(record, dict) and CAPTURE_KEYS <= record.keys():
+                raise TraceFormatError(p, lineno, "", CAPTURE_HINT)
             break
     if empty:
         raise TraceFormatError(p, 0, "", "the file is empty")
@@ -107,12 +118,12 @@ def detect_format(path: str | Path) -> str:
 
 def kind_error(path: str | Path, expected: str) -> TraceFormatError | None:
     """When the file is of another known kind than `expected`: an error saying which and who
-    reads it. None when it is of the expected kind or of no kind we know (the caller's own
-    error then says what is wrong)."""
+    reads it (a gateway trace capture: how to convert it). None when it is of the expected kind
+    or of no kind we know (the caller's own error then says what is wrong)."""
     try:
         found = detect_format(path)
-    except TraceFormatError:
-        return None
+    except TraceFormatError as exc:  # a capture for a trace: say how to make one of it
+        return exc if exc.problem == CAPTURE_HINT else None
     if found == expected:
         return None
     return TraceFormatError(
