@@ -13,3 +13,15 @@ class TraceFormatError(ValueError):
         self.problem = problem
         where = f"{self.path}:{line}" if line > 0 else self.path
         super().__init__(f"{where}: field {field!r}: {problem}" if field else f"{where}: {problem}")
+
+
+class CaptureNotTrace(TraceFormatError):
+    """A gateway trace capture (one tool call a line) given where a PolyTrace file is read."""
+
+    HINT = (
+        "a gateway trace capture (one tool call a line), not a PolyTrace file: turn it into one "
+        "with `toolenv gateway trace-to-multiturn CAPTURE OUT.jsonl` and give OUT.jsonl"
+    )
+
+    def __init__(self, path: str | Path, line: int) -> None:
+        super().__init__(path, line, "", self.HINT)

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from .cache import resolve_traces
 from .calllog import MARKER as CALL_LOG_MARKER
-from .errors import TraceFormatError
+from .errors import CaptureNotTrace, TraceFormatError
 from .jsonl import numbered_lines, open_trace, read_jsonl, sorted_by_step
 
 M = TypeVar("M", bound=BaseModel)
@@ -59,10 +59,6 @@ def describe(kind: str) -> str:
 
 CAPTURE_KEYS = frozenset({"tool_name", "latency_s", "trajectory_id"})
 """A gateway trace capture's line (one `records.ToolCallRecord` a line), not a PolyTrace kind."""
-CAPTURE_HINT = (
-    "a gateway trace capture (one tool call a line), not a PolyTrace file: turn it into one with "
-    "`toolenv gateway trace-to-multiturn CAPTURE OUT.jsonl` and give OUT.jsonl"
-)
 
 
 def _kind_of_record(raw: object) -> str | None:
@@ -107,7 +103,7 @@ def detect_format(path: str | Path) -> str:
             if kind is not None:
                 return kind
             if isinstance(record, dict) and CAPTURE_KEYS <= record.keys():
-                raise TraceFormatError(p, lineno, "", CAPTURE_HINT)
+                raise CaptureNotTrace(p, lineno)
             break
     if empty:
         raise TraceFormatError(p, 0, "", "the file is empty")
@@ -122,8 +118,10 @@ def kind_error(path: str | Path, expected: str) -> TraceFormatError | None:
     or of no kind we know (the caller's own error then says what is wrong)."""
     try:
         found = detect_format(path)
-    except TraceFormatError as exc:  # a capture for a trace: say how to make one of it
-        return exc if exc.problem == CAPTURE_HINT else None
+    except CaptureNotTrace as exc:  # a capture for a trace: say how to make one of it
+        return exc
+    except TraceFormatError:
+        return None
     if found == expected:
         return None
     return TraceFormatError(
