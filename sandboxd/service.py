@@ -210,14 +210,14 @@ class SandboxService:
         timeout and what is left of the deadline, so a program's own `run_timeout` ends it with
         time to spare: that TimeLimitExceeded is the one the caller asked for, not a deadline's.
         Within `DEADLINE_TIE_S` of each other the deadline's is chosen (see above)."""
+        margin = DEADLINE_TIE_S + (self.backend.deadline_margin_s if self.backend else 0.0)
+        if not deadline.bounded or deadline.remaining() > margin:
+            return False  # every answer asks this: the cheap test first, then the steps
         if isinstance(answer, RunCodeResponse):
             steps = [answer.compile_result, answer.run_result]
         else:
             steps = [answer.compile_result, *(case.run_result for case in answer.cases)]
-        if not any(step is not None and step.status == _TIME_LIMIT for step in steps):
-            return False
-        margin = DEADLINE_TIE_S + (self.backend.deadline_margin_s if self.backend else 0.0)
-        return deadline.bounded and deadline.remaining() <= margin
+        return any(step is not None and step.status == _TIME_LIMIT for step in steps)
 
     # ------------------------------------------------------------------ introspection
 
