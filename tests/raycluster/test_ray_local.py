@@ -73,11 +73,16 @@ def _assert_no_process_left(ns: NetnsCluster) -> None:
     assert ns.pids(0) == []
 
 
-@pytest.mark.parametrize(
+# Ctrl-C from a job started in the background (SIGINT ignored from birth, as a shell does), and
+# `kill`: the two ways a user stops the command.
+EACH_WAY_TO_STOP = pytest.mark.parametrize(
     ("stop_signal", "started_with_sigint_ignored"),
     [(signal.SIGINT, True), (signal.SIGTERM, False)],
     ids=["ctrl-c-from-a-background-job", "sigterm"],
 )
+
+
+@EACH_WAY_TO_STOP
 def test_serve_ray_local_starts_and_stops_a_local_cluster(
     tmp_path: Path, stop_signal: signal.Signals, started_with_sigint_ignored: bool
 ) -> None:
@@ -107,11 +112,7 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(
         ns.stop()
 
 
-@pytest.mark.parametrize(
-    ("stop_signal", "started_with_sigint_ignored"),
-    [(signal.SIGINT, True), (signal.SIGTERM, False)],
-    ids=["ctrl-c-from-a-background-job", "sigterm"],
-)
+@EACH_WAY_TO_STOP
 def test_a_stop_signal_while_starting_stops_what_started(
     tmp_path: Path, stop_signal: signal.Signals, started_with_sigint_ignored: bool
 ) -> None:
