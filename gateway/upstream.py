@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from toolenv_core import headers as h
-from toolenv_core.http1 import ConnectFailed, ConnectionBroken, Pool
+from toolenv_core.http1 import KEPT_HEADERS, ConnectFailed, ConnectionBroken, Pool
 
 from .asgi import ASGIApp, Lifespan, call_asgi
 from .settings import ToolConfig
@@ -26,11 +26,9 @@ log = logging.getLogger("toolenv.gateway")
 INJECTED_DELAY_HEADER = h.INJECTED_DELAY.lower()  # replies' header keys are lower-cased here
 EXECUTOR_HEADERS = (h.EXECUTOR_NODE.lower(), h.EXECUTOR_REPLICA.lower())  # where a call ran
 DEADLINE_EXPIRED_HEADER = h.DEADLINE_EXPIRED.lower()  # the tool's deadline ended the call
-# the reply headers kept, embedded, on Ray and proxied alike (the rest are skipped unread)
-_KEPT_HEADERS = (
-    "content-type", INJECTED_DELAY_HEADER, "retry-after", DEADLINE_EXPIRED_HEADER,
-    *EXECUTOR_HEADERS,
-)  # fmt: skip
+# the reply headers kept, embedded, on Ray and proxied alike (the rest are skipped unread): the
+# lean client's own (content type, injected delay, Retry-After), and the gateway's
+_KEPT_HEADERS = (*KEPT_HEADERS, DEADLINE_EXPIRED_HEADER, *EXECUTOR_HEADERS)
 
 
 class UpstreamConnectError(Exception):
