@@ -216,6 +216,7 @@ class ExplodingBackend:
     """A backend that fails: the service must answer SandboxError in the body, never 500."""
 
     name = "exploding"
+    deadline_margin_s = 0.0  # as `SandboxBackend` asks of every backend
 
     async def start(self) -> None: ...
 
