@@ -5,6 +5,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
+if [ ! -x "$python" ]; then
+  echo "build_wheelhouse: no python at $python: run \`make venv\` first (or set PYTHON to a python" \
+    "with toolenv's dependencies installed); \`make compose-up\` does every step" >&2
+  exit 2
+fi
 hash="$(cat "$root/pyproject.toml" "$0" | sha256sum | cut -c1-16)"  # new wheels when either changes
 cache="${TOOLENV_WHEEL_CACHE:-$HOME/.cache/toolenv/wheels}/$hash"
 house="$root/compose/wheelhouse"
