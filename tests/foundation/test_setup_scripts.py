@@ -91,3 +91,23 @@ def test_setup_venv_installs_the_chosen_build(
     # A second run finds its stamp and installs nothing.
     subprocess.run(["bash", str(SCRIPT.parent / "setup_venv.sh"), "test"], env=env, cwd=SCRIPT.parents[1], check=True)  # fmt: skip
     assert log.read_text().splitlines() == calls
+
+
+def test_wheelhouse_without_a_venv_says_what_to_run(tmp_path: Path) -> None:
+    """A fresh clone has no .venv: the offline compose build says to make one, not bash's
+    "No such file", and writes nothing (no half-filled wheel cache)."""
+    script = SCRIPT.parent / "build_wheelhouse.sh"
+    cache = tmp_path / "wheels"
+    done = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "PYTHON": str(tmp_path / "no-venv" / "python"),
+            "TOOLENV_WHEEL_CACHE": str(cache),
+        },
+    )
+    assert done.returncode == 2
+    assert "make venv" in done.stderr and "make compose-up" in done.stderr
+    assert not cache.exists()
