@@ -26,6 +26,7 @@ from gateway.settings import BUILTIN_MOUNT, GatewaySettings
 from sandboxd.app import create_app as create_sandbox_app
 from sandboxd.settings import SandboxSettings
 from toolenv_core.config import ConfigFileError, config_error
+from toolenv_core.ray_option import RAY_ADDRESS_HELP, ray_address
 
 from .sections import read_all_sections
 
@@ -76,10 +77,10 @@ def serve(
         typer.Option(
             "--ray",
             help="Serve on Ray: the gateway, sandboxd and the emulators as Serve deployments. "
-            "ADDRESS: a cluster (`auto`, HOST:PORT), or `local` to start one on this machine. "
-            "The gateway replicas bind the ray section's http_host:http_port (--port "
-            "overrides). See docs/ray.md.",
+            f"{RAY_ADDRESS_HELP} The gateway replicas bind the ray section's http_host:http_port "
+            "(--port overrides). See docs/ray.md.",
             metavar="ADDRESS",
+            callback=ray_address,
         ),
     ] = None,
     detach: Annotated[

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
+from toolenv_core.ray_option import RAY_ADDRESS_HELP, ray_address
 
 from ..clock import VirtualTimeDeadlock
 from ..study import JobRunner, StudyPlan, run_here, run_study
@@ -57,10 +58,10 @@ def study(
         str | None,
         typer.Option(
             "--ray",
-            flag_value="local",
-            metavar="[ADDRESS]",
-            help="Spread the cells over a Ray cluster as tasks (`auto`, HOST:PORT; no value: a "
-            "local one). Same report as a local run for the same seed.",
+            metavar="ADDRESS",
+            help=f"Spread the cells over a Ray cluster as tasks. {RAY_ADDRESS_HELP} Same report "
+            "as a local run for the same seed.",
+            callback=ray_address,
         ),
     ] = None,
 ) -> None:

@@ -142,3 +142,22 @@ def test_options_ray_refuses_are_a_config_error_before_any_cluster_starts(tmp_pa
     assert done.returncode == 2, done.stderr[-2000:]
     assert "sandbox_node cannot be negative" in done.stderr and "Traceback" not in done.stderr
     assert "Started a local Ray instance" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["rollout", "study", "--ray", "--trace", "search_r1", "--quick"],
+        ["serve", "--ray", "--detach"],
+        ["serve", "--ray", " "],
+    ],
+    ids=["study-then-an-option", "serve-then-an-option", "blank"],
+)
+def test_ray_without_an_address_says_so_and_takes_no_option_as_one(argv: list[str]) -> None:
+    """`--ray` needs its ADDRESS (`local` for a new cluster): the option after it is not taken
+    as a cluster to dial (which then left that option missing), and nothing starts."""
+    result = CliRunner().invoke(build_app(), argv)
+    said = " ".join(result.output.replace("│", " ").split())  # rich's error box, unwrapped
+    assert result.exit_code == 2, said
+    assert "needs an ADDRESS (`local` for a new cluster on this machine" in said, said
+    assert "Missing option" not in said and "Started a local Ray" not in said

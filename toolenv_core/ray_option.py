@@ -1,0 +1,26 @@
+"""The `--ray ADDRESS` option that `toolenv serve` and `toolenv rollout study` share.
+
+The address is required: `--ray` with no value would take the next option as its address
+(`--ray --trace X` read `--trace` as a cluster, then said `--trace` was missing). Ray itself is
+not imported here: the option parses without the optional extra installed.
+"""
+
+from __future__ import annotations
+
+import typer
+
+RAY_ADDRESS_HELP = (
+    "ADDRESS: a running cluster (`auto`, HOST:PORT, ray://HOST:PORT), or `local` to start one on "
+    "this machine."
+)
+
+
+def ray_address(value: str | None) -> str | None:
+    """Typer callback: an address, never an option that followed `--ray` without one."""
+    if value is not None and (not value.strip() or value.startswith("-")):
+        given = f"the option {value!r}" if value.startswith("-") else "an empty address"
+        raise typer.BadParameter(
+            f"needs an ADDRESS (`local` for a new cluster on this machine, `auto`, HOST:PORT), "
+            f"got {given}"
+        )
+    return value
