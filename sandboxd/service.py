@@ -16,7 +16,7 @@ import signal
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from toolenv_core.admission import Admission, Rejected
+from toolenv_core.admission import Admission, ExpiredInQueue, Rejected
 from toolenv_core.deadline import Deadline, DeadlinePolicy
 
 from .backend import SandboxBackend, SandboxUnavailable
@@ -114,24 +114,34 @@ class SandboxService:
         return self._require_started().case_batch(spec, deadline)
 
     async def run_admitted(self, spec: RunSpec, deadline: Deadline, batch: Any = None) -> RunResult:
-        """Run under an admission slot; a backend failure becomes a result with a message."""
+        """Run under an admission slot; a backend failure becomes a result with a message, and a
+        deadline that ran out waiting (for a slot, for a Docker container) a TimeLimitExceeded
+        one, as a deadline that ends the run does."""
         backend = self._require_started()
-        async with self.admission.slot(deadline):
-            try:
-                if batch is not None:
-                    return await backend.run_case(batch, spec, deadline)
-                return await backend.run(spec, deadline)
-            except asyncio.CancelledError:
-                raise
-            except SandboxUnavailable as exc:  # expected under load: no traceback in the log
-                log.warning("sandbox unavailable: %s", exc)
-                return RunResult(message=f"sandbox unavailable: {exc}", backend=backend.name)
-            except Exception as exc:  # never a 500: report it in the body
-                log.exception("sandbox backend failed")
-                return RunResult(
-                    message=f"sandbox backend error: {type(exc).__name__}: {exc}",
-                    backend=backend.name,
-                )
+        try:
+            async with self.admission.slot(deadline):
+                return await self._run_on(backend, spec, deadline, batch)
+        except ExpiredInQueue as exc:
+            return RunResult(run=_expired_waiting(exc), message=str(exc), backend=backend.name)
+
+    async def _run_on(
+        self, backend: SandboxBackend, spec: RunSpec, deadline: Deadline, batch: Any
+    ) -> RunResult:
+        try:
+            if batch is not None:
+                return await backend.run_case(batch, spec, deadline)
+            return await backend.run(spec, deadline)
+        except (asyncio.CancelledError, ExpiredInQueue):
+            raise
+        except SandboxUnavailable as exc:  # expected under load: no traceback in the log
+            log.warning("sandbox unavailable: %s", exc)
+            return RunResult(message=f"sandbox unavailable: {exc}", backend=backend.name)
+        except Exception as exc:  # never a 500: report it in the body
+            log.exception("sandbox backend failed")
+            return RunResult(
+                message=f"sandbox backend error: {type(exc).__name__}: {exc}",
+                backend=backend.name,
+            )
 
     async def compile_once(
         self, spec: RunSpec, deadline: Deadline
@@ -140,17 +150,19 @@ class SandboxService:
         backend = self._require_started()
         if get_language(spec.language).compile_argv is None:
             return None
-        async with self.admission.slot(deadline):
-            try:
+        try:
+            async with self.admission.slot(deadline):
                 return await backend.compile(spec, deadline)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("sandbox backend failed to compile")
-                return (
-                    ExecResult(status=ExecStatus.ERROR, message=f"sandbox backend error: {exc}"),
-                    None,
-                )
+        except (asyncio.CancelledError, Rejected):
+            raise  # a full queue is the caller's 429, as for a run
+        except ExpiredInQueue as exc:
+            return _expired_waiting(exc), None
+        except Exception as exc:
+            log.exception("sandbox backend failed to compile")
+            return (
+                ExecResult(status=ExecStatus.ERROR, message=f"sandbox backend error: {exc}"),
+                None,
+            )
 
     async def run_code(self, req: RunCodeRequest, deadline: Deadline) -> RunCodeResponse:
         """SandboxFusion semantics: Success only if compile (if any) and run exited 0."""
@@ -256,3 +268,9 @@ class SandboxService:
             "admission": {**self.admission.status(), **self._admission_why()},
             **{k: v for k, v in backend_status.items() if k != "backend"},
         }
+
+
+def _expired_waiting(exc: ExpiredInQueue) -> ExecResult:
+    """The step a deadline ended before it started: TimeLimitExceeded, as the gateway answers a
+    call whose deadline ran out in its own queue (and `ended_by_deadline` marks it)."""
+    return ExecResult(status=ExecStatus.TIME_LIMIT, message=str(exc))

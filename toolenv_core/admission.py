@@ -31,6 +31,11 @@ class Rejected(Exception):
         return str(max(1, math.ceil(self.retry_after_s)))
 
 
+class ExpiredInQueue(Exception):
+    """The caller's deadline ran out while the call waited for a slot: a timeout, not
+    backpressure (no Retry-After: the caller has no time left to retry in)."""
+
+
 class Admission:
     """`limit` calls at once, up to `queue_bound` more waiting in FIFO order.
 
@@ -55,6 +60,7 @@ class Admission:
         self.in_flight = 0
         self.admitted_total = 0
         self.rejected_total = 0
+        self.expired_total = 0  # waits the caller's deadline ended (`ExpiredInQueue`)
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._mean_service_s = 0.05  # exponentially weighted, for Retry-After
 
@@ -74,7 +80,8 @@ class Admission:
         return Rejected(why, self.retry_after_estimate())
 
     async def acquire(self, deadline: Deadline | None = None) -> None:
-        """Take a slot, waiting in the queue if needed; `Rejected` when full or the wait ran out."""
+        """Take a slot, waiting in the queue if needed; `Rejected` when full or the queue timeout
+        ran out, `ExpiredInQueue` when the caller's deadline did."""
         if self.try_acquire():
             return
         if len(self._waiters) >= self.queue_bound:
@@ -84,6 +91,7 @@ class Admission:
                 "retry later"
             )
         wait = self.queue_timeout_s if self.queue_timeout_s is not None else math.inf
+        by_deadline = deadline is not None and deadline.remaining() <= wait
         if deadline is not None:
             wait = min(wait, deadline.remaining())
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -98,6 +106,12 @@ class Admission:
                 self.admitted_total += 1
                 return
             self._forget(waiter)
+            if by_deadline:
+                self.expired_total += 1
+                raise ExpiredInQueue(
+                    f"{self.name}: the call's deadline ran out after {wait:.3g} s waiting for a "
+                    f"slot ({self.in_flight} in flight, {len(self._waiters)} queued)"
+                ) from None
             raise self._reject(
                 f"{self.name}: no slot within {wait:.3g} s ({self.in_flight} in flight, "
                 f"{len(self._waiters)} queued)"
@@ -148,6 +162,7 @@ class Admission:
             "queue_size": self.queue_bound,
             "admitted_total": self.admitted_total,
             "rejected_total": self.rejected_total,
+            "expired_total": self.expired_total,
         }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from toolenv_core.admission import ExpiredInQueue
 from toolenv_core.deadline import Deadline
 
 from ..backend import SandboxUnavailable
@@ -213,8 +214,8 @@ class ContainerPool:
                 waiter.cancel()
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
-            if isinstance(exc, TimeoutError):
-                raise SandboxUnavailable(
+            if isinstance(exc, TimeoutError):  # the deadline's: a TimeLimitExceeded answer
+                raise ExpiredInQueue(
                     f"no sandbox container became free before the deadline ({len(self._live)} "
                     f"live, {self._starting} starting; last error: {self.last_error})"
                 ) from None

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from toolenv_core.admission import Admission, Rejected
+from toolenv_core.admission import Admission, ExpiredInQueue, Rejected
 from toolenv_core.deadline import Deadline
 
 
@@ -34,9 +34,13 @@ async def test_admission_bounds_running_and_queue_fifo() -> None:
     adm.release()
     await asyncio.gather(w1, w2)
     assert order == [1, 2] and adm.in_flight == 2 and adm.waiting == 0
-    with pytest.raises(Rejected):
-        await adm.acquire(Deadline.after(0.05))  # the wait is bounded by the deadline
-    assert adm.waiting == 0 and adm.rejected_total == 2
+    with pytest.raises(ExpiredInQueue, match=r"deadline ran out after 0\.0[45]\d* s waiting"):
+        await adm.acquire(Deadline.after(0.05))  # the deadline ended the wait: a timeout
+    assert adm.waiting == 0 and (adm.rejected_total, adm.expired_total) == (1, 1)
+    adm.queue_timeout_s = 0.05
+    with pytest.raises(Rejected, match="no slot within 0.05 s"):
+        await adm.acquire(Deadline.after(10))  # the queue timeout ended it: backpressure
+    assert adm.waiting == 0 and (adm.rejected_total, adm.expired_total) == (2, 1)
     adm.release()
     adm.release()
     assert adm.in_flight == 0

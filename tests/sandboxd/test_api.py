@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -358,7 +359,7 @@ def test_a_client_that_leaves_stops_its_programs(
 # ---------------------------------------------------------------- capacity
 
 
-def test_beyond_capacity_waits_in_a_bounded_queue_then_429(
+def test_beyond_capacity_waits_in_a_bounded_queue_then_429_or_its_deadline(
     sandboxd_factory: Callable[..., SandboxdServer],
 ) -> None:
     server = sandboxd_factory(
@@ -387,16 +388,25 @@ def test_beyond_capacity_waits_in_a_bounded_queue_then_429(
     assert "queue" in results["rejected"].json()["detail"]
     assert results["running"].json()["run_result"]["stdout"] == "done\n"
     assert results["queued"].json()["run_result"]["stdout"] == "done\n"
-    # a request whose deadline runs out while queued is refused, not run late
+    # a request whose deadline runs out while queued is not run late: the deadline ended it, so
+    # it is answered as one (TimeLimitExceeded, marked), not as backpressure (429 + Retry-After)
     first = threading.Thread(target=send, args=("running", slow))
     first.start()
     time.sleep(0.5)
     started = time.monotonic()
     send("late", {"code": "print(1)"}, {"X-Toolenv-Deadline-Ms": "300"})
-    assert results["late"].status_code == 429
+    late = results["late"]
     assert time.monotonic() - started < 1.2
+    assert late.status_code == 200 and "Retry-After" not in late.headers, late.text
+    assert late.headers.get("X-Toolenv-Deadline-Expired") == "1"
+    assert late.json()["status"] == "Failed" and late.json()["compile_result"] is None
+    assert late.json()["run_result"]["status"] == "TimeLimitExceeded"
+    assert re.search(
+        r"deadline ran out after 0\.[23]\d* s waiting for a slot", late.json()["message"]
+    )
     first.join()
-    assert server.client.get("/v1/sandbox/status").json()["admission"]["rejected_total"] == 2
+    admission = server.client.get("/v1/sandbox/status").json()["admission"]
+    assert (admission["rejected_total"], admission["expired_total"]) == (1, 1)
 
 
 def test_python_runs_take_a_warm_sandbox_which_is_refilled(

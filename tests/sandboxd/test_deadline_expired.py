@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,8 +88,9 @@ def test_the_docker_backend_marks_the_deadlines_time_limit_too(toolenv_server, b
         [str(REPO / "scripts/build_sandbox_image.sh")], env={**os.environ, **env}, check=True
     )
     docker = toolenv_server(
-        "sandboxd", "serve", "--backend", "docker", env={"TOOLENV_SANDBOX_DOCKER_POOL_SIZE": "1"}
-    )
+        "sandboxd", "serve", "--backend", "docker", "--max-concurrency", "4",
+        env={"TOOLENV_SANDBOX_DOCKER_POOL_SIZE": "1"},
+    )  # fmt: skip
     client = httpx.Client(base_url=docker.url, timeout=60)
     body = {"code": STARTED_THEN_SLEEP, "language": "python", "run_timeout": 30}
     r = client.post("/run_code", json=body, headers={h.DEADLINE: "1500"})
@@ -98,4 +100,17 @@ def test_the_docker_backend_marks_the_deadlines_time_limit_too(toolenv_server, b
     r = client.post("/run_code", json={**body, "run_timeout": 0.5}, headers={h.DEADLINE: "20000"})
     assert r.json()["run_result"]["status"] == "TimeLimitExceeded", r.text
     assert h.DEADLINE_EXPIRED not in r.headers, r.headers
+    # A deadline that runs out while the call waits for the pool's one container (busy with a
+    # run of its own) ends it as a TimeLimitExceeded too, marked: not a "sandbox unavailable"
+    # SandboxError counted as the tool's failure.
+    held = {**body, "run_timeout": 4}
+    busy = threading.Thread(target=httpx.post, args=(f"{docker.url}/run_code",),
+                            kwargs={"json": held, "timeout": 60})  # fmt: skip
+    busy.start()
+    time.sleep(1.0)  # the container is taken for the next 3 s
+    r = client.post("/run_code", json=body, headers={h.DEADLINE: "700"})
+    assert r.json()["run_result"]["status"] == "TimeLimitExceeded", r.text
+    assert "no sandbox container became free before the deadline" in r.json()["message"], r.text
+    assert r.headers.get(h.DEADLINE_EXPIRED) == "1", r.headers
+    busy.join(timeout=60)
     client.close()
