@@ -35,7 +35,7 @@ class ToolOutcome:
     result: Any = None
     error: str | None = None
     http_status: int | None = None
-    retries_429: int = 0
+    retries_429: int = 0  # 429s met: each waited out and retried, but a last one past the deadline
 
 
 class GatewayClient:
