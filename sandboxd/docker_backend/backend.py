@@ -283,10 +283,13 @@ class DockerBackend:
         elif status == ExecStatus.OUTPUT_LIMIT:
             cap = limits.max_output_bytes or self.settings.default_output_bytes
             message = f"output limit of {cap} bytes exceeded; the program was killed"
+        # The agent reports a signal death as the shell does (128 + N); the wire's return_code
+        # is -N then, as on the process backend (a program's own exit(137) stays 137).
+        sig = step.get("signal")
         return ExecResult(
             status=status,
-            exit_code=step.get("exit_code"),
-            signal=step.get("signal"),
+            exit_code=-sig if sig else step.get("exit_code"),
+            signal=sig,
             stdout=base64.b64decode(step["stdout"]).decode(errors="replace"),
             stderr=stderr,
             stdout_truncated=step.get("stdout_truncated", False),

@@ -138,6 +138,22 @@ def test_files_in_and_fetch_files_out(portal, backend) -> None:
     assert r.files == {"out.txt": b"abab"}  # symlinks, missing and escaping paths are refused
 
 
+def test_a_signal_death_reads_as_minus_the_signal(portal, backend) -> None:
+    """return_code is -N for a death by signal N, as on the process backend and in the docs
+    (the agent's 128 + N came through: 139, 137); a program's own exit(137) stays 137."""
+    die = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"
+    r = run(portal, backend, RunSpec(language="python", code=die))
+    assert r.run.status == ExecStatus.FINISHED
+    assert (r.run.exit_code, r.run.signal) == (-11, 11)
+    r = run(portal, backend, RunSpec(language="python", code="import sys\nsys.exit(137)"))
+    assert (r.run.exit_code, r.run.signal) == (137, None)
+    slow = RunSpec(language="python", code="import time\ntime.sleep(30)")
+    slow.run_limits.wall_time_s = 0.3
+    r = run(portal, backend, slow)
+    assert r.run.status == ExecStatus.TIME_LIMIT
+    assert (r.run.exit_code, r.run.signal) == (-9, 9)
+
+
 def test_bad_file_path_is_an_error_not_a_crash(portal, backend) -> None:
     r = run(portal, backend, RunSpec(language="python", code="print(1)", files={"../x": b"x"}))
     assert r.run is None and "leaves the workdir" in r.message
