@@ -253,11 +253,14 @@ class Agent:
                 if any(truncated.values()):
                     status = "OutputLimitExceeded"
                     break
-            # kill the session first, then anything it left (daemons, setsid children)
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            # kill the session first, then anything it left (daemons, setsid children); the
+            # child itself too: a limit that ends before it has called setsid finds no group
+            # (ESRCH), and the program then ran on to its own end
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             if exited:  # collect what is still in the pipes (a daemon may hold them open)
                 for fd in (out_r, err_r):
                     self._drain(fd, bufs, truncated, cap)

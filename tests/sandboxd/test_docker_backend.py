@@ -154,6 +154,18 @@ def test_a_signal_death_reads_as_minus_the_signal(portal, backend) -> None:
     assert (r.run.exit_code, r.run.signal) == (-9, 9)
 
 
+def test_a_limit_over_before_the_program_starts_still_kills_it(portal, backend) -> None:
+    """A wall limit that ends before the agent's child has called setsid: killing the (not yet
+    existing) session missed it, and the program ran on to its own end unbounded (a 0.1 ms
+    limit, then a 3 s sleep that printed 'done' and exited 0, 7 times in 8)."""
+    for _ in range(3):
+        spec = RunSpec(language="python", code="import time\ntime.sleep(3)\nprint('done')")
+        spec.run_limits.wall_time_s = 0.0001
+        r = run(portal, backend, spec)
+        assert r.run.status == ExecStatus.TIME_LIMIT
+        assert (r.run.exit_code, r.run.signal) == (-9, 9), r.run
+
+
 def test_bad_file_path_is_an_error_not_a_crash(portal, backend) -> None:
     r = run(portal, backend, RunSpec(language="python", code="print(1)", files={"../x": b"x"}))
     assert r.run is None and "leaves the workdir" in r.message
