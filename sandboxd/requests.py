@@ -95,7 +95,9 @@ class RequestBounds:
                 raise BadRequest(422, f"files {paths[path]!r} and {name!r} name the same file")
             paths[path] = name
             try:
-                out[name] = base64.b64decode(b64 or "", validate=True)
+                # Line breaks allowed: `base64` and `base64.encodebytes` wrap at 76 characters,
+                # and SandboxFusion reads such content (it was a 422 here); other junk is not.
+                out[name] = base64.b64decode("".join((b64 or "").split()), validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise BadRequest(422, f"files[{name!r}] is not valid base64: {exc}") from exc
         # A file that is also another's directory cannot be written (it was a SandboxError).

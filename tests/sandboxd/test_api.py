@@ -118,6 +118,16 @@ def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
     assert res["files"] == {"out.txt": base64.b64encode(b"ABC").decode()}
 
 
+def test_files_in_base64_wrapped_in_lines(api: SandboxdServer) -> None:
+    """`base64` and `base64.encodebytes` wrap at 76 characters; SandboxFusion reads that (it
+    was a 422 here: "Excess data after padding" / "Only base64 data is allowed")."""
+    data = bytes(range(256)) * 2
+    code = "import sys\nsys.stdout.write(open('blob', 'rb').read().hex())"
+    res = api.run_code(code=code, files={"blob": base64.encodebytes(data).decode()})
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"] == data.hex()
+
+
 def test_limits_and_accounting_are_reported(api: SandboxdServer) -> None:
     res = api.run_code(
         code="a = bytearray(300 * 2**20)\nprint(len(a))", memory_limit_MB=128, run_timeout=10
