@@ -149,6 +149,12 @@ class DockerBackend:
         try:
             for attempt in (1, 2):
                 container = await self.pool.acquire(deadline)
+                if deadline.remaining() <= ANSWER_MARGIN_S:
+                    # Too late for the agent to run anything and answer in time: the host would
+                    # stop waiting first and destroy the container (every container a late
+                    # run_tests case or a spent deadline took). It goes back unused instead.
+                    self.pool.release(container)
+                    return self._expired_before_start(container.name)
                 job = self.build_job(spec, lang, deadline)
                 try:
                     return await self._run_in(container, job, spec, lang, deadline)
@@ -160,6 +166,14 @@ class DockerBackend:
             raise AssertionError("unreachable")
         finally:
             self._running -= 1
+
+    def _expired_before_start(self, sandbox_id: str) -> RunResult:
+        message = "the request deadline expired before start"
+        return RunResult(
+            run=ExecResult(status=ExecStatus.TIME_LIMIT, message=message),
+            sandbox_id=sandbox_id,
+            backend=self.name,
+        )
 
     async def _run_in(
         self,

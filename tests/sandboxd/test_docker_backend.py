@@ -166,6 +166,23 @@ def test_a_limit_over_before_the_program_starts_still_kills_it(portal, backend) 
         assert (r.run.exit_code, r.run.signal) == (-9, 9), r.run
 
 
+def test_a_spent_deadline_runs_nothing_and_keeps_the_container(portal, backend) -> None:
+    """A run whose deadline is spent by the time it has a container: the job was sent anyway,
+    the host stopped waiting before the agent could answer and destroyed the container (a
+    run_tests request whose deadline ran out mid-way emptied the pool; so did a deadline of 0)."""
+    end = time.monotonic() + 60
+    while backend.status()["idle"] < 2 and time.monotonic() < end:
+        time.sleep(0.05)  # the pool full again after earlier tests
+    before = backend.status()
+    for _ in range(3):
+        spec = RunSpec(language="python", code="print(1)")
+        r = portal.call(backend.run, spec, Deadline.after(0.01))
+        assert r.run.status == ExecStatus.TIME_LIMIT
+        assert r.run.message == "the request deadline expired before start"
+    after = backend.status()
+    assert (after["created"], after["recycled"]) == (before["created"], before["recycled"])
+
+
 def test_bad_file_path_is_an_error_not_a_crash(portal, backend) -> None:
     r = run(portal, backend, RunSpec(language="python", code="print(1)", files={"../x": b"x"}))
     assert r.run is None and "leaves the workdir" in r.message
