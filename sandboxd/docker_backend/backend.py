@@ -291,7 +291,7 @@ class DockerBackend:
         if status == ExecStatus.FINISHED and self._hit_memory(step, stderr, memory_mb):
             status = ExecStatus.MEMORY_LIMIT
         if status == ExecStatus.TIME_LIMIT:
-            message = f"time limit exceeded (wall {limits.wall_time_s} s or CPU time)"
+            message = self._time_limit_message(step, limits)
         elif status == ExecStatus.MEMORY_LIMIT:
             message = f"memory limit of {memory_mb} MB exceeded"
         elif status == ExecStatus.OUTPUT_LIMIT:
@@ -313,6 +313,19 @@ class DockerBackend:
             peak_memory_kb=step.get("maxrss_kb"),
             message=message,
         )
+
+    @staticmethod
+    def _time_limit_message(step: dict[str, Any], limits: Limits) -> str:
+        """Which limit ended the step, in the process backend's words: the wall-clock limit, the
+        CPU time, or the request's deadline (it said "wall 10.0 s or CPU time" for a case the
+        deadline cut after 0.35 s)."""
+        wall, used = limits.wall_time_s, float(step.get("wall_s") or 0.0)
+        cpu_limit = math.ceil(limits.cpu_time_s or wall) + 1
+        if step.get("signal") == signal.SIGXCPU or (step.get("cpu_s") or 0.0) >= cpu_limit:
+            return f"CPU-time limit of {cpu_limit} s exceeded"
+        if used >= wall:
+            return f"wall-clock limit of {wall:.3g} s exceeded"
+        return f"the request deadline ended it after {used:.3g} s (its own limit: {wall:.3g} s)"
 
     @staticmethod
     def _hit_memory(step: dict[str, Any], stderr: str, memory_mb: int) -> bool:

@@ -183,6 +183,20 @@ def test_a_spent_deadline_runs_nothing_and_keeps_the_container(portal, backend) 
     assert (after["created"], after["recycled"]) == (before["created"], before["recycled"])
 
 
+def test_a_time_limit_names_the_limit_that_ended_it(portal, backend) -> None:
+    """The program's own wall limit, or the request's deadline: it said "time limit exceeded
+    (wall 10.0 s or CPU time)" for a run the deadline cut after 0.35 s."""
+    spec = RunSpec(language="python", code="import time\ntime.sleep(30)")
+    spec.run_limits.wall_time_s = 0.4
+    r = run(portal, backend, spec)
+    assert r.run.message == "wall-clock limit of 0.4 s exceeded"
+    spec.run_limits.wall_time_s = 10
+    r = run(portal, backend, spec, deadline_s=0.6)
+    assert r.run.status == ExecStatus.TIME_LIMIT
+    assert r.run.message.startswith("the request deadline ended it after "), r.run.message
+    assert r.run.message.endswith(" s (its own limit: 10 s)"), r.run.message
+
+
 def test_bad_file_path_is_an_error_not_a_crash(portal, backend) -> None:
     r = run(portal, backend, RunSpec(language="python", code="print(1)", files={"../x": b"x"}))
     assert r.run is None and "leaves the workdir" in r.message
