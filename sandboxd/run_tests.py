@@ -177,9 +177,12 @@ class _Cases:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def response(self, pod_name: str) -> RunTestsResponse:
-        cases = [
-            r or CaseResult(index=i, verdict=Verdict.SKIPPED) for i, r in enumerate(self.results)
-        ]
+        # A compile error is the program's, so every case's: the cases it kept from running are
+        # not "skipped" (where each case compiles, on Docker, they were, beside the ones whose
+        # compiles had started), as when the program is compiled once for the request.
+        compile_failed = any(r and r.verdict == Verdict.COMPILE_ERROR for r in self.results)
+        not_run = Verdict.COMPILE_ERROR if compile_failed else Verdict.SKIPPED
+        cases = [r or CaseResult(index=i, verdict=not_run) for i, r in enumerate(self.results)]
         passed = sum(c.verdict == Verdict.ACCEPTED for c in cases)
         first_failure = next((c.verdict for c in cases if c.verdict != Verdict.ACCEPTED), None)
         if first_failure == Verdict.SKIPPED:
@@ -193,6 +196,7 @@ class _Cases:
             pass_fraction=passed / len(cases),
             compile_result=self.compile_result,
             cases=cases,
+            message="compilation failed" if compile_failed else "",
             executor_pod_name=pod_name,
         )
 

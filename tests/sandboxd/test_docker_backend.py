@@ -16,7 +16,9 @@ from sandboxd.backend import SandboxUnavailable
 from sandboxd.docker_backend import DockerBackend
 from sandboxd.docker_backend.container import AGENT_CAPABILITIES
 from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
+from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
+from sandboxd.wire import RunTestsRequest, Verdict
 from toolenv_core.deadline import Deadline
 
 pytestmark = pytest.mark.docker
@@ -195,6 +197,19 @@ def test_a_time_limit_names_the_limit_that_ended_it(portal, backend) -> None:
     assert r.run.status == ExecStatus.TIME_LIMIT
     assert r.run.message.startswith("the request deadline ended it after "), r.run.message
     assert r.run.message.endswith(" s (its own limit: 10 s)"), r.run.message
+
+
+def test_run_tests_compile_error_is_every_cases_verdict(portal, backend) -> None:
+    """Each case compiles in its container here: the first compile error stopped the others,
+    which read "skipped" beside those whose compiles had started, and no message said why;
+    the process backend (one compile per request) answers compile_error for every case."""
+    service = SandboxService(backend.settings, backend)
+    service.started = True  # the module's backend, already started
+    req = RunTestsRequest(code="int main( {", language="c", cases=[{}] * 12)
+    res = portal.call(service.run_tests, req, Deadline.after(60))
+    assert res.verdict == Verdict.COMPILE_ERROR and res.message == "compilation failed"
+    assert [c.verdict for c in res.cases] == [Verdict.COMPILE_ERROR] * 12
+    assert res.compile_result is not None and res.compile_result.return_code != 0
 
 
 def test_bad_file_path_is_an_error_not_a_crash(portal, backend) -> None:
