@@ -229,6 +229,12 @@ class ContainerPool:
                 return
         self._idle.append(container)
 
+    def _fail_waiters(self, message: str) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(SandboxUnavailable(message))
+
     def release(self, container: SandboxContainer) -> None:
         """Back to the idle queue (the caller has seen the agent's clean reset)."""
         if self._closed or container.id not in self._live:
@@ -287,6 +293,8 @@ class ContainerPool:
             self.last_error = str(exc)
             self._retry_at = time.monotonic() + RETRY_PAUSE_S
             log.warning("sandbox container failed to start: %s", exc)
+            if not self._live:  # nothing to wait for: a run without a deadline waited forever
+                self._fail_waiters(f"no sandbox container is running and none could start: {exc}")
             self._refill()
             return
         self._starting -= 1

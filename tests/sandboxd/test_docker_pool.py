@@ -3,6 +3,7 @@ reaped at the next start-up, a live instance's are not, and close() leaves nothi
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import subprocess
@@ -16,6 +17,7 @@ import docker
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from sandboxd.backend import SandboxUnavailable
 from sandboxd.docker_backend import DockerBackend
 from sandboxd.docker_backend.image import HASH_LABEL, ensure_image, image_is_current, source_hash
 from sandboxd.docker_backend.pool import default_state_dir
@@ -165,3 +167,29 @@ def test_close_during_refill_leaves_nothing(portal: BlockingPortal, image: str) 
     while labelled(f"toolenv.pool={pool.pool_id}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert labelled(f"toolenv.pool={pool.pool_id}") == []
+
+
+def test_runs_waiting_when_no_container_can_start_fail_instead_of_hanging(
+    portal: BlockingPortal, image: str
+) -> None:
+    """No container live and none can start (its image was removed): a run without a deadline
+    (SandboxFusion's clients send none) waited for a container forever; it fails, saying why."""
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=1))
+    portal.call(b.start)
+    try:
+        pool = b.pool
+        b.settings.docker_image = "toolenv/sandbox-missing:none"  # every new start fails
+
+        async def run_after_losing_the_container() -> None:
+            for c in list(pool._live.values()):
+                pool.discard(c, "test: the container is gone")
+            spec = RunSpec(language="python", code="print(1)")
+            await asyncio.wait_for(b.run(spec, Deadline.never()), 120)
+
+        with pytest.raises(SandboxUnavailable, match="none could start"):
+            portal.call(run_after_losing_the_container)
+        assert pool.status()["waiting"] == 0
+    finally:
+        pool_id = b.pool.pool_id if b.pool else "none"
+        portal.call(b.close)
+    assert labelled(f"toolenv.pool={pool_id}") == []
