@@ -54,6 +54,13 @@ from .paths import (
 from .warm import WARM_STDIN_MAX, Warm, WarmPool
 
 
+def _utf8_len(text: str) -> int:
+    """Bytes, not characters: a warm sandbox's stdin pipe holds WARM_STDIN_MAX bytes, and
+    40,000 'é' (80,000 bytes) passed a check on characters, filled the pipe before the program
+    ran and blocked the event loop: the whole service hung."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 class ProcessBackend:
     """Runs programs under bubblewrap with per-run cgroups and rlimits (see module docstring)."""
 
@@ -238,7 +245,7 @@ class ProcessBackend:
             and self.warm is not None
             and lang.name in self.settings.warm_languages
             and not lang.compiled
-            and len(spec.stdin) <= WARM_STDIN_MAX
+            and _utf8_len(spec.stdin) <= WARM_STDIN_MAX
         ):
             warm = self.warm.take(lang.run_argv)
         if warm is not None:

@@ -115,6 +115,7 @@ class Blocked:
         """Write the whole stdin into the pipe (callers keep it within the pipe buffer)."""
         if self.stdin_w is None:
             return
+        os.set_blocking(self.stdin_w, False)  # more than the buffer: an OSError, never a hang
         view = memoryview(data)
         while view:
             view = view[os.write(self.stdin_w, view) :]
