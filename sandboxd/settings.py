@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.fields import Integer, Number
 
+from .languages import UnknownLanguage, get_language
 from .sizing import host_sizing
 
 
@@ -120,6 +121,33 @@ class SandboxSettings(FrontDoorSettings):
         "shared isolation boundary: network namespace and read-only root), a fresh process "
         "with fresh mount, IPC and PID namespaces per case; else one runner per case",
     )
+
+    @field_validator("warm_languages")
+    @classmethod
+    def _known_languages(cls, names: list[str]) -> list[str]:
+        """An unknown one was a traceback at start-up (UnknownLanguage), not a settings error."""
+        for name in names:
+            try:
+                get_language(name)
+            except UnknownLanguage as exc:
+                raise ValueError(str(exc)) from None
+        return names
+
+    @model_validator(mode="after")
+    def _defaults_within_bounds(self) -> SandboxSettings:
+        """A default beyond its bound was applied as is: a request that sent no run_timeout ran
+        100 s where one that sent 100 got a 422 (`max_timeout_s` 60)."""
+        for default, bound in (
+            ("default_run_timeout_s", "max_timeout_s"),
+            ("default_compile_timeout_s", "max_timeout_s"),
+            ("default_memory_mb", "max_memory_mb"),
+            ("default_output_bytes", "max_output_bytes"),
+        ):
+            if getattr(self, default) > getattr(self, bound):
+                raise ValueError(
+                    f"{default} ({getattr(self, default)}) exceeds {bound} ({getattr(self, bound)})"
+                )
+        return self
 
     @property
     def concurrency(self) -> int:

@@ -50,6 +50,15 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
          "invalid gateway settings: body_timeout_s: Input should be a finite number\n"),
         (["config", "show", "--json"], {"TOOLENV_SANDBOX_MAX_TIMEOUT_S": "inf"},
          "invalid sandbox settings: max_timeout_s: Input should be a finite number\n"),
+        # an unknown warm language was a traceback at start-up; a default beyond its bound was
+        # applied as is (no run_timeout: 100 s; run_timeout 100: a 422)
+        (["sandboxd", "settings"], {"TOOLENV_SANDBOX_WARM_LANGUAGES": '["cobol"]'},
+         "invalid sandbox settings: warm_languages: unsupported language 'cobol'; supported: "
+         "bash, c, cpp, python\n"),
+        (["sandboxd", "settings"], {"TOOLENV_SANDBOX_DEFAULT_RUN_TIMEOUT_S": "100"},
+         "invalid sandbox settings: default_run_timeout_s (100.0) exceeds max_timeout_s (60.0)\n"),
+        (["sandboxd", "settings"], {"TOOLENV_SANDBOX_MAX_MEMORY_MB": "256"},
+         "invalid sandbox settings: default_memory_mb (512) exceeds max_memory_mb (256)\n"),
     ],
 )  # fmt: skip
 def test_a_bad_setting_is_one_line_and_exit_2(argv: list[str], env: dict, needle: str) -> None:
