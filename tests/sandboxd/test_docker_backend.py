@@ -12,13 +12,13 @@ import docker
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from sandboxd.backend import SandboxUnavailable
 from sandboxd.docker_backend import DockerBackend
 from sandboxd.docker_backend.container import AGENT_CAPABILITIES
 from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
 from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
 from sandboxd.wire import RunTestsRequest, Verdict
+from toolenv_core.admission import ExpiredInQueue
 from toolenv_core.deadline import Deadline
 
 pytestmark = pytest.mark.docker
@@ -274,7 +274,7 @@ def test_runs_wait_for_a_container_bounded_by_their_deadline(portal, image: str)
             t0 = time.monotonic()
             try:
                 await b.run(RunSpec(language="python", code="print(1)"), Deadline.after(0.3))
-            except SandboxUnavailable as exc:
+            except ExpiredInQueue as exc:  # the service answers it as the deadline's TLE
                 short_err = exc
                 assert time.monotonic() - t0 < 1.0
             patient = await b.run(RunSpec(language="python", code="print(2)"), Deadline.after(20))
@@ -282,7 +282,7 @@ def test_runs_wait_for_a_container_bounded_by_their_deadline(portal, image: str)
 
         slow, short_err, patient = portal.call(crowd)
         assert slow.run.status == ExecStatus.FINISHED
-        assert isinstance(short_err, SandboxUnavailable) and "deadline" in str(short_err)
+        assert isinstance(short_err, ExpiredInQueue) and "deadline" in str(short_err)
         assert patient.run.stdout == "2\n" and patient.sandbox_id == slow.sandbox_id
         # third run on that container: it is recycled after it, so the fourth gets a new one
         third = run(portal, b, RunSpec(language="python", code="print(3)"))
