@@ -98,8 +98,9 @@ def validate(
     table = Table(
         title=f"validation against recorded timings (profile {cost.name})", title_justify="left"
     )
+    # the step's file name folds, never ellipsized: steps of one trace differ only at its end
+    table.add_column("step", overflow="fold")
     for col in (
-        "step",
         "makespan rec/sim (s)",
         "accuracy",
         "completion KS",

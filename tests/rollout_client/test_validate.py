@@ -121,6 +121,19 @@ def test_validate_table_gives_every_time_its_unit(polytrace_dir: Path, tmp_path:
     assert "turn p50 rec/sim (s)" in result.stdout and "turn p90 rec/sim (s)" in result.stdout
 
 
+def test_validate_table_names_each_step_in_full(polytrace_dir: Path, tmp_path: Path) -> None:
+    """The step column was cut to `multiturn_workload_…` on every row: steps of one trace
+    (`--trace search_r1`) could not be told apart."""
+    source = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    names = [f"multiturn_workload_step_{n}.jsonl" for n in (0, 1)]
+    for name in names:
+        (tmp_path / name).write_text("".join(itertools.islice(source, 8)))
+    result = CliRunner().invoke(app, ["validate", "--trace", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = [line.split("│")[1].strip() for line in result.stdout.splitlines() if "│" in line]
+    assert "".join(rows) == "".join(names)  # each name whole, folded over lines if need be
+
+
 def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: Path) -> None:
 
     good = json.loads(
