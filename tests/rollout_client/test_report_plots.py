@@ -1,4 +1,5 @@
-"""The run report's PNGs draw the figures the report holds, on the axes their labels name."""
+"""The run report: its summary figures read over the whole run, and its PNGs draw the figures
+the report holds, on the axes their labels name."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import matplotlib.pyplot
 import pytest
 from rollout_support import plan
 
+from rollout_client.clock import run_virtual
 from rollout_client.report import COMPLETION_PNG, plot
 from rollout_client.session import run_rollout
 from rollout_client.settings import RolloutSettings
@@ -35,3 +37,19 @@ async def test_completion_cdf_at_a_time_scale_ends_at_the_modelled_makespan(
     assert cdf.get_xlabel() == "modelled seconds since step start"
     assert max(line.get_xdata()) == pytest.approx(max(step["completion_times_s"]))
     assert max(line.get_xdata()) <= step["modeled_makespan_s"] + 1e-6
+
+
+def test_summary_busy_and_occupancy_are_over_the_runs_time() -> None:
+    """The summary took the plain mean of the steps' fractions: a short idle step weighed as
+    much as a long busy one, so "N trajectories in T modelled s; engine busy X%" misread T."""
+    settings = RolloutSettings(engine="sim", clock="virtual", exact=True, batch=2, steps=2)
+    busy = [plan(f"long{i}", 64, [(3000, None)]) for i in range(2)]
+    waiting = [plan(f"wait{i}", 64, [(4, 30.0), (4, None)]) for i in range(2)]
+    report = run_virtual(run_rollout(settings, iter(busy + waiting)))
+    first, second = report["steps"]
+    assert first["engine_busy_fraction"] > 0.9 > 0.5 > second["engine_busy_fraction"]
+    summary = report["summary"]
+    total = first["makespan_s"] + second["makespan_s"]
+    for key in ("engine_busy_fraction", "mean_batch_occupancy"):
+        weighted = (first[key] * first["makespan_s"] + second[key] * second["makespan_s"]) / total
+        assert summary[key] == pytest.approx(weighted, abs=1e-4)
