@@ -23,6 +23,9 @@ import httpx
 from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
 
+CLIENT_TIMEOUT_S = 600.0
+"""How long a call may take at most, backpressure waited out included, when it has no deadline."""
+
 
 class GatewayUnreachable(RuntimeError):
     """Nothing answers at the gateway URL (reported as one line by the CLI)."""
@@ -40,7 +43,11 @@ class ToolOutcome:
 
 class GatewayClient:
     def __init__(
-        self, base_url: str, *, max_connections: int = 1024, default_timeout_s: float = 600.0
+        self,
+        base_url: str,
+        *,
+        max_connections: int = 1024,
+        default_timeout_s: float = CLIENT_TIMEOUT_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._default_timeout_s = default_timeout_s

@@ -116,15 +116,21 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s": round(sum(s["generated_tokens"] for s in steps) / makespan, 2)
         if makespan
         else 0.0,
-        "engine_busy_fraction": round(
-            float(np.mean([s["engine_busy_fraction"] for s in steps])), 4
-        ),
-        "mean_batch_occupancy": round(
-            float(np.mean([s["mean_batch_occupancy"] for s in steps])), 4
-        ),
+        # over the run's time, as "N trajectories in T modelled s; engine busy X%" reads: a
+        # plain mean over steps weighed a short last step as much as a long first one
+        "engine_busy_fraction": _time_weighted(steps, "engine_busy_fraction"),
+        "mean_batch_occupancy": _time_weighted(steps, "mean_batch_occupancy"),
         "tool_timeouts": sum(s["tool_timeouts"] for s in steps),
         "tool_errors": sum(s["tool_errors"] for s in steps),
         "tool_calls_abandoned": sum(s["tool_calls_abandoned"] for s in steps),
         "aborted": sum(s["aborted"] for s in steps),
         "wasted_tokens": sum(s["wasted_tokens"] for s in steps),
     }
+
+
+def _time_weighted(steps: list[dict[str, Any]], key: str) -> float:
+    """A per-step fraction over the steps' whole time (each step weighed by its makespan)."""
+    weights = [s["makespan_s"] for s in steps]
+    if not sum(weights):
+        return round(float(np.mean([s[key] for s in steps])), 4)
+    return round(float(np.average([s[key] for s in steps], weights=weights)), 4)

@@ -118,7 +118,9 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     steps = report["steps"]
     title = f"{report['policy']} / {report['engine']}"
 
-    scale = report.get("time_scale", 1.0)  # plots are in modelled seconds
+    # Plots are in modelled seconds: a step's figures are already (`metrics.in_modelled_time`);
+    # the engine's in-flight timelines are on the run's own clock, `time_scale` times faster.
+    scale = report.get("time_scale", 1.0)
     fig, ax = plt.subplots(figsize=(max(3.5, 1.2 * len(steps) + 2), 3.5))
     labels = [f"step {s['step']}" for s in steps]
     ax.bar(labels, [s["modeled_makespan_s"] for s in steps], color="tab:blue", width=0.6)
@@ -134,7 +136,7 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
         times = s["completion_times_s"]
         if times:  # from (0, 0): one trajectory, or all finishing together, is still a curve
             ax.step(
-                [0.0] + [t * scale for t in times],
+                [0.0, *times],
                 [0.0] + [(i + 1) / len(times) for i in range(len(times))],
                 where="post",
                 label=f"step {s['step']}",

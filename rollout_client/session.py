@@ -205,9 +205,10 @@ async def run_rollout(
     wall_clock = time.perf_counter()
     owned = engine is None
     try:
+        if owned:  # built first: a missing --model or --openai-url, or an unknown cost profile,
+            engine = build_engine(settings)  # is bad input, not hidden behind a gateway down
         await gateway.check()
-        if engine is None:
-            engine = build_engine(settings)
+        if owned:
             await engine.start()
         runner = Runner(
             engine,

@@ -8,7 +8,8 @@ call then plays out as the emulators and the gateway play it out:
 
 - a fault drawn per call: `hang` answers nothing until the deadline (or `hang_s`), `error`
   answers an error after the delay, `throttle` answers 429 with Retry-After (retried while the
-  deadline allows, as `GatewayClient` does), `slow_body` adds its trickle time;
+  deadline allows and never past the client's own timeout, as `GatewayClient` does), `slow_body`
+  adds its trickle time;
 - the deadline: past it the call is a timeout, at exactly the deadline;
 - hedging (idempotent tools): a second attempt once the first has waited the quantile delay of
   `toolenv_core.hedging.LatencyWindow`, the gateway's own rule; the first answer wins and the
@@ -37,7 +38,7 @@ from toolenv_core.latency import ErrorFault, Fault, HangFault, SlowBodyFault, Th
 from toolenv_core.latency.samplers import Draw, FaultySampler, Sampler
 
 from .clock import now
-from .gateway_client import ToolOutcome
+from .gateway_client import CLIENT_TIMEOUT_S, ToolOutcome
 
 
 @dataclass
@@ -164,6 +165,9 @@ class SimTools:
         )
         started = now()
         limit = math.inf if deadline is None else deadline.at
+        # Backpressure is waited out until the deadline, never past the client's own timeout: a
+        # tool throttling every call held a call without a deadline for ever (the run hung).
+        patience = min(limit, started + CLIENT_TIMEOUT_S)
         self.stats.calls += 1
         retries = 0
         while True:
@@ -196,12 +200,14 @@ class SimTools:
             if answer.status == "throttle":
                 retries += 1
                 self.stats.throttled += 1
-                if now() + answer.retry_after_s >= limit:
+                if now() + answer.retry_after_s >= patience:
                     self.stats.timeouts += 1
                     return ToolOutcome(
                         "timeout",
                         now() - started,
-                        error="backpressure past the deadline",
+                        error="backpressure past the deadline"
+                        if patience == limit
+                        else f"backpressure past the client's {CLIENT_TIMEOUT_S:g} s timeout",
                         http_status=429,
                         retries_429=retries,
                     )

@@ -54,7 +54,7 @@ def validate(
         cost = load_cost_model(cost_profile)
         fitted = None
         if fit:
-            if set(map(str, fit)) & set(map(str, trace)):
+            if {p.resolve() for p in fit} & {p.resolve() for p in trace}:  # a path, a link
                 fail("--fit and --trace must be different steps (never fit on what you report)")
             fit_steps = [load_step(p) for p in fit]
             with console.status("fitting the engine model") as status:
@@ -98,8 +98,9 @@ def validate(
     table = Table(
         title=f"validation against recorded timings (profile {cost.name})", title_justify="left"
     )
+    # the step's file name folds, never ellipsized: steps of one trace differ only at its end
+    table.add_column("step", overflow="fold")
     for col in (
-        "step",
         "makespan rec/sim (s)",
         "accuracy",
         "completion KS",

@@ -106,9 +106,20 @@ class LiveDriver:
 
 
 def load_prompts(path: str | Path) -> Iterator[dict[str, Any]]:
-    """JSONL of `{"id"?, "prompt": str}` or `{"id"?, "messages": [...]}`."""
-    with Path(path).open() as f:
-        for lineno, line in enumerate(f, 1):
+    """JSONL of `{"id"?, "prompt": str}` or `{"id"?, "messages": [...]}`.
+
+    Every problem is a ValueError naming the file (and line): a missing file or a directory was
+    a traceback, a non-UTF-8 byte a bare codec message."""
+    try:
+        f = Path(path).open("rb")  # decoded line by line, so that a bad byte names its line
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the --live prompts: {exc.strerror or exc}") from exc
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from exc
             if not line.strip():
                 continue
             try:

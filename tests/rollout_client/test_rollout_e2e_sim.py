@@ -109,6 +109,29 @@ def test_gateway_unreachable_is_one_line(polytrace_dir, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine", "openai"], "--engine openai needs at least one --openai-url URL"),
+        (["--engine", "vllm"], "--engine vllm needs --model DIR"),
+        (["--cost-profile", "nope"], "cost profile 'nope' is neither a built-in"),
+    ],
+)
+def test_an_engine_option_missing_is_bad_input_with_the_gateway_down(
+    args, message, polytrace_dir, tmp_path
+) -> None:
+    """The gateway was checked first: a user who had not started it yet was told it was
+    unreachable (exit 3), and only once it answered that the engine options were wrong."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = rollout_inproc(
+        "--gateway", dead, "--trace", str(trace), "--limit", "2", "--out", str(tmp_path / "o"), *args
+    )  # fmt: skip
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
     "args",
     [["--gateway", "127.0.0.1:8080"], ["--engine", "openai", "--openai-url", "localhost:8000"]],
 )

@@ -16,6 +16,7 @@ from rollout_client.engines import (
     EventSimEngine,
     load_cost_model,
 )
+from rollout_client.workloads.live import load_prompts
 from rollout_client.workloads.plan import TokenSynth
 from rollout_client.workloads.replay import LengthScale, replay_plans
 from rollout_client.workloads.synthetic import synthetic_plans
@@ -201,6 +202,23 @@ def test_live_parser_reads_tagged_calls_and_fenced_code() -> None:
     assert render_observation("timeout", error="deadline") == (
         '<tool_response>{"status": "timeout", "error": "deadline"}</tool_response>'
     )
+
+
+def test_live_prompts_that_cannot_be_read_name_the_file_and_line(tmp_path: Path) -> None:
+    """`--live` with a missing file or a directory was a traceback (FileNotFoundError, exit 1),
+    and a non-UTF-8 byte a bare "'utf-8' codec can't decode" naming neither file nor line."""
+    missing, folder, binary = tmp_path / "none.jsonl", tmp_path / "dir", tmp_path / "bin.jsonl"
+    folder.mkdir()
+    binary.write_bytes(b'{"prompt": "fine"}\n\xff\xfe\n')
+    cases = [
+        (missing, f"{missing}: cannot read the --live prompts: No such file or directory"),
+        (folder, f"{folder}: cannot read the --live prompts: Is a directory"),
+        (binary, f"{binary}:2: not UTF-8 text (invalid start byte)"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ValueError) as caught:
+            list(load_prompts(path))
+        assert str(caught.value) == message
 
 
 def test_openai_engine_pins_each_trajectory_to_one_server() -> None:

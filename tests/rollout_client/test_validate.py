@@ -101,6 +101,24 @@ def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_pa
         assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
 
 
+def test_fit_on_the_reported_step_is_refused_however_it_is_named(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--fit /abs/step.jsonl --trace step.jsonl` (or a link to it) compared the paths as text
+    and fitted on the very step it reported."""
+    lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    step = tmp_path / "step_2.jsonl"
+    step.write_text("".join(itertools.islice(lines, 4)))
+    (tmp_path / "link.jsonl").symlink_to(step)
+    monkeypatch.chdir(tmp_path)
+    for fit in (str(step), "link.jsonl"):
+        result = CliRunner().invoke(app, ["validate", "--fit", fit, "--trace", "step_2.jsonl"])
+        assert result.exit_code == 2, result.output
+        assert result.stderr == (
+            "error: --fit and --trace must be different steps (never fit on what you report)\n"
+        )
+
+
 def test_validate_an_empty_step_says_so(tmp_path: Path) -> None:
 
     empty = tmp_path / "step.jsonl"
@@ -119,6 +137,19 @@ def test_validate_table_gives_every_time_its_unit(polytrace_dir: Path, tmp_path:
     assert result.exit_code == 0, result.output
     # the turn latency columns had no unit, beside "makespan rec/sim (s)"
     assert "turn p50 rec/sim (s)" in result.stdout and "turn p90 rec/sim (s)" in result.stdout
+
+
+def test_validate_table_names_each_step_in_full(polytrace_dir: Path, tmp_path: Path) -> None:
+    """The step column was cut to `multiturn_workload_…` on every row: steps of one trace
+    (`--trace search_r1`) could not be told apart."""
+    source = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    names = [f"multiturn_workload_step_{n}.jsonl" for n in (0, 1)]
+    for name in names:
+        (tmp_path / name).write_text("".join(itertools.islice(source, 8)))
+    result = CliRunner().invoke(app, ["validate", "--trace", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = [line.split("│")[1].strip() for line in result.stdout.splitlines() if "│" in line]
+    assert "".join(rows) == "".join(names)  # each name whole, folded over lines if need be
 
 
 def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: Path) -> None:

@@ -22,10 +22,11 @@ from testkit import free_port
 from rollout_client.clock import VirtualTimeDeadlock, now, run_virtual
 from rollout_client.engines.costmodel import CostModel
 from rollout_client.engines.eventsim import EventSimEngine
+from rollout_client.gateway_client import CLIENT_TIMEOUT_S, ToolOutcome
 from rollout_client.simtools import SimTools, ToolModel
 from toolenv_core.deadline import Deadline
 from toolenv_core.hedging import LatencyWindow
-from toolenv_core.latency import HangFault
+from toolenv_core.latency import HangFault, ThrottleFault
 
 COST = CostModel(
     prefill_per_token_s=1e-4,
@@ -216,6 +217,26 @@ def test_sim_tools_deadline_hang_and_hedging() -> None:
     status, elapsed, hedges = got["hedged"]
     # The hedge (same recorded latency in exact mode) cannot win; it is sent and counted once.
     assert (status, hedges) == ("ok", 1) and elapsed == pytest.approx(9.0)
+
+
+def test_sim_tools_wait_out_backpressure_no_longer_than_the_client_would() -> None:
+    """A tool that throttles every call was retried for ever without a deadline: the virtual
+    clock stepped 2 s at a time and the run never ended. `GatewayClient` gives up at its own
+    timeout; so do the simulated tools, and under a deadline at the deadline."""
+
+    async def main() -> tuple[ToolOutcome, ToolOutcome]:
+        throttled = ToolModel(faults=[ThrottleFault(rate=1.0, retry_after_s=2.0)])
+        tools = SimTools({}, default=throttled, seed=1)
+        free = await asyncio.wait_for(tools.call("search", {"delay_s": 0.1}), timeout=3600)
+        bounded = await tools.call("search", {"delay_s": 0.1}, deadline=Deadline(now() + 5.0))
+        return free, bounded
+
+    free, bounded = run_virtual(main())
+    assert free.status == "timeout" and free.http_status == 429
+    assert free.error == f"backpressure past the client's {CLIENT_TIMEOUT_S:g} s timeout"
+    assert CLIENT_TIMEOUT_S - 2.0 <= free.elapsed_s < CLIENT_TIMEOUT_S
+    assert (bounded.status, bounded.error) == ("timeout", "backpressure past the deadline")
+    assert bounded.elapsed_s < 5.0
 
 
 def test_sim_tools_draw_from_a_profile_with_common_random_numbers() -> None:
