@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from sandboxd.backend import SandboxUnavailable
 from sandboxd.docker_backend.pool import ContainerPool
 from sandboxd.settings import SandboxSettings
+from toolenv_core.admission import ExpiredInQueue
 from toolenv_core.deadline import Deadline
 
 
@@ -51,7 +51,7 @@ async def test_a_newcomer_does_not_overtake_a_waiter() -> None:
     waiter = asyncio.create_task(pool.acquire(Deadline.after(5)))
     await asyncio.sleep(0)
     pool.release(pool._live["x"])  # handed to the waiter, not left in the idle queue
-    with pytest.raises(SandboxUnavailable, match="deadline"):
+    with pytest.raises(ExpiredInQueue, match="deadline"):
         await pool.acquire(Deadline.after(0.2))  # asks before the waiter has even resumed
     assert (await waiter).id == "x"
 
