@@ -9,8 +9,6 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
@@ -20,24 +18,14 @@ from ..engines.openai_engine import EngineUnreachable
 from ..gateway_client import GatewayUnreachable
 from ..policies import build_policy
 from ..report import PLOTS, drop_plots_not_written, plot, print_table
-from ..session import (
-    build_live,
-    build_plans,
-    context_too_long,
-    model_vocab_size,
-    run_rollout,
-    tool_profile_problems,
-)
+from ..session import model_vocab_size
 from ..settings import RolloutSettings
 from .common import POLICY_HELP, fail, one_line, out_dir_for_run, setting_default, tool_pairs
+from .run_driver import run_with_progress
 
 TOOL_PROFILE_HINT = (
     "--tool-profile TOOL=FILE (a profile from `toolenv emulators fit`, or "
     "emulators/profiles/search_default.yaml in a source checkout)"
-)
-
-LENGTH_HINT = (
-    "lower --length-scale or cap the lengths with --max-prompt, --max-output, --max-append"
 )
 
 
@@ -346,7 +334,7 @@ def run(
     out_dir = Path(settings.out_dir)
     with out_dir_for_run(out_dir):
         try:
-            main = _run_with_progress(settings, trace or [], synthetic, out_dir, live)
+            main = run_with_progress(settings, trace or [], synthetic, out_dir, live)
             report = run_virtual(main) if settings.clock == "virtual" else asyncio.run(main)
         except TraceFormatError as exc:
             fail(str(exc))
@@ -380,98 +368,3 @@ def run(
         failed = counted(summary["failed"], "trajectory")
         typer.echo(f"error: {failed} failed, e.g. {first}", err=True)
         raise typer.Exit(1)
-
-
-async def _run_with_progress(
-    settings, traces: list[Path], synthetic: Path | None, out_dir: Path, live: Path | None = None
-) -> dict:
-    driver = None
-    if live is not None:
-        plans, driver = build_live(settings, live)
-    else:
-        # Parse the whole trace selection first: a malformed line fails before any engine starts.
-        plans = list(build_plans(settings, traces, synthetic))
-    if not plans:
-        raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
-    notes = []
-    if live is None:  # a live context grows by the tokens the engine makes, within its own limit
-        error = context_too_long(plans, LENGTH_HINT)
-        if error is not None:
-            raise ValueError(error)
-    if settings.clock == "virtual" and live is None:  # live calls are the model's, not planned
-        error, note = tool_profile_problems(settings, plans)
-        if error is not None:
-            raise ValueError(error)
-        notes += [note] if note else []
-    launch = build_policy(
-        settings.policy, over=settings.overlap_ratio, hedge_quantile=settings.hedge_quantile
-    ).launch_count(settings.batch)
-    if len(plans) < launch * settings.steps:
-        notes.append(
-            f"note: {counted(len(plans), 'trajectory')} selected (trace size, --limit, --sample) "
-            f"for {counted(settings.steps, 'step')} of --batch {settings.batch} (launching "
-            f"{launch} each): "
-            + (
-                f"the first step runs {len(plans)}"
-                if len(plans) < launch
-                else "later steps run short or not at all"
-            )
-        )
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn(
-            "turns {task.fields[turns]}  tool calls {task.fields[tools]}  timeouts {task.fields[timeouts]}"
-        ),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),  # stdout stays clean for --json
-        transient=False,
-    )
-    state = {"task": None, "step": 0}
-
-    def on_event(event) -> None:
-        if state["task"] is None:
-            state["task"] = progress.add_task(
-                f"step {state['step']}",
-                total=min(settings.batch, len(plans)),
-                turns=0,
-                tools=0,
-                timeouts=0,
-            )
-        task = progress.tasks[[t.id for t in progress.tasks].index(state["task"])]
-        fields = dict(task.fields)
-        if event.kind == "turn_done":
-            fields["turns"] += 1
-        elif event.kind in ("tool_done", "tool_error"):
-            fields["tools"] += 1
-        elif event.kind == "tool_timeout":
-            fields["tools"] += 1
-            fields["timeouts"] += 1
-        progress.update(
-            state["task"], advance=1 if event.kind == "trajectory_done" else 0, **fields
-        )
-
-    def on_step(metrics: dict) -> None:
-        state["step"] = metrics["step"] + 1
-        state["task"] = None
-
-    with progress:
-        report = await run_rollout(
-            settings, iter(plans), out_dir=out_dir, on_event=on_event, on_step=on_step
-        )
-    lag = lag_note(report)
-    report["notes"] = notes + ([lag] if lag else [])
-    return report
-
-
-def lag_note(report: dict) -> str | None:
-    """A note when the simulated engine's timers fired late enough to bend its figures (the CPU
-    could not keep up with --time-scale): every mode prints it, `--json` included."""
-    wall_makespan = report["summary"].get("total_makespan_s", 0) / report.get("time_scale", 1.0)
-    if report.get("sim_lag_s", 0) <= 0.05 * max(wall_makespan, 1e-9):  # both wall seconds
-        return None
-    return (
-        f"note: the simulator fell {report['sim_lag_s']:.1f} s behind its cost model "
-        "(CPU starved); lower --time-scale for faithful timings"
-    )

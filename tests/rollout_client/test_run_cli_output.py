@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rollout_client.cli import run_cmd
+from rollout_client.cli import run_driver
 from rollout_client.report import PLOTS as RUN_PLOTS
 from rollout_client.study_report import PLOTS as STUDY_PLOTS
 from rollout_client.workloads.plan import MAX_CONTEXT_TOKENS
@@ -103,14 +103,14 @@ def test_the_simulator_lag_note_is_printed_with_json_too(
 ) -> None:
     """A starved simulator's figures are bent (at --time-scale 1000 a 131 s step read 4,395 s);
     only the table said so: `--json`, what a script reads, said nothing."""
-    real = run_cmd.run_rollout
+    real = run_driver.run_rollout
 
     async def starved(*args, **kwargs) -> dict:  # the CPU falling behind, without starving it
         report = await real(*args, **kwargs)
         report["sim_lag_s"] = 10 * report["summary"]["total_makespan_s"]
         return report
 
-    monkeypatch.setattr(run_cmd, "run_rollout", starved)
+    monkeypatch.setattr(run_driver, "run_rollout", starved)
     trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
     args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--exact", "--trace"]
     args += [str(trace), "--limit", "2", "--batch", "2", "--no-plots", "--out", str(tmp_path)]
