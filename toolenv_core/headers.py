@@ -62,13 +62,23 @@ class HeaderError(ValueError):
     """A header toolenv reads is present but malformed: the message names it and what to send."""
 
 
+COUNT_MAX = 2**63 - 1
+"""The largest `X-Step` / `X-Turn` taken: a 64-bit count, what every trace reader can store (a
+longer one was read whole, and past Python's 4300-digit conversion limit it was a 500)."""
+
+
 def count_header(name: str, value: str | None) -> int | None:
     """A non-negative integer header (`X-Step`, `X-Turn`): None when absent; ASCII digits only, so
-    `-3`, `+3`, `1.5` or `²` are refused rather than read as something the caller did not send."""
+    `-3`, `+3`, `1.5` or `²` are refused rather than read as something the caller did not send;
+    at most `COUNT_MAX`."""
     if value is None:
         return None
     if not (value.isascii() and value.isdigit()):
         raise HeaderError(f"{name} must be a non-negative integer (0, 1, 2, ...), got {value!r}")
+    digits = value.lstrip("0")
+    if len(digits) > len(str(COUNT_MAX)) or (digits and int(digits) > COUNT_MAX):
+        shown = value if len(value) <= 40 else f"{value[:20]}... ({len(value)} digits)"
+        raise HeaderError(f"{name} must be at most {COUNT_MAX} (a 64-bit count), got {shown}")
     return int(value)
 
 

@@ -545,6 +545,9 @@ def test_drifting_profile_follows_the_callers_step(client: httpx.Client) -> None
         r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Step": step})
         assert r.status_code == 400, r.text
         assert r.json()["detail"].startswith("X-Step must be a non-negative integer")
+    r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Step": "9" * 5000})
+    assert r.status_code == 400, r.text  # past Python's 4300-digit int conversion: it was a 500
+    assert r.json()["detail"].startswith("X-Step must be at most 9223372036854775807 ")
 
 
 def test_documents_are_the_same_in_any_process_for_a_seed(client: httpx.Client) -> None:

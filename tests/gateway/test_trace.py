@@ -139,6 +139,36 @@ def test_a_malformed_turn_or_step_header_is_a_400_naming_it(
     assert not capture.exists() or capture.read_text() == ""
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])  # the lane; the app's path
+def test_a_step_or_turn_past_a_64_bit_count_is_a_400_and_the_largest_is_recorded(
+    upstream, gateway, tmp_path, framing
+) -> None:
+    """Before: `X-Step` / `X-Turn` of 5000 digits was a 500 (Python's int conversion limit), and
+    one of 26 digits was recorded as the step."""
+    up = upstream("a")
+    capture = tmp_path / "capture.jsonl"
+    gw = gateway([proxy_tool("search", up.url, kind="search")], trace_path=str(capture))
+
+    def post(name: str, value: str) -> httpx.Response:
+        headers = {"X-Trajectory-Id": "t-big", name: value}
+        data = json.dumps({"arguments": {}}).encode()
+        content = iter([data]) if framing == "chunked" else data  # an iterator is sent chunked
+        return httpx.post(
+            gw.url + "/v1/tools/search/call", content=content, headers=headers, timeout=10
+        )
+
+    for name in ("X-Step", "X-Turn"):
+        for value in ("9" * 5000, str(2**63)):
+            r = post(name, value)
+            assert r.status_code == 400, (name, len(value), r.text)
+            assert r.json()["detail"].startswith(f"{name} must be at most {2**63 - 1} ")
+    assert up.stats()["started"] == 0  # the tool never saw those
+    assert post("X-Step", "0" * 30 + str(2**63 - 1)).status_code == 200
+    gw.stop()
+    (record,) = read_captured_calls(capture)
+    assert record.step == 2**63 - 1
+
+
 def test_a_trajectory_id_over_256_characters_is_a_400_and_256_is_fine(
     upstream, gateway, tmp_path
 ) -> None:
