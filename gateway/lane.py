@@ -230,7 +230,7 @@ class LaneProtocol(HttpToolsProtocol):
         try:
             verdict = lane.verdict
             if verdict.status:
-                answer = verdict.status, list(verdict.headers), verdict.refusal_body()
+                answer = verdict.status, [JSON, *verdict.headers], verdict.refusal_body()
             else:
                 ctx = CallContext.from_headers(
                     lane.headers, verdict.request_id, verdict.caller, self.gateway.trace

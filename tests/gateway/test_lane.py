@@ -162,6 +162,27 @@ def test_refusals_on_the_lane_drain_the_body_and_keep_the_connection(upstream, g
     sock.close()
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])  # the lane; the app's path
+def test_front_door_refusals_are_json_whichever_path(upstream, gateway, framing) -> None:
+    """Before: the lane's 401 and 429 carried no content type (the app's path said JSON)."""
+    up = upstream("a")
+    gw = gateway(
+        [proxy_tool("echo", up.url)], api_keys=[KEY], rate_limit_per_s=0.001, rate_limit_burst=1
+    )
+    frame = _chunked if framing == "chunked" else _post
+    auth = f"authorization: Bearer {KEY}\r\n"
+    sock = _connect(gw.url)
+    sock.sendall(frame("/v1/tools/echo/call", {"arguments": {}}))  # no key
+    sock.sendall(frame("/v1/tools/echo/call", {"arguments": {}}, auth))
+    sock.sendall(frame("/v1/tools/echo/call", {"arguments": {}}, auth))  # over the burst of 1
+    answers = _read_responses(sock, 3)
+    assert [a[0] for a in answers] == [401, 200, 429]
+    for _, headers, body in answers:
+        assert headers["content-type"] == "application/json", headers
+        assert json.loads(body)
+    sock.close()
+
+
 def test_shutdown_answers_the_call_in_flight_then_closes(upstream, gateway) -> None:
     up = upstream("a")
     gw = gateway([proxy_tool("echo", up.url)])
@@ -241,9 +262,9 @@ def test_each_request_is_charged_once_by_the_rate_limit_whichever_path(upstream,
     sock.close()
 
 
-def _chunked(path: str, body: dict) -> bytes:
+def _chunked(path: str, body: dict, extra: str = "") -> bytes:
     data = json.dumps(body).encode()
-    head = f"POST {path} HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n".encode()
+    head = f"POST {path} HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n{extra}\r\n".encode()
     return head + b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n"
 
 
