@@ -12,7 +12,6 @@ disk.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import anyio
 from pydantic import TypeAdapter, ValidationError
 
 from toolenv_core.polytrace.errors import TraceFormatError
+from toolenv_core.polytrace.jsonl import json_line
 from toolenv_core.polytrace.records import ToolCallRecord, TrajectoryRecord, TurnRecord
 
 log = logging.getLogger("toolenv.gateway")
@@ -150,10 +150,9 @@ def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
 
 
 def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
+    raw = json_line(path, lineno, line)
     try:
-        return ToolCallRecord.model_validate(json.loads(line))
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(path, lineno, "", f"not valid JSON ({exc.msg})") from exc
+        return ToolCallRecord.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])

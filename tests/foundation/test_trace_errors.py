@@ -137,3 +137,18 @@ def test_an_empty_file_or_folder_says_so(tmp_path: Path) -> None:
         assert (
             line == f"error: no calls of tool 'search' in {folder}: no .jsonl or .log files there"
         )
+
+
+def test_a_record_json_cannot_read_names_its_line(polytrace_dir: Path, tmp_path: Path) -> None:
+    """An integer past Python's 4300-digit conversion limit, or nesting past its recursion limit,
+    on a later line: a traceback before, not one line naming it."""
+    first = (polytrace_dir / "search_r1/multiturn_workload_step_0.jsonl").open().readline()
+    for bad, said in (
+        ('{"step": ' + "9" * 5000 + "}", "an integer of more than 4300 digits"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ):
+        path = tmp_path / "odd.jsonl"
+        path.write_text(first + bad + "\n")
+        for command in (["emulators", "fit", str(path)], ["rollout", "run", "--trace", str(path)]):
+            line = one_line_error(cli(*command))
+            assert line.startswith(f"error: {path}:2: JSON too large to read ({said})"), line

@@ -98,11 +98,19 @@ def test_a_bad_call_record_is_dropped_alone_and_counted(tmp_path) -> None:
     assert writer.written == 2 and writer.invalid == 1 and writer.dropped == 0
 
 
+_CALL = '{"turn": 0, "tool_name": "search", "latency_s": 0.1, "trajectory_id": "t"%s}\n'
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
-        ("root:x:0:0:root:/root:/bin/bash\n", ":1: not valid JSON (Expecting value)"),
+        ("root:x:0:0:root:/root:/bin/bash\n", ":1: not valid JSON (Expecting value at column 1)"),
         ('{"tool_name": "search"}\n', ":1: field 'turn': Field required"),
+        # each of these three was a traceback: a negative step (refused only when the trajectory
+        # was built), an integer past Python's 4300-digit conversion limit, deep nesting
+        (_CALL % ', "step": -1', ":1: field 'step': Input should be greater than or equal to 0"),
+        (_CALL % (', "step": ' + "9" * 5000), ":1: JSON too large to read (an integer of more"),
+        ("[" * 100_000 + "]" * 100_000 + "\n", ":1: JSON too large to read (nested too deeply)"),
     ],
 )
 def test_a_file_that_is_not_a_capture_is_one_line_and_exit_2(tmp_path, text, said) -> None:

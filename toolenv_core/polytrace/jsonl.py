@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -49,6 +49,21 @@ def numbered_lines(handle: IO[str], path: str | Path) -> Iterator[tuple[int, str
         raise not_text(path, lineno + 1, exc) from exc
 
 
+def json_line(path: str | Path, lineno: int, line: str) -> Any:
+    """One line's JSON; raises TraceFormatError naming the file and line for one that is not JSON,
+    holds an integer past Python's 4300-digit conversion limit, or nests past its recursion limit
+    (the last two were a traceback, not one line)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON ({exc.msg} at column {exc.colno})"
+    except ValueError:  # json reads an integer of any length, up to the conversion limit
+        problem = "JSON too large to read (an integer of more than 4300 digits)"
+    except RecursionError:
+        problem = "JSON too large to read (nested too deeply)"
+    raise TraceFormatError(Path(path), lineno, "", problem)
+
+
 def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
     """Yield each line of a JSONL file as `model`, one line in memory at a time."""
     p = Path(path)
@@ -56,12 +71,7 @@ def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
         for lineno, line in numbered_lines(handle, p):
             if not line.strip():
                 continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(
-                    p, lineno, "", f"not valid JSON ({exc.msg} at column {exc.colno})"
-                ) from exc
+            raw = json_line(p, lineno, line)
             if not isinstance(raw, dict):
                 raise TraceFormatError(
                     p, lineno, "", f"expected a JSON object, got {type(raw).__name__}"

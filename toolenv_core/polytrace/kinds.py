@@ -97,7 +97,7 @@ def detect_format(path: str | Path) -> str:
                 continue  # other log output before the first call record
             try:
                 record = json.loads(text)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, an overlong integer, deep nesting
                 break
             kind = _kind_of_record(record)
             if kind is not None:

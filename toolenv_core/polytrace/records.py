@@ -42,7 +42,7 @@ class ToolCallRecord(_Record):
     total_results: int | None = None
     # Written by toolenv (gateway trace capture, rollout client); absent in published traces.
     trajectory_id: str | None = None
-    step: int | None = None
+    step: int | None = Field(default=None, ge=0)  # a trajectory's step (TrajectoryRecord: >= 0)
     response_bytes: int | None = None
     error: str | None = None  # why the call failed (rollout client)
     recorded_latency_s: float | None = None  # replay: what the trace recorded for this call
