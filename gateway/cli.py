@@ -66,7 +66,9 @@ def trace_to_multiturn(
     out: Annotated[Path, typer.Argument(help="PolyTrace multi-turn JSONL to write.")],
 ) -> None:
     """Group captured tool calls per trajectory into PolyTrace multi-turn records (for the emulators)."""
-    if not capture.is_file():
+    # A pipe (`<(zcat capture.jsonl.gz)`) is read like a file: only what is absent or a folder is
+    # refused here (a pipe was "does not exist").
+    if capture.is_dir() or not capture.exists():
         why = "is a directory; name the capture file" if capture.is_dir() else "does not exist"
         typer.echo(f"error: {capture} {why}", err=True)
         raise typer.Exit(2)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import threading
 import time
 
 import httpx
@@ -223,6 +225,29 @@ def test_a_directory_given_as_the_capture_says_so(tmp_path) -> None:
     result = CliRunner().invoke(toolenv_app, args)
     assert result.exit_code == 2  # it said "does not exist"
     assert result.stderr == f"error: {tmp_path} is a directory; name the capture file\n"
+
+
+def test_a_capture_read_from_a_pipe_converts(tmp_path) -> None:
+    """`trace-to-multiturn <(zcat capture.jsonl.gz) out.jsonl`: a pipe is no regular file, and it
+    said "does not exist"."""
+    fifo, out = tmp_path / "capture.fifo", tmp_path / "out.jsonl"
+    os.mkfifo(fifo)
+    line = _CALL % ', "step": 3'
+
+    def feed() -> None:
+        with fifo.open("w") as handle:  # blocks until the command opens it to read
+            handle.write(line + line)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    args = ["gateway", "trace-to-multiturn", str(fifo), str(out)]
+    result = CliRunner().invoke(toolenv_app, args)
+    if writer.is_alive():  # the command never opened it: let the writer go
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    writer.join(10)
+    assert result.exit_code == 0, (result.output, result.exception)
+    (trajectory,) = read_multiturn(out)
+    assert trajectory.step == 3 and trajectory.tool_call_count == 2
 
 
 @pytest.mark.parametrize("where", ["under_a_file", "a_directory"])
