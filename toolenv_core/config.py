@@ -64,9 +64,44 @@ def config_error(exc: Exception) -> str:
         return str(exc.__cause__)
     if not isinstance(exc, ValidationError):
         return str(exc)
-    said = "; ".join(": ".join(filter(None, pair)) for pair in problems(exc))
-    sections = {cls.__name__: cls.section for cls in _subclasses(ServiceSettings)}
-    return f"invalid {sections.get(exc.title, exc.title)} settings: {said}"
+    classes = {cls.__name__: cls for cls in _subclasses(ServiceSettings)}
+    settings_cls = classes.get(exc.title)
+    pairs = problems(exc)
+    if settings_cls is not None:  # a typo in a nested table: said as a section's typo is
+        pairs = [
+            (path, _unknown_key(settings_cls, error) or msg)
+            for (path, msg), error in zip(pairs, exc.errors(), strict=True)
+        ]
+    said = "; ".join(": ".join(filter(None, pair)) for pair in pairs)
+    section = settings_cls.section if settings_cls is not None else exc.title
+    return f"invalid {section} settings: {said}"
+
+
+def _unknown_key(settings_cls: type[BaseModel], error: Mapping[str, Any]) -> str | None:
+    """`unknown setting (did you mean X?)` for a key of a nested table (a tools-table entry, its
+    `retry:`) that names no setting: pydantic says "Extra inputs are not permitted"."""
+    if error["type"] != "extra_forbidden" or not error["loc"]:
+        return None
+    model: type[BaseModel] | None = settings_cls
+    for part in error["loc"][:-1]:
+        if isinstance(part, int):
+            continue  # an entry of a list: its model is the list's
+        field = model.model_fields.get(part) if model is not None else None
+        model = _model_in(field.annotation) if field is not None else None
+    if model is None:
+        return None
+    return "unknown setting" + did_you_mean(str(error["loc"][-1]), _known_keys(model))
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds (`list[ToolConfig]`, `RetryPolicy | None` -> the model)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def parse_error(exc: Exception) -> str:

@@ -100,6 +100,31 @@ def test_every_service_refuses_an_unknown_key_in_its_own_section(
         assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", [["config", "show"], ["gateway", "serve", "--port", "1"]])
+def test_a_typo_in_a_tools_table_entry_is_one_line_with_the_closest_setting(
+    tmp_path: Path, command: list[str], no_server: None
+) -> None:
+    """It said "Extra inputs are not permitted", with no setting named, unlike a section's typo."""
+    said = (
+        "error: invalid gateway settings: tools.0.retry.max_atempts: unknown setting (did you "
+        "mean max_attempts?); tools.0.concurency: unknown setting (did you mean concurrency?); "
+        "tools.0.zzz: unknown setting\n"
+    )
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text(
+        "gateway:\n  tools:\n    - {name: search, kind: search, concurency: 3, zzz: 1,\n"
+        "       retry: {enabled: true, max_atempts: 2}}\n"
+    )
+    result = _invoke([*command, "--config", str(cfg)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == said
+    tools = '[{"name": "search", "kind": "search", "concurency": 3, "zzz": 1, '
+    tools += '"retry": {"enabled": true, "max_atempts": 2}}]'
+    result = _invoke(command, TOOLENV_GATEWAY_TOOLS=tools)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == said
+
+
 @pytest.mark.parametrize(
     "command", [["config", "show"], ["serve", "--port", "1"], ["gateway", "serve", "--port", "1"]]
 )
