@@ -44,6 +44,7 @@ class TraceWriter:
         self.dropped = 0
         self.invalid = 0
         self.written = 0
+        self.failed: str | None = None  # why the capture stopped writing, once a write failed
 
     async def start(self) -> None:
         """Opens the file here, not in the writer task: one that cannot be opened fails start-up
@@ -69,12 +70,28 @@ class TraceWriter:
                 if None in batch:
                     stop = True
                 calls = [fields for fields in batch if fields is not None]
-                if calls:
-                    await anyio.to_thread.run_sync(self._write, handle, calls)
+                if calls and self.failed is None:
+                    try:
+                        await anyio.to_thread.run_sync(self._write, handle, calls)
+                    except OSError as exc:  # e.g. the disk is full: said now, not at shut-down
+                        self._stop_writing(exc)
+                if self.failed is not None:  # still drained: close() must not wait on a full queue
+                    self.dropped += len(calls)
                 if not stop:
                     await asyncio.sleep(self.flush_interval_s)
         finally:
             await anyio.to_thread.run_sync(handle.close)
+
+    def _stop_writing(self, exc: OSError) -> None:
+        """A write failed: the capture stops (a retried batch could land after half a line) and
+        says so at once; what was not written, and every call from now on, counts as dropped.
+        Before, the writer task died silently: nothing said until shut-down, and a full queue
+        then held shut-down forever."""
+        self.failed = exc.strerror or str(exc)
+        log.error(
+            "trace capture stopped: calls from now on are not recorded",
+            extra={"trace_path": str(self.path), "error": self.failed},
+        )
 
     def _write(self, handle, calls: list[dict[str, Any]]) -> None:
         """In the worker thread: one batch validated at once, written as JSON lines."""

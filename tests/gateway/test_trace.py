@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -101,6 +102,34 @@ def test_a_bad_call_record_is_dropped_alone_and_counted(tmp_path) -> None:
 
 
 _CALL = '{"turn": 0, "tool_name": "search", "latency_s": 0.1, "trajectory_id": "t"%s}\n'
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (every write fails)")
+def test_a_capture_whose_writes_fail_says_so_at_once_and_still_shuts_down(caplog) -> None:
+    """Before: the writer task died on the first failed write (a full disk) and said nothing until
+    shut-down; once the queue was full, shut-down waited on it forever."""
+    caplog.set_level(logging.INFO, logger="toolenv.gateway")
+    call = {"tool_name": "search", "turn": 0, "latency_s": 0.01, "trajectory_id": "t"}
+
+    def stopped() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("trace capture stopped")]
+
+    async def main() -> TraceWriter:
+        writer = TraceWriter("/dev/full", max_pending=4, flush_interval_s=0.001)
+        await writer.start()  # opening /dev/full works; every write to it fails (ENOSPC)
+        writer.record(call)
+        for _ in range(1000):  # until the writer has tried (and failed) to write it
+            if stopped() or writer._task.done():
+                break
+            await asyncio.sleep(0.005)
+        for _ in range(10):  # more than the queue holds: some dropped at the door
+            writer.record(call)
+        await asyncio.wait_for(writer.close(), 10)  # hung here before
+        return writer
+
+    writer = asyncio.run(main())
+    assert len(stopped()) == 1 and vars(stopped()[0])["trace_path"] == "/dev/full"
+    assert writer.written == 0 and writer.dropped == 11
 
 
 @pytest.mark.parametrize(
