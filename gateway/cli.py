@@ -72,6 +72,9 @@ def trace_to_multiturn(
         why = "is a directory; name the capture file" if capture.is_dir() else "does not exist"
         typer.echo(f"error: {capture} {why}", err=True)
         raise typer.Exit(2)
+    if out.exists() and capture.samefile(out):  # it was overwritten by its own conversion
+        typer.echo(f"error: {out} is the capture itself; name another file to write", err=True)
+        raise typer.Exit(2)
     try:
         count = to_multiturn(capture, out)
     except (TraceFormatError, OSError) as exc:

@@ -256,6 +256,20 @@ def test_a_directory_given_as_the_capture_says_so(tmp_path) -> None:
     assert result.stderr == f"error: {tmp_path} is a directory; name the capture file\n"
 
 
+def test_the_capture_as_its_own_output_is_refused_and_kept(tmp_path) -> None:
+    """Before: `trace-to-multiturn capture.jsonl capture.jsonl` overwrote the capture."""
+    capture = tmp_path / "capture.jsonl"
+    text = _CALL % ', "step": 1'
+    capture.write_text(text)
+    (tmp_path / "link.jsonl").symlink_to(capture)
+    for out in (capture, tmp_path / "link.jsonl", tmp_path / "." / "capture.jsonl"):
+        args = ["gateway", "trace-to-multiturn", str(capture), str(out)]
+        result = CliRunner().invoke(toolenv_app, args)
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.stderr == f"error: {out} is the capture itself; name another file to write\n"
+    assert capture.read_text() == text
+
+
 def test_a_capture_read_from_a_pipe_converts(tmp_path) -> None:
     """`trace-to-multiturn <(zcat capture.jsonl.gz) out.jsonl`: a pipe is no regular file, and it
     said "does not exist"."""
