@@ -146,6 +146,10 @@ def check_trace_path(path: str) -> None:
 
 
 _CALLS = TypeAdapter(list[ToolCallRecord])
+_CONVERTED = (
+    "a PolyTrace multi-turn trajectory (trace-to-multiturn's output, or a published trace), not a "
+    "capture line: it needs no converting; give it where a trace is read"
+)
 _TO_JSON = ToolCallRecord.__pydantic_serializer__.to_json
 
 
@@ -168,6 +172,8 @@ def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
 
 def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
     raw = json_line(path, lineno, line)
+    if isinstance(raw, dict) and "turns" in raw:  # it said "field 'turn': Field required"
+        raise TraceFormatError(path, lineno, "", _CONVERTED)
     try:
         return ToolCallRecord.model_validate(raw)
     except ValidationError as exc:

@@ -137,6 +137,7 @@ def test_a_capture_whose_writes_fail_says_so_at_once_and_still_shuts_down(caplog
     [
         ("root:x:0:0:root:/root:/bin/bash\n", ":1: not valid JSON (Expecting value at column 1)"),
         ('{"tool_name": "search"}\n', ":1: field 'turn': Field required"),
+        ('{"step": 0, "prompt_len": 5, "turns": []}\n', ":1: a PolyTrace multi-turn trajectory"),
         # each of these three was a traceback: a negative step (refused only when the trajectory
         # was built), an integer past Python's 4300-digit conversion limit, deep nesting
         (_CALL % ', "step": -1', ":1: field 'step': Input should be greater than or equal to 0"),
