@@ -16,6 +16,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.fields import Integer, Number
+from toolenv_core.http1 import Endpoint, TargetURLError
 
 ToolKind = Literal["sandbox", "search", "reward", "http"]
 
@@ -125,6 +126,14 @@ class ToolConfig(BaseModel):
                 raise ValueError(
                     f"upstream {url!r} must be an http:// URL (put TLS in front of the gateway, not behind it)"
                 )
+            # What the upstream client will make of it, checked here: a URL without a host or with
+            # a bad port was a traceback from the server's start-up (exit 3), not a settings line.
+            try:
+                Endpoint.parse(url)
+            except TargetURLError as exc:
+                raise ValueError(f"upstream {exc}") from exc
+            if any(c.isspace() for c in url):  # "http://host :80" connected to "host "
+                raise ValueError(f"upstream URL {url!r} contains whitespace")
         return [u.rstrip("/") for u in value]
 
     @model_validator(mode="after")

@@ -7,10 +7,12 @@ import time
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
 from gateway.policies import LatencyWindow, RetryBudget
 from gateway.settings import GatewaySettings, HedgePolicy, RetryPolicy, ToolConfig
 from gateway.upstream import Endpoint, pick, pick_another
+from toolenv.cli import build_app
 from toolenv_core.admission import Admission, RateLimits, Rejected, TokenBucket
 from toolenv_core.deadline import DeadlineHeaderError
 
@@ -148,6 +150,27 @@ def test_tools_table_from_a_config_file_and_clear_errors(tmp_path) -> None:
         GatewaySettings(tools=[ToolConfig(name="a", kind="search")] * 2)
     with pytest.raises(ValidationError, match="exceeds max_deadline_ms"):
         ToolConfig(name="x", kind="search", default_deadline_ms=10, max_deadline_ms=5)
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("http://", "upstream URL 'http://' has no host"),
+        ("http://a:b", "upstream URL 'http://a:b': Port could not be cast to integer value"),
+        ("http://a:99999", "upstream URL 'http://a:99999': Port out of range 0-65535"),
+        ("http://[::1", "upstream URL 'http://[::1': Invalid IPv6 URL"),
+        ("http://a :1", "upstream URL 'http://a :1' contains whitespace"),
+    ],
+)
+def test_an_upstream_url_the_client_cannot_use_is_one_settings_line(tmp_path, url, said) -> None:
+    """Before: each passed the settings and was a traceback from the server's start-up (exit 3);
+    the one with a space started, with an upstream host "a " that never resolves."""
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(f"gateway:\n  tools:\n    - {{name: t, mode: proxy, upstreams: ['{url}']}}\n")
+    result = CliRunner().invoke(build_app(), ["config", "show", "--config", str(config)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: invalid gateway settings: tools.0.upstreams: {said}")
+    assert result.stderr.count("\n") == 1
 
 
 def test_deadline_for_caps_and_defaults() -> None:
