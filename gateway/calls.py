@@ -94,13 +94,15 @@ async def run_call(
     deadline: Deadline,
     deadline_ms: float,
     reserve_s: float = 0.0,
+    content_type: str | None = None,
 ) -> Outcome:
     """Send one call to the tool, with the call-context headers (trajectory, step, turn) passed on,
     so a tool behind the gateway sees what the caller said (a drifting profile, the training step).
-    The tool is told the deadline `reserve_s` early (see `UpstreamCall`)."""
+    The tool is told the deadline `reserve_s` early (see `UpstreamCall`). `content_type`: of a
+    body the gateway wrote (None: the caller's body as is, with the caller's content type)."""
     sent = ctx.headers  # lower-cased names
     headers = {
-        "content-type": sent.get("content-type", "application/json"),
+        "content-type": content_type or sent.get("content-type", "application/json"),
         h.REQUEST_ID: ctx.request_id,
     }
     for name, lower in _FORWARDED:

@@ -158,9 +158,11 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
     except h.HeaderError as exc:
         return _json(400, {"detail": str(exc), "request_id": ctx.request_id})
     payload = wirejson.dumps(body["arguments"])
+    # JSON whatever the caller's envelope said (`curl -d` says a form: a FastAPI tool refused it)
     outcome = await run_call(
-        ctx, runtime, runtime.config.native_path, payload, deadline, deadline_ms
-    )
+        ctx, runtime, runtime.config.native_path, payload, deadline, deadline_ms,
+        content_type="application/json",
+    )  # fmt: skip
     reply = outcome.reply
     if reply is None or outcome.kind == "timeout":  # a timeout is the 504 however it came
         return _failure(runtime, outcome, ctx)

@@ -93,6 +93,7 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
             "deadline_ms": headers.get("x-toolenv-deadline-ms"),
             "request_id": headers.get("x-request-id"),
             "authorization": headers.get("authorization"),
+            "content_type": headers.get("content-type"),
             "call_context": {k: headers.get(k) for k in ("x-trajectory-id", "x-step", "x-turn")},
         }
         extra = [(b"x-toolenv-injected-delay-ms", str(sleep_s * 1000).encode())]

@@ -53,6 +53,21 @@ def test_call_context_headers_reach_embedded_and_proxied_tools(gateway, upstream
     assert r.json()["result"]["call_context"] == dict.fromkeys(WANT)
 
 
+def test_the_generic_call_sends_its_arguments_as_json_whatever_the_envelope_said(
+    gateway, upstream
+) -> None:
+    """The gateway writes the tool's body itself (`arguments`, as JSON) but passed on the content
+    type of the caller's envelope: `curl -d` says a form, and a FastAPI tool answered 422."""
+    up = upstream("a")
+    gw = gateway([ToolConfig(name="remote", kind="http", mode="proxy", upstreams=[up.url])])
+    data = b'{"arguments": {"x": 1}}'
+    for sent in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {"content-type": sent} if sent else {}
+        r = httpx.post(gw.url + "/v1/tools/remote/call", content=data, headers=headers, timeout=10)
+        assert r.status_code == 200, r.text
+        assert r.json()["result"]["content_type"] == "application/json", sent
+
+
 def _injected_ms(url: str, step: str) -> str:
     r = httpx.post(url + "/retrieve", json={"queries": ["q"]}, headers={h.STEP: step}, timeout=10)
     assert r.status_code == 200, r.text
