@@ -136,6 +136,14 @@ class ToolConfig(BaseModel):
                 raise ValueError(f"upstream URL {url!r} contains whitespace")
         return [u.rstrip("/") for u in value]
 
+    @field_validator("call_path", "health_path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        """`call_path: call` (no slash) was sent as `POST call HTTP/1.1`: every call a 400."""
+        if value is not None and (not value.startswith("/") or any(c.isspace() for c in value)):
+            raise ValueError(f"must be a path starting with '/' (e.g. /call), got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> ToolConfig:
         if self.mode == "proxy" and not self.upstreams:

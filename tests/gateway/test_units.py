@@ -173,6 +173,23 @@ def test_an_upstream_url_the_client_cannot_use_is_one_settings_line(tmp_path, ur
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("call_path", "call"), ("health_path", "healthz"), ("call_path", "/a b")]
+)
+def test_a_tool_path_without_its_slash_is_one_settings_line(tmp_path, key, value) -> None:
+    """Before: `call_path: call` was sent as the request line `POST call HTTP/1.1`, and every
+    call came back a 400 from the tool."""
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(
+        "gateway:\n  tools:\n"
+        f"    - {{name: t, mode: proxy, upstreams: ['http://a:1'], {key}: '{value}'}}\n"
+    )
+    result = CliRunner().invoke(build_app(), ["config", "show", "--config", str(config)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    said = f"tools.0.{key}: must be a path starting with '/' (e.g. /call), got {value!r}\n"
+    assert result.stderr == f"error: invalid gateway settings: {said}"
+
+
 def test_deadline_for_caps_and_defaults() -> None:
     from gateway.dispatch import ToolRuntime
     from gateway.metrics import GatewayMetrics
