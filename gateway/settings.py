@@ -134,6 +134,8 @@ class ToolConfig(BaseModel):
                 raise ValueError(f"upstream {exc}") from exc
             if any(c.isspace() for c in url):  # "http://host :80" connected to "host "
                 raise ValueError(f"upstream URL {url!r} contains whitespace")
+            if "?" in url or "#" in url:  # a base URL: each request's path goes after its own
+                raise ValueError(f"upstream URL {url!r} is a base URL: no ?query or #fragment")
         return [u.rstrip("/") for u in value]
 
     @field_validator("call_path", "health_path")

@@ -308,6 +308,17 @@ async def test_hedging_sends_a_second_attempt_and_cancels_the_loser(upstream, ga
     assert slow.stats()["abandoned"] + fast.stats()["abandoned"] == 1
 
 
+def test_an_upstream_url_with_a_path_serves_under_it(upstream, gateway) -> None:
+    """`http://host/v1` as an upstream: its path was dropped, calls went to `/call` and health
+    checks to `/ping` of the host (here, a 404 the check took for healthy)."""
+    up = upstream("a", unhealthy=True)  # its /v1/ping answers 503
+    gw = gateway([proxy_tool("t", up.url + "/v1/", health_path="/ping")])
+    r = call(gw, "t", {"n": 1})  # with no healthy upstream the call still tries
+    assert r.status_code == 200 and r.json()["result"]["path"] == "/v1/call", r.text
+    ready = httpx.get(gw.url + "/readyz", timeout=10)
+    assert ready.status_code == 503 and "health check answered 503" in ready.json()["detail"]
+
+
 def test_hedging_is_off_for_non_idempotent_tools(upstream, gateway) -> None:
     a, b = upstream("a"), upstream("b")
     gw = gateway([proxy_tool("sandbox", a.url, b.url, kind="sandbox", hedge={"enabled": True})])

@@ -160,6 +160,7 @@ def test_tools_table_from_a_config_file_and_clear_errors(tmp_path) -> None:
         ("http://a:99999", "upstream URL 'http://a:99999': Port out of range 0-65535"),
         ("http://[::1", "upstream URL 'http://[::1': Invalid IPv6 URL"),
         ("http://a :1", "upstream URL 'http://a :1' contains whitespace"),
+        ("http://a/x?y=1", "upstream URL 'http://a/x?y=1' is a base URL: no ?query or #fragment"),
     ],
 )
 def test_an_upstream_url_the_client_cannot_use_is_one_settings_line(tmp_path, url, said) -> None:
