@@ -141,7 +141,8 @@ class EmbeddedApp:
             await self.lifespan.start()
             self.started = True
         except Exception as exc:
-            self.error = str(exc)
+            # LifespanError names the app already: kept once in the messages built from this
+            self.error = str(exc).removeprefix(f"{self.ref} failed to start: ")
             log.error("embedded app failed to start", extra={"app": self.ref, "error": str(exc)})
 
     async def stop(self) -> None:
@@ -174,6 +175,8 @@ class LocalBackend:
     async def send(
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamReply:
+        if not self.app.started:  # as an upstream nobody can reach: 503 naming why, not a 502
+            raise UpstreamConnectError(self.not_ready() or "")
         raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         try:
             status, out, payload = await call_asgi(

@@ -49,3 +49,20 @@ def create_app() -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def create_failing_app() -> FastAPI:
+    """A tool whose start-up fails (its database is down, say)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        raise RuntimeError("the tool's database is down")
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/call")
+    async def call() -> dict[str, Any]:
+        return {"served": "without its start-up"}
+
+    return app

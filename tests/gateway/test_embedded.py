@@ -47,6 +47,21 @@ def test_embedded_tool_lifespan_deadline_and_cancellation(gateway) -> None:
     assert gw_embedded_app.EVENTS[-1] == "shutdown"
 
 
+def test_a_tool_whose_start_up_failed_is_unavailable_naming_why(gateway) -> None:
+    """Before: calls still went to the app that never started (a 502 "failed mid-request ...
+    without a complete response"), and readyz said "failed to start" twice over."""
+    ref = "gw_embedded_app:create_failing_app"
+    gw = gateway([ToolConfig(name="local", kind="http", mode="embedded", app=ref)])
+    ready = httpx.get(gw.url + "/readyz", timeout=5)
+    detail = ready.json()["detail"]
+    assert ready.status_code == 503
+    assert detail.startswith(f"tool 'local': in-process app {ref} failed to start: ")
+    assert detail.count("failed to start") == 1 and "the tool's database is down" in detail
+    r = httpx.post(gw.url + "/v1/tools/local/call", json={"arguments": {}}, timeout=10)
+    assert r.status_code == 503 and r.json()["status"] == "unavailable", r.text
+    assert "failed to start" in r.json()["error"] and "database is down" in r.json()["error"]
+
+
 def test_embedded_sandbox_deadline_kills_the_program(gateway, bwrap_path) -> None:
     gw = gateway([ToolConfig(name="sandbox", kind="sandbox", mode="embedded")])
     assert httpx.get(gw.url + "/readyz", timeout=10).status_code == 200
