@@ -123,4 +123,9 @@ def custom_app(ref: str) -> ASGIApp:
     """A custom tool's ASGI app from its `app: "module:factory"` (the user extension point)."""
     factory = pkgutil.resolve_name(ref)
     app: ASGIApp = factory()
+    if not callable(app):  # it served, readyz said ready, and every call was a 502 TypeError
+        raise TypeError(
+            f"tool app {ref!r} returned {type(app).__name__}, not an ASGI app: the factory must "
+            "return the application (e.g. a FastAPI instance)"
+        )
     return app

@@ -66,3 +66,7 @@ def create_failing_app() -> FastAPI:
         return {"served": "without its start-up"}
 
     return app
+
+
+def no_app() -> None:
+    """A factory that forgot its `return app`."""

@@ -12,6 +12,7 @@ from gw_support import descendants, describe, metric_value
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings, ToolConfig
+from gateway.toolset import custom_app
 
 
 def test_embedded_tool_lifespan_deadline_and_cancellation(gateway) -> None:
@@ -157,3 +158,11 @@ def test_a_custom_app_that_does_not_load_is_a_settings_error(ref: str, problem: 
         f"invalid gateway settings: tool 'custom': app {ref!r} cannot be loaded: {problem}"
     )
     assert "\n" not in str(caught.value)
+
+
+def test_a_custom_factory_that_returns_no_app_stops_the_start_up_naming_it() -> None:
+    """Before: a factory returning something else (here None: no `return app`) started a gateway
+    whose readyz said ready and whose every call to the tool was a 502 TypeError."""
+    with pytest.raises(TypeError, match=r"^tool app 'gw_embedded_app:no_app' returned NoneType, "):
+        custom_app("gw_embedded_app:no_app")
+    assert callable(custom_app("gw_embedded_app:create_app"))
