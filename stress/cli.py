@@ -4,7 +4,7 @@ Exit codes (for CI):
   0  the run finished and every `--slo` was met (or none was given)
   1  at least one `--slo` was broken (for `--ramp`: the first step already broke them)
   2  bad options: unparsable values, an unbounded run, an off-loopback target without
-     `--allow-remote`, an unreadable payload file
+     `--allow-remote`, an unreadable payload file, `--ramp` or `--slo rate=` in a closed loop
   3  the target never answered: not one request got an HTTP response (connection refused, ...)
   4  the target answered, but not one request succeeded (every response an error status such as
      404, or every request failed), and no `--slo` was broken
@@ -221,6 +221,7 @@ def stress(
         spec.validate()
         _check_outputs(out=out, plot=plot, hdr=hdr)
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
+        _check_open_loop(spec, slos, ramp=ramp)
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
             step_s = step_duration
@@ -340,6 +341,21 @@ def _json_ready(value: Any) -> Any:
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
     return value
+
+
+def _check_open_loop(spec: LoadSpec, slos: list[SLO], *, ramp: bool) -> None:
+    """What only an open loop has (a target rate) asked of a closed loop: refused before the run
+    (`--ramp` was a traceback after it; `--slo rate=` always BROKEN, exit 1)."""
+    if spec.arrival != "closed":
+        return
+    if ramp:
+        raise ValueError("--ramp steps an open-loop rate: use --arrival constant or poisson")
+    for s in slos:
+        if s.metric == "rate":
+            raise ValueError(
+                f"--slo {s.text}: a closed loop has no target rate to reach; "
+                "use --arrival constant or poisson, or drop this SLO"
+            )
 
 
 def _check_outputs(**paths: Path | None) -> None:

@@ -67,8 +67,13 @@ def ramp_rates(start: float, *, factor: float, step: float, max_rate: float) -> 
     if not all(math.isfinite(x) for x in (start, factor, step, max_rate)):
         # a NaN passed every check below: a one-step ramp reported "never broke", exit 0
         raise ValueError("--rate, --ramp-factor, --ramp-step and --ramp-max must be finite")
-    if start <= 0 or max_rate < start:
-        raise ValueError("ramp needs 0 < start rate <= ramp max")
+    if start <= 0:
+        raise ValueError(f"--rate must be above 0 rps to start a ramp from, got {start:g}")
+    if max_rate < start:
+        raise ValueError(
+            f"the ramp starts at --rate {start:g} rps, above --ramp-max {max_rate:g}: "
+            "raise --ramp-max or lower --rate"
+        )
     if step < 0:  # ignored before: the ramp multiplied by the factor instead
         raise ValueError(f"--ramp-step must be >= 0 rps, got {step:g}")
     if factor <= 1.0 and step <= 0:

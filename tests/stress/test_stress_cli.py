@@ -208,6 +208,18 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-factor", "nan"], "must be finite"),
         (["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-max", "nan"], "must be finite"),
         (["--url", "http://127.0.0.1:9/x", "--out", "/nonexistent/r.json"], "no directory"),
+        # a closed loop has no target rate: --ramp was a traceback (exit 1) after the checks,
+        # and a rate SLO was always BROKEN (exit 1)
+        (["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--ramp"], "--arrival constant"),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--slo", "rate=95%"],
+            "--slo rate=95%: a closed loop has no target rate",
+        ),
+        # the message named neither option nor value ("ramp needs 0 < start rate <= ramp max")
+        (
+            ["--url", "http://127.0.0.1:9/x", "--ramp", "--rate", "200", "--ramp-max", "100"],
+            "--rate 200 rps, above --ramp-max 100",
+        ),
         # what HTTP/1.1 cannot carry in a request head was a traceback (exit 1, "SLO broken"),
         # a header smuggled in by CR LF, or a whole run of 400s (exit 4)
         (["--url", "http://127.0.0.1:9/x", "-H", "X-A: \u65e5"], "outside Latin-1"),
