@@ -30,6 +30,13 @@ def _ms(value: float | None) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
+def _latency(value: float | None) -> str:
+    """A latency in running text, with its unit: `12.3 ms`, or `11.34 s` from 10 s on (the text
+    appended " ms" to that: "11.34 s ms"); `-` when there is none."""
+    text = _ms(value)
+    return text if text == "-" or text.endswith(" s") else f"{text} ms"
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:.2f}%"
 
@@ -54,11 +61,11 @@ class LiveView:
         bar = ProgressBar(total=p.duration_s, completed=min(p.elapsed_s, p.duration_s), width=30)
         line = Text.assemble(
             (f"{self.title}  ", "bold"),
-            f"{min(p.elapsed_s, p.duration_s):5.1f}/{p.duration_s:.0f} s  ",
+            f"{min(p.elapsed_s, p.duration_s):5.1f}/{p.duration_s:g} s  ",  # 500ms read "0.3/0 s"
             f"sent {p.scheduled}  done {p.completed}  in flight {p.in_flight}  ",
             (f"errors {p.errors}  ", "red" if p.errors else ""),
             f"{p.recent_rate:7.1f} rps  ",
-            f"p50 {_ms(p.recent_p50_ms)} ms  p99 {_ms(p.recent_p99_ms)} ms (last tick, from schedule)",
+            f"p50 {_latency(p.recent_p50_ms)}  p99 {_latency(p.recent_p99_ms)} (last tick, from schedule)",
         )
         return Group(bar, line)
 
@@ -127,8 +134,8 @@ def rates_line(summary: dict[str, Any]) -> str:
         f"throughput {summary['throughput']:.1f} ok/s\n"
         f"errors {_pct(summary['error_rate'])}  timeouts {_pct(summary['timeout_rate'])}  "
         f"statuses {status}\n"
-        f"behind schedule: generator p50 {_ms(sched['p50'])} ms, p99 {_ms(sched['p99'])} ms; "
-        f"send (+ connection wait) p99 {_ms(summary['send_lag_ms']['p99'])} ms"
+        f"behind schedule: generator p50 {_latency(sched['p50'])}, p99 {_latency(sched['p99'])}; "
+        f"send (+ connection wait) p99 {_latency(summary['send_lag_ms']['p99'])}"
     )
 
 
@@ -164,7 +171,7 @@ def ramp_step_line(step: RampStep) -> str:
     )
     return (
         f"{step.rate:>9.1f} rps -> sent {step.summary['achieved_rate']:8.1f}  "
-        f"p50 {_ms(ok.get('p50'))} ms  p99 {_ms(ok.get('p99'))} ms  "
+        f"p50 {_latency(ok.get('p50'))}  p99 {_latency(ok.get('p99'))}  "
         f"errors {_pct(step.summary['error_rate'])}  {verdict}"
     )
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
 
 import pytest
 from hdrh.log import HistogramLogReader
+from rich.console import Console
 from typer.testing import CliRunner
 
 from stress.cli import (
@@ -19,7 +21,9 @@ from stress.cli import (
     build_app,
     parse_duration,
 )
+from stress.report import LiveView, rates_line
 from stress.slo import SLO, SLOError
+from stress.spec import Progress
 from stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
 from stress.testing import serve
 from toolenv_core.net import free_port
@@ -319,3 +323,22 @@ def test_slo_grammar() -> None:
     for bad in ("p99", "p42=1ms", "errors=lots", "errors=150%"):
         with pytest.raises(SLOError):
             SLO.parse(bad)
+
+
+def test_running_text_gives_each_latency_one_unit(fast_server: str) -> None:
+    """From 10 s on a latency reads `11.34 s`; the lines around it appended " ms" as well
+    ("send (+ connection wait) p99 11.34 s ms"), and the live view rounded a 500 ms run to
+    "0.3/0 s"."""
+    args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "0.1s", "--json"]
+    summary = json.loads(invoke(*args).stdout)
+    summary["send_lag_ms"]["p99"] = 11_340.0
+    summary["scheduling_error_ms"]["p50"] = 2.5
+    text = rates_line(summary)
+    assert "send (+ connection wait) p99 11.34 s" in text and "s ms" not in text
+    assert "generator p50 2.50 ms" in text
+    view = LiveView("stress")
+    view.update(Progress(0.3, 0.5, 30, 29, 0, 1, 100.0, 12_000.0, 3.0))
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(view)
+    live = console.export_text()
+    assert "0.3/0.5 s" in live and "p50 12.00 s  p99 3.00 ms" in live
