@@ -144,11 +144,13 @@ class LoadResult:
         """Requests actually sent per second over the sending window (compare with the target:
         below it, the generator or its connections could not keep up)."""
         sent = self.sent[~np.isnan(self.sent)]
+        if self.target_rate and len(sent):
+            # n sends at the target rate span n / rate: the last one is due one period before
+            # that (one request was 0.2 rps under --max-requests 1, 1000 rps at --duration 1ms)
+            return len(sent) / (float(sent.max()) + 1.0 / self.target_rate)
         if len(sent) < 2:
             return float(len(sent)) / self.spec.duration_s
         span = float(sent.max())
-        if self.target_rate:
-            span += 1.0 / self.target_rate
         return len(sent) / span if span > 0 else 0.0
 
     @property

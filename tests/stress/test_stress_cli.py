@@ -144,6 +144,16 @@ def test_a_run_cut_short_by_max_requests_reports_its_real_throughput(fast_server
     assert shown > 2.0
 
 
+@pytest.mark.parametrize("bound", [["--max-requests", "1"], ["--duration", "1ms"]])
+def test_one_request_is_sent_at_the_target_rate(fast_server: str, bound: list[str]) -> None:
+    """One request sent on time is the target rate, as two or more are: it read 0.2 rps
+    (1 over the 5 s --duration) under --max-requests 1, and 1000 rps at --duration 1ms."""
+    args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "5s", *bound, "--json"]
+    report = json.loads(invoke(*args).stdout)
+    assert report["sent"] == 1
+    assert 50 < report["achieved_rate"] <= 100
+
+
 def test_the_report_says_which_bound_stopped_the_run(fast_server: str) -> None:
     """Before: the header said "for 2 s" of a run the request cap stopped after 0.2 s."""
     url = fast_server + "/x"
