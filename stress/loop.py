@@ -330,13 +330,12 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
     check_loopback(endpoint.host, allow_remote=spec.allow_remote)
     ctx = mp.get_context("spawn")
     procs, pipes = [], []
-    per_cap = spec.worker_cap()
     for w in range(k):
         sub = LoadSpec(
             **{
                 **{f: getattr(spec, f) for f in LoadSpec.__dataclass_fields__},
                 "rate": spec.rate / k,
-                "max_requests": per_cap,
+                "max_requests": spec.worker_cap(w),
                 "max_in_flight": max(1, spec.max_in_flight // k),
                 "connections": max(1, spec.max_connections() // k),
                 "workers": 1,

@@ -114,6 +114,11 @@ class LoadSpec:
             )
         if self.preconnect is not None and self.preconnect < 0:
             raise LoadSpecError(f"preconnect must be >= 0, got {self.preconnect}")
+        if self.workers > self.max_requests:
+            raise LoadSpecError(
+                f"workers ({self.workers}) is more than max_requests ({self.max_requests}): "
+                "each generator process sends at least one request; lower workers"
+            )
         if self.workers > 1 and self.arrival == "closed":
             raise LoadSpecError("workers > 1 is for open-loop runs (constant or poisson)")
         self._check_head()
@@ -146,15 +151,19 @@ class LoadSpec:
             return self.max_requests
         return min(self.max_requests, math.ceil(self.rate * self.duration_s))
 
-    def worker_cap(self) -> int:
-        """Each generator process's share of `max_requests`."""
-        return max(1, self.max_requests // self.workers)
+    def worker_cap(self, index: int = 0) -> int:
+        """Generator process `index`'s share of `max_requests`. The first `max_requests % workers`
+        send one more, so the shares add up to the cap (each took `max_requests // workers`, at
+        least 1: 4 workers sent 4 requests under a cap of 3, 2 workers 2 under a cap of 3);
+        their schedules interleave, so these are the schedule's first requests."""
+        share, extra = divmod(self.max_requests, self.workers)
+        return share + (index < extra)
 
     def request_cap(self) -> int | None:
         """The request cap when it may stop the run before `duration_s` (None when it cannot):
         always in a closed loop (how many fit depends on the target), in an open loop when the
         schedule holds more requests than the cap."""
-        cap = self.worker_cap() * self.workers
+        cap = self.max_requests
         if self.arrival == "closed" or cap < self.rate * self.duration_s:
             return cap
         return None

@@ -180,6 +180,18 @@ def test_workers_split_and_merge(zero_server: str) -> None:
     assert np.allclose(gaps, 1 / 200, atol=1e-6)  # interleaved into one evenly spaced stream
 
 
+def test_workers_send_exactly_the_request_cap(zero_server: str) -> None:
+    """Each worker took max_requests // workers (at least 1): a cap of 5 over 2 workers sent 4,
+    and a cap of 3 over 4 workers sent 4, past the cap. The shares now add up to the cap, the
+    first requests of the interleaved schedule, and a cap below the workers is refused."""
+    spec = dict(url=zero_server + "/x", rate=100, duration_s=5.0, max_requests=5, workers=2)
+    result = run_load(LoadSpec(**spec))
+    assert result.n == 5 and result.summary()["stopped_by"] == "max_requests"
+    assert np.allclose(result.scheduled, np.arange(5) / 100, atol=1e-6)
+    with pytest.raises(LoadSpecError, match="more than max_requests"):
+        run_load(LoadSpec(**{**spec, "max_requests": 3, "workers": 4}))
+
+
 def test_precise_sends_leave_on_schedule_not_a_loop_tick_late(zero_server: str) -> None:
     """Open loop at 500 rps, Poisson: sends woken by the loop's millisecond timers lag their
     schedule by a fraction of a millisecond at the median; woken by a timerfd 0.1 ms early and
