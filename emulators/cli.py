@@ -195,11 +195,15 @@ def serve_command(
         typer.Option("--profile", help="Search latency profile (default: the shipped one)."),
     ] = None,
     reward_profile: Annotated[
-        Path | None, typer.Option("--reward-profile", help="Reward latency profile.")
+        Path | None,
+        typer.Option("--reward-profile", help="Reward latency profile (default: the shipped one)."),
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for delays and documents.", min=0)] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for delays and documents (default 0).", min=0)
+    ] = None,
     corpus: Annotated[
-        Path | None, typer.Option(help="JSONL corpus for real BM25 retrieval.")
+        Path | None,
+        typer.Option(help="JSONL corpus for real BM25 retrieval (default: synthetic documents)."),
     ] = None,
 ) -> None:
     """Serve the search and reward emulators alone (Search-R1 `/retrieve` + native endpoints)."""

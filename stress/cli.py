@@ -126,15 +126,24 @@ def stress(
     max_in_flight: Annotated[
         int, typer.Option(help="Open loop: a request due while this many are out is 'dropped'.")
     ] = 10_000,
-    connections: Annotated[int | None, typer.Option(help="Max keep-alive connections.")] = None,
+    connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Max keep-alive connections (default: --max-in-flight open loop, "
+            "--concurrency closed loop)."
+        ),
+    ] = None,
     preconnect: Annotated[
         int | None,
         typer.Option(
-            help="Connections to open before the clock starts (slow targets: rate x latency)."
+            help="Connections to open before the clock starts (slow targets: rate x latency; "
+            "default: open loop rate/250 within 2..64, closed loop none)."
         ),
     ] = None,
     timeout: Annotated[float, _duration_option("Per-request timeout.")] = "30s",  # type: ignore[assignment]
-    seed: Annotated[int | None, typer.Option(help="Seed for Poisson arrivals.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for Poisson arrivals (default: a fresh one each run).")
+    ] = None,
     workers: Annotated[
         int, typer.Option(help="Generator processes (open loop; for high rates).")
     ] = 1,

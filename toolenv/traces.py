@@ -174,7 +174,13 @@ def list_command(
     names: Annotated[
         list[str] | None, typer.Argument(help="Directories, globs or file names.")
     ] = None,
-    dest: Annotated[Path | None, typer.Option("--dest", help="Cache directory.")] = None,
+    dest: Annotated[
+        Path | None,
+        typer.Option(
+            "--dest",
+            help="Cache directory (default: TOOLENV_TRACES_CACHE_DIR or ~/.cache/toolenv/polytrace).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """The published files, their sizes, and whether the cache holds a verified copy."""
