@@ -112,12 +112,22 @@ def resolve_target(
         return Target(url, None if method.upper() == "GET" else {}, method)
     if not gateway or not tool:
         raise TargetError("--gateway and --tool go together")
+    given = [
+        option
+        for option, value in (
+            ("--payload", payload),
+            ("--arguments", arguments),
+            ("--body", body),
+            ("--body-file", body_file),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:  # all but one were ignored without a word
+        raise TargetError(f"give one of {', '.join(given)}: each sets the tool's arguments")
     args: Any
     if tool == "run_code":  # the gateway's default tools table calls the code sandbox "sandbox"
         tool = "sandbox"
     if tool == "sandbox" and payload is not None:
-        if body_file is not None or arguments is not None:
-            raise TargetError("give --payload, --arguments or --body-file, not several")
         if payload not in RUN_CODE_PAYLOADS:
             known = ", ".join(sorted(RUN_CODE_PAYLOADS))
             raise TargetError(f"unknown run_code payload {payload!r}; built-in: {known}")
@@ -127,10 +137,11 @@ def resolve_target(
     elif body_file is not None:
         args = _read_json(body_file)
     elif arguments is not None or body is not None:
+        option, text = ("--arguments", arguments) if arguments is not None else ("--body", body)
         try:
-            args = json.loads(arguments if arguments is not None else body)  # type: ignore[arg-type]
-        except ValueError as exc:
-            raise TargetError(f"--arguments is not JSON: {exc}") from exc
+            args = json.loads(text)  # type: ignore[arg-type]
+        except ValueError as exc:  # it said "--arguments" whichever was given
+            raise TargetError(f"{option} is not JSON: {exc}") from exc
     elif tool == "sandbox":
         args = RUN_CODE_PAYLOADS["trivial"]
     elif tool == "search":

@@ -210,6 +210,35 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             "built-in",
         ),
         (["--url", "http://127.0.0.1:9/x", "--arrival", "sideways"], "arrival"),
+        # with --tool, --body was read as the arguments but its error named --arguments, and of
+        # several argument sources all but one were ignored without a word
+        (["--gateway", "http://127.0.0.1:9", "--tool", "search", "--body", "{x"], "--body is not"),
+        (
+            [
+                "--gateway",
+                "http://127.0.0.1:9",
+                "--tool",
+                "search",
+                "--arguments",
+                "{}",
+                "--body",
+                "{}",
+            ],
+            "give one of --arguments, --body",
+        ),
+        (
+            [
+                "--gateway",
+                "http://127.0.0.1:9",
+                "--tool",
+                "run_code",
+                "--payload",
+                "cpu",
+                "--body",
+                "{}",
+            ],
+            "give one of --payload, --body",
+        ),
         (["--url", "http://127.0.0.1:9/x", "--workers", "0"], "workers must be at least 1"),
         # 1,000 spawned interpreters were started (0.2 s apart) before the first request
         (["--url", "http://127.0.0.1:9/x", "--workers", "1000"], "at most 64"),
