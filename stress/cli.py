@@ -260,6 +260,7 @@ def stress(
             out_console.print(ramp_table(ramp_result))
         _write(err, report, as_json, out, last.result, plot, hdr)
         if all(s.summary["responses"] == 0 for s in ramp_result.steps):
+            err.print("[red]the target never answered[/red]")
             raise typer.Exit(EXIT_NO_RESPONSE)
         raise typer.Exit(EXIT_OK if ramp_result.knee_rate is not None else EXIT_SLO_BROKEN)
 

@@ -107,6 +107,16 @@ def test_no_answer_exits_3() -> None:
     assert json.loads(result.stdout)["outcomes"]["connect_error"]["count"] == 10
 
 
+def test_a_ramp_that_no_one_answers_says_so() -> None:
+    """A single run says "the target never answered" beside its exit 3; a ramp exited 3 under
+    a table of dashes without a word."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    result = invoke("--url", url, "--ramp", "--rate", "50", "--step-duration", "0.2s", "--quiet")
+    assert result.exit_code == EXIT_NO_RESPONSE
+    assert "the target never answered" in result.output
+
+
 def test_every_request_failing_exits_4_even_without_an_slo(fast_server: str) -> None:
     result = invoke("--url", fast_server + "/status/404", "--rate", "100", "--duration", "0.3s")
     assert result.exit_code == EXIT_ALL_FAILED, result.output
