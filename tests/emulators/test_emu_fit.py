@@ -109,6 +109,17 @@ def test_fit_human_report_and_errors(polytrace_dir: Path, tmp_path: Path) -> Non
     assert result.exit_code == 2 and "bad.log:1" in result.output and "latency" in result.output
 
 
+def test_fit_of_a_tool_the_trace_lacks_names_the_tools_it_has(tmp_path: Path) -> None:
+    """A misspelt --tool read as if the files were the wrong kind ("no calls of tool 'serch' in
+    calls.log: 1 file(s) of a gateway call log ..."), without the names that would do."""
+    calls = tmp_path / "calls.log"
+    calls.write_text("Step0, Request ID: a, Tool: search, Latency: 0.2 seconds\n"
+                     "Step0, Request ID: b, Tool: python, Latency: 1.5 seconds\n")  # fmt: skip
+    result = runner.invoke(app, ["emulators", "fit", str(calls), "--tool", "serch"])
+    assert result.exit_code == 2
+    assert "the tools recorded there: python, search (--tool names one)" in result.stderr
+
+
 def test_fit_to_a_profile_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) -> None:
     calls = tmp_path / "calls.log"
     rng = np.random.default_rng(1)

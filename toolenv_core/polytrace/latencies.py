@@ -97,4 +97,22 @@ def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
     names = ", ".join(str(p) for p in files[:3]) + (
         f" and {len(files) - 3} more" if len(files) > 3 else ""
     )
-    return f"no calls of tool {tool!r} in {names}: {holdings(files) or 'no files'}"
+    message = f"no calls of tool {tool!r} in {names}: {holdings(files) or 'no files'}"
+    others = sorted(recorded_tools(files) - {tool})
+    if others:  # a misspelt --tool read like a wrong file
+        message += f"; the tools recorded there: {', '.join(others)} (--tool names one)"
+    return message
+
+
+def recorded_tools(files: Iterable[Path]) -> set[str]:
+    """The tool names the files record calls of (`reward` for reward timings)."""
+    tools: set[str] = set()
+    for path in files:
+        fmt = detect_format(path)
+        if fmt == "multiturn":
+            tools.update(c.tool_name for t in read_multiturn(path) for c in t.tool_calls)
+        elif fmt == "call_log":
+            tools.update(rec.tool for rec in read_call_log(path))
+        elif fmt == "reward_timings":
+            tools.add("reward")
+    return tools
