@@ -34,6 +34,7 @@ import math
 import multiprocessing as mp
 import resource
 import time
+from multiprocessing.connection import wait as wait_any
 from typing import Any
 
 import numpy as np
@@ -299,11 +300,14 @@ def _result(
 # ------------------------------------------------------------------------------ workers
 
 
-def _worker_main(spec: LoadSpec, index: int, conn: Any) -> None:
-    """Runs in a spawned process: wait for the common start instant, run, send arrays back."""
+def _worker_main(spec: LoadSpec, index: int, conn: Any, forward_progress: bool = False) -> None:
+    """Runs in a spawned process: wait for the common start instant, run, send arrays back
+    (and, for a live display, each progress snapshot as it comes)."""
     try:
         start_at = conn.recv()
         spec.start_at = start_at
+        if forward_progress:
+            spec.progress = conn.send
         result = run_load(spec)
         conn.send(
             (
@@ -321,6 +325,28 @@ def _worker_main(spec: LoadSpec, index: int, conn: Any) -> None:
         conn.send(exc)
     finally:
         conn.close()
+
+
+def _gather(pipes: list[Any], spec: LoadSpec) -> list[Any]:
+    """Each worker's arrays, in worker order; its progress snapshots on the way are merged into
+    `spec.progress` (the live display read "starting ..." for a whole run with workers)."""
+    parts: list[Any] = [None] * len(pipes)
+    pending = dict(enumerate(pipes))
+    latest: dict[int, Progress] = {}
+    while pending:
+        for pipe in wait_any(list(pending.values())):
+            w = pipes.index(pipe)
+            got = pipe.recv()
+            if isinstance(got, BaseException):
+                raise got
+            if isinstance(got, Progress):
+                latest[w] = got
+                if spec.progress is not None:
+                    spec.progress(Progress.merge(list(latest.values())))
+                continue
+            parts[w] = got
+            del pending[w]
+    return parts
 
 
 def _run_workers(spec: LoadSpec) -> LoadResult:
@@ -344,7 +370,8 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
             }
         )
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_worker_main, args=(sub, w, child), daemon=True)
+        forward = spec.progress is not None
+        p = ctx.Process(target=_worker_main, args=(sub, w, child, forward), daemon=True)
         p.start()
         procs.append(p)
         pipes.append(parent)
@@ -354,12 +381,7 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
             # constant rate: shift worker w by w/rate so the merged stream is evenly spaced
             shift = w / spec.rate if spec.arrival == "constant" else 0.0
             pipe.send(start + shift)
-        parts = []
-        for pipe in pipes:
-            got = pipe.recv()
-            if isinstance(got, BaseException):
-                raise got
-            parts.append(got)
+        parts = _gather(pipes, spec)
     finally:
         for p in procs:
             p.join(timeout=spec.duration_s + spec.timeout_s + 10)

@@ -56,12 +56,13 @@ class LiveView:
 
     def __rich__(self) -> Any:
         p = self.last
-        if p is None:
+        if p is None or p.elapsed_s < 0:  # workers tick while they wait for the common start
             return Text(f"{self.title}: starting ...")
-        bar = ProgressBar(total=p.duration_s, completed=min(p.elapsed_s, p.duration_s), width=30)
+        elapsed = min(p.elapsed_s, p.duration_s)
+        bar = ProgressBar(total=p.duration_s, completed=elapsed, width=30)
         line = Text.assemble(
             (f"{self.title}  ", "bold"),
-            f"{min(p.elapsed_s, p.duration_s):5.1f}/{p.duration_s:g} s  ",  # 500ms read "0.3/0 s"
+            f"{elapsed:5.1f}/{p.duration_s:g} s  ",  # 500ms read "0.3/0 s"
             f"sent {p.scheduled}  done {p.completed}  in flight {p.in_flight}  ",
             (f"errors {p.errors}  ", "red" if p.errors else ""),
             f"{p.recent_rate:7.1f} rps  ",

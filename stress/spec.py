@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -194,6 +194,26 @@ class Progress:
     recent_rate: float
     recent_p50_ms: float
     recent_p99_ms: float
+
+    @staticmethod
+    def merge(parts: Sequence[Progress]) -> Progress:
+        """The generator processes' latest snapshots as one: counts and rates add up; the
+        latencies are the worst process's (percentiles of parts do not add up to the whole's)."""
+
+        def worst(values: Iterable[float]) -> float:
+            return max((v for v in values if not math.isnan(v)), default=math.nan)
+
+        return Progress(
+            elapsed_s=max(p.elapsed_s for p in parts),
+            duration_s=parts[0].duration_s,
+            scheduled=sum(p.scheduled for p in parts),
+            completed=sum(p.completed for p in parts),
+            errors=sum(p.errors for p in parts),
+            in_flight=sum(p.in_flight for p in parts),
+            recent_rate=sum(p.recent_rate for p in parts),
+            recent_p50_ms=worst(p.recent_p50_ms for p in parts),
+            recent_p99_ms=worst(p.recent_p99_ms for p in parts),
+        )
 
 
 def schedule_offsets(spec: LoadSpec) -> np.ndarray:

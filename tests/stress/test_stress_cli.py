@@ -391,3 +391,7 @@ def test_running_text_gives_each_latency_one_unit(fast_server: str) -> None:
     console.print(view)
     live = console.export_text()
     assert "0.3/0.5 s" in live and "p50 12.00 s  p99 3.00 ms" in live
+    # worker processes tick while they wait for their common start: not "-1.2/0.5 s"
+    view.update(Progress(-1.2, 0.5, 0, 0, 0, 0, 0.0, math.nan, math.nan))
+    console.print(view)
+    assert "stress: starting ..." in console.export_text()

@@ -22,6 +22,7 @@ from stress import (
     check_loopback,
     run_load,
 )
+from stress.spec import Progress
 from stress.testing import serve
 from toolenv_core.net import free_port
 
@@ -178,6 +179,19 @@ def test_workers_split_and_merge(zero_server: str) -> None:
     assert result.summary()["outcomes"]["ok"]["count"] == 200
     gaps = np.diff(result.scheduled)
     assert np.allclose(gaps, 1 / 200, atol=1e-6)  # interleaved into one evenly spaced stream
+
+
+def test_workers_report_progress_as_one_run(zero_server: str) -> None:
+    """The live display got no snapshot from worker processes (it read "starting ..." for the
+    whole run); now each worker's snapshots reach `progress`, merged into one."""
+    seen: list[Progress] = []
+    spec = LoadSpec(url=zero_server + "/x", rate=200, duration_s=1.0, workers=2)
+    spec.progress = seen.append
+    result = run_load(spec)
+    started = [p for p in seen if p.elapsed_s >= 0]
+    assert len(started) >= 2
+    assert seen[-1].completed == result.n == 200 and seen[-1].scheduled == 200
+    assert all(a.completed <= b.completed for a, b in zip(started, started[1:], strict=False))
 
 
 def test_workers_send_exactly_the_request_cap(zero_server: str) -> None:
