@@ -22,7 +22,7 @@ from stress import (
     check_loopback,
     run_load,
 )
-from stress.spec import Progress
+from stress.spec import Progress, schedule_offsets
 from stress.testing import serve
 from toolenv_core.net import free_port
 
@@ -166,6 +166,20 @@ def test_poisson_arrivals_are_seeded_and_have_the_rate(zero_server: str) -> None
     assert 300 < a.n < 500
     gaps = np.diff(a.scheduled)
     assert np.std(gaps) > 0.5 * np.mean(gaps)  # exponential gaps, not constant
+
+
+def test_a_poisson_schedule_fills_its_window() -> None:
+    """A Poisson schedule drew exactly rate x duration gaps: in 45% of 20 s runs at 200 rps they
+    ran out before the end (up to 0.7 s without a request), the count never went above 4,000
+    and its mean fell short. Now the count is random, as a Poisson process's is."""
+    spec = dict(url="http://127.0.0.1:9/", arrival="poisson", rate=200, duration_s=20.0)
+    runs = [schedule_offsets(LoadSpec(**spec, seed=seed)) for seed in range(200)]
+    counts = np.array([len(o) for o in runs])
+    assert min(o[-1] for o in runs) > 19.9
+    assert np.mean(counts > 4000) > 0.3
+    assert abs(counts.mean() - 4001) < 15  # the first at 0, then Poisson(4000); sd/sqrt(200) 4.5
+    capped = LoadSpec(**spec, seed=1, max_requests=4000)
+    assert len(schedule_offsets(capped)) == 4000 and capped.request_cap() == 4000
 
 
 async def test_arun_load_inside_a_running_loop(zero_server: str) -> None:
