@@ -8,6 +8,8 @@ Exit codes (for CI):
   3  the target never answered: not one request got an HTTP response (connection refused, ...)
   4  the target answered, but not one request succeeded (every response an error status such as
      404, or every request failed), and no `--slo` was broken
+  130  Ctrl-C: sending stopped, the requests in flight had 2 s to finish, and the report (files
+     included) covers what was sent before it
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .spec import LoadSpec, LoadSpecError, Progress
 from .targets import RemoteTargetError, TargetError, check_loopback, resolve_target
 
 EXIT_OK, EXIT_SLO_BROKEN, EXIT_USAGE, EXIT_NO_RESPONSE, EXIT_ALL_FAILED = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # Ctrl-C: the report of what was sent before it, no verdict
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -226,6 +229,7 @@ def stress(
             allow_remote=allow_remote,
             spin_s=0.001 if precise else 0.0,
             preconnect=preconnect,
+            interruptible=True,  # Ctrl-C: the report of what was sent before it, exit 130
         )
         spec.validate()
         _check_outputs(out=out, plot=plot, hdr=hdr)
@@ -259,6 +263,7 @@ def stress(
         if not as_json:
             out_console.print(ramp_table(ramp_result))
         _write(err, report, as_json, out, last.result, plot, hdr)
+        _exit_if_interrupted(err, last.result)
         if all(s.summary["responses"] == 0 for s in ramp_result.steps):
             err.print("[red]the target never answered[/red]")
             raise typer.Exit(EXIT_NO_RESPONSE)
@@ -283,6 +288,7 @@ def stress(
     if not as_json:
         print_report(out_console, summary, verdicts)
     _write(err, report, as_json, out, result, plot, hdr)
+    _exit_if_interrupted(err, result)
     if summary["responses"] == 0:
         err.print("[red]the target never answered[/red]")
         raise typer.Exit(EXIT_NO_RESPONSE)
@@ -293,6 +299,12 @@ def stress(
         err.print(f"[red]not one request succeeded[/red] ({failed})")
         raise typer.Exit(EXIT_ALL_FAILED)
     raise typer.Exit(EXIT_OK)
+
+
+def _exit_if_interrupted(err: Console, result: LoadResult) -> None:
+    if result.interrupted:
+        err.print("[yellow]interrupted:[/yellow] the report covers what was sent before Ctrl-C")
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def _fields(spec: LoadSpec) -> dict[str, Any]:

@@ -30,6 +30,7 @@ over k processes (each its own loop and connections) and merges their records.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import multiprocessing as mp
 import resource
@@ -44,6 +45,7 @@ from toolenv_core.http1 import ERR_DROPPED, Endpoint
 from toolenv_core.timer import sleep_until
 
 from .http import LoadClient, Recorder, encode_body, encode_request
+from .interrupt import GRACE_S, Stop, forward_sigint, on_sigint, until
 from .result import LoadResult
 from .spec import LoadSpec, Progress, schedule_offsets
 from .targets import check_loopback
@@ -52,6 +54,9 @@ from .targets import check_loopback
 def _request_bytes(spec: LoadSpec, endpoint: Endpoint) -> list[bytes]:
     bodies = spec.bodies if spec.bodies else [spec.body]
     return [encode_request(endpoint, spec.method, encode_body(b), spec.headers) for b in bodies]
+
+
+WAKE_S = 0.05  # the longest the sender sleeps between checks for Ctrl-C
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -64,22 +69,28 @@ def run_load(spec: LoadSpec) -> LoadResult:
     if spec.workers > 1:
         return _run_workers(spec)
     loop = _new_loop()
+    stop = Stop()
     try:
-        return loop.run_until_complete(arun_load(spec))
+        with on_sigint(loop, stop) if spec.interruptible else contextlib.nullcontext():
+            return loop.run_until_complete(_arun(spec, stop))
     finally:
         loop.close()
 
 
 async def arun_load(spec: LoadSpec) -> LoadResult:
     """`run_load` inside a running event loop (single process; `workers` is ignored)."""
+    return await _arun(spec, Stop())
+
+
+async def _arun(spec: LoadSpec, stop: Stop) -> LoadResult:
     spec.validate()
     endpoint = Endpoint.parse(spec.url)
     check_loopback(endpoint.host, allow_remote=spec.allow_remote)
     requests = _request_bytes(spec, endpoint)
     _raise_fd_limit(spec.max_connections() + 256)
     if spec.arrival == "closed":
-        return await _closed_loop(spec, endpoint, requests)
-    return await _open_loop(spec, endpoint, requests)
+        return await _closed_loop(spec, endpoint, requests, stop)
+    return await _open_loop(spec, endpoint, requests, stop)
 
 
 def _raise_fd_limit(needed: int) -> None:
@@ -146,7 +157,9 @@ class _Ticker:
         self.last_completed = completed
 
 
-async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) -> LoadResult:
+async def _open_loop(
+    spec: LoadSpec, endpoint: Endpoint, requests: list[bytes], stop: Stop
+) -> LoadResult:
     offsets = schedule_offsets(spec)
     n = len(offsets)
     rec = Recorder(n)
@@ -178,7 +191,7 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
     monotonic = time.monotonic
     i = 0
     try:
-        while i < n:
+        while i < n and not stop.is_set():
             now = monotonic()
             while i < n and sched[i] <= now:
                 if client.in_flight >= max_in_flight:
@@ -191,19 +204,31 @@ async def _open_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) 
             if i < n:
                 delay = sched[i] - monotonic()
                 if precise and delay > spin:
-                    await sleep_until(sched[i] - spin)
+                    await sleep_until(min(sched[i] - spin, monotonic() + WAKE_S))
                 elif delay > spin:
-                    await sleep(delay - spin)
+                    await sleep(min(delay - spin, WAKE_S))
                 elif delay > 0:
                     await sleep(0)  # poll I/O and come straight back: sub-ms send precision
-        await client.drain(spec.timeout_s + 1.0)
+        if i < n:  # stopped by Ctrl-C: the requests not yet due are no part of the run
+            _trim(rec, i)
+            offsets = offsets[:i]
+        draining = asyncio.ensure_future(client.drain(spec.timeout_s + 1.0))
+        await until(draining, None, stop)
+        if not draining.done():
+            draining.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await draining
+        if stop.is_set():
+            await client.drain(GRACE_S)
     finally:
         await client.aclose()
         await ticker.stop()
-    return _result(spec, rec, start, client, offsets)
+    return _result(spec, rec, start, client, offsets, interrupted=stop.is_set())
 
 
-async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]) -> LoadResult:
+async def _closed_loop(
+    spec: LoadSpec, endpoint: Endpoint, requests: list[bytes], stop: Stop
+) -> LoadResult:
     cap = spec.max_requests
     rec = Recorder(min(cap, 1_000_000) if cap > 1_000_000 else cap)
     cap = len(rec.scheduled)
@@ -216,7 +241,7 @@ async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]
     def issue() -> bool:
         nonlocal next_rid
         now = time.monotonic()
-        if next_rid >= cap or now >= end:
+        if next_rid >= cap or now >= end or stop.is_set():
             return False
         rid = next_rid
         next_rid += 1
@@ -254,19 +279,20 @@ async def _closed_loop(spec: LoadSpec, endpoint: Endpoint, requests: list[bytes]
             if not issue():
                 break
         if client.in_flight:
-            try:
-                await asyncio.wait_for(finished, spec.duration_s + spec.timeout_s + 1.0)
-            except TimeoutError:
-                pass
-        await client.drain(0.0)
+            await until(finished, spec.duration_s + spec.timeout_s + 1.0, stop)
+        await client.drain(GRACE_S if stop.is_set() else 0.0)
     finally:
         await client.aclose()
         await ticker.stop()
-    used = next_rid
+    _trim(rec, next_rid)
+    return _result(spec, rec, start, client, interrupted=stop.is_set())
+
+
+def _trim(rec: Recorder, used: int) -> None:
+    """Keep the first `used` requests (views: the client still writes those in flight)."""
     rec.scheduled, rec.sent, rec.done = rec.scheduled[:used], rec.sent[:used], rec.done[:used]
     rec.dispatched = rec.dispatched[:used]
     rec.status, rec.error = rec.status[:used], rec.error[:used]
-    return _result(spec, rec, start, client)
 
 
 def _result(
@@ -275,6 +301,8 @@ def _result(
     start: float,
     client: LoadClient,
     offsets: np.ndarray | None = None,
+    *,
+    interrupted: bool = False,
 ) -> LoadResult:
     """Times relative to `start`. An open loop passes its exact `offsets` as the scheduled
     times: `(start + offsets) - start` would round differently for each absolute start."""
@@ -294,6 +322,7 @@ def _result(
         wall_s=wall,
         connect_errors=list(client.connect_errors),
         dispatched=rec.dispatched - start,
+        interrupted=interrupted,
     )
 
 
@@ -319,6 +348,7 @@ def _worker_main(spec: LoadSpec, index: int, conn: Any, forward_progress: bool =
                 result.captured,
                 result.connect_errors,
                 result.dispatched,
+                result.interrupted,
             )
         )
     except BaseException as exc:  # report, never hang the parent
@@ -381,7 +411,9 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
             # constant rate: shift worker w by w/rate so the merged stream is evenly spaced
             shift = w / spec.rate if spec.arrival == "constant" else 0.0
             pipe.send(start + shift)
-        parts = _gather(pipes, spec)
+        pids = [p.pid for p in procs if p.pid is not None and spec.interruptible]
+        with forward_sigint(pids) if pids else contextlib.nullcontext():
+            parts = _gather(pipes, spec)
     finally:
         for p in procs:
             p.join(timeout=spec.duration_s + spec.timeout_s + 10)
@@ -418,4 +450,5 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
         wall_s=wall,
         connect_errors=list(dict.fromkeys(e for p in parts for e in p[6]))[:5],
         dispatched=dispatched[order],
+        interrupted=any(p[8] for p in parts),
     )

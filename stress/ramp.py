@@ -105,6 +105,6 @@ def run_ramp(
         ramp.steps.append(step)
         if on_step is not None:
             on_step(step)
-        if not step.ok:
+        if not step.ok or result.interrupted:
             break
     return ramp

@@ -90,7 +90,9 @@ def describe(summary: dict[str, Any]) -> str:
 
 def stopped_line(summary: dict[str, Any]) -> str:
     """Which bound ended the run, and when its last request was due."""
-    flag = "--max-requests" if summary["stopped_by"] == "max_requests" else "--duration"
+    flag = {"max_requests": "--max-requests", "interrupted": "Ctrl-C"}.get(
+        summary["stopped_by"], "--duration"
+    )
     return (
         f"stopped by {flag}: {summary['requests']:,} requests, sent over "
         f"{summary['sending_s']:.2f} s of the {summary['duration_s']:g} s"

@@ -65,6 +65,7 @@ class LoadResult:
     wall_s: float
     connect_errors: list[str] = field(default_factory=list)  # the first 5 distinct, each once
     dispatched: np.ndarray | None = None  # when the scheduler handed each request over
+    interrupted: bool = False  # Ctrl-C ended it: the requests sent before it (`interrupt`)
     _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     # ---- per request
@@ -174,7 +175,7 @@ class LoadResult:
 
 def _spec_dict(result: LoadResult) -> dict[str, Any]:
     spec = asdict(result.spec)
-    for key in ("body", "bodies", "progress", "start_at"):
+    for key in ("body", "bodies", "progress", "start_at", "interruptible"):
         spec.pop(key, None)
     spec["headers"] = dict(spec.get("headers") or {})
     spec["capture_headers"] = list(spec.get("capture_headers") or ())
@@ -210,8 +211,14 @@ def summarize(result: LoadResult) -> dict[str, Any]:
         "responses": int(np.count_nonzero(result.status > 0)),
         "duration_s": result.spec.duration_s,
         "request_cap": cap,
-        # which bound ended the sending: the cap (reached), else the duration
-        "stopped_by": "max_requests" if cap is not None and n >= cap else "duration",
+        # what ended the sending: Ctrl-C, the cap (reached), else the duration
+        "stopped_by": (
+            "interrupted"
+            if result.interrupted
+            else "max_requests"
+            if cap is not None and n >= cap
+            else "duration"
+        ),
         "sending_s": float(result.scheduled.max()) if n else 0.0,  # the last send's schedule
         "wall_s": result.wall_s,
         "target_rate": result.target_rate,

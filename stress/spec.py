@@ -56,6 +56,9 @@ class LoadSpec:
       (0.2-0.3 ms at the median at 1,000 rps): for measuring sub-ms timing. The wake-up itself
       costs the loop's latency (~0.05-0.1 ms); with `spin_s=0.0001` as well (woken 0.1 ms early,
       polled for the rest: ~10% of a core at 1,000 rps) sends leave a few us after schedule.
+    - `interruptible`: Ctrl-C (SIGINT) ends the run early with what it measured
+      (`LoadResult.interrupted`) instead of raising KeyboardInterrupt (`toolenv stress` sets it;
+      a script driving several runs keeps Ctrl-C for itself).
     """
 
     url: str
@@ -82,6 +85,7 @@ class LoadSpec:
     spin_s: float = 0.0
     precise_sends: bool = False
     capture_body_bytes: int = 0
+    interruptible: bool = False
 
     def validate(self) -> None:
         if not (0 < self.duration_s <= HARD_MAX_DURATION_S):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from typer.testing import CliRunner
 
 from stress.cli import (
     EXIT_ALL_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_NO_RESPONSE,
     EXIT_OK,
     EXIT_SLO_BROKEN,
@@ -105,6 +108,22 @@ def test_no_answer_exits_3() -> None:
     )
     assert result.exit_code == EXIT_NO_RESPONSE
     assert json.loads(result.stdout)["outcomes"]["connect_error"]["count"] == 10
+
+
+def test_ctrl_c_prints_the_report_of_what_was_sent_and_exits_130(
+    fast_server: str, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT) in the middle of a run exited 130 with nothing: no table, no --out."""
+    out = tmp_path / "r.json"
+    timer = threading.Timer(1.0, signal.raise_signal, (signal.SIGINT,))
+    timer.start()
+    args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "60s", "--quiet"]
+    result = invoke(*args, "--out", str(out))
+    timer.join()
+    assert result.exit_code == EXIT_INTERRUPTED, result.output
+    assert "stopped by Ctrl-C: " in result.output and "interrupted:" in result.output
+    report = json.loads(out.read_text())
+    assert report["stopped_by"] == "interrupted" and 0 < report["requests"] < 6000
 
 
 def test_a_ramp_that_no_one_answers_says_so() -> None:

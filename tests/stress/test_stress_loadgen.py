@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import threading
 import time
@@ -206,6 +207,29 @@ def test_workers_report_progress_as_one_run(zero_server: str) -> None:
     assert len(started) >= 2
     assert seen[-1].completed == result.n == 200 and seen[-1].scheduled == 200
     assert all(a.completed <= b.completed for a, b in zip(started, started[1:], strict=False))
+
+
+@pytest.mark.parametrize("arrival", ["constant", "closed"])
+def test_ctrl_c_ends_the_run_with_what_it_measured(zero_server: str, arrival: str) -> None:
+    """SIGINT during a run lost all of it (KeyboardInterrupt out of the loop). Now sending
+    stops, the requests in flight finish, and the result holds every request sent before it."""
+    pressed: list[Progress] = []
+
+    def press_once(p: Progress) -> None:
+        if p.completed and not pressed:
+            pressed.append(p)
+            signal.raise_signal(signal.SIGINT)
+
+    spec = LoadSpec(
+        url=zero_server + "/x", rate=200, duration_s=60, arrival=arrival, concurrency=2,
+        progress=press_once, progress_interval_s=0.1, interruptible=True,
+    )  # fmt: skip
+    result = run_load(spec)
+    assert pressed and result.interrupted
+    assert result.summary()["stopped_by"] == "interrupted"
+    assert 0 < result.n < 12_000 and result.n >= pressed[0].completed
+    assert not np.isnan(result.done).any()  # each request sent got its end
+    assert result.summary()["outcomes"]["ok"]["count"] == result.n
 
 
 def test_workers_send_exactly_the_request_cap(zero_server: str) -> None:
