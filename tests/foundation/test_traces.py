@@ -190,7 +190,7 @@ def test_interrupted_download_leaves_nothing(polytrace_dir: Path, tmp_path: Path
     with pytest.raises(KeyboardInterrupt):
         fetcher.fetch(entry)
     fetcher.close()
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert list(tmp_path.rglob("*")) == []  # not even the empty search_r1/ it made
 
 
 def test_fetch_bad_input_is_a_clear_error(mirror: str, tmp_path: Path) -> None:
@@ -221,6 +221,9 @@ def test_fetch_bad_input_is_a_clear_error(mirror: str, tmp_path: Path) -> None:
     [error] = [f["error"] for f in report["files"]]
     assert "cannot download" in error and dead in error
     assert "5 more file(s) not tried: the source does not answer" in done.stderr
+    # no empty search_r1/ or rllm_deepcoder/ left behind: found by name, it was read as a trace
+    # directory holding nothing, instead of "not in the trace cache: toolenv traces fetch"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_trace_points_at_the_cache_and_fetch(tmp_path: Path) -> None:

@@ -144,6 +144,17 @@ def _sink(entry: ManifestEntry, target: Path, progress: Progress | None) -> Iter
         raise
 
 
+def _remove_empty(made: list[Path]) -> None:
+    """The directories a failed download made, deepest first, if still empty: an empty
+    `search_r1/` left in the cache was found by name, and the commands that read it said it
+    held no trace instead of pointing at `toolenv traces fetch`."""
+    for directory in made:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+
+
 class Fetcher:
     """Fetches manifest entries from one source into one cache directory."""
 
@@ -171,17 +182,23 @@ class Fetcher:
         target = self.dest / entry.name
         if not force and is_cached(entry, target):
             return FetchResult(entry.name, "cached", target, entry.bytes)
+        made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with _sink(entry, target, self.progress) as sink:
                 where = self._download(entry, sink)
                 sink.commit(target, where)
         except FetchError as exc:
+            _remove_empty(made)
             where = self.source or self.manifest.base_url
             return FetchResult(entry.name, "failed", target, 0, where, str(exc), exc.unreachable)
         except OSError as exc:  # the cache itself: a file where a directory goes, or read-only
+            _remove_empty(made)
             error = f"{entry.name}: cannot write {target}: {exc}"
             return FetchResult(entry.name, "failed", target, 0, "", error)
+        except BaseException:
+            _remove_empty(made)
+            raise
         return FetchResult(entry.name, "fetched", target, entry.bytes, where)
 
     def _download(self, entry: ManifestEntry, sink: _Sink) -> str:
