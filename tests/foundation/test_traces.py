@@ -17,6 +17,7 @@ from testkit import ServerProcess, free_port
 from typer.testing import CliRunner
 
 from toolenv.cli import build_app
+from toolenv_core.polytrace.cache import default_cache_dir, trace_cache_dir
 from toolenv_core.polytrace.fetch import Fetcher
 from toolenv_core.polytrace.manifest import load_manifest
 
@@ -268,3 +269,15 @@ def test_fetch_into_a_cache_it_cannot_write_is_one_line_per_cause(
     [said] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert said.startswith(f"error: {name}: cannot write {tmp_path / name}: ")
     assert "File exists" in said and leftovers(tmp_path) == []
+
+
+def test_an_empty_cache_dir_variable_is_no_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`TOOLENV_TRACES_CACHE_DIR=` (compose's `${VAR}` with VAR unset) was Path("") = ".": the
+    cache became whatever directory the command ran in. Empty now means the default."""
+    monkeypatch.setenv("TOOLENV_TRACES_CACHE_DIR", "")
+    monkeypatch.chdir(tmp_path)
+    assert trace_cache_dir() == default_cache_dir()
+    listed = json.loads(traces("list", "intern_s1", "--json").stdout)
+    assert listed["cache_dir"] == str(default_cache_dir())
