@@ -65,6 +65,7 @@ class HeaderError(ValueError):
 COUNT_MAX = 2**63 - 1
 """The largest `X-Step` / `X-Turn` taken: a 64-bit count, what every trace reader can store (a
 longer one was read whole, and past Python's 4300-digit conversion limit it was a 500)."""
+_COUNT_DIGITS = len(str(COUNT_MAX))
 
 
 def count_header(name: str, value: str | None) -> int | None:
@@ -75,11 +76,13 @@ def count_header(name: str, value: str | None) -> int | None:
         return None
     if not (value.isascii() and value.isdigit()):
         raise HeaderError(f"{name} must be a non-negative integer (0, 1, 2, ...), got {value!r}")
-    digits = value.lstrip("0")
-    if len(digits) > len(str(COUNT_MAX)) or (digits and int(digits) > COUNT_MAX):
+    # the length first: int() of a string past 4300 digits raises (it was a 500)
+    digits = value if len(value) <= _COUNT_DIGITS else value.lstrip("0") or "0"
+    count = int(digits) if len(digits) <= _COUNT_DIGITS else None
+    if count is None or count > COUNT_MAX:
         shown = value if len(value) <= 40 else f"{value[:20]}... ({len(value)} digits)"
         raise HeaderError(f"{name} must be at most {COUNT_MAX} (a 64-bit count), got {shown}")
-    return int(value)
+    return count
 
 
 def trajectory_header(value: str | None) -> str | None:
