@@ -80,16 +80,24 @@ class Deadline:
 def parse_deadline_ms(value: str) -> float:
     """Parse a header value into seconds, with an error message that says what to send."""
     try:
+        if "_" in value:  # Python's float() reads "1_000"; no other HTTP client's parser does
+            raise ValueError(value)
         ms = float(value)
     except ValueError as exc:
         raise DeadlineHeaderError(
-            f"{DEADLINE_HEADER} must be a number of milliseconds, got {value!r}"
+            f"{DEADLINE_HEADER} must be a number of milliseconds, got {_shown(value)}"
         ) from exc
     if not math.isfinite(ms) or ms < 0:
         raise DeadlineHeaderError(
-            f"{DEADLINE_HEADER} must be a finite, non-negative number of milliseconds, got {value!r}"
+            f"{DEADLINE_HEADER} must be a finite, non-negative number of milliseconds, "
+            f"got {_shown(value)}"
         )
     return ms / 1000.0
+
+
+def _shown(value: str) -> str:
+    """The value as an error message quotes it: whole when short, not a 5 kB header echoed."""
+    return repr(value) if len(value) <= 40 else f"{value[:20]!r}... ({len(value)} characters)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,6 +160,12 @@ def test_deadline_header_round_trip_and_bounds() -> None:
         deadline_from_headers({DEADLINE_HEADER: "soon"}, default_s=1, max_s=2)
     with pytest.raises(DeadlineHeaderError):
         deadline_from_headers({DEADLINE_HEADER: "-5"}, default_s=1, max_s=2)
+    # Python's float() reads "1_000": no other client's parser would, so neither does this one
+    with pytest.raises(DeadlineHeaderError, match="number of milliseconds, got '1_000'"):
+        deadline_from_headers({DEADLINE_HEADER: "1_000"}, default_s=1, max_s=2)
+    # a long value is quoted in part, not echoed whole into the 400
+    with pytest.raises(DeadlineHeaderError, match=r"got 'xxxxxxxxxxxxxxxxxxxx'\.\.\. \(5000 ch"):
+        deadline_from_headers({DEADLINE_HEADER: "x" * 5000}, default_s=1, max_s=2)
     short = Deadline.after(0.05)
     assert int(short.to_header_value()) <= 50
     time.sleep(0.06)
