@@ -157,6 +157,11 @@ class ToolConfig(BaseModel):
             )
         if self.default_deadline_ms > self.max_deadline_ms:
             raise ValueError(f"tool {self.name!r}: default_deadline_ms exceeds max_deadline_ms")
+        if self.hedge.enabled and not self.is_idempotent:  # it was switched off without a word
+            raise ValueError(
+                f"tool {self.name!r}: hedge.enabled needs `idempotent: true` (a hedge sends the "
+                f"call twice; a {self.kind} tool is not idempotent unless you say so)"
+            )
         return self
 
     @property

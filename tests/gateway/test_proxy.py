@@ -7,7 +7,9 @@ import json
 import time
 
 import httpx
+import pytest
 from gw_support import metric_value, proxy_tool
+from pydantic import ValidationError
 
 from rollout_client.gateway_client import GatewayClient
 from toolenv_core.deadline import Deadline
@@ -319,10 +321,17 @@ def test_an_upstream_url_with_a_path_serves_under_it(upstream, gateway) -> None:
     assert ready.status_code == 503 and "health check answered 503" in ready.json()["detail"]
 
 
-def test_hedging_is_off_for_non_idempotent_tools(upstream, gateway) -> None:
+def test_hedging_a_tool_not_idempotent_is_a_settings_error_unless_it_says_it_is(
+    upstream, gateway
+) -> None:
+    """A hedge on a sandbox (not idempotent by default) was switched off without a word."""
     a, b = upstream("a"), upstream("b")
-    gw = gateway([proxy_tool("sandbox", a.url, b.url, kind="sandbox", hedge={"enabled": True})])
-    assert gw.toolset.tools["sandbox"].hedging is False
+    with pytest.raises(ValidationError, match=r"hedge.enabled needs `idempotent: true`"):
+        proxy_tool("sandbox", a.url, b.url, kind="sandbox", hedge={"enabled": True})
+    said = proxy_tool(
+        "sandbox", a.url, b.url, kind="sandbox", idempotent=True, hedge={"enabled": True}
+    )
+    assert gateway([said]).toolset.tools["sandbox"].hedging is True
 
 
 def test_metrics_list_every_family_per_tool(upstream, gateway) -> None:
