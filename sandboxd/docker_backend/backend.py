@@ -308,8 +308,9 @@ class DockerBackend:
             stderr=stderr,
             stdout_truncated=step.get("stdout_truncated", False),
             stderr_truncated=step.get("stderr_truncated", False),
-            wall_time_s=step.get("wall_s", 0.0),
-            cpu_time_s=step.get("cpu_s"),
+            # microseconds, as the process backend reports them (not the agent's 15 digits)
+            wall_time_s=round(step.get("wall_s", 0.0), 6),
+            cpu_time_s=round(step["cpu_s"], 6) if step.get("cpu_s") is not None else None,
             peak_memory_kb=step.get("maxrss_kb"),
             message=message,
         )

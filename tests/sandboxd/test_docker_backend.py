@@ -93,6 +93,9 @@ def test_languages_with_stdin(portal, backend, language: str, code: str, expecte
     assert (r.compile is not None) == (language in ("c", "cpp"))
     assert r.backend == "docker" and r.sandbox_id.startswith("toolenv-sbx-")
     assert r.run.wall_time_s > 0 and r.run.cpu_time_s is not None and r.run.peak_memory_kb > 0
+    # in microseconds, as on the process backend (SandboxFusion clients print them)
+    assert all(round(t, 6) == t for t in (r.run.wall_time_s, r.run.cpu_time_s)), r.run
+    assert r.compile is None or round(r.compile.wall_time_s, 6) == r.compile.wall_time_s
 
 
 def test_compile_error_skips_the_run(portal, backend) -> None:
