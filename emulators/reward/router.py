@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv_core.fields import Integer, Number
+from toolenv_core.headers import COUNT_MAX
 from toolenv_core.latency.samplers import Draw
 
 from ..base import (
@@ -37,7 +38,7 @@ class RewardCall(BaseModel):
     delay_s: Number | None = Field(
         default=None, ge=0, description="exact replay: sleep exactly this"
     )
-    step: Integer | None = Field(default=None, ge=0)
+    step: Integer | None = Field(default=None, ge=0, le=COUNT_MAX, description="training step")
 
 
 def build_router(emulator: RewardEmulator) -> APIRouter:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv_core.deadline import Deadline
 from toolenv_core.fields import Integer, Number
+from toolenv_core.headers import COUNT_MAX
 from toolenv_core.latency.samplers import Draw
 
 from ..base import (
@@ -49,7 +50,7 @@ class SearchCall(BaseModel):
         default=None, ge=1, description="size the whole response to this"
     )
     step: Integer | None = Field(
-        default=None, ge=0, description="training step (for drifting profiles)"
+        default=None, ge=0, le=COUNT_MAX, description="training step (for drifting profiles)"
     )
 
 

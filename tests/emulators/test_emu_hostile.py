@@ -99,3 +99,27 @@ def test_probes_answer_head(client: httpx.Client) -> None:
     for probe in ("/healthz", "/readyz"):
         r = client.head(probe)
         assert r.status_code == 200 and r.content == b""
+
+
+@pytest.mark.parametrize("tool", ["search", "reward"])
+def test_a_body_step_is_a_64_bit_count_like_x_step(client: httpx.Client, tool: str) -> None:
+    # under a drift profile a body `step` past the float range was a 500 (float(step) overflowed);
+    # X-Step was already capped at a 64-bit count, the body's step was not
+    drift = {
+        "tool": tool,
+        "model": {
+            "kind": "drift",
+            "schedule": [
+                {"start": 0, "model": {"kind": "constant", "value_s": 0}},
+                {"start": 5, "model": {"kind": "constant", "value_s": 0}},
+            ],
+        },
+    }
+    assert client.put(f"/v1/emulators/{tool}/profile", json=drift).status_code == 200
+    call = b'{"query": "q", ' if tool == "search" else b'{"batch_size": 1, '
+    huge = call + b'"step": 1' + b"0" * 309 + b"}"
+    r = client.post(f"/v1/emulators/{tool}/call", content=huge)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "step"]
+    top = call + f'"step": {2**63 - 1}}}'.encode()
+    assert client.post(f"/v1/emulators/{tool}/call", content=top).status_code == 200
