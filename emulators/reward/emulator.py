@@ -13,6 +13,9 @@ negative), so by default lengths do not scale the delay.
 
 from __future__ import annotations
 
+import math
+import sys
+
 from toolenv_core.latency.profile import Profile
 
 from ..base import ToolEmulator
@@ -31,5 +34,9 @@ class RewardEmulator(ToolEmulator):
         ref_mean = self.profile.reference.get("response_mean")
         e = self.settings.reward_length_exponent
         if e and mean_length is not None and ref_mean:
-            factor *= (max(mean_length, 1.0) / ref_mean) ** e
-        return factor
+            try:
+                factor *= (max(mean_length, 1.0) / ref_mean) ** e
+            except OverflowError:  # float ** float raises past the range (it was a 500)
+                factor = math.inf
+        # finite, so the reply stays JSON (`Infinity` is not); the delay is capped at max_delay_s
+        return factor if factor <= sys.float_info.max else sys.float_info.max

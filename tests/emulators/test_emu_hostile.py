@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from emu_support import FAST
+
+from emulators.reward import RewardEmulator
+from emulators.settings import EmulatorSettings
+from toolenv_core.latency.profile import Profile
 
 
 @pytest.mark.parametrize(
@@ -123,3 +129,31 @@ def test_a_body_step_is_a_64_bit_count_like_x_step(client: httpx.Client, tool: s
     assert r.json()["detail"][0]["loc"] == ["body", "step"]
     top = call + f'"step": {2**63 - 1}}}'.encode()
     assert client.post(f"/v1/emulators/{tool}/call", content=top).status_code == 200
+
+
+def _strict_json(text: str) -> object:
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_reward_scale_past_the_float_range_is_still_json(client: httpx.Client) -> None:
+    # a tiny reference batch made the scale inf: the reply said `"scale":Infinity`, which no
+    # strict JSON parser reads
+    profile = {"tool": "reward", **FAST, "reference": {"batch_size": 1e-308}}
+    assert client.put("/v1/emulators/reward/profile", json=profile).status_code == 200
+    r = client.post("/v1/emulators/reward/call", json={"batch_size": 100_000, "delay_s": 0})
+    assert r.status_code == 200, r.text
+    body = _strict_json(r.text)
+    assert body["scale"] > 1e300 and body["reward_time_s"] == 0.0
+
+
+def test_a_length_scaling_past_the_float_range_is_no_overflow() -> None:
+    # (mean / reference mean) ** exponent raised OverflowError: every such call was a 500
+    settings = EmulatorSettings(reward_length_exponent=2.0)
+    profile = Profile.model_validate(
+        {"tool": "reward", **FAST, "reference": {"response_mean": 1e-300}}
+    )
+    scale = RewardEmulator(settings, profile).scale(64, 1e9)
+    assert 1e300 < scale < float("inf")
