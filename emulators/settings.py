@@ -26,7 +26,7 @@ class EmulatorSettings(FrontDoorSettings):
     port: Integer = Field(default=8090, ge=0, le=65535)
     log_level: LogLevel = "warning"
     seed: Integer = Field(
-        default=0, description="seeds every delay draw and every synthetic document"
+        default=0, ge=0, description="seeds every delay draw and every synthetic document"
     )
 
     search_profile: Profile | None = Field(default=None, description="inline search profile")

@@ -227,3 +227,23 @@ def test_a_config_file_suffix_in_capitals_names_its_format(tmp_path) -> None:
     other.write_text("[gateway]\nport = 9000\n")
     with pytest.raises(ConfigFileError, match=r"toolenv.conf does not parse as YAML: "):
         read_config_file(other)
+
+
+@pytest.mark.parametrize(
+    ("group", "variable", "value", "said"),
+    [
+        # a negative seed passed the settings, then `emulators serve` said only "error: expected
+        # non-negative integer" (numpy's words, no setting named)
+        ("emulators", "TOOLENV_EMULATORS_SEED", "-1", "invalid emulators settings: seed: "),
+        # `rollout settings` said "error: engine: ..." without its section, unlike the others
+        ("rollout", "TOOLENV_ROLLOUT_ENGINE", "foo", "invalid rollout settings: engine: "),
+        ("sandboxd", "TOOLENV_SANDBOX_MAX_CONCURRENCY", "-3", "invalid sandbox settings: "),
+    ],
+)
+def test_each_settings_command_names_the_section_and_field(
+    group: str, variable: str, value: str, said: str
+) -> None:
+    env = {variable: value, "TOOLENV_CONFIG": None}
+    result = CliRunner().invoke(build_app(), [group, "settings"], env=env)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: {said}"), result.stderr
