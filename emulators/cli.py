@@ -219,6 +219,11 @@ def serve_command(
         }.items()
         if v is not None
     }
+    # a profile file on the command line replaces an inline profile of the config file or env,
+    # which `build_emulators` would otherwise prefer (the command line is the highest precedence)
+    for tool in ("search", "reward"):
+        if f"{tool}_profile_file" in overrides:
+            overrides[f"{tool}_profile"] = None
     try:
         settings = EmulatorSettings.load(config, **overrides)
         app_ = create_app(settings)

@@ -588,3 +588,24 @@ def test_a_delay_counts_from_when_the_request_reached_the_process(server: Server
     assert answered_after_body < 0.7  # not another full second
     assert headers[INJECTED] == "1000.000"
     assert float(headers[TIMER]) >= 400  # it woke ~0.5 s past the delay: the body was late
+
+
+@pytest.mark.parametrize(
+    ("option", "tool"), [("--profile", "search"), ("--reward-profile", "reward")]
+)
+def test_a_profile_option_wins_over_an_inline_profile_in_the_config(
+    tmp_path: Path, option: str, tool: str
+) -> None:
+    # the command line is the highest precedence, but an inline `search_profile` in the config
+    # file (or its env var) silently won over `--profile FILE`
+    config = tmp_path / "toolenv.yaml"
+    inline = {"tool": tool, "model": {"kind": "constant", "value_s": 0.5}}
+    config.write_text(json.dumps({"emulators": {f"{tool}_profile": inline}}))
+    given = tmp_path / "given.yaml"
+    given.write_text(json.dumps({"tool": tool, **FAST, "source": "the command line"}))
+    server = start_server("--config", str(config), option, str(given))
+    try:
+        active = httpx.get(f"{server.url}/v1/emulators/{tool}/profile").json()
+    finally:
+        server.stop()
+    assert active["source"] == "the command line", active
