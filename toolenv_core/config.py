@@ -280,9 +280,10 @@ class ServiceSettings(BaseSettings):
     """Base for every service's settings: env prefix `TOOLENV_<SECTION>_`, file section `<section>`."""
 
     # Every float setting is a finite amount: `inf` (or `nan`) would pass `gt=0` and then print
-    # as `Infinity` in `config show --json` (not JSON). Subclasses' configs merge with this one.
+    # as `Infinity` in `config show --json` (not JSON). An empty variable (compose's `${VAR}` with
+    # VAR unset) is no setting: a path was Path("") = ".". Subclasses' configs merge with this one.
     model_config = SettingsConfigDict(
-        extra="ignore", env_nested_delimiter="__", allow_inf_nan=False
+        extra="ignore", env_nested_delimiter="__", allow_inf_nan=False, env_ignore_empty=True
     )
     section: ClassVar[str] = ""
     _config_path: ClassVar[str | None] = None

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from emulators.settings import EmulatorSettings
 from gateway.settings import GatewaySettings
 from sandboxd.settings import SandboxSettings
 from toolenv.cli import build_app
@@ -247,3 +248,16 @@ def test_each_settings_command_names_the_section_and_field(
     result = CliRunner().invoke(build_app(), [group, "settings"], env=env)
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.startswith(f"error: {said}"), result.stderr
+
+
+def test_an_empty_variable_is_no_setting_in_every_section(monkeypatch) -> None:
+    """`TOOLENV_EMULATORS_SEARCH_PROFILE_FILE=` (compose's `${VAR}` with VAR unset) was Path("") =
+    ".": `emulators serve` said `error: .: cannot read: Is a directory`; an empty
+    `TOOLENV_SANDBOX_PYTHON` was the interpreter "". Empty means the default, as for traces."""
+    monkeypatch.delenv("TOOLENV_CONFIG", raising=False)
+    monkeypatch.setenv("TOOLENV_EMULATORS_SEARCH_PROFILE_FILE", "")
+    monkeypatch.setenv("TOOLENV_EMULATORS_PORT", "")
+    monkeypatch.setenv("TOOLENV_SANDBOX_PYTHON", "")
+    emulators = EmulatorSettings.load()
+    assert emulators.search_profile_file is None and emulators.port == 8090
+    assert SandboxSettings.load().python is None
