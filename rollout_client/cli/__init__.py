@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from toolenv_core.config import config_error
-
 from ..settings import RolloutSettings
 from .calibrate_cmd import calibrate
-from .common import fail
+from .common import fail, one_line
 from .run_cmd import run
 from .study_cmd import study
 from .validate_cmd import validate
@@ -22,8 +20,8 @@ def show_settings() -> None:
     """Print this service's effective settings as JSON."""
     try:
         settings = RolloutSettings.load()
-    except ValueError as exc:  # a ValidationError too: named with its section, as the others
-        fail(config_error(exc))
+    except ValueError as exc:  # a ValidationError too
+        fail(one_line(exc))
     typer.echo(settings.model_dump_json(indent=2))
 
 

