@@ -29,10 +29,17 @@ app = typer.Typer(
 
 
 @app.command("settings")
-def show_settings() -> None:
-    """Print this service's effective settings as JSON."""
+def show_settings(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
+        ),
+    ] = None,
+) -> None:
+    """Print this service's effective settings as JSON (what `serve --config FILE` would use)."""
     try:
-        settings = EmulatorSettings.load()
+        settings = EmulatorSettings.load(config)
     except ValueError as exc:  # the config file or a TOOLENV_EMULATORS_* variable
         raise _fail(config_error(exc)) from exc
     typer.echo(settings.model_dump_json(indent=2))

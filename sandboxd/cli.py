@@ -20,10 +20,17 @@ app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
 
 
 @app.command("settings")
-def show_settings() -> None:
-    """Print this service's effective settings as JSON."""
+def show_settings(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
+        ),
+    ] = None,
+) -> None:
+    """Print this service's effective settings as JSON (what `serve --config FILE` would use)."""
     try:
-        settings = SandboxSettings.load()
+        settings = SandboxSettings.load(config)
     except ValueError as exc:  # the config file or a TOOLENV_SANDBOX_* variable
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 from ..settings import RolloutSettings
@@ -16,10 +19,17 @@ app = typer.Typer(
 )
 
 
-def show_settings() -> None:
-    """Print this service's effective settings as JSON."""
+def show_settings(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
+        ),
+    ] = None,
+) -> None:
+    """Print this service's effective settings as JSON (what `--config FILE` would give)."""
     try:
-        settings = RolloutSettings.load()
+        settings = RolloutSettings.load(config)
     except ValueError as exc:  # a ValidationError too
         fail(one_line(exc))
     typer.echo(settings.model_dump_json(indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -259,3 +260,25 @@ def test_an_empty_variable_is_no_setting_in_every_section(monkeypatch) -> None:
     emulators = EmulatorSettings.load()
     assert emulators.search_profile_file is None and emulators.port == 8090
     assert SandboxSettings.load().python is None
+
+
+@pytest.mark.parametrize(
+    ("group", "section", "key", "value"),
+    [
+        ("emulators", "emulators", "port", 9101),
+        ("sandboxd", "sandbox", "port", 9102),
+        ("rollout", "rollout", "batch", 7),
+    ],
+)
+def test_a_settings_command_reads_the_config_file_it_is_given(
+    tmp_path: Path, group: str, section: str, key: str, value: int
+) -> None:
+    """`toolenv emulators serve --config FILE` reads FILE, but `toolenv emulators settings
+    --config FILE` was `No such option: --config`: it could not show what serve would use."""
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text(f"{section}:\n  {key}: {value}\n")
+    result = CliRunner().invoke(
+        build_app(), [group, "settings", "--config", str(cfg)], env={"TOOLENV_CONFIG": None}
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(result.stdout)[key] == value
