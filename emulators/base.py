@@ -90,6 +90,12 @@ class ToolEmulator:
             field, msg = first_problem(exc)
             raise ProfileRejected(field.split(".") if field else [], msg) from exc
 
+    def exact(self, delay_s: float) -> Draw:
+        """An exact replay (`delay_s` in the call): no sampled delay and no fault, but a call all
+        the same (`GET /v1/emulators` counted only the sampled ones)."""
+        self.calls += 1
+        return Draw(delay_s)
+
     def draw(self, step: int | None, scale: float = 1.0) -> Draw:
         """One call's fate: the profile's delay times `scale`, capped at `max_delay_s` (the one
         bound on every sleep, whatever a profile says: a call never hangs), and its fault."""

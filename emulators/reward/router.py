@@ -11,7 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv_core.fields import Integer, Number
 from toolenv_core.headers import COUNT_MAX
-from toolenv_core.latency.samplers import Draw
 
 from ..base import (
     begin_call,
@@ -71,7 +70,9 @@ def build_router(emulator: RewardEmulator) -> APIRouter:
         step = body.step if body.step is not None else header_step
         mean_length = sum(lengths) / len(lengths) if lengths else None
         scale = emulator.scale(batch, mean_length)
-        draw = Draw(body.delay_s) if body.delay_s is not None else emulator.draw(step, scale)
+        draw = (
+            emulator.exact(body.delay_s) if body.delay_s is not None else emulator.draw(step, scale)
+        )
 
         def reply() -> bytes:
             return json.dumps(

@@ -155,7 +155,7 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
                 )
         step = body.step if body.step is not None else header_step
         # Exact replay: the caller's delay, no sampled delay and no fault.
-        draw = Draw(body.delay_s) if body.delay_s is not None else emulator.draw(step)
+        draw = emulator.exact(body.delay_s) if body.delay_s is not None else emulator.draw(step)
         return await answer(
             deadline,
             queries,

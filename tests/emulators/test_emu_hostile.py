@@ -157,3 +157,15 @@ def test_a_length_scaling_past_the_float_range_is_no_overflow() -> None:
     )
     scale = RewardEmulator(settings, profile).scale(64, 1e9)
     assert 1e300 < scale < float("inf")
+
+
+def test_an_exact_replay_is_counted_as_a_call(client: httpx.Client) -> None:
+    # `GET /v1/emulators` counted sampled calls only: a replay of delay_s calls said `calls: 0`
+    def calls() -> dict[str, int]:
+        listed = client.get("/v1/emulators").json()["tools"]
+        return {t["tool"]: t["calls"] for t in listed}
+
+    before = calls()
+    assert client.post("/v1/emulators/search/call", json={"query": "q", "delay_s": 0}).is_success
+    assert client.post("/v1/emulators/reward/call", json={"batch_size": 1, "delay_s": 0}).is_success
+    assert calls() == {"search": before["search"] + 1, "reward": before["reward"] + 1}
