@@ -161,6 +161,8 @@ def test_tools_table_from_a_config_file_and_clear_errors(tmp_path) -> None:
         ("http://[::1", "upstream URL 'http://[::1': Invalid IPv6 URL"),
         ("http://a :1", "upstream URL 'http://a :1' contains whitespace"),
         ("http://a/x?y=1", "upstream URL 'http://a/x?y=1' is a base URL: no ?query or #fragment"),
+        # the credentials were dropped without a word, and `config show` printed the password
+        ("http://u:pw@a:1", "upstream URL 'http://***@a:1' carries credentials (user:password@)"),
     ],
 )
 def test_an_upstream_url_the_client_cannot_use_is_one_settings_line(tmp_path, url, said) -> None:
@@ -172,6 +174,7 @@ def test_an_upstream_url_the_client_cannot_use_is_one_settings_line(tmp_path, ur
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.startswith(f"error: invalid gateway settings: tools.0.upstreams: {said}")
     assert result.stderr.count("\n") == 1
+    assert "pw@" not in result.stderr
 
 
 @pytest.mark.parametrize(
