@@ -78,7 +78,7 @@ def serve(
             "--ray",
             help="Serve on Ray: the gateway, sandboxd and the emulators as Serve deployments. "
             f"{RAY_ADDRESS_HELP} The gateway replicas bind the ray section's http_host:http_port "
-            "(--port overrides). See docs/ray.md.",
+            "(--host and --port override). See docs/ray.md.",
             metavar="ADDRESS",
             callback=ray_address,
         ),
@@ -86,6 +86,13 @@ def serve(
     detach: Annotated[
         bool, typer.Option("--detach", help="With --ray: deploy, then exit and leave it running.")
     ] = False,
+    ready_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="With --ray: seconds the deployments may take to run, and /readyz to answer.",
+        ),
+    ] = 300.0,
 ) -> None:
     """Run the gateway (with no config: sandbox, search and reward mounted in-process).
 
@@ -102,7 +109,14 @@ def serve(
                 f"error: --ray needs Ray Serve: pip install 'toolenv[ray]' ({exc})", err=True
             )
             raise typer.Exit(2) from exc
-        run_on_ray(ray_address, str(config) if config else None, port, detach, ready_timeout_s=300)
+        run_on_ray(
+            ray_address,
+            str(config) if config else None,
+            (host, port),
+            allow_unauthenticated,
+            detach,
+            ready_timeout_s=ready_timeout,
+        )
         return
     if mode is not None and mode not in ("embedded", "proxy"):
         raise typer.BadParameter("must be embedded or proxy", param_hint="--mode")

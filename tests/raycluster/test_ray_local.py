@@ -165,6 +165,29 @@ def test_a_deployment_that_cannot_start_says_why_and_stops_the_cluster(tmp_path:
         ns.stop()
 
 
+def test_replicas_no_node_can_take_are_an_error_at_the_ready_timeout(tmp_path: Path) -> None:
+    """A sandbox replica of more CPUs than the cluster has: one line naming the deployment and
+    what it waits for, exit 1 at `--ready-timeout`, no cluster left (before: "deploying" for
+    ever, as `serve.run` waits without end)."""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    try:
+        config = {**CONFIG, "ray": {**CONFIG["ray"], "sandbox": {"num_cpus": 64}}}
+        argv, env = _serve_command(ns, tmp_path, config)
+        started = time.monotonic()
+        done = subprocess.run([*argv, "--ready-timeout", "40"], env=env, capture_output=True,
+                              text=True, timeout=150)  # fmt: skip
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert time.monotonic() - started < 120
+        said = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(said) == 1, done.stderr[-3000:]
+        assert "not running after 40 s" in said[0] and "sandbox: " in said[0], said
+        assert "64" in said[0], said  # the CPUs each replica asks for
+        assert "Traceback" not in done.stderr
+        _assert_no_process_left(ns)
+    finally:
+        ns.stop()
+
+
 def test_stopping_with_a_call_in_flight_releases_the_sandbox_pool(tmp_path: Path) -> None:
     """SIGTERM while a program runs: the gateway's shutdown grace (here 22 s, above Serve's 20 s
     default for a replica's shutdown) runs out, its call is cancelled, and the sandbox replica

@@ -13,14 +13,14 @@ switches): otherwise each call crosses two threads on each side of a handle call
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray import serve
 from ray.serve import Application
-from ray.serve.handle import DeploymentHandle
-from ray.serve.schema import DeploymentStatus
+from ray.serve.schema import ApplicationStatus, DeploymentStatus
 
 from emulators.settings import EmulatorSettings
 from gateway.settings import GatewaySettings
@@ -45,9 +45,13 @@ class RayStack:
 
     @classmethod
     def load(cls, config_file: str | None = None, address: str | None = None) -> RayStack:
-        """Every section from one read of the config file (else `TOOLENV_CONFIG`)."""
+        """Every section from one read of the config file (else `TOOLENV_CONFIG`). `address`
+        (the `--ray` option) wins over the file's and the environment's `ray.address`, `local`
+        too: it was dropped as "no override", and the file's cluster was dialled instead."""
         sections = read_all_sections(config_file)
-        overrides = {"address": address} if address is not None else {}
+        overrides: dict[str, str | None] = {}
+        if address is not None:
+            overrides["address"] = None if address == LOCAL else address
         return cls(
             RaySettings.from_sections(sections, **overrides),
             GatewaySettings.from_sections(sections),
@@ -98,7 +102,11 @@ def replica_options(config: ReplicaConfig, shutdown_s: float) -> dict[str, Any]:
 
 
 def build_application(stack: RayStack) -> Application:
+    """The application; a `ValueError` when the gateway replicas would listen on a non-loopback
+    `http_host` with no API keys, as `toolenv serve --host` refuses (it served an open sandbox
+    on every node's address)."""
     r = stack.ray
+    stack.gateway.model_copy(update={"host": r.http_host}).check_bind()
     # A sandbox replica runs as many programs as it takes calls: Ray's queue holds the rest
     # (which is what autoscaling counts).
     sandbox_values = {
@@ -145,22 +153,52 @@ def connect(stack: RayStack) -> None:
         init_ray(stack.ray.address, log_to_driver=False)
 
 
-def deploy(stack: RayStack, app: Application) -> DeploymentHandle:
+def deploy(stack: RayStack, app: Application, timeout_s: float) -> None:
     """Connect (`connect`), start Serve without its HTTP proxies (the gateway replicas serve
     HTTP), run the application (built from `stack` before connecting: Ray checks the
-    deployments' options as it builds them)."""
+    deployments' options as it builds them) and wait at most `timeout_s` for it to run.
+    `serve.run` waits without end: replicas no node can take (`num_cpus` above every node's)
+    kept the command at "deploying" for ever, with no word of why."""
     r = stack.ray
     connect(stack)
     serve.start(proxy_location="Disabled")
-    try:
-        return serve.run(app, name=r.app_name, route_prefix=None)
-    except RuntimeError as exc:  # DEPLOY_FAILED: Serve names the deployments, not what failed
-        raise DeployFailed(f"{exc} {why_failed(r.app_name)}".strip()) from exc
+    serve._run(app, _blocking=False, name=r.app_name, route_prefix=None)
+    end = time.monotonic() + timeout_s
+    while (status := app_status(r.app_name)) != ApplicationStatus.RUNNING:
+        if status == ApplicationStatus.DEPLOY_FAILED:  # Serve names the deployments only
+            why = why_failed(r.app_name) or "`serve status` says more"
+            raise DeployFailed(f"deploying application {r.app_name} failed: {why}")
+        if time.monotonic() >= end:
+            raise DeployFailed(
+                f"application {r.app_name} not running after {timeout_s:.0f} s: "
+                f"{why_waiting(r.app_name)}"
+            )
+        time.sleep(0.2)
+
+
+def app_status(app_name: str) -> ApplicationStatus | None:
+    app = serve.status().applications.get(app_name)
+    return app.status if app is not None else None
 
 
 class DeployFailed(RuntimeError):
     """Serve gave up on the application; the message says which deployment and what its
     replicas raised (a port in use, a sandbox backend that cannot start)."""
+
+
+def why_waiting(app_name: str) -> str:
+    """Each deployment not yet running and what Serve says of it (for replicas that no node can
+    take: the resources each needs and those the cluster has)."""
+    app = serve.status().applications.get(app_name)
+    deployments = app.deployments.items() if app is not None else []
+    return (
+        "; ".join(
+            f"{name}: {' '.join(d.message.split()) or d.status}"
+            for name, d in deployments
+            if d.status != DeploymentStatus.HEALTHY
+        )
+        or "no deployment reported yet"
+    )
 
 
 def why_failed(app_name: str) -> str:

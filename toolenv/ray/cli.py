@@ -24,17 +24,26 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and `kill`
 
 
 def run_on_ray(
-    address: str, config_file: str | None, port: int | None, detach: bool, ready_timeout_s: float
+    address: str,
+    config_file: str | None,
+    bind: tuple[str | None, int | None],
+    allow_unauthenticated: bool,
+    detach: bool,
+    ready_timeout_s: float,
 ) -> None:
+    """`bind` is `--host`/`--port` (each overrides `ray.http_host`/`http_port` when given)."""
     console = Console(stderr=True)
     if detach and address == LOCAL:
         # A local cluster started by this command ends with it: nothing would stay deployed.
         console.print("[red]--detach needs a running cluster[/] (`--ray auto` or HOST:PORT)")
         raise typer.Exit(2)
     try:
-        stack = RayStack.load(config_file, address=None if address == LOCAL else address)
-        if port is not None:
-            stack.ray = stack.ray.model_copy(update={"http_port": port})
+        stack = RayStack.load(config_file, address=address)
+        host, port = bind
+        where = {"http_host": host, "http_port": port}
+        stack.ray = stack.ray.model_copy(update={k: v for k, v in where.items() if v is not None})
+        if allow_unauthenticated:
+            stack.gateway = stack.gateway.model_copy(update={"allow_unauthenticated": True})
         # Ray checks the deployments' options (e.g. `resources`) as they are built: before any
         # cluster is started or joined.
         app = build_application(stack)
@@ -89,7 +98,8 @@ def interrupt_on_stop_signals() -> None:
 def start(
     stack: RayStack, app: Application, url: str, ready_timeout_s: float, console: Console
 ) -> str | None:
-    """Connect, deploy and wait for `/readyz` (what `wait_ready` says); raises
+    """Connect, deploy (each deployment running within `ready_timeout_s`, else `DeployFailed`
+    naming what it waits for) and wait for `/readyz` (what `wait_ready` says); raises
     `StartInterrupted` at a stop signal, whenever it comes. `ray.init` installs SIGTERM handlers
     of its own, a Python one that exits and a native one that crashes the driver: the stop
     signals are taken back as soon as it returns, and its exit is read as the SIGTERM it was."""
@@ -101,7 +111,7 @@ def start(
                 connect(stack)
             finally:
                 interrupt_on_stop_signals()
-            deploy(stack, app)
+            deploy(stack, app, ready_timeout_s)
         with console.status(f"waiting for {url}/readyz"):
             return wait_ready(url, ready_timeout_s)
     except RayUnreachable as exc:

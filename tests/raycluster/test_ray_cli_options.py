@@ -1,0 +1,98 @@
+"""What `toolenv serve --ray` takes from its own options against the config file, and what it
+refuses before any cluster is dialled or started. The connection itself is replaced by a recorder
+(`init_ray`): these tests must not start a Ray cluster, which binds every interface."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import toolenv.ray.app as ray_app
+from toolenv.cli import build_app
+from toolenv.ray.app import RayStack, build_application
+from toolenv_core.ray_connect import RayUnreachable
+
+
+@pytest.fixture
+def dialled(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The addresses the command would connect to; each connection then fails at once. The
+    command installs its own stop-signal handlers: pytest's are put back afterwards."""
+    calls: list[str] = []
+
+    def record(address: str, **_: Any) -> None:
+        calls.append(address)
+        raise RayUnreachable(f"recorded {address}")
+
+    monkeypatch.setattr(ray_app, "init_ray", record)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield calls
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _serve(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(build_app(), ["serve", "--ray", *args])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_ray_local_wins_over_the_config_files_address(tmp_path: Path, dialled: list[str]) -> None:
+    """`--ray local` starts a new cluster even when the file names one (it dialled the file's)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("ray:\n  address: 127.0.0.1:1\n")
+    code, said = _serve("local", "-c", str(config))
+    assert dialled == ["local"], said
+    assert code == 1 and "recorded local" in said
+
+
+def test_ray_local_wins_over_the_environments_address(
+    monkeypatch: pytest.MonkeyPatch, dialled: list[str]
+) -> None:
+    monkeypatch.setenv("TOOLENV_RAY_ADDRESS", "127.0.0.1:1")
+    _serve("local")
+    assert dialled == ["local"]
+
+
+@pytest.mark.parametrize(
+    ("config", "args"),
+    [("ray:\n  http_host: 0.0.0.0\n", []), ("", ["--host", "0.0.0.0"])],
+    ids=["http_host", "--host"],
+)
+def test_an_open_non_loopback_bind_is_refused_before_any_cluster(
+    tmp_path: Path, dialled: list[str], config: str, args: list[str]
+) -> None:
+    """As `toolenv serve --host 0.0.0.0` refuses: the gateway replicas run programs for anyone
+    who reaches the node (it deployed them open on every node's address)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(config)
+    code, said = _serve("local", "-c", str(path), *args)
+    assert code == 2, said
+    assert "refusing to bind 0.0.0.0 without API keys" in said
+    assert dialled == []
+
+
+def test_allow_unauthenticated_or_keys_let_it_bind(
+    tmp_path: Path, dialled: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("ray:\n  http_host: 0.0.0.0\n")
+    _serve("local", "-c", str(path), "--allow-unauthenticated")
+    monkeypatch.setenv("TOOLENV_GATEWAY_API_KEYS", "k1")
+    _serve("local", "-c", str(path))
+    assert dialled == ["local", "local"]
+
+
+def test_the_serve_config_entry_point_refuses_an_open_bind_too(tmp_path: Path) -> None:
+    """`serve run toolenv.ray:build` / KubeRay build the application from the file alone."""
+    path = tmp_path / "c.yaml"
+    path.write_text("ray:\n  http_host: 0.0.0.0\n")
+    with pytest.raises(ValueError, match="refusing to bind 0.0.0.0 without API keys"):
+        build_application(RayStack.load(str(path)))
+    path.write_text("ray:\n  http_host: 0.0.0.0\ngateway:\n  api_keys: [k1]\n")
+    build_application(RayStack.load(str(path)))
