@@ -5,7 +5,10 @@ refuses before any cluster is dialled or started. The connection itself is repla
 from __future__ import annotations
 
 import signal
+import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from typer.testing import CliRunner
 import toolenv.ray.app as ray_app
 from toolenv.cli import build_app
 from toolenv.ray.app import RayStack, build_application
+from toolenv.ray.cli import gateway_url, wait_ready
 from toolenv_core.ray_connect import RayUnreachable
 
 
@@ -96,3 +100,33 @@ def test_the_serve_config_entry_point_refuses_an_open_bind_too(tmp_path: Path) -
         build_application(RayStack.load(str(path)))
     path.write_text("ray:\n  http_host: 0.0.0.0\ngateway:\n  api_keys: [k1]\n")
     build_application(RayStack.load(str(path)))
+
+
+class _Ready(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200 if self.path == "/readyz" else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+class _V6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def test_an_ipv6_http_host_is_waited_for_in_brackets() -> None:
+    """`ray.http_host: "::1"`: the readiness wait reaches the gateway on [::1] (it raised
+    httpx's `InvalidURL` with a traceback once the application had deployed)."""
+    server = _V6Server(("::1", 0), _Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        url = gateway_url("::1", port)
+        assert url == f"http://[::1]:{port}"
+        assert wait_ready(url, timeout_s=10) is None
+        assert gateway_url("127.0.0.1", port) == f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -50,7 +50,7 @@ def run_on_ray(
     except (ConfigFileError, ValueError) as exc:  # a ValidationError too: one line, as `serve`
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
-    url = f"http://{stack.ray.http_host}:{stack.ray.http_port}"
+    url = gateway_url(stack.ray.http_host, stack.ray.http_port)
     try:
         problem = start(stack, app, url, ready_timeout_s, console)
         if problem is not None:
@@ -143,6 +143,12 @@ def wait_for_stop_signal() -> None:
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         pass
+
+
+def gateway_url(host: str, port: int) -> str:
+    """The gateway replicas' URL on this node; an IPv6 host in brackets (`http://::1:8000` was an
+    `InvalidURL` traceback once the application had deployed)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def wait_ready(url: str, timeout_s: float) -> str | None:
