@@ -103,3 +103,14 @@ class RaySettings(ServiceSettings):
     emulators: ReplicaConfig = Field(
         default_factory=lambda: ReplicaConfig(num_cpus=0.25, max_ongoing_requests=1024)
     )
+
+    @model_validator(mode="after")
+    def _an_entry_point(self) -> RaySettings:
+        # The gateway replicas are the HTTP entry point and Serve scales on calls its own router
+        # sees: with none running, no call ever arrives to scale them up from zero.
+        if self.gateway.min_replicas < 1:
+            raise ValueError(
+                "gateway.min_replicas must be at least 1: the gateway replicas serve HTTP "
+                "themselves, so none would ever start to take the first call"
+            )
+        return self

@@ -130,3 +130,16 @@ def test_an_ipv6_http_host_is_waited_for_in_brackets() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_gateway_that_could_scale_to_zero_is_a_config_error(
+    tmp_path: Path, dialled: list[str]
+) -> None:
+    """No gateway replica means no HTTP entry point and nothing that could scale one up: it
+    deployed, then waited out the ready timeout on "Connection refused"."""
+    path = tmp_path / "c.yaml"
+    path.write_text("ray:\n  gateway: {min_replicas: 0, max_replicas: 2}\n")
+    code, said = _serve("local", "-c", str(path))
+    assert code == 2, said
+    assert "gateway.min_replicas must be at least 1" in said
+    assert dialled == []
