@@ -89,7 +89,8 @@ class RaySettings(ServiceSettings):
     address: str | None = Field(
         default=None, description='cluster address ("auto", "HOST:PORT"); None: a local cluster'
     )
-    app_name: str = "toolenv"
+    # Serve refuses an empty name, but only once a cluster has started (a traceback)
+    app_name: str = Field(default="toolenv", min_length=1, description="the Serve application")
     http_host: str = Field(
         default="127.0.0.1", description="where each gateway replica listens, on its node"
     )

@@ -143,3 +143,12 @@ def test_a_gateway_that_could_scale_to_zero_is_a_config_error(
     assert code == 2, said
     assert "gateway.min_replicas must be at least 1" in said
     assert dialled == []
+
+
+def test_an_empty_application_name_is_a_config_error(tmp_path: Path, dialled: list[str]) -> None:
+    """Serve refuses it only once the cluster is up (a traceback after starting it)."""
+    path = tmp_path / "c.yaml"
+    path.write_text('ray:\n  app_name: ""\n')
+    code, said = _serve("local", "-c", str(path))
+    assert code == 2, said
+    assert "app_name" in said and dialled == []
