@@ -11,6 +11,7 @@ import typer
 import uvicorn
 from rich.table import Table
 
+from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
@@ -30,12 +31,7 @@ app = typer.Typer(
 
 @app.command("settings")
 def show_settings(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
-        ),
-    ] = None,
+    config: ConfigFileOption = None,
 ) -> None:
     """Print this service's effective settings as JSON (what `serve --config FILE` would use)."""
     try:
@@ -194,9 +190,7 @@ def describe_command(
 def serve_command(
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port to bind (default 8090).")] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
-    ] = None,
+    config: ConfigFileOption = None,
     profile: Annotated[
         Path | None,
         typer.Option("--profile", help="Search latency profile (default: the shipped one)."),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import uvicorn
 
+from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
 
 from .app import AnswerCutCalls, create_app
@@ -21,12 +21,7 @@ app = typer.Typer(help="sandboxd commands.", no_args_is_help=True)
 
 @app.command("settings")
 def show_settings(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
-        ),
-    ] = None,
+    config: ConfigFileOption = None,
 ) -> None:
     """Print this service's effective settings as JSON (what `serve --config FILE` would use)."""
     try:
@@ -44,9 +39,7 @@ def serve(
     backend: Annotated[
         str | None, typer.Option(help="process (bubblewrap, the default) or docker.")
     ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
-    ] = None,
+    config: ConfigFileOption = None,
     max_concurrency: Annotated[
         int | None,
         typer.Option(

@@ -5,7 +5,6 @@ nothing."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,6 +16,7 @@ from rollout_client.cli import app as rollout_app
 from sandboxd.cli import app as sandboxd_app
 from stress.cli import stress
 from toolenv_core import __version__
+from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.console import report_console
 
@@ -40,12 +40,7 @@ def root(
 
 
 def config_show(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
-        ),
-    ] = None,
+    config: ConfigFileOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     """Print the effective settings of every service (defaults < file < TOOLENV_* env vars)."""

@@ -10,7 +10,6 @@ the gateway, which imports its factory.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -25,8 +24,8 @@ from gateway.cli import run as run_gateway
 from gateway.settings import BUILTIN_MOUNT, GatewaySettings
 from sandboxd.app import create_app as create_sandbox_app
 from sandboxd.settings import SandboxSettings
+from toolenv_core.cli_options import RAY_ADDRESS_HELP, ConfigFileOption, ray_address
 from toolenv_core.config import ConfigFileError, config_error
-from toolenv_core.ray_option import RAY_ADDRESS_HELP, ray_address
 
 from .sections import read_all_sections
 
@@ -56,12 +55,7 @@ def build_gateway(settings: GatewaySettings, sections: Mapping[str, Any]) -> Fas
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port to bind (default 8080).")] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
-        ),
-    ] = None,
+    config: ConfigFileOption = None,
     mode: Annotated[
         str | None,
         typer.Option(

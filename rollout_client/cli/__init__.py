@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
+
+from toolenv_core.cli_options import ConfigFileOption
 
 from ..settings import RolloutSettings
 from .calibrate_cmd import calibrate
@@ -20,12 +19,7 @@ app = typer.Typer(
 
 
 def show_settings(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", help="Config file (YAML/TOML/JSON); default $TOOLENV_CONFIG."
-        ),
-    ] = None,
+    config: ConfigFileOption = None,
 ) -> None:
     """Print this service's effective settings as JSON (what `--config FILE` would give)."""
     try:

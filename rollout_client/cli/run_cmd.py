@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
 
@@ -252,9 +253,7 @@ def run(
         bool, typer.Option("--json", help="Print the JSON report instead of the table.")
     ] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Config file (YAML/TOML/JSON).")
-    ] = None,
+    config: ConfigFileOption = None,
 ) -> None:
     """Run rollout steps and write report.json, trajectories.jsonl (a replayable trace) and PNG plots."""
     overrides = {

@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from toolenv_core.cli_options import RAY_ADDRESS_HELP, ray_address
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
-from toolenv_core.ray_option import RAY_ADDRESS_HELP, ray_address
 
 from ..clock import VirtualTimeDeadlock
 from ..study import JobRunner, StudyPlan, run_here, run_study
