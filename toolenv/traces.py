@@ -30,6 +30,14 @@ from toolenv_core.polytrace.cache import TracesSettings
 from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached, source_problem
 from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
 
+CacheDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--dest",
+        help="Cache directory (default: TOOLENV_TRACES_CACHE_DIR or ~/.cache/toolenv/polytrace).",
+    ),
+]
+
 app = typer.Typer(
     help="The published PolyTrace files: fetch them into the cache, list them.",
     no_args_is_help=True,
@@ -64,13 +72,7 @@ def fetch_command(
             help="Files to fetch: directories (search_r1), globs or file names. Default: all."
         ),
     ] = None,
-    dest: Annotated[
-        Path | None,
-        typer.Option(
-            "--dest",
-            help="Cache directory (default: TOOLENV_TRACES_CACHE_DIR or ~/.cache/toolenv/polytrace).",
-        ),
-    ] = None,
+    dest: CacheDirOption = None,
     source: Annotated[
         str | None,
         typer.Option(
@@ -174,13 +176,7 @@ def list_command(
     names: Annotated[
         list[str] | None, typer.Argument(help="Directories, globs or file names.")
     ] = None,
-    dest: Annotated[
-        Path | None,
-        typer.Option(
-            "--dest",
-            help="Cache directory (default: TOOLENV_TRACES_CACHE_DIR or ~/.cache/toolenv/polytrace).",
-        ),
-    ] = None,
+    dest: CacheDirOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """The published files, their sizes, and whether the cache holds a verified copy."""
