@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -19,6 +20,7 @@ from toolenv_core.fields import Integer, Number
 from toolenv_core.http1 import Endpoint, TargetURLError
 
 ToolKind = Literal["sandbox", "search", "reward", "http"]
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 # The native endpoint each kind's generic call (`POST /v1/tools/{tool}/call`) is forwarded to.
 NATIVE_CALL_PATH: dict[str, str] = {
@@ -85,7 +87,7 @@ class ToolConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    name: str = Field(description="1-64 letters, digits, '_' or '-' (a function name)")
     kind: ToolKind = "http"
     mode: Literal["embedded", "proxy"] = "embedded"
     upstreams: list[str] = Field(default_factory=list, description="base URLs (proxy mode)")
@@ -145,6 +147,18 @@ class ToolConfig(BaseModel):
             if "?" in url or "#" in url:  # a base URL: each request's path goes after its own
                 raise ValueError(f"upstream URL {url!r} is a base URL: no ?query or #fragment")
         return [u.rstrip("/") for u in value]
+
+    @field_validator("name")
+    @classmethod
+    def _function_name(cls, value: str) -> str:
+        """What function-calling APIs take as a function name (OpenAI's and vLLM's `tools=`, which
+        `GET /v1/tools` feeds): a dot in it was accepted here and refused there."""
+        if not _TOOL_NAME.fullmatch(value):
+            raise ValueError(
+                "must be 1-64 letters, digits, '_' or '-' (a function name for function-calling "
+                f"APIs), got {value[:80]!r}"
+            )
+        return value
 
     @field_validator("call_path", "health_path")
     @classmethod

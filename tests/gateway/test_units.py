@@ -150,6 +150,11 @@ def test_tools_table_from_a_config_file_and_clear_errors(tmp_path) -> None:
         GatewaySettings(tools=[ToolConfig(name="a", kind="search")] * 2)
     with pytest.raises(ValidationError, match="exceeds max_deadline_ms"):
         ToolConfig(name="x", kind="search", default_deadline_ms=10, max_deadline_ms=5)
+    # a name function-calling APIs take (GET /v1/tools feeds their tools=): a dot was accepted
+    for bad in ("web.search", "", "x" * 65, "a b"):
+        with pytest.raises(ValidationError, match="must be 1-64 letters, digits, '_' or '-'"):
+            ToolConfig(name=bad, kind="search")
+    assert ToolConfig(name="web_search-2", kind="search").name == "web_search-2"
 
 
 @pytest.mark.parametrize(
