@@ -267,6 +267,14 @@ def test_faults_compose_inside_a_mixture_component() -> None:
             },
             "status",
         ),
+        (
+            {
+                "kind": "faulty",
+                "model": {"kind": "constant", "value_s": 1},
+                "faults": [{"type": "throttle", "rate": 0.1, "retry_after_s": 1e300}],
+            },
+            "retry_after_s",  # it was sent as a 300-digit Retry-After header
+        ),
         ({"kind": "weibull", "shape": 1}, ""),
     ],
 )

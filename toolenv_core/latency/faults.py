@@ -32,7 +32,10 @@ class HangFault(_Fault):
 
 class ThrottleFault(_Fault):
     type: Literal["throttle"] = "throttle"
-    retry_after_s: Number = Field(default=1.0, ge=0.0, description="sent as Retry-After (seconds)")
+    # at most an hour: 1e300 was accepted and sent as a 300-digit Retry-After header
+    retry_after_s: Number = Field(
+        default=1.0, ge=0.0, le=3600.0, description="sent as Retry-After (seconds, at most 3600)"
+    )
 
 
 class SlowBodyFault(_Fault):
