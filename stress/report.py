@@ -84,8 +84,13 @@ def describe(summary: dict[str, Any]) -> str:
     if cap is None:
         bound = f"for {duration:g} s"
     else:
-        bound = f"until {cap:,} requests or {duration:g} s, whichever first"
+        bound = f"until {_requests(cap)} or {duration:g} s, whichever first"
     return f"{spec['method']} {spec['url']}  {load} {bound}"
+
+
+def _requests(n: int) -> str:
+    """`1 request`, `4,040 requests` ("1 requests" read wrong)."""
+    return f"{n:,} request" + ("" if n == 1 else "s")
 
 
 def stopped_line(summary: dict[str, Any]) -> str:
@@ -94,7 +99,7 @@ def stopped_line(summary: dict[str, Any]) -> str:
         summary["stopped_by"], "--duration"
     )
     return (
-        f"stopped by {flag}: {summary['requests']:,} requests, sent over "
+        f"stopped by {flag}: {_requests(summary['requests'])}, sent over "
         f"{summary['sending_s']:.2f} s of the {summary['duration_s']:g} s"
     )
 
@@ -266,7 +271,8 @@ def write_plot(result: LoadResult, path: Path, title: str | None = None) -> None
     idx = np.flatnonzero(ok)
     if len(idx) > 20_000:
         idx = np.random.default_rng(0).choice(idx, 20_000, replace=False)
-    ax2.scatter(result.scheduled[idx], lat[idx], s=2, alpha=0.3, label="ok request")
+    if len(idx):  # a run of errors only: no "ok request" in the legend
+        ax2.scatter(result.scheduled[idx], lat[idx], s=2, alpha=0.3, label="ok request")
     if bad.any():
         ax2.scatter(result.scheduled[bad], lat[bad], s=4, color="red", alpha=0.6, label="error")
     buckets = result.summary()["over_time"]

@@ -181,6 +181,10 @@ def test_one_request_is_sent_at_the_target_rate(fast_server: str, bound: list[st
     report = json.loads(invoke(*args).stdout)
     assert report["sent"] == 1
     assert 50 < report["achieved_rate"] <= 100
+    if bound[0] == "--max-requests":  # and the table says it in the singular
+        shown = invoke(*args[:-1]).output
+        assert "until 1 request or 5 s, whichever first" in shown, shown
+        assert "stopped by --max-requests: 1 request, sent over" in shown, shown
 
 
 def test_the_report_says_which_bound_stopped_the_run(fast_server: str) -> None:
