@@ -75,7 +75,9 @@ class CommandRunResult(BaseModel):
     stderr: str | None = None
     # extras
     signal: int | None = None
-    cpu_time: float | None = Field(default=None, description="CPU seconds, all processes")
+    cpu_time: float | None = Field(
+        default=None, description="CPU seconds of the program and the children it waited for"
+    )
     peak_memory_kb: int | None = None
     stdout_truncated: bool = False
     stderr_truncated: bool = False
