@@ -94,6 +94,12 @@ def serve(
     the environment (`TOOLENV_GATEWAY_API_KEYS`, comma-separated) or the config file, never from
     the command line, where `ps` would show them.
     """
+    if ray_address is not None and mode is not None:  # it was ignored without a word
+        raise typer.BadParameter(
+            "places the tools of a gateway on this machine; with --ray each tool is a Serve "
+            "deployment (the ray section sizes them)",
+            param_hint="--mode",
+        )
     if ray_address is not None:
         # Ray is an optional extra (`pip install toolenv[ray]`): imported only when asked for.
         try:

@@ -161,3 +161,12 @@ def test_ray_without_an_address_says_so_and_takes_no_option_as_one(argv: list[st
     assert result.exit_code == 2, said
     assert "needs an ADDRESS (`local` for a new cluster on this machine" in said, said
     assert "Missing option" not in said and "Started a local Ray" not in said
+
+
+def test_mode_with_ray_is_refused_not_ignored() -> None:
+    """`--mode` places a local gateway's tools; on Ray it was ignored without a word."""
+    result = CliRunner().invoke(build_app(), ["serve", "--ray", "local", "--mode", "proxy"])
+    said = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2, said
+    assert "Invalid value for --mode: places the tools of a gateway on this machine" in said
+    assert "Started a local Ray" not in said
