@@ -14,7 +14,6 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from toolenv_core import headers as h
 from toolenv_core.http1 import KEPT_HEADERS, ConnectFailed, ConnectionBroken, Pool
@@ -66,7 +65,6 @@ class Endpoint:
     last_error: str | None = None
     checked: bool = False
     pool: Pool | None = None  # proxy mode: this upstream's keep-alive connections
-    prefix: str = ""  # proxy mode: the path of its base URL, before every request's path
 
 
 class Backend(Protocol):
@@ -213,9 +211,6 @@ class RemoteBackend:
             Endpoint(
                 label=url,
                 pool=Pool(url, connect_timeout_s, keepalive_s, max_idle, _KEPT_HEADERS),
-                # `http://host/tools/x` serves under /tools/x: its path was dropped (calls went
-                # to /call, health checks to /healthz, of the host)
-                prefix=urlsplit(url).path.rstrip("/"),
             )
             for url in tool.upstreams
         ]
@@ -256,8 +251,7 @@ class RemoteBackend:
     async def _check(self, endpoint: Endpoint) -> None:
         try:
             async with asyncio.timeout(min(2.0, self.tool.health_interval_s)):
-                path = endpoint.prefix + self.tool.health
-                resp = await _pool(endpoint).request("GET", path, {}, b"")
+                resp = await _pool(endpoint).request("GET", self.tool.health, {}, b"")
             ok = resp.status < 500
             error = None if ok else f"health check answered {resp.status}"
         except (ConnectFailed, ConnectionBroken, TimeoutError, OSError) as exc:
@@ -277,7 +271,7 @@ class RemoteBackend:
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamReply:
         try:
-            resp = await _pool(endpoint).request(method, endpoint.prefix + path, headers, body)
+            resp = await _pool(endpoint).request(method, path, headers, body)
         except ConnectFailed as exc:
             endpoint.healthy, endpoint.last_error = False, str(exc)
             raise UpstreamConnectError(f"{endpoint.label}: {exc}") from exc

@@ -269,7 +269,8 @@ KEPT_HEADERS = ("content-type", INJECTED_DELAY.lower(), "retry-after")
 
 
 class Pool:
-    """Keep-alive connections to one upstream (`http://host:port`), one awaited request each.
+    """Keep-alive connections to one upstream (`http://host:port[/path]`: the path goes before
+    every request's), one awaited request each.
 
     Response headers named in `kept_headers` (lower-case) are returned; others are skipped.
     """
@@ -283,6 +284,8 @@ class Pool:
         kept_headers: tuple[str, ...] = KEPT_HEADERS,
     ) -> None:
         endpoint = Endpoint.parse(base_url)
+        # `http://host/tools/x` serves under /tools/x: its path goes before every request's
+        self.prefix = endpoint.path.rstrip("/")
         self.host = endpoint.host
         self.port = endpoint.port
         self.host_header = f"{self.host}:{self.port}"
@@ -296,7 +299,7 @@ class Pool:
     async def request(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> Response:
-        payload = encode_request(method, path, self.host_header, headers, body)
+        payload = encode_request(method, self.prefix + path, self.host_header, headers, body)
         conn = self._take_idle()
         reused = conn is not None
         while True:  # at most twice: a reused connection found broken, then a fresh one

@@ -29,13 +29,8 @@ def default_cache_dir() -> Path:
 class TracesSettings(ServiceSettings):
     """Trace cache settings (env prefix `TOOLENV_TRACES_`, config-file section `traces`)."""
 
-    # an empty TOOLENV_TRACES_CACHE_DIR (compose's `${VAR}` when VAR is unset) is no setting: it
-    # was read as Path("") = ".", and the traces went to whatever directory the command ran in
     model_config = SettingsConfigDict(
-        env_prefix="TOOLENV_TRACES_",
-        extra="ignore",
-        env_nested_delimiter="__",
-        env_ignore_empty=True,
+        env_prefix="TOOLENV_TRACES_", extra="ignore", env_nested_delimiter="__"
     )
     section: ClassVar[str] = "traces"
 
