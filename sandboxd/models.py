@@ -70,6 +70,14 @@ class ExecResult(BaseModel):
     def truncated(self) -> bool:
         return self.stdout_truncated or self.stderr_truncated
 
+    @classmethod
+    def expired_before_start(
+        cls, message: str = "the request deadline expired before start"
+    ) -> ExecResult:
+        """A step the call's deadline ended before it began (nothing ran): TimeLimitExceeded, as
+        a deadline that ends a running step, so `ended_by_deadline` marks the answer."""
+        return cls(status=ExecStatus.TIME_LIMIT, message=message)
+
 
 class RunResult(BaseModel):
     compile: ExecResult | None = None  # None for interpreted languages

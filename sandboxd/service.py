@@ -122,7 +122,11 @@ class SandboxService:
             async with self.admission.slot(deadline):
                 return await self._run_on(backend, spec, deadline, batch)
         except ExpiredInQueue as exc:
-            return RunResult(run=_expired_waiting(exc), message=str(exc), backend=backend.name)
+            return RunResult(
+                run=ExecResult.expired_before_start(str(exc)),
+                message=str(exc),
+                backend=backend.name,
+            )
 
     async def _run_on(
         self, backend: SandboxBackend, spec: RunSpec, deadline: Deadline, batch: Any
@@ -156,7 +160,7 @@ class SandboxService:
         except (asyncio.CancelledError, Rejected):
             raise  # a full queue is the caller's 429, as for a run
         except ExpiredInQueue as exc:
-            return _expired_waiting(exc), None
+            return ExecResult.expired_before_start(str(exc)), None
         except Exception as exc:
             log.exception("sandbox backend failed to compile")
             return (
@@ -268,9 +272,3 @@ class SandboxService:
             "admission": {**self.admission.status(), **self._admission_why()},
             **{k: v for k, v in backend_status.items() if k != "backend"},
         }
-
-
-def _expired_waiting(exc: ExpiredInQueue) -> ExecResult:
-    """The step a deadline ended before it started: TimeLimitExceeded, as the gateway answers a
-    call whose deadline ran out in its own queue (and `ended_by_deadline` marks it)."""
-    return ExecResult(status=ExecStatus.TIME_LIMIT, message=str(exc))

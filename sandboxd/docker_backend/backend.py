@@ -154,7 +154,8 @@ class DockerBackend:
                     # stop waiting first and destroy the container (every container a late
                     # run_tests case or a spent deadline took). It goes back unused instead.
                     self.pool.release(container)
-                    return self._expired_before_start(container.name)
+                    run = ExecResult.expired_before_start()
+                    return RunResult(run=run, sandbox_id=container.name, backend=self.name)
                 job = self.build_job(spec, lang, deadline)
                 try:
                     return await self._run_in(container, job, spec, lang, deadline)
@@ -166,14 +167,6 @@ class DockerBackend:
             raise AssertionError("unreachable")
         finally:
             self._running -= 1
-
-    def _expired_before_start(self, sandbox_id: str) -> RunResult:
-        message = "the request deadline expired before start"
-        return RunResult(
-            run=ExecResult(status=ExecStatus.TIME_LIMIT, message=message),
-            sandbox_id=sandbox_id,
-            backend=self.name,
-        )
 
     async def _run_in(
         self,

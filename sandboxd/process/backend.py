@@ -442,9 +442,7 @@ class ProcessBackend:
         root, ctx = self._require_started()
         lim = StepLimits.resolve(self.settings, limits, deadline)
         if lim.wall_s <= 0:
-            return ExecResult(
-                status=ExecStatus.TIME_LIMIT, message="the request deadline expired before start"
-            )
+            return ExecResult.expired_before_start()
         if slot is not None:
             try:
                 slot.configure(
