@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .headers import DEADLINE as DEADLINE_HEADER
-from .headers import HeaderError, header
+from .headers import HeaderError, header, quoted
 
 HEADER_RESOLUTION_S = 0.001
 """The header counts whole milliseconds: a deadline less than this away is sent as `0`, which
@@ -85,19 +85,14 @@ def parse_deadline_ms(value: str) -> float:
         ms = float(value)
     except ValueError as exc:
         raise DeadlineHeaderError(
-            f"{DEADLINE_HEADER} must be a number of milliseconds, got {_shown(value)}"
+            f"{DEADLINE_HEADER} must be a number of milliseconds, got {quoted(value)}"
         ) from exc
     if not math.isfinite(ms) or ms < 0:
         raise DeadlineHeaderError(
             f"{DEADLINE_HEADER} must be a finite, non-negative number of milliseconds, "
-            f"got {_shown(value)}"
+            f"got {quoted(value)}"
         )
     return ms / 1000.0
-
-
-def _shown(value: str) -> str:
-    """The value as an error message quotes it: whole when short, not a 5 kB header echoed."""
-    return repr(value) if len(value) <= 40 else f"{value[:20]!r}... ({len(value)} characters)"
 
 
 @dataclass(frozen=True, slots=True)

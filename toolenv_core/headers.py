@@ -62,6 +62,11 @@ class HeaderError(ValueError):
     """A header toolenv reads is present but malformed: the message names it and what to send."""
 
 
+def quoted(value: str) -> str:
+    """A bad header value as an error quotes it: whole when short, not a 5 kB value echoed."""
+    return repr(value) if len(value) <= 40 else f"{value[:20]!r}... ({len(value)} characters)"
+
+
 COUNT_MAX = 2**63 - 1
 """The largest `X-Step` / `X-Turn` taken: a 64-bit count, what every trace reader can store (a
 longer one was read whole, and past Python's 4300-digit conversion limit it was a 500)."""
@@ -80,8 +85,9 @@ def count_header(name: str, value: str | None) -> int | None:
     digits = value if len(value) <= _COUNT_DIGITS else value.lstrip("0") or "0"
     count = int(digits) if len(digits) <= _COUNT_DIGITS else None
     if count is None or count > COUNT_MAX:
-        shown = value if len(value) <= 40 else f"{value[:20]}... ({len(value)} digits)"
-        raise HeaderError(f"{name} must be at most {COUNT_MAX} (a 64-bit count), got {shown}")
+        raise HeaderError(
+            f"{name} must be at most {COUNT_MAX} (a 64-bit count), got {quoted(value)}"
+        )
     return count
 
 
