@@ -27,6 +27,13 @@ CLIENT_TIMEOUT_S = 600.0
 """How long a call may take at most, backpressure waited out included, when it has no deadline."""
 
 
+def backpressure_gave_up(by_deadline: bool, timeout_s: float = CLIENT_TIMEOUT_S) -> str:
+    """Why a call stopped waiting out 429s: its deadline, or the client's own timeout."""
+    if by_deadline:
+        return "backpressure past the deadline"
+    return f"backpressure past the client's {timeout_s:g} s timeout"
+
+
 class GatewayUnreachable(RuntimeError):
     """Nothing answers at the gateway URL (reported as one line by the CLI)."""
 
@@ -135,9 +142,7 @@ class GatewayClient:
                     return ToolOutcome(
                         "timeout",
                         time.monotonic() - started,
-                        error="backpressure past the deadline"
-                        if patience is deadline
-                        else f"backpressure past the client's {self._default_timeout_s:g} s timeout",
+                        error=backpressure_gave_up(patience is deadline, self._default_timeout_s),
                         http_status=429,
                         retries_429=retries,
                     )

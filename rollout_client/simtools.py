@@ -38,7 +38,7 @@ from toolenv_core.latency import ErrorFault, Fault, HangFault, SlowBodyFault, Th
 from toolenv_core.latency.samplers import Draw, FaultySampler, Sampler
 
 from .clock import now
-from .gateway_client import CLIENT_TIMEOUT_S, ToolOutcome
+from .gateway_client import CLIENT_TIMEOUT_S, ToolOutcome, backpressure_gave_up
 
 
 @dataclass
@@ -205,9 +205,7 @@ class SimTools:
                     return ToolOutcome(
                         "timeout",
                         now() - started,
-                        error="backpressure past the deadline"
-                        if patience == limit
-                        else f"backpressure past the client's {CLIENT_TIMEOUT_S:g} s timeout",
+                        error=backpressure_gave_up(patience == limit),
                         http_status=429,
                         retries_429=retries,
                     )
