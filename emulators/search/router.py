@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Request
@@ -105,12 +104,12 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
             )
             if not native:
                 return b'{"result":' + payload + b"}"
-            meta = {"tool": "search", "topk": topk, "response_tokens": budgets}
-            return (
-                b'{"result":'
-                + payload
-                + b","
-                + json.dumps(meta, separators=(",", ":")).encode()[1:]
+            # the meta fields written straight (json.dumps was a tenth of a native call's CPU)
+            tokens = b"null" if budgets is None else b"[%s]" % b",".join(b"%d" % n for n in budgets)
+            return b'{"result":%s,"tool":"search","topk":%d,"response_tokens":%s}' % (
+                payload,
+                topk,
+                tokens,
             )
 
         return await play(

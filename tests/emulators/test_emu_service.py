@@ -67,6 +67,7 @@ def test_results_are_deterministic_per_seed_and_query(
     )
     native = client.post("/v1/emulators/search/call", json={"query": "a query", "topk": 4}).json()
     assert native["result"][0] == json.loads(first)["result"][0] and native["tool"] == "search"
+    assert native["topk"] == 4 and len(native["response_tokens"]) == 1
 
 
 def test_response_token_sizes_follow_the_trace(client: httpx.Client) -> None:
