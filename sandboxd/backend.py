@@ -32,7 +32,8 @@ class SandboxBackend(Protocol):
     async def compile(
         self, spec: RunSpec, deadline: Deadline
     ) -> tuple[ExecResult, bytes | None] | None:
-        """Compile once for many runs: the result and the artifact (None when the compile failed).
+        """Compile once for many runs: the result and the artifact (None when the compile failed,
+        or succeeded with an artifact over `max_output_bytes`: each run then compiles).
 
         None: this backend compiles as part of every `run` (run_tests then just runs each case).
         """

@@ -178,8 +178,8 @@ class _Cases:
 
     def response(self, pod_name: str) -> RunTestsResponse:
         # A compile error is the program's, so every case's: the cases it kept from running are
-        # not "skipped" (where each case compiles, on Docker, they were, beside the ones whose
-        # compiles had started), as when the program is compiled once for the request.
+        # not "skipped" (where each case compiles, they were, beside the ones whose compiles
+        # had started), as when the program is compiled once for the request.
         compile_failed = any(r and r.verdict == Verdict.COMPILE_ERROR for r in self.results)
         not_run = Verdict.COMPILE_ERROR if compile_failed else Verdict.SKIPPED
         cases = [r or CaseResult(index=i, verdict=not_run) for i, r in enumerate(self.results)]
@@ -201,6 +201,10 @@ class _Cases:
         )
 
 
+def _succeeded(step: ExecResult) -> bool:
+    return step.status == ExecStatus.FINISHED and step.exit_code == 0
+
+
 async def run_tests(
     runner: CaseRunner,
     bounds: RequestBounds,
@@ -212,6 +216,11 @@ async def run_tests(
     specs = _case_specs(bounds, req)
     prebuilt = await runner.compile_once(specs[0], deadline)
     compile_result: CommandRunResult | None = None
+    if prebuilt is not None and prebuilt[1] is None and _succeeded(prebuilt[0]):
+        # compiled, but the binary is over what a compile brings back (`max_output_bytes`):
+        # each case compiles it where it runs (it read compile_error, from a compile that
+        # exited 0)
+        prebuilt = None
     if prebuilt is not None:
         compiled, artifact = prebuilt
         compile_result = exec_to_wire(compiled)

@@ -126,6 +126,23 @@ def test_cpp_cases(server: SandboxdServer) -> None:
     assert [c["verdict"] for c in res["cases"]] == ["runtime_error", "runtime_error"]
 
 
+# A program whose binary (20 MB of initialised data) is over the artifact a compile brings
+# back (`max_output_bytes`, 16 MiB): a valid program all the same.
+BIG_BINARY = (
+    "#include <stdio.h>\nchar big[20 << 20] = {1};\n"
+    'int main(){int x; if (scanf("%d", &x) != 1) return 2; printf("%d\\n", 2 * x + big[0] - 1);}\n'
+)
+
+
+def test_a_binary_over_the_artifact_cap_is_compiled_per_case(server: SandboxdServer) -> None:
+    """The compile succeeded but its artifact could not be brought back: every case read
+    compile_error, with a compile_result that exited 0 and no message why."""
+    cases = [{"stdin": str(i), "expected_stdout": str(2 * i)} for i in range(3)]
+    res = run_tests(server, code=BIG_BINARY, language="c", cases=cases, compile_timeout=30)
+    assert [c["verdict"] for c in res["cases"]] == ["accepted"] * 3, res
+    assert res["compile_result"]["return_code"] == 0
+
+
 @pytest.mark.parametrize(
     "body,status",
     [
