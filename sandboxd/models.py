@@ -48,8 +48,8 @@ class RunSpec(BaseModel):
     run_limits: Limits = Field(default_factory=Limits)
     prebuilt: bytes | None = Field(
         default=None,
-        description="the compile step's artifact from an earlier `compile` (process backend): "
-        "the compile step is skipped",
+        description="the compile step's artifact from an earlier `compile`: the compile step "
+        "is skipped",
     )
 
 

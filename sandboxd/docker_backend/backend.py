@@ -6,6 +6,9 @@ kills everything but itself, wipes the writable places and verifies the clean st
 container goes back to the pool only after that verified reset; any anomaly (unclean reset, a
 cgroup OOM kill, an agent that does not answer in time or drops the connection) destroys it and
 a replacement starts in the background.
+
+`/v1/run_tests` compiles a C/C++ program once, in one container, whose agent sends the binary
+back; each case then runs it in a container of its own, reset after the case before.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ class _AgentLost(Exception):
         self.result = result
 
 
+def _compiles_here(spec: RunSpec, lang: Language) -> bool:
+    """Whether this job compiles: a compiled language, and no artifact compiled before."""
+    return lang.compile_argv is not None and (spec.prebuilt is None or lang.artifact is None)
+
+
 def _is_safe_relative(name: str) -> bool:
     path = posixpath.normpath(name)
     return bool(name) and "\0" not in name and not path.startswith(("/", "..")) and path != "."
@@ -67,6 +75,7 @@ class DockerBackend:
         self._own_client = client is None
         self.pool: ContainerPool | None = None
         self._runs = 0
+        self._compiles = 0
         self._running = 0
 
     # ------------------------------------------------------------ life cycle
@@ -111,17 +120,37 @@ class DockerBackend:
             "image": self.settings.docker_image,
             "running": self._running,
             "runs_total": self._runs,
+            "compiles_total": self._compiles,
             "cpu_shares": {"per_run": self.settings.run_cpu_shares},
             **pool,
         }
 
     # ------------------------------------------------------------ one program
 
-    async def compile(
-        self, spec: RunSpec, deadline: Deadline
-    ) -> tuple[ExecResult, bytes | None] | None:
-        """None: a container compiles as part of each run (its artifact never leaves it)."""
-        return None
+    async def compile(self, spec: RunSpec, deadline: Deadline) -> tuple[ExecResult, bytes | None]:
+        """Compile once in one container (run_tests): the result and the artifact, which the
+        agent sends back when it is at most `max_output_bytes` (as on the process backend).
+        Every case compiled in a container of its own: a compile error took `concurrency`
+        containers, and 100 cases paid 100 compiles."""
+        if self.pool is None:
+            raise SandboxUnavailable("the docker backend is not started")
+        lang = get_language(spec.language)
+        if lang.compile_argv is None or lang.artifact is None:
+            raise ValueError(f"{lang.name} has no compile step")
+        bad = self._bad_path(spec)
+        if bad:
+            return ExecResult(status=ExecStatus.ERROR, message=bad), None
+        self._running += 1
+        try:
+            r = await self._in_container(spec, lang, deadline, compile_only=True)
+        finally:
+            self._running -= 1
+        # a compile the deadline or a lost agent ended is reported as the run would be
+        compiled = r.compile or r.run
+        if compiled is None:
+            compiled = ExecResult(status=ExecStatus.ERROR, message=r.message or "sandbox failed")
+        ok = compiled.status == ExecStatus.FINISHED and compiled.exit_code == 0
+        return compiled, r.files.get(lang.artifact) if ok else None
 
     def case_batch(self, spec: RunSpec, deadline: Deadline) -> AbstractAsyncContextManager[None]:
         """run_tests: every case takes a pooled container of its own (no shared runner)."""
@@ -137,36 +166,51 @@ class DockerBackend:
             lang = get_language(spec.language)
         except UnknownLanguage as exc:
             return RunResult(message=str(exc), backend=self.name)
-        bad = [name for name in spec.files if not _is_safe_relative(name)]
+        bad = self._bad_path(spec)
         if bad:
-            return RunResult(
-                message=f"could not prepare the working dir: file path {bad[0]!r} leaves the "
-                "workdir (use a relative path without '..')",
-                backend=self.name,
-            )
+            return RunResult(message=bad, backend=self.name)
         self._runs += 1
         self._running += 1
         try:
-            for attempt in (1, 2):
-                container = await self.pool.acquire(deadline)
-                if deadline.remaining() <= ANSWER_MARGIN_S:
-                    # Too late for the agent to run anything and answer in time: the host would
-                    # stop waiting first and destroy the container (every container a late
-                    # run_tests case or a spent deadline took). It goes back unused instead.
-                    self.pool.release(container)
-                    run = ExecResult.expired_before_start()
-                    return RunResult(run=run, sandbox_id=container.name, backend=self.name)
-                job = self.build_job(spec, lang, deadline)
-                try:
-                    return await self._run_in(container, job, spec, lang, deadline)
-                except _AgentLost as lost:
-                    # A container that died while idle (removed from outside, engine restart)
-                    # fails at once: one more try on another container, within the deadline.
-                    if attempt == 2 or deadline.expired:
-                        return lost.result
-            raise AssertionError("unreachable")
+            return await self._in_container(spec, lang, deadline)
         finally:
             self._running -= 1
+
+    @staticmethod
+    def _bad_path(spec: RunSpec) -> str | None:
+        bad = [name for name in spec.files if not _is_safe_relative(name)]
+        if not bad:
+            return None
+        return (
+            f"could not prepare the working dir: file path {bad[0]!r} leaves the workdir "
+            "(use a relative path without '..')"
+        )
+
+    async def _in_container(
+        self, spec: RunSpec, lang: Language, deadline: Deadline, compile_only: bool = False
+    ) -> RunResult:
+        """One job (the run, or only the compile) in a pooled container."""
+        assert self.pool is not None
+        for attempt in (1, 2):
+            container = await self.pool.acquire(deadline)
+            if deadline.remaining() <= ANSWER_MARGIN_S:
+                # Too late for the agent to run anything and answer in time: the host would
+                # stop waiting first and destroy the container (every container a late
+                # run_tests case or a spent deadline took). It goes back unused instead.
+                self.pool.release(container)
+                run = ExecResult.expired_before_start()
+                return RunResult(run=run, sandbox_id=container.name, backend=self.name)
+            job = self.build_job(spec, lang, deadline, compile_only)
+            if _compiles_here(spec, lang):
+                self._compiles += 1
+            try:
+                return await self._run_in(container, job, spec, lang, deadline)
+            except _AgentLost as lost:
+                # A container that died while idle (removed from outside, engine restart)
+                # fails at once: one more try on another container, within the deadline.
+                if attempt == 2 or deadline.expired:
+                    return lost.result
+        raise AssertionError("unreachable")
 
     async def _run_in(
         self,
@@ -225,24 +269,40 @@ class DockerBackend:
 
     # ------------------------------------------------------------ wire mapping
 
-    def build_job(self, spec: RunSpec, lang: Language, deadline: Deadline) -> dict[str, Any]:
+    def build_job(
+        self, spec: RunSpec, lang: Language, deadline: Deadline, compile_only: bool = False
+    ) -> dict[str, Any]:
+        """The agent's job: compile (unless `spec.prebuilt` is the artifact), then run; or, for
+        `compile_only`, compile and send the artifact back."""
         files = {name: base64.b64encode(data).decode() for name, data in spec.files.items()}
         files[lang.source_file] = base64.b64encode(spec.code.encode()).decode()
+        executable: list[str] = []
         steps = []
-        if lang.compile_argv is not None:
+        if _compiles_here(spec, lang):
+            assert lang.compile_argv is not None
             steps.append(self._step(list(lang.compile_argv), spec.compile_limits, b""))
-        run = self._step(list(lang.run_argv), spec.run_limits, spec.stdin.encode())
-        run["needs_success"] = True
-        steps.append(run)
+        elif spec.prebuilt is not None and lang.artifact is not None:
+            files[lang.artifact] = base64.b64encode(spec.prebuilt).decode()
+            executable.append(lang.artifact)
+        if compile_only and lang.artifact is not None:
+            fetch = [lang.artifact]
+            max_fetch = self.settings.max_output_bytes
+        else:
+            run = self._step(list(lang.run_argv), spec.run_limits, spec.stdin.encode())
+            run["needs_success"] = True
+            steps.append(run)
+            fetch = list(spec.fetch_files)
+            max_fetch = spec.run_limits.max_output_bytes or self.settings.max_output_bytes
         budget = sum(s["wall_s"] for s in steps) + 2.0
         if math.isfinite(deadline.at):
             budget = min(budget, deadline.remaining())
         return {
             "op": "run",
             "files": files,
+            "executable": executable,
             "steps": steps,
-            "fetch": list(spec.fetch_files),
-            "max_fetch_bytes": spec.run_limits.max_output_bytes or self.settings.max_output_bytes,
+            "fetch": fetch,
+            "max_fetch_bytes": max_fetch,
             "budget_s": budget,
         }
 
@@ -267,7 +327,7 @@ class DockerBackend:
         if not reply.get("ok"):
             result.message = reply.get("error", "the sandbox failed")
         steps = list(reply.get("steps", []))
-        if lang.compile_argv is not None and steps:
+        if _compiles_here(spec, lang) and steps:
             result.compile = self._exec_result(steps.pop(0), spec.compile_limits)
             if result.compile.status != ExecStatus.FINISHED or result.compile.exit_code != 0:
                 result.message = result.message or "compilation failed"

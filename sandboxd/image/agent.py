@@ -132,7 +132,9 @@ class Agent:
 
     # ------------------------------------------------------------ one job
 
-    def place_files(self, files: dict[str, str]) -> None:
+    def place_files(self, files: dict[str, str], executable: list[str]) -> None:
+        """Write the job's files as the program's; `executable` ones (a program compiled once
+        for many runs) mode 0755, the others 0644."""
         for rel, b64 in files.items():
             path = safe_path(rel)
             parent = os.path.dirname(path)
@@ -150,6 +152,7 @@ class Agent:
                 while view:
                     view = view[os.write(fd, view) :]
                 os.fchown(fd, self.uid, self.gid)
+                os.fchmod(fd, 0o755 if rel in executable else 0o644)
             finally:
                 os.close(fd)
 
@@ -184,7 +187,7 @@ class Agent:
     def run_job(self, job: dict) -> dict:
         t_end = time.monotonic() + float(job.get("budget_s", 60.0))
         try:
-            self.place_files(job.get("files", {}))
+            self.place_files(job.get("files", {}), job.get("executable", []))
         except (OSError, ValueError) as exc:
             return {"ok": False, "error": f"cannot place files: {exc}", "steps": []}
         results = []

@@ -202,17 +202,67 @@ def test_a_time_limit_names_the_limit_that_ended_it(portal, backend) -> None:
     assert r.run.message.endswith(" s (its own limit: 10 s)"), r.run.message
 
 
-def test_run_tests_compile_error_is_every_cases_verdict(portal, backend) -> None:
-    """Each case compiles in its container here: the first compile error stopped the others,
-    which read "skipped" beside those whose compiles had started, and no message said why;
-    the process backend (one compile per request) answers compile_error for every case."""
+def started_service(backend: DockerBackend) -> SandboxService:
     service = SandboxService(backend.settings, backend)
     service.started = True  # the module's backend, already started
+    return service
+
+
+def test_run_tests_compile_error_is_every_cases_verdict(portal, backend) -> None:
+    """A compile error is every case's verdict, from one compile in one container: each case
+    compiled in a container of its own (a compile error took up to `concurrency` containers;
+    the first one stopped the others, which read "skipped" beside those already compiling)."""
+    before = backend.status()
     req = RunTestsRequest(code="int main( {", language="c", cases=[{}] * 12)
-    res = portal.call(service.run_tests, req, Deadline.after(60))
+    res = portal.call(started_service(backend).run_tests, req, Deadline.after(60))
     assert res.verdict == Verdict.COMPILE_ERROR and res.message == "compilation failed"
     assert [c.verdict for c in res.cases] == [Verdict.COMPILE_ERROR] * 12
     assert res.compile_result is not None and res.compile_result.return_code != 0
+    after = backend.status()
+    assert after["runs_total"] == before["runs_total"]  # no case ran
+    assert after["compiles_total"] == before["compiles_total"] + 1
+
+
+def test_run_tests_compiles_once_and_each_case_gets_a_clean_container(portal, backend) -> None:
+    """A C++ program against N cases: one compile (the process backend's way), then every case
+    runs the binary in a container reset after the case before (the case leaves a marker file
+    in /tmp and the workdir, and a daemon: no case may see another's)."""
+    code = (
+        "#include <cstdio>\n#include <unistd.h>\n"
+        'int main(){long a,b; if(scanf("%ld %ld",&a,&b)!=2) return 3;\n'
+        ' if(access("/tmp/seen",F_OK)==0 || access("seen",F_OK)==0) {puts("dirty"); return 0;}\n'
+        ' fclose(fopen("/tmp/seen","w")); fclose(fopen("seen","w"));\n'
+        " if(fork()==0){setsid(); sleep(30); return 0;}\n"
+        ' if(a<0) return 7;\n printf("%ld\\n",a+b);}\n'
+    )
+    cases = [{"stdin": f"{i} {i}", "expected_stdout": str(2 * i)} for i in range(6)]
+    cases += [{"stdin": "1 1", "expected_stdout": "3"}, {"stdin": "-1 0", "expected_stdout": ""}]
+    before = backend.status()
+    req = RunTestsRequest(code=code, language="cpp", cases=cases, compile_timeout=30)
+    res = portal.call(started_service(backend).run_tests, req, Deadline.after(120))
+    verdicts = [c.verdict for c in res.cases]
+    assert verdicts == [Verdict.ACCEPTED] * 6 + [Verdict.WRONG_ANSWER, Verdict.RUNTIME_ERROR], res
+    assert res.compile_result is not None and res.compile_result.return_code == 0
+    assert res.cases[6].run_result.stdout == "2\n"
+    assert res.cases[7].run_result.return_code == 7
+    after = backend.status()
+    assert after["compiles_total"] == before["compiles_total"] + 1
+    assert after["runs_total"] == before["runs_total"] + len(cases)
+
+
+def test_run_tests_with_a_binary_over_the_artifact_cap(portal, backend) -> None:
+    """A binary larger than the artifact a compile brings back (`max_output_bytes`): every case
+    compiles in its own container, as before there was one compile per request."""
+    code = (
+        "#include <stdio.h>\nchar big[20 << 20] = {1};\n"
+        'int main(){int x; if (scanf("%d", &x) != 1) return 2; printf("%d\\n", 2 * x + big[0] - 1);}\n'
+    )
+    cases = [{"stdin": str(i), "expected_stdout": str(2 * i)} for i in range(3)]
+    before = backend.status()
+    req = RunTestsRequest(code=code, language="c", cases=cases, compile_timeout=30)
+    res = portal.call(started_service(backend).run_tests, req, Deadline.after(120))
+    assert [c.verdict for c in res.cases] == [Verdict.ACCEPTED] * 3, res
+    assert backend.status()["compiles_total"] == before["compiles_total"] + 1 + len(cases)
 
 
 def test_bad_file_path_is_an_error_not_a_crash(portal, backend) -> None:

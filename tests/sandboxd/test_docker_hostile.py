@@ -311,6 +311,28 @@ def test_daemon_does_not_outlive_its_run(portal, backend) -> None:
     assert_clean_after(portal, backend, r)
 
 
+def test_a_program_compiled_once_leaves_nothing_between_its_runs(portal, backend) -> None:
+    """run_tests compiles once and sends the binary to every case: the compile's container and
+    each case's are reset like any run's (a daemon, files in /tmp and the workdir)."""
+    code = (
+        "#include <stdio.h>\n#include <unistd.h>\n"
+        'int main(){ int seen = access("/tmp/alive", F_OK) == 0 || access("out", F_OK) == 0;\n'
+        '  fclose(fopen("out", "w"));\n'
+        '  if (fork() == 0) { setsid(); if (fork() == 0) { for (;;) { fclose(fopen("/tmp/alive", "w")); usleep(10000); } } _exit(0); }\n'
+        '  usleep(200000); printf("%s %d\\n", seen ? "dirty" : "fresh", access("/tmp/alive", F_OK));\n}\n'
+    )
+    spec = RunSpec(language="c", code=code, compile_limits=Limits(wall_time_s=30.0))
+    compiled, artifact = portal.call(backend.compile, spec, Deadline.after(60))
+    assert compiled.status == ExecStatus.FINISHED and compiled.exit_code == 0, compiled
+    assert artifact is not None and artifact.startswith(b"\x7fELF")
+    spec = spec.model_copy(update={"prebuilt": artifact})
+    for _ in range(2):
+        r = portal.call(backend.run, spec, Deadline.after(30))
+        assert r.compile is None  # nothing compiled where it ran
+        assert r.run.status == ExecStatus.FINISHED and r.run.stdout == "fresh 0\n", r.run
+    assert_clean_after(portal, backend, r)
+
+
 def test_killing_its_parent_and_the_agent(portal, backend) -> None:
     code = (
         "import os, signal\n"
