@@ -44,7 +44,8 @@ def serve(
         int | None,
         typer.Option(
             help=f"Programs run at once (0: {PROGRAMS_PER_CORE} per CPU core, fewer if memory "
-            "cannot hold that many at the default memory limit; /v1/sandbox/status says which)."
+            "cannot hold that many at the default memory limit; never more than docker_pool_size "
+            "on Docker; /v1/sandbox/status says which)."
         ),
     ] = None,
     insecure_no_isolation: Annotated[

@@ -36,7 +36,8 @@ class SandboxSettings(FrontDoorSettings):
     max_concurrency: Integer = Field(
         default=0,
         ge=0,
-        description="programs in flight at once; 0: sized from cores and memory (sandboxd.sizing)",
+        description="programs in flight at once; 0: sized from cores and memory (sandboxd.sizing); "
+        "on Docker at most docker_pool_size",
     )
     queue_size: Integer = Field(
         default=256, ge=0, description="requests waiting beyond that; then 429"
@@ -151,14 +152,28 @@ class SandboxSettings(FrontDoorSettings):
 
     @property
     def concurrency(self) -> int:
-        """The effective number of programs run at once."""
+        """The effective number of programs run at once: on Docker, never more than the pool's
+        containers (one run each). Admission sized from the host (8 on 2 cores) let in more
+        runs than a pool of 4 holds: the rest waited inside for a container, past
+        `queue_timeout_s` and `queue_size`, while the status said nothing waited."""
+        limit = self._configured_concurrency()
+        return min(limit, self.docker_pool_size) if self.backend == "docker" else limit
+
+    def _configured_concurrency(self) -> int:
         return self.max_concurrency or host_sizing(self.default_memory_mb).limit
 
     def admission_reason(self) -> str:
         """Where the limit on programs in flight comes from (for /v1/sandbox/status)."""
         if self.max_concurrency:
-            return f"{self.max_concurrency} programs in flight: the max_concurrency setting"
-        return host_sizing(self.default_memory_mb).describe()
+            reason = f"{self.max_concurrency} programs in flight: the max_concurrency setting"
+        else:
+            reason = host_sizing(self.default_memory_mb).describe()
+        if self.concurrency < self._configured_concurrency():
+            return (
+                f"{self.concurrency} programs in flight: docker_pool_size (one run per "
+                f"container), below {reason}"
+            )
+        return reason
 
     # ---- docker backend (warm pool of containers from the project's sandbox image)
     docker_image: str = Field(default="toolenv/sandbox:0.1.0", description="built when missing")

@@ -11,6 +11,7 @@ from sbx_support import SandboxdServer
 from typer.testing import CliRunner
 
 from sandboxd.cli import app
+from sandboxd.settings import SandboxSettings
 from sandboxd.sizing import PROGRAMS_PER_CORE, Sizing, host_sizing
 
 pytestmark = pytest.mark.bwrap
@@ -25,6 +26,24 @@ def test_sizing_is_the_smaller_of_cpu_and_memory_bounds() -> None:
     host = host_sizing(512)
     assert host.cores >= 1 and host.memory_mb > 0
     assert "cores" in host.describe() and "MB memory" in host.describe()
+
+
+def test_docker_admission_is_never_larger_than_the_pool() -> None:
+    """One run per container: admission sized from the host (8 on 2 cores) let in more runs
+    than a pool of 4 holds, and the rest waited inside it, outside the queue's bounds."""
+    pooled = SandboxSettings(backend="docker", docker_pool_size=2, max_concurrency=6)
+    assert pooled.concurrency == 2
+    assert pooled.admission_reason() == (
+        "2 programs in flight: docker_pool_size (one run per container), below "
+        "6 programs in flight: the max_concurrency setting"
+    )
+    sized = SandboxSettings(backend="docker", docker_pool_size=1)
+    assert sized.concurrency == 1 and "cores" in sized.admission_reason()
+    big_pool = SandboxSettings(backend="docker", docker_pool_size=16, max_concurrency=6)
+    assert big_pool.concurrency == 6
+    assert big_pool.admission_reason() == "6 programs in flight: the max_concurrency setting"
+    process = SandboxSettings(backend="process", docker_pool_size=2, max_concurrency=6)
+    assert process.concurrency == 6
 
 
 def _in_background(server: SandboxdServer, n: int) -> list[threading.Thread]:

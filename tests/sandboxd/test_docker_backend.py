@@ -17,7 +17,7 @@ from sandboxd.docker_backend.container import AGENT_CAPABILITIES
 from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
 from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
-from sandboxd.wire import RunTestsRequest, Verdict
+from sandboxd.wire import RunCodeRequest, RunTestsRequest, Verdict
 from toolenv_core.admission import ExpiredInQueue
 from toolenv_core.deadline import Deadline
 
@@ -345,6 +345,39 @@ def test_runs_wait_for_a_container_bounded_by_their_deadline(portal, image: str)
     finally:
         pool_id = b.pool.pool_id
         portal.call(b.close)
+    assert labelled(pool_id) == []
+
+
+def test_admission_holds_what_the_pool_cannot_run(portal, image: str) -> None:
+    """Admission sized from the host (8 on 2 cores) over a pool of 1: a second call was
+    admitted and waited inside the pool for the container, past the queue's bounds
+    (`queue_timeout_s`, `queue_size`), while the status said no call waited."""
+    service = SandboxService(
+        SandboxSettings(backend="docker", docker_image=image, docker_pool_size=1)
+    )
+    portal.call(service.start)
+    try:
+        assert service.status()["admission"]["capacity"] == 1
+        sleeper = RunCodeRequest(code="import time; time.sleep(2)", language="python")
+        first = portal.start_task_soon(service.run_code, sleeper, Deadline.after(60))
+        end = time.monotonic() + 30
+        while service.status()["admission"]["running"] < 1 and time.monotonic() < end:
+            time.sleep(0.02)
+        quick = RunCodeRequest(code="print(7)", language="python")
+        second = portal.start_task_soon(service.run_code, quick, Deadline.after(60))
+        while time.monotonic() < end:
+            status = service.status()
+            if status["admission"]["waiting"] or status["waiting"]:
+                break
+            time.sleep(0.02)
+        assert (status["admission"]["waiting"], status["waiting"]) == (1, 0), status
+        assert "all 1 program slots are in flight" in status["admission"]["waits_because"]
+        assert "docker_pool_size" in status["admission"]["limit_from"]
+        assert first.result(30).status == "Success"
+        assert second.result(30).run_result.stdout == "7\n"
+    finally:
+        pool_id = service.backend.pool.pool_id
+        portal.call(service.close)
     assert labelled(pool_id) == []
 
 
