@@ -166,7 +166,8 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
     reply = outcome.reply
     if reply is None or outcome.kind == "timeout":  # a timeout is the 504 however it came
         return _failure(runtime, outcome, ctx)
-    if not wirejson.is_json(reply.body):  # not JSON: the body as text
+    # not strict JSON (plain text, or `json.dumps`'s NaN): the body as text, so the answer is JSON
+    if not wirejson.is_json(reply.body, strict=True):
         text = reply.body.decode("utf-8", errors="replace") if reply.body else None
         answer = {
             "tool": runtime.name, "status": outcome.kind, "result": text, "error": outcome.error,

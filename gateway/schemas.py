@@ -5,7 +5,7 @@ The generic call's answer is a contract the rollout client relies on:
 - 200 `{"tool", "status": "ok" | "error", "result": <upstream JSON>, "error": null | str,
   "elapsed_s", "request_id"}`: the tool answered (status "error" when it answered an HTTP error;
   `result` then holds its error body, and the tool's own `Retry-After`, as on its 429, is
-  passed on as a header).
+  passed on as a header). A reply that is not strict JSON (text, `NaN`) is `result` as a string.
 - 504 `{"tool", "status": "timeout", "error", "elapsed_s", "deadline_ms", "request_id"}`: the
   deadline expired; the upstream work was cancelled.
 - 429 / 503 / 502 `{"tool", "status": "rejected" | "unavailable" | "upstream_failed", "error",

@@ -29,18 +29,25 @@ def loads(raw: bytes) -> Any:
             raise ValueError("JSON nested too deeply") from exc
 
 
-def is_json(body: bytes) -> bool:
-    """Whether `body` is one well-formed UTF-8 JSON document."""
+def is_json(body: bytes, *, strict: bool = False) -> bool:
+    """Whether `body` is one well-formed UTF-8 JSON document. `strict`: as RFC 8259 has it, so
+    not with `NaN` or `Infinity` (which `json` reads and writes, and strict parsers refuse): a
+    reply the gateway puts inside its own answer must be strict, or the answer is not JSON."""
     if not body:
         return False
     try:
-        from_json(body)
+        from_json(body, allow_inf_nan=not strict)
     except ValueError:
         try:
-            json.loads(body.decode("utf-8"))
+            json.loads(body.decode("utf-8"), parse_constant=_refuse if strict else None)
         except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError, nesting
             return False
     return True
+
+
+def _refuse(constant: str) -> Any:
+    """`json`'s hook for `NaN`, `Infinity` and `-Infinity`: not JSON, for a strict check."""
+    raise ValueError(f"{constant} is not JSON (RFC 8259)")
 
 
 def dumps(value: Any) -> bytes:

@@ -1,14 +1,17 @@
 """The generic call's answer, written by hand around the tool's reply, is the JSON document the
-dict it stands for would be (any request id, error text and elapsed time), and the deadline the
-tool is told is the one `Deadline.headers()` gives."""
+dict it stands for would be (any request id, error text and elapsed time), strict JSON whatever
+the tool wrote (a reply with `NaN` goes in as text), and the deadline the tool is told is the one
+`Deadline.headers()` gives."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
+from typing import Any
 
+import httpx
 import pytest
+from gw_support import proxy_tool
 
 from gateway.calls import CallContext
 from gateway.dispatch import Outcome, UpstreamCall
@@ -18,6 +21,15 @@ from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline, DeadlinePolicy
 
 ODD = ["plain-id.1:2", 'quote"d', "back\\slash", "tab\there", "line\u2028sep", "\ud800", "é", ""]
+
+
+def strict_loads(raw: bytes | str) -> Any:
+    """`json.loads` as RFC 8259 has it: `NaN` and `Infinity` refused, as strict clients do."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
 
 
 @pytest.mark.parametrize("text", ODD)
@@ -51,7 +63,8 @@ class _Runtime:
 
 CASES = [
     ("ok", None, b'{"result": [1, "x"]}', 0.0012345678, "req-1"),
-    ("ok", None, b"[1e400, NaN]", 12.5, 'odd"id\\'),
+    ("ok", None, b"[1e400, NaN]", 12.5, 'odd"id\\'),  # json.dumps's NaN: not JSON, so text
+    ("ok", None, b"[1e400, -1e400]", 0.25, "r0"),  # huge, but JSON: spliced as it came
     ("error", "tool 'tool' answered HTTP 500", b'{"detail": "boom"}', 1e-07, "r"),
     ("error", 'said "no"', b"not json at all", 0.5, "r2"),
     ("ok", None, b"", 3.0, "r3"),
@@ -71,13 +84,10 @@ def test_generic_answer_is_the_documented_dict(kind, error, body, elapsed, reque
     assert (h.EXECUTOR_NODE.lower().encode(), b"n1") in headers
     assert (b"retry-after", b"3") in headers  # the tool's own, passed on as the pass-through does
     try:
-        result = json.loads(body)
+        result = strict_loads(body)
     except ValueError:
         result = body.decode() or None
-    got = json.loads(answer)
-    if isinstance(result, list) and len(result) == 2:  # NaN != NaN: compared apart
-        assert math.isinf(got["result"][0]) and math.isnan(got["result"][1])
-        got["result"] = result = None
+    got = strict_loads(answer)
     assert got == {
         "tool": "tool", "status": kind, "result": result, "error": error,
         "elapsed_s": round(elapsed, 6), "request_id": request_id,
@@ -95,3 +105,19 @@ def test_the_deadline_the_tool_is_told(reserve_s: float) -> None:
     assert call.headers == {"a": "b"}  # the call's own headers are not changed
     never = UpstreamCall("POST", "/p", b"", {"a": "b"}, Deadline.never(), reserve_s)
     assert never.send_headers() == {"a": "b"}
+
+
+def test_a_tool_replying_nan_gets_a_strict_json_answer(gateway, upstream) -> None:
+    """A real tool writing `json.dumps`'s `NaN` and `Infinity` (the echo upstream echoes the
+    arguments it got): the gateway's answer stays JSON, the reply given as its text."""
+    up = upstream("u")
+    gw = gateway([proxy_tool("echo", up.url)])
+    raw = b'{"arguments": {"score": NaN, "top": Infinity}}'  # accepted, as `json` accepts it
+    r = httpx.post(gw.url + "/v1/tools/echo/call", content=raw, timeout=10)
+    assert r.status_code == 200, r.text
+    got = strict_loads(r.text)
+    assert got["status"] == "ok" and got["tool"] == "echo"
+    assert isinstance(got["result"], str) and '"score": NaN' in got["result"]
+    assert json.loads(got["result"])["body"]["top"] == float("inf")  # lenient readers still can
+    fine = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {"x": 1}}, timeout=10)
+    assert strict_loads(fine.text)["result"]["body"] == {"x": 1}  # JSON is still spliced

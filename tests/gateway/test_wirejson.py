@@ -50,3 +50,12 @@ def test_a_byte_order_mark_is_parsed_as_json_parses_bytes_but_is_no_reply_to_spl
     body = b"\xef\xbb\xbf[1]"
     assert wirejson.loads(body) == json.loads(body) == [1]
     assert not wirejson.is_json(body)  # a tool's reply with a BOM goes out as text, as before
+
+
+@pytest.mark.parametrize("body", [b"NaN", b"[1, Infinity]", b'{"a": -Infinity}', b'"\\ud800" '])
+def test_strict_refuses_what_rfc_8259_refuses(body: bytes) -> None:
+    """`NaN` and the infinities (`json`'s, not JSON's) are refused by both parsers when strict;
+    the fallback's other acceptance (a lone surrogate escape) is kept."""
+    assert wirejson.is_json(body)
+    assert wirejson.is_json(body, strict=True) is body.startswith(b'"')
+    assert wirejson.is_json(b"[1e400]", strict=True)  # huge, but JSON
