@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from .languages import UnknownLanguage, get_language
@@ -77,16 +78,20 @@ class RequestBounds:
             max_file_size_mb=s.max_file_size_mb,
         )
 
-    def count(self, names: dict[str, str | None] | list[str], field: str) -> None:
+    def count(self, names: Mapping[str, str | None] | list[str], field: str) -> None:
         """At most `max_files_per_request` paths: each one costs the event loop, every run."""
         if len(names) > (most := self.settings.max_files_per_request):
             raise BadRequest(422, f"at most {most} {field} per request, got {len(names)}")
 
-    def decode_files(self, files: dict[str, str | None]) -> dict[str, bytes]:
+    def decode_files(self, files: Mapping[str, str | None]) -> dict[str, bytes]:
+        """The files to write, decoded and checked. A null content writes no file, as SandboxFusion
+        does (it skips it unchecked; an empty file is `""`)."""
         self.count(files, "files")
         out: dict[str, bytes] = {}
         paths: dict[Path, str] = {}
         for name, b64 in files.items():
+            if b64 is None:
+                continue
             try:
                 path = safe_relative_path(name)
             except InvalidPath as exc:
@@ -97,7 +102,7 @@ class RequestBounds:
             try:
                 # Line breaks allowed: `base64` and `base64.encodebytes` wrap at 76 characters,
                 # and SandboxFusion reads such content (it was a 422 here); other junk is not.
-                out[name] = base64.b64decode("".join((b64 or "").split()), validate=True)
+                out[name] = base64.b64decode("".join(b64.split()), validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise BadRequest(422, f"files[{name!r}] is not valid base64: {exc}") from exc
         # A file that is also another's directory cannot be written (it was a SandboxError).

@@ -53,7 +53,8 @@ class RunCodeRequest(BaseModel):
     )
     stdin: Text | None = None
     files: dict[str, str | None] = Field(
-        default_factory=dict, description="path in the working dir -> base64 content"
+        default_factory=dict,
+        description="path in the working dir -> base64 content (null: no file, as SandboxFusion)",
     )
     fetch_files: list[str] = Field(default_factory=list, description="paths to return, base64")
     # extras (not in SandboxFusion)
@@ -139,7 +140,8 @@ class RunTestsRequest(BaseModel):
     memory_limit_MB: Integer | None = None
     cpu_limit: Number | None = None
     max_output_bytes: Integer | None = None
-    files: dict[str, str | None] = Field(default_factory=dict)
+    # no null content (SandboxFusion's /run_code skips it): here it is refused, naming the file
+    files: dict[str, str] = Field(default_factory=dict, description="path -> base64 content")
     stop_on_first_failure: bool = False
     concurrency: Integer | None = Field(default=None, ge=1, description="cases at once (capped)")
     comparison: Literal["lines", "tokens", "exact"] = Field(

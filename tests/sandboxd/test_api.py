@@ -128,6 +128,16 @@ def test_files_in_base64_wrapped_in_lines(api: SandboxdServer) -> None:
     assert res["run_result"]["stdout"] == data.hex()
 
 
+def test_a_null_file_content_writes_no_file_as_in_sandboxfusion(api: SandboxdServer) -> None:
+    """SandboxFusion's `files` is `Dict[str, Optional[str]]` and it skips a null content: no file
+    (it was an empty file here). `""` is the empty file."""
+    code = "import os\nprint(sorted(os.listdir('.')))"
+    res = api.run_code(code=code, files={"gone.txt": None, "empty.txt": ""})
+    assert res["status"] == "Success", res
+    assert "empty.txt" in res["run_result"]["stdout"]
+    assert "gone.txt" not in res["run_result"]["stdout"]
+
+
 def test_limits_and_accounting_are_reported(api: SandboxdServer) -> None:
     res = api.run_code(
         code="a = bytearray(300 * 2**20)\nprint(len(a))", memory_limit_MB=128, run_timeout=10

@@ -156,6 +156,15 @@ def test_bad_run_tests_requests(server: SandboxdServer, body: dict, status: int)
     assert server.client.post("/v1/run_tests", json=body).status_code == status
 
 
+def test_a_null_file_is_refused_naming_it(server: SandboxdServer) -> None:
+    """toolenv's own route takes no null content (it was an empty file, silently)."""
+    body = {"code": "print(1)", "cases": [{}], "files": {"ok.txt": "", "data.txt": None}}
+    r = server.client.post("/v1/run_tests", json=body)
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["files", "data.txt"] and "string" in error["msg"]
+
+
 def test_a_case_with_misnamed_fields_is_refused_not_accepted(server: SandboxdServer) -> None:
     # `input`/`output` (a common dataset naming) would otherwise be dropped, leaving a case with
     # no expected output that any program exiting 0 passes: a reward of 1 for a wrong program.
