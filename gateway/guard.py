@@ -21,7 +21,12 @@ from typing import Any
 
 from toolenv_core import headers as h
 from toolenv_core.admission import RateLimits, Rejected
-from toolenv_core.bodylimit import body_timeout_message, run_bounded, too_large_message
+from toolenv_core.bodylimit import (
+    BAD_LENGTH,
+    body_timeout_message,
+    run_bounded,
+    too_large_message,
+)
 
 from .asgi import ASGIApp, Message
 
@@ -44,7 +49,7 @@ class Verdict:
     status: int = 0  # 0: let in; else the HTTP status of the refusal
     detail: str = ""
     headers: tuple[tuple[bytes, bytes], ...] = ()
-    length_known: bool = False  # Content-Length checked against the limit up front
+    length: int | None = None  # the declared Content-Length (None: none, e.g. chunked)
 
     def refusal_body(self) -> bytes:
         return json.dumps({"detail": self.detail, "request_id": self.request_id}).encode()
@@ -71,8 +76,16 @@ class Door:
         self._ids = itertools.count(1)
 
     def check(
-        self, headers: Iterable[tuple[bytes, bytes]], path: str, client: tuple[str, int] | None
+        self,
+        headers: Iterable[tuple[bytes, bytes]],
+        path: str,
+        client: tuple[str, int] | None,
+        takes_body: bool = False,
     ) -> Verdict:
+        """The verdict on one request from its headers. `takes_body`: the route reads a body
+        (the lane's hot routes), so a declared length over the limit is its 413 now; elsewhere
+        it is refused when the app first reads the body (`run_bounded`), and a route that reads
+        none answers as it would without the limit (a 404, a 405, a GET)."""
         request_id = None
         auth = None
         length = None
@@ -105,12 +118,11 @@ class Door:
                 )
         if length is not None:
             try:
-                too_large = int(length) > self.max_body_bytes
+                verdict.length = int(length)
             except ValueError:
-                return _refuse(verdict, 400, "Content-Length is not a number")
-            if too_large:
+                return _refuse(verdict, 400, BAD_LENGTH)
+            if takes_body and verdict.length > self.max_body_bytes:
                 return _refuse(verdict, 413, self.too_large_message())
-            verdict.length_known = True
         return verdict
 
     def too_large_message(self) -> str:
@@ -154,11 +166,17 @@ class Guard:
             return
         state["caller"] = verdict.caller
         # The body must arrive whole within the door's body timeout (a body shorter than its
-        # Content-Length must not hold a connection open); without Content-Length (chunked) its
-        # size is counted as it arrives.
+        # Content-Length must not hold a connection open); a declared one over the limit is
+        # refused when the app reads it, one without Content-Length (chunked) counted as it comes.
         door = self.door
         refusal = await run_bounded(
-            self.app, scope, receive, send_with_id, door.max_body_bytes, door.body_timeout_s
+            self.app,
+            scope,
+            receive,
+            send_with_id,
+            door.max_body_bytes,
+            door.body_timeout_s,
+            verdict.length,
         )
         if refusal is not None:
             await _reply(send_with_id, _refuse(verdict, *refusal))

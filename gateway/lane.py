@@ -201,7 +201,8 @@ class LaneProtocol(HttpToolsProtocol):
                 break
         else:
             return None  # a body without Content-Length: the app's guard counts it as it comes
-        verdict = self.gateway.door.check(self.headers, path, self.client)  # once per request
+        # once per request; every hot route takes a body: one declared too large is its 413 now
+        verdict = self.gateway.door.check(self.headers, path, self.client, takes_body=True)
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
         return LaneCycle(call, verdict, self.headers, keep_alive)
 

@@ -40,9 +40,9 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     )
     app.state.sandbox_service = service
     app.include_router(build_router(service))
-    # A request body is bounded before the router reads it: a Content-Length over the limit is a
-    # 413 at its headers, a body not whole within body_timeout_s a 408 that closes the connection
-    # (it held the connection unanswered). Mounted in the gateway, its door bounds bodies first.
+    # A request body is bounded as the router reads it: a Content-Length over the limit is a 413
+    # before any of it is read, a body not whole within body_timeout_s a 408 that closes the
+    # connection (it held the connection unanswered). Mounted in the gateway, its door bounds bodies first.
     app.add_middleware(
         BodyLimit, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
     )

@@ -47,6 +47,15 @@ def body_timeout_message(
     )
 
 
+BAD_LENGTH = "Content-Length is not a number"
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """The declared Content-Length (None: none, e.g. chunked); ValueError if not a number."""
+    length = next((v for k, v in headers if k == b"content-length"), None)
+    return None if length is None else int(length)
+
+
 class Refusal(NamedTuple):
     """What a front door answers when a bound stopped the app before its response began."""
 
@@ -62,22 +71,28 @@ async def run_bounded(
     send: Send,
     max_body_bytes: int,
     body_timeout_s: float,
+    declared: int | None = None,
 ) -> Refusal | None:
     """Run `app` with its request body bounded: whole within `body_timeout_s` of now, and at
-    most `max_body_bytes` counted as it arrives (a declared Content-Length is the caller's to
-    check first). Returns the 413 or 408 to answer when a bound stopped the app before it began
-    its response (None: the app answered)."""
+    most `max_body_bytes` counted as it arrives. A `declared` Content-Length (the caller's to
+    parse) over the limit is refused at the app's first read, before any of the body is read:
+    a route that reads no body (a GET, an unknown path's 404, a wrong method's 405) answers as
+    it would without the limit. Returns the 413 or 408 to answer when a bound stopped the app
+    before it began its response (None: the app answered)."""
     headers = scope["headers"]
     loop = asyncio.get_running_loop()
     cutoff = loop.time() + body_timeout_s
     seen = 0
     body_done = False
     started = False
+    too_large = declared is not None and declared > max_body_bytes
 
     async def guarded_receive() -> Message:
         nonlocal seen, body_done
         if body_done:  # after the body: the server's disconnect notice, whenever it comes
             return await receive()
+        if too_large:
+            raise BodyTooLarge
         try:
             async with asyncio.timeout(cutoff - loop.time()):
                 message = await receive()
@@ -105,8 +120,9 @@ async def run_bounded(
 
 
 class BodyLimit:
-    """Both bounds as ASGI middleware: a Content-Length over the limit is refused before the
-    body is read; a body without one (chunked) is counted as it arrives."""
+    """Both bounds as ASGI middleware: a Content-Length over the limit is refused when the app
+    first reads the body, before any of it is read; a body without one (chunked) is counted as
+    it arrives."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float) -> None:
         self.app = app
@@ -117,18 +133,13 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if length is not None:
-            try:
-                too_large = int(length) > self.max_body_bytes
-            except ValueError:
-                await _reply(send, Refusal(400, "Content-Length is not a number"))
-                return
-            if too_large:
-                await _reply(send, Refusal(413, too_large_message(self.max_body_bytes)))
-                return
+        try:
+            declared = content_length(scope["headers"])
+        except ValueError:
+            await _reply(send, Refusal(400, BAD_LENGTH))
+            return
         refusal = await run_bounded(
-            self.app, scope, receive, send, self.max_body_bytes, self.body_timeout_s
+            self.app, scope, receive, send, self.max_body_bytes, self.body_timeout_s, declared
         )
         if refusal is not None:
             await _reply(send, refusal)

@@ -512,6 +512,10 @@ def test_a_body_is_bounded_in_size_and_time() -> None:
             data, waited = _raw(port, f"{line} {head}content-length: 99999\r\n\r\n{{".encode())
             assert data.startswith(b"HTTP/1.1 413"), data[:300]
             assert b"request body exceeds the limit of 4096 bytes" in data and waited < 0.9
+        # a route that takes no body answers as it would without the limit (it was a 413)
+        for line, status in (("GET /healthz", 200), ("GET /nope", 404), ("GET /retrieve", 405)):
+            data, _ = _raw(port, f"{line} {head}content-length: 99999\r\n\r\n".encode())
+            assert data.startswith(f"HTTP/1.1 {status} ".encode()), data[:300]
         chunk = b"x" * 5000  # no Content-Length: counted as it arrives
         data, _ = _raw(port, f"POST /retrieve {head}transfer-encoding: chunked\r\n\r\n".encode()
                        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))  # fmt: skip

@@ -177,6 +177,21 @@ def test_a_declared_body_over_the_limit_is_413_at_once(gateway, upstream, tool) 
     assert up.stats()["started"] == 0
 
 
+# a route that takes no body answers as it would without the limit (it was a 413 for them all)
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [("GET /healthz", 200), ("GET /v1/tools", 200), ("GET /v1/nope", 404),
+     ("GET /v1/tools/echo/call", 405), ("DELETE /v1/tools", 405)],
+)  # fmt: skip
+def test_a_declared_body_is_no_413_where_no_body_is_read(gateway, upstream, line, status) -> None:
+    up = upstream("u")
+    gw = gateway([proxy_tool("echo", up.url)], max_body_bytes=4096, body_timeout_s=5.0)
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+        sock.sendall(f"{line} HTTP/1.1\r\nhost: x\r\ncontent-length: 999999999\r\n\r\n".encode())
+        data = sock.recv(65536)
+    assert data.startswith(f"HTTP/1.1 {status} ".encode()), data[:200]
+
+
 def test_docs_work_without_a_cdn(gateway) -> None:
     gw = gateway([])
     page = httpx.get(gw.url + "/docs", timeout=10)

@@ -152,9 +152,13 @@ def test_refusals_on_the_lane_drain_the_body_and_keep_the_connection(upstream, g
     assert status == 401 and headers["www-authenticate"] == "Bearer"
     assert json.loads(body)["request_id"] == "no-key" == headers["x-request-id"]
     auth = f"authorization: Bearer {KEY}\r\n"
-    sock.sendall(_post("/retrieve", {"queries": ["x" * 4000]}, auth))
+    # a route that reads its body (with no search tool, /retrieve reads none: its 404 now)
+    sock.sendall(_post("/v1/tools/nope/call", {"arguments": {"q": "x" * 4000}}, auth))
     (status, _, body), = _read_responses(sock, 1)  # fmt: skip
     assert status == 413 and "2048" in json.loads(body)["detail"]
+    sock.sendall(_post("/retrieve", {"queries": ["x" * 4000]}, auth))
+    (status, _, body), = _read_responses(sock, 1)  # fmt: skip
+    assert status == 404 and "search" in json.loads(body)["detail"]
     sock.sendall(_post("/v1/tools/echo/call", {"arguments": {"n": 3}}, auth))
     (status, _, body), = _read_responses(sock, 1)  # fmt: skip
     assert status == 200 and json.loads(body)["result"]["body"] == {"n": 3}

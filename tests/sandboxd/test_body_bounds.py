@@ -85,3 +85,15 @@ def test_a_whole_body_is_served_as_always(bounded: SandboxdServer) -> None:
         json={"code": "print(input())", "cases": [{"stdin": "a\n", "expected_stdout": "a\n"}]},
     )
     assert r.status_code == 200 and r.json()["verdict"] == "accepted", r.text
+
+
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [("GET /v1/ping", 200), ("GET /nope", 404), ("GET /run_code", 405), ("POST /v1/ping", 405)],
+)
+def test_a_declared_body_is_no_413_where_no_body_is_read(
+    bounded: SandboxdServer, line: str, status: int
+) -> None:
+    """A route that takes no body answers as it would without the limit (it was a 413)."""
+    data, _, _ = _raw(bounded, f"{line} {HEAD}content-length: 999999999\r\n\r\n".encode())
+    assert data.startswith(f"HTTP/1.1 {status} ".encode()), data[:300]
