@@ -11,6 +11,7 @@ import typer
 import uvicorn
 from rich.table import Table
 
+from toolenv_core import serving
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
@@ -230,7 +231,7 @@ def serve_command(
         app_ = create_app(settings)
     except ValueError as exc:
         raise _fail(config_error(exc)) from exc
-    uvicorn.run(
+    config = uvicorn.Config(
         app_,
         host=settings.host,
         port=settings.port,
@@ -240,3 +241,4 @@ def serve_command(
         timeout_graceful_shutdown=5,
         http=StampingHttpToolsProtocol,  # delays count from when a request reached the process
     )
+    serving.serve(config)  # a port in use: one line saying so, exit 3

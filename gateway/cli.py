@@ -13,6 +13,7 @@ import typer
 import uvicorn
 from fastapi import FastAPI
 
+from toolenv_core import serving
 from toolenv_core.polytrace.errors import TraceFormatError
 
 from .lane import lane_protocol
@@ -52,13 +53,7 @@ def uvicorn_config(
 def run(gateway: FastAPI, settings: GatewaySettings) -> None:
     """Serve a built gateway app where its settings say, until SIGINT/SIGTERM."""
     setup_logging(settings.log_level)
-    server = uvicorn.Server(uvicorn_config(gateway, settings))
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    if not server.started:
-        raise SystemExit(3)  # could not start (port taken, a tool failed): as `uvicorn.run` does
+    serving.serve(uvicorn_config(gateway, settings))  # a port in use is said before the tools start
 
 
 def trace_to_multiturn(

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
+from toolenv_core import serving
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
 
@@ -87,7 +88,7 @@ def serve(
         f"on http://{settings.host}:{settings.port}",
         err=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         AnswerCutCalls(create_app(settings), settings.shutdown_grace_s),
         host=settings.host,
         port=settings.port,
@@ -98,3 +99,4 @@ def serve(
         # (SIGINT) stops at once.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
+    serving.serve(config)  # a port in use: one line saying so, exit 3

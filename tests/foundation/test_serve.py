@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -72,3 +73,29 @@ def test_a_bad_setting_is_one_line_and_exit_2(argv: list[str], env: dict, needle
     )
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(f"error: {needle}") and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["serve"], ["gateway", "serve"], ["emulators", "serve"], ["sandboxd", "serve"]]
+)
+def test_a_port_in_use_is_one_line_and_exit_3(argv: list[str]) -> None:
+    """It was uvicorn's raw `ERROR: [Errno 98] error while attempting to bind on address ...`
+    (the gateway's after starting its tools, and stopping them again)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "toolenv", *argv, "--port", str(port)],
+            # sandboxd's bwrap check is not what is tested (nothing runs: the port is taken)
+            env={**os.environ, "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 3, out.stderr
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [
+        f"error: 127.0.0.1:{port} is already in use (another server listens there): "
+        "stop it, or choose another port with --port"
+    ], out.stderr
