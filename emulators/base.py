@@ -59,7 +59,7 @@ class ToolEmulator:
         self.settings = settings
         self.rng = np.random.default_rng([settings.seed, seed_index])
         self._profile = profile
-        self._sampler = self._build(profile)
+        self._sampler = self.build(profile)
         self.calls = 0
         # learns this tool's response path, so that replies leave on time
         self.pacer = Pacer(max_lead_s=settings.max_pacing_lead_s)
@@ -68,7 +68,9 @@ class ToolEmulator:
     def profile(self) -> Profile:
         return self._profile
 
-    def _build(self, profile: Profile) -> Sampler:
+    def build(self, profile: Profile) -> Sampler:
+        """The sampler of `profile` for this tool, or ProfileRejected. Changes nothing: a large
+        profile is built off the event loop, then `activate`d on it."""
         if profile.tool != self.name:
             raise ProfileRejected(
                 ["tool"], f"this is the {self.name!r} emulator, the profile says {profile.tool!r}"
@@ -78,9 +80,9 @@ class ToolEmulator:
         except (OSError, ValueError) as exc:  # e.g. a trace replay whose files cannot be read
             raise ProfileRejected(["model"], str(exc)) from exc
 
-    def set_profile(self, profile: Profile) -> None:
-        """Swap the active profile (validated and built first, so a bad one changes nothing)."""
-        sampler = self._build(profile)
+    def activate(self, profile: Profile, sampler: Sampler) -> None:
+        """Swap in a profile and the sampler `build` made of it (on the event loop: no call sees
+        one without the other)."""
         self._profile, self._sampler = profile, sampler
 
     def parse_profile(self, data: Any) -> Profile:

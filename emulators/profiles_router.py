@@ -7,12 +7,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 from toolenv_core.latency.profile import Profile
+from toolenv_core.latency.samplers import Sampler
 from toolenv_core.latency.specs import TraceReplay
 from toolenv_core.polytrace.cache import confine_trace
 
@@ -66,6 +68,39 @@ def confine_traces(profile: Profile, roots: Sequence[Path]) -> None:
             spec.paths = pinned
 
 
+def _not_a_profile() -> JSONResponse:
+    detail = [
+        {"loc": ["body"], "msg": "body must be a JSON object (a profile)", "type": "dict_type"}
+    ]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def prepare_profile(
+    emu: ToolEmulator, tool: str, raw: bytes
+) -> tuple[Profile, Sampler] | JSONResponse:
+    """A PUT body as a profile and its sampler, built and ready to swap in, or the answer that
+    refuses it. Pure CPU, and a lot of it for a large profile (1.4M samples: about 1.3 s, which
+    on the event loop stalled every call of the emulator): run in a worker thread."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # nesting too deep for `json` was a 500
+        return JSONResponse({"detail": NOT_JSON}, status_code=NOT_JSON_STATUS)
+    if not isinstance(data, dict):
+        return _not_a_profile()
+    data.setdefault("tool", tool)
+    try:
+        # an active profile is read back as UTF-8 JSON (GET): one it cannot be written as
+        # made those GETs and `GET /v1/emulators` a 500 until the next swap
+        bad = _not_text(data, [])
+        if bad is not None:
+            raise ProfileRejected(bad, "must be text: a lone surrogate escape is not")
+        profile = emu.parse_profile(data)
+        confine_traces(profile, emu.settings.trace_roots)
+        return profile, emu.build(profile)
+    except ProfileRejected as exc:
+        return JSONResponse({"detail": exc.detail, "message": str(exc)}, status_code=422)
+
+
 def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
     router = APIRouter(tags=["emulator profiles"])
 
@@ -113,35 +148,11 @@ def build_profiles_router(emulators: dict[str, ToolEmulator]) -> APIRouter:
         emu = emulators.get(tool)
         if emu is None:
             return unknown(tool)
-        try:
-            data = json.loads(await request.body())
-        except (ValueError, RecursionError):  # nesting too deep for `json` was a 500
-            return JSONResponse({"detail": NOT_JSON}, status_code=NOT_JSON_STATUS)
-        if not isinstance(data, dict):
-            return JSONResponse(
-                {
-                    "detail": [
-                        {
-                            "loc": ["body"],
-                            "msg": "body must be a JSON object (a profile)",
-                            "type": "dict_type",
-                        }
-                    ]
-                },
-                status_code=422,
-            )
-        data.setdefault("tool", tool)
-        try:
-            # an active profile is read back as UTF-8 JSON (GET): one it cannot be written as
-            # made those GETs and `GET /v1/emulators` a 500 until the next swap
-            bad = _not_text(data, [])
-            if bad is not None:
-                raise ProfileRejected(bad, "must be text: a lone surrogate escape is not")
-            profile = emu.parse_profile(data)
-            confine_traces(profile, emu.settings.trace_roots)
-            emu.set_profile(profile)
-        except ProfileRejected as exc:
-            return JSONResponse({"detail": exc.detail, "message": str(exc)}, status_code=422)
+        prepared = await anyio.to_thread.run_sync(prepare_profile, emu, tool, await request.body())
+        if isinstance(prepared, JSONResponse):
+            return prepared  # refused: nothing changed
+        profile, sampler = prepared
+        emu.activate(profile, sampler)  # on the event loop, between two calls
         return JSONResponse({"tool": tool, "kind": profile.model.kind, "active": True})
 
     return router

@@ -8,6 +8,7 @@ import anyio
 import numpy as np
 
 from toolenv_core.latency.profile import Profile
+from toolenv_core.latency.samplers import Sampler
 from toolenv_core.polytrace.errors import TraceFormatError
 
 from ..base import ToolEmulator
@@ -39,8 +40,8 @@ class SearchEmulator(ToolEmulator):
     async def close(self) -> None:
         self.corpus = None
 
-    def set_profile(self, profile: Profile) -> None:
-        super().set_profile(profile)
+    def activate(self, profile: Profile, sampler: Sampler) -> None:
+        super().activate(profile, sampler)
         self._tokens.clear()
 
     def tokens_for(self, query: str, topk: int) -> int:

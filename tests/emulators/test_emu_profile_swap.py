@@ -1,0 +1,90 @@
+"""A profile PUT is parsed, checked and built off the event loop: the emulator keeps answering.
+
+Before, a large profile (1.4M samples) was parsed on the event loop for about 1.3 s, and every
+other call of the emulator waited. Here the parse is held open by an event (instead of a huge
+body, whose duration would be a timing), and a GET must be answered while it is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from emulators.app import create_app
+from emulators.settings import EmulatorSettings
+from toolenv_core.net import free_port
+
+PROFILE = {"model": {"kind": "constant", "value_s": 0.001}}  # the shipped one is empirical
+
+
+class InProcess:
+    """The emulators app on a loopback port, served by uvicorn in a thread (so its emulators
+    can be reached from the test)."""
+
+    def __init__(self) -> None:
+        self.app = create_app(EmulatorSettings())
+        self.url = f"http://127.0.0.1:{free_port()}"
+        port = int(self.url.rsplit(":", 1)[1])
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()))
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the emulators did not start")
+            threading.Event().wait(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+@pytest.fixture
+def served() -> Iterator[InProcess]:
+    s = InProcess()
+    yield s
+    s.stop()
+
+
+def test_calls_are_answered_while_a_profile_is_parsed(
+    served: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    search = served.app.state.emulators["search"]
+    parsing, release = threading.Event(), threading.Event()
+    parse = search.parse_profile
+
+    def held_parse(data: Any):
+        parsing.set()
+        release.wait(timeout=30)  # on the event loop, this held every other call too
+        return parse(data)
+
+    monkeypatch.setattr(search, "parse_profile", held_parse)
+    answers: dict[str, httpx.Response] = {}
+
+    def put() -> None:
+        answers["put"] = httpx.put(
+            served.url + "/v1/emulators/search/profile", json=PROFILE, timeout=60
+        )
+
+    putter = threading.Thread(target=put)
+    putter.start()
+    try:
+        assert parsing.wait(timeout=30), "the PUT never reached its parse"
+        with httpx.Client(timeout=10) as client:  # a failure bound only: it is answered at once
+            listed = client.get(served.url + "/v1/emulators")
+            call = client.post(served.url + "/retrieve", json={"queries": ["q"], "topk": 1})
+        assert listed.status_code == 200 and call.status_code == 200, (listed.text, call.text)
+        assert "put" not in answers and not release.is_set()  # answered during the parse
+        assert {t["tool"]: t["kind"] for t in listed.json()["tools"]}["search"] == "empirical"
+    finally:
+        release.set()
+        putter.join(timeout=60)
+    assert answers["put"].status_code == 200, answers["put"].text
+    assert answers["put"].json() == {"tool": "search", "kind": "constant", "active": True}
+    assert search.profile.model.kind == "constant"  # swapped in once built
