@@ -47,6 +47,24 @@ from .targets import RemoteTargetError, TargetError, check_loopback, resolve_tar
 EXIT_OK, EXIT_SLO_BROKEN, EXIT_USAGE, EXIT_NO_RESPONSE, EXIT_ALL_FAILED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # Ctrl-C: the report of what was sent before it, no verdict
 
+# The options that set each `LoadSpec` field: a spec error names what the user typed
+# (`--duration`, not `duration_s`).
+OPTION_OF_FIELD = {
+    "method": "--method",
+    "arrival": "--arrival",
+    "rate": "--rate",
+    "concurrency": "--concurrency",
+    "duration_s": "--duration",
+    "max_requests": "--max-requests",
+    "max_in_flight": "--max-in-flight",
+    "connections": "--connections",
+    "timeout_s": "--timeout",
+    "workers": "--workers",
+    "preconnect": "--preconnect",
+}
+# The check of one ramp step's spec: its duration is --step-duration.
+OPTION_OF_STEP_FIELD = {**OPTION_OF_FIELD, "duration_s": "--step-duration"}
+
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -198,6 +216,7 @@ def stress(
     """
     err = Console(stderr=True)
     out_console = report_console(stderr=as_json)
+    names = OPTION_OF_FIELD  # what a spec error calls each field
     try:
         target = resolve_target(
             url=url,
@@ -238,15 +257,11 @@ def stress(
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
             step_s = step_duration
+            names = OPTION_OF_STEP_FIELD
             LoadSpec(**{**_fields(spec), "duration_s": step_s}).validate()
-    except (
-        TargetError,
-        SLOError,
-        LoadSpecError,
-        RemoteTargetError,
-        TargetURLError,
-        ValueError,
-    ) as exc:
+    except LoadSpecError as exc:
+        raise _usage_error(err, exc.worded(names)) from exc
+    except (TargetError, SLOError, RemoteTargetError, TargetURLError, ValueError) as exc:
         raise _usage_error(err, str(exc)) from exc
 
     if ramp:

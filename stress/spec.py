@@ -5,6 +5,7 @@ Every run is bounded: `duration_s` and `max_requests` are both required to be fi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,7 +28,19 @@ _FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
 class LoadSpecError(ValueError):
-    """The load specification is unbounded or inconsistent; the message says what to change."""
+    """The load specification is unbounded or inconsistent; the message says what to change.
+
+    `template` names the `LoadSpec` fields it is about as `{field}` (its other values as
+    keyword arguments): `str()` spells them as the fields, `worded` as the caller's own names
+    for them (`toolenv stress`: the options the user typed, `--duration` for `duration_s`)."""
+
+    def __init__(self, template: str, **values: object) -> None:
+        self.template, self.values = template, values
+        super().__init__(self.worded({}))
+
+    def worded(self, names: Mapping[str, str]) -> str:
+        fields = {f.name: names.get(f.name, f.name) for f in dataclasses.fields(LoadSpec)}
+        return self.template.format(**fields, **self.values)
 
 
 @dataclass(slots=True)
@@ -90,41 +103,54 @@ class LoadSpec:
     def validate(self) -> None:
         if not (0 < self.duration_s <= HARD_MAX_DURATION_S):
             raise LoadSpecError(
-                f"duration_s must be in (0, {HARD_MAX_DURATION_S:.0f}], got {self.duration_s}"
+                "{duration_s} must be in (0, {most:.0f}], got {got}",
+                most=HARD_MAX_DURATION_S,
+                got=self.duration_s,
             )
         if not (0 < self.max_requests <= HARD_MAX_REQUESTS):
             raise LoadSpecError(
-                f"max_requests must be in [1, {HARD_MAX_REQUESTS}], got {self.max_requests}"
+                "{max_requests} must be in [1, {most}], got {got}",
+                most=HARD_MAX_REQUESTS,
+                got=self.max_requests,
             )
         if self.arrival not in ("constant", "poisson", "closed"):
             raise LoadSpecError(
-                f"arrival must be constant, poisson or closed, got {self.arrival!r}"
+                "{arrival} must be constant, poisson or closed, got {got!r}", got=self.arrival
             )
         if self.arrival != "closed" and not (0 < self.rate < 1_000_000):
             raise LoadSpecError(
-                f"rate must be a positive number of requests per second, got {self.rate}"
+                "{rate} must be a positive number of requests per second, got {got}",
+                got=self.rate,
             )
         if self.arrival == "closed" and not (1 <= self.concurrency <= 10_000):
-            raise LoadSpecError(f"concurrency must be in [1, 10000], got {self.concurrency}")
+            raise LoadSpecError(
+                "{concurrency} must be in [1, 10000], got {got}", got=self.concurrency
+            )
         if self.max_in_flight < 1 or (self.connections is not None and self.connections < 1):
-            raise LoadSpecError("max_in_flight and connections must be at least 1")
+            raise LoadSpecError("{max_in_flight} and {connections} must be at least 1")
         if self.capture_body_bytes < 0:
-            raise LoadSpecError(f"capture_body_bytes must be >= 0, got {self.capture_body_bytes}")
+            raise LoadSpecError(
+                "{capture_body_bytes} must be >= 0, got {got}", got=self.capture_body_bytes
+            )
         if self.timeout_s <= 0:
-            raise LoadSpecError(f"timeout_s must be positive, got {self.timeout_s}")
+            raise LoadSpecError("{timeout_s} must be positive, got {got}", got=self.timeout_s)
         if not (1 <= self.workers <= HARD_MAX_WORKERS):
             raise LoadSpecError(
-                f"workers must be at least 1 and at most {HARD_MAX_WORKERS}, got {self.workers}"
+                "{workers} must be at least 1 and at most {most}, got {got}",
+                most=HARD_MAX_WORKERS,
+                got=self.workers,
             )
         if self.preconnect is not None and self.preconnect < 0:
-            raise LoadSpecError(f"preconnect must be >= 0, got {self.preconnect}")
+            raise LoadSpecError("{preconnect} must be >= 0, got {got}", got=self.preconnect)
         if self.workers > self.max_requests:
             raise LoadSpecError(
-                f"workers ({self.workers}) is more than max_requests ({self.max_requests}): "
-                "each generator process sends at least one request; lower workers"
+                "{workers} ({n}) is more than {max_requests} ({cap}): each generator process "
+                "sends at least one request; lower {workers}",
+                n=self.workers,
+                cap=self.max_requests,
             )
         if self.workers > 1 and self.arrival == "closed":
-            raise LoadSpecError("workers > 1 is for open-loop runs (constant or poisson)")
+            raise LoadSpecError("{workers} > 1 is for open-loop runs (constant or poisson)")
         self._check_head()
 
     def _check_head(self) -> None:
@@ -133,21 +159,27 @@ class LoadSpec:
         path = Endpoint.parse(self.url).path
         if not path.isascii() or not path.isprintable() or " " in path:
             raise LoadSpecError(
-                f"URL {self.url!r}: the path may hold only printable ASCII without spaces; "
-                "percent-encode the rest (%20 for a space)"
+                "URL {got!r}: the path may hold only printable ASCII without spaces; "
+                "percent-encode the rest (%20 for a space)",
+                got=self.url,
             )
         if not _TOKEN.fullmatch(self.method):
-            raise LoadSpecError(f"method {self.method!r} is not an HTTP method (like POST or GET)")
+            raise LoadSpecError(
+                "{method} {got!r} is not an HTTP method (like POST or GET)", got=self.method
+            )
         for name in [*self.headers, *self.capture_headers]:
             if not _TOKEN.fullmatch(name):
                 raise LoadSpecError(
-                    f"header name {name!r} must be letters, digits and !#$%&'*+-.^_`|~ only"
+                    "header name {got!r} must be letters, digits and !#$%&'*+-.^_`|~ only",
+                    got=name,
                 )
         for name, value in self.headers.items():
             if not _FIELD_VALUE.fullmatch(value):
                 raise LoadSpecError(
-                    f"header {name}: value {value!r} holds a control character (CR, LF, NUL) "
-                    "or a character outside Latin-1"
+                    "header {header}: value {got!r} holds a control character (CR, LF, NUL) "
+                    "or a character outside Latin-1",
+                    header=name,
+                    got=value,
                 )
 
     def planned_requests(self) -> int:

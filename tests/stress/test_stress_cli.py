@@ -155,7 +155,7 @@ def test_a_duration_of_one_hour_is_accepted_and_more_is_refused(fast_server: str
     report = json.loads(result.stdout)
     assert report["spec"]["duration_s"] == 3600 and report["requests"] == 3
     over = invoke("--url", fast_server + "/x", "--duration", "61m", "--quiet")
-    assert over.exit_code == EXIT_USAGE and "duration_s must be in (0, 3600]" in over.output
+    assert over.exit_code == EXIT_USAGE and "--duration must be in (0, 3600]" in over.output
 
 
 def test_a_run_cut_short_by_max_requests_reports_its_real_throughput(fast_server: str) -> None:
@@ -232,7 +232,32 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "http://10.9.8.7:80/x"], "--allow-remote"),
         (["--url", "https://127.0.0.1/x"], "http://"),
         (["--url", "http://127.0.0.1:9/x", "--slo", "p99=fast"], "not a duration"),
-        (["--url", "http://127.0.0.1:9/x", "--duration", "0s"], "duration_s"),
+        # a spec error named LoadSpec's field (duration_s), not the option the user typed
+        (["--url", "http://127.0.0.1:9/x", "--duration", "0s"], "--duration must be in (0, 3600]"),
+        (["--url", "http://127.0.0.1:9/x", "--timeout", "0s"], "--timeout must be positive"),
+        (["--url", "http://127.0.0.1:9/x", "--max-requests", "0"], "--max-requests must be in"),
+        (["--url", "http://127.0.0.1:9/x", "--rate", "0"], "--rate must be a positive number"),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--concurrency", "0"],
+            "--concurrency must be in [1, 10000]",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--max-in-flight", "0"],
+            "--max-in-flight and --connections must be at least 1",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--workers", "4", "--max-requests", "2"],
+            "--workers (4) is more than --max-requests (2)",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--workers", "2"],
+            "--workers > 1 is for open-loop runs",
+        ),
+        # a ramp step's duration is its own option
+        (
+            ["--url", "http://127.0.0.1:9/x", "--ramp", "--step-duration", "2h"],
+            "--step-duration must be in (0, 3600], got 7200",
+        ),
         # a bad duration named no option ("Invalid value: 'abc' is not a duration")
         (["--url", "http://127.0.0.1:9/x", "--timeout", "abc"], "'--timeout': 'abc' is not a"),
         (["--url", "http://127.0.0.1:9/x", "--duration", "1x"], "'--duration': '1x' is not a"),
@@ -242,7 +267,7 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             ["--gateway", "http://127.0.0.1:9", "--tool", "run_code", "--payload", "nope"],
             "built-in",
         ),
-        (["--url", "http://127.0.0.1:9/x", "--arrival", "sideways"], "arrival"),
+        (["--url", "http://127.0.0.1:9/x", "--arrival", "sideways"], "--arrival must be constant"),
         # with --tool, --body was read as the arguments but its error named --arguments, and of
         # several argument sources all but one were ignored without a word
         (["--gateway", "http://127.0.0.1:9", "--tool", "search", "--body", "{x"], "--body is not"),
@@ -272,10 +297,10 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             ],
             "give one of --payload, --body",
         ),
-        (["--url", "http://127.0.0.1:9/x", "--workers", "0"], "workers must be at least 1"),
+        (["--url", "http://127.0.0.1:9/x", "--workers", "0"], "--workers must be at least 1"),
         # 1,000 spawned interpreters were started (0.2 s apart) before the first request
         (["--url", "http://127.0.0.1:9/x", "--workers", "1000"], "at most 64"),
-        (["--url", "http://127.0.0.1:9/x", "--preconnect", "-1"], "preconnect must be >= 0"),
+        (["--url", "http://127.0.0.1:9/x", "--preconnect", "-1"], "--preconnect must be >= 0"),
         (
             ["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-step", "-5"],
             "--ramp-step must be >= 0",
@@ -303,7 +328,7 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "http://127.0.0.1:9/x", "-H", "Bad Name: v"], "header name 'Bad Name'"),
         (["--url", "http://127.0.0.1:9/x", "-H", ": v"], "header name ''"),
         (["--url", "http://127.0.0.1:9/x", "--capture-header", "\u65e5"], "header name"),
-        (["--url", "http://127.0.0.1:9/x", "--method", "GE T"], "not an HTTP method"),
+        (["--url", "http://127.0.0.1:9/x", "--method", "GE T"], "--method 'GE T' is not an HTTP"),
         (["--url", "http://127.0.0.1:9/\u65e5"], "percent-encode"),
         (["--url", "http://127.0.0.1:9/x y"], "percent-encode"),
         (["--url", "http://127.0.0.1:99999/x"], "'http://127.0.0.1:99999/x': Port out of range"),
