@@ -118,8 +118,8 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
         else 0.0,
         # over the run's time, as "N trajectories in T modelled s; engine busy X%" reads: a
         # plain mean over steps weighed a short last step as much as a long first one
-        "engine_busy_fraction": _time_weighted(steps, "engine_busy_fraction"),
-        "mean_batch_occupancy": _time_weighted(steps, "mean_batch_occupancy"),
+        "engine_busy_fraction": round(time_weighted(steps, "engine_busy_fraction"), 4),
+        "mean_batch_occupancy": round(time_weighted(steps, "mean_batch_occupancy"), 4),
         "tool_timeouts": sum(s["tool_timeouts"] for s in steps),
         "tool_errors": sum(s["tool_errors"] for s in steps),
         "tool_calls_abandoned": sum(s["tool_calls_abandoned"] for s in steps),
@@ -128,9 +128,12 @@ def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _time_weighted(steps: list[dict[str, Any]], key: str) -> float:
-    """A per-step fraction over the steps' whole time (each step weighed by its makespan)."""
+def time_weighted(steps: list[dict[str, Any]], key: str) -> float:
+    """A per-step mean over the steps' whole time (each step weighed by its makespan), as
+    "engine busy X% over T modelled s" reads: a plain mean over steps weighed a short last step
+    as much as a long first one. The run summary and the study's cells both use it."""
+    values = [s[key] for s in steps]
     weights = [s["makespan_s"] for s in steps]
     if not sum(weights):
-        return round(float(np.mean([s[key] for s in steps])), 4)
-    return round(float(np.average([s[key] for s in steps], weights=weights)), 4)
+        return float(np.mean(values))
+    return float(np.average(values, weights=weights))

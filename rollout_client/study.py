@@ -38,6 +38,7 @@ from toolenv_core.polytrace.kinds import files_of_kind
 from toolenv_core.polytrace.rewards import read_reward_timings
 
 from .clock import run_virtual
+from .metrics import time_weighted
 from .session import run_rollout
 from .settings import RolloutSettings
 from .simtools import SimTools, ToolModel
@@ -221,8 +222,9 @@ def run_cell(
         "tool_timeout_s": round(settings.tool_timeout_s, 3) if cell.timeout else None,
         "makespan_s": round(makespan, 2),
         "trajectories_per_s": round(sum(s["completed"] for s in steps) / sum(s["makespan_s"] for s in steps), 3),
-        "mean_batch_occupancy": round(float(np.mean([s["mean_batch_occupancy"] for s in steps])), 4),
-        "mean_in_flight": round(float(np.mean([s["mean_in_flight"] for s in steps])), 1),
+        # over the cell's time, as the run summary weighs them (`time_weighted`)
+        "mean_batch_occupancy": round(time_weighted(steps, "mean_batch_occupancy"), 4),
+        "mean_in_flight": round(time_weighted(steps, "mean_in_flight"), 1),
         "capacity": report["engine_capacity"],
         "tail_share": round(float(np.mean([s["tail_share"] for s in completed])), 4) if completed else None,
         "tool_calls": calls,

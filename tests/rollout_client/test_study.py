@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rollout_support import endless_cost_profile, first_records, write_trace
 from typer.testing import CliRunner
 
-from rollout_client import study_report
+from rollout_client import study, study_report
+from rollout_client.metrics import summarize
 from rollout_client.study import StudyPlan, load_plans
 from rollout_client.study_report import markdown
 from toolenv.cli import build_app
@@ -164,3 +166,35 @@ def test_an_interrupted_write_leaves_the_previous_report_or_none(
     assert not (tmp_path / "fresh").exists()
     assert [p.name for p in old.iterdir()] == ["study.json"]
     assert (old / "study.json").read_text() == "previous"
+
+
+def _step(makespan_s: float, occupancy: float, capacity: int) -> dict:
+    """One step's metrics as the runner reports them (what a cell and the summary read)."""
+    return {
+        "makespan_s": makespan_s, "mean_batch_occupancy": occupancy,
+        "mean_in_flight": occupancy * capacity, "engine_busy_fraction": 1.0, "completed": 4,
+        "failed": 0, "failures": [], "aborted": 0, "tool_errors": 0,
+        "tool_calls": 8, "tool_timeouts": 0, "tool_calls_abandoned": 0, "tail_share": 0.1,
+        "carried": 0, "wasted_tokens": 0, "generated_tokens": 100,
+    }  # fmt: skip
+
+
+def test_a_cells_occupancy_weighs_each_step_by_its_makespan_as_the_run_summary_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 100 s step at 90% occupancy and a 10 s one at 10%: 82.7% of the cell's time, as the
+    run summary says (before: 50%, the plain mean of the two steps, while the summary of the
+    same run said 82.7%). The simulation is replaced by its report: the steps are the point."""
+    steps = [_step(100.0, 0.9, 200), _step(10.0, 0.1, 200)]
+    report = {
+        "steps": steps, "_timelines": [], "policy": "async", "engine_capacity": 200,
+        "tools": {"hedges": 0}, "wall": {"elapsed_s": 0.1},
+    }  # fmt: skip
+    monkeypatch.setattr(study, "run_rollout", lambda *args, **kwargs: None)
+    monkeypatch.setattr(study, "run_virtual", lambda _run: dict(report))
+    plan = StudyPlan([], [], batch=4, steps=2)
+    tools = study.ScenarioTools(study.SCENARIOS[0], np.array([0.1, 0.2]), None)
+    row = study.run_cell(plan, study.PolicyCell("async", "async"), tools, [])
+    assert row["mean_batch_occupancy"] == pytest.approx(91 / 110, abs=1e-4)
+    assert row["mean_batch_occupancy"] == summarize(steps)["mean_batch_occupancy"]
+    assert row["mean_in_flight"] == pytest.approx(200 * 91 / 110, abs=0.05)
