@@ -3,6 +3,7 @@ bounded load through the Ray gateway, and the Serve status. Prints JSON on stdou
 
     python in_cluster.py load URL --calls N --concurrency C --tool sandbox|search [...]
     python in_cluster.py replicas ADDRESS APP
+    python in_cluster.py applications ADDRESS
     python in_cluster.py get URL
     python in_cluster.py shutdown ADDRESS
 """
@@ -94,6 +95,14 @@ def replicas(address: str, app: str) -> dict:
     return out
 
 
+def applications(address: str) -> dict:
+    import ray
+    from ray import serve
+
+    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    return {name: a.status.value for name, a in serve.status().applications.items()}
+
+
 def shutdown(address: str) -> dict:
     """Graceful: every replica runs its shutdown (sandbox pools released) before we kill nodes."""
     import ray
@@ -127,6 +136,8 @@ def main() -> None:
     r.add_argument("app")
     g = sub.add_parser("get")
     g.add_argument("url")
+    a = sub.add_parser("applications")
+    a.add_argument("address")
     s = sub.add_parser("shutdown")
     s.add_argument("address")
     args = parser.parse_args()
@@ -137,6 +148,8 @@ def main() -> None:
         print(json.dumps({"status": resp.status_code, "text": resp.text}))
     elif args.cmd == "replicas":
         print(json.dumps(replicas(args.address, args.app)))
+    elif args.cmd == "applications":
+        print(json.dumps(applications(args.address)))
     else:
         print(json.dumps(shutdown(args.address)))
 

@@ -76,13 +76,20 @@ class RayEnv:
 
     def deploy(self, config: dict[str, Any], name: str) -> Path:
         """`toolenv serve --ray ADDRESS -c FILE --detach` (deploys, or updates in place)."""
-        path = self.workdir / f"{name}.yaml"
         config = {**config, "gateway": {**config["gateway"], "trace_path": str(self.trace)}}
-        path.write_text(yaml.safe_dump(config))
-        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", self.cluster.address]
-        done = self.run([*argv, "-c", str(path), "--detach"], timeout=240)
+        path = self.workdir / f"{name}.yaml"
+        done = self.serve_detached(config, name)
         assert done.returncode == 0, done.stderr[-3000:]
         return path
+
+    def serve_detached(
+        self, config: dict[str, Any], name: str, *options: str
+    ) -> subprocess.CompletedProcess[str]:
+        """`toolenv serve --ray ADDRESS -c FILE --detach [options]`, as it ended."""
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        argv = [sys.executable, "-m", "toolenv", "serve", "--ray", self.cluster.address]
+        return self.run([*argv, "-c", str(path), "--detach", *options], timeout=240)
 
     def run(self, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -109,6 +116,10 @@ class RayEnv:
 
     def load(self, *args: str, timeout: float = 180) -> list[dict[str, Any]]:
         return self.helper("load", URL, *args, timeout=timeout)
+
+    def applications(self) -> dict[str, str]:
+        """Every Serve application on the cluster and its status."""
+        return self.helper("applications", self.cluster.address)
 
     def replicas(self) -> dict[str, Any]:
         return self.helper("replicas", self.cluster.address, APP)

@@ -2,7 +2,8 @@
 
 In file order: load spreads over sandbox replicas on both nodes; the gateway contract holds
 through Ray (deadline kills the program, 429 + Retry-After, metrics, trace capture); the study's
-cells as Ray tasks give the local report; the second node's raylet dies under load and every
+cells as Ray tasks give the local report; a second application that fails to start is deleted
+and the first one still serves; the second node's raylet dies under load and every
 call still gets a clean answer, the deployment recovers on the surviving node and nothing is
 left behind; then, on the surviving node, autoscaling follows queued calls within its bounds
 and back.
@@ -20,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ray_support import BASE_CONFIG, URL, RayEnv
+from ray_support import APP, BASE_CONFIG, URL, RayEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap, pytest.mark.timeout(600)]
 
@@ -164,6 +165,26 @@ def test_study_on_ray_gives_the_local_report(ray_env: RayEnv, polytrace_dir: Pat
     here, there = comparable(local.stdout), comparable(on_ray.stdout)
     assert len(here["cells"]) == 35
     assert there == here
+
+
+def test_a_failed_start_deletes_its_application_and_leaves_the_others(ray_env: RayEnv) -> None:
+    """A second application whose sandbox replicas no node can take (a resource no node has):
+    one line naming the deployment, exit 1 at `--ready-timeout`, and the application it deployed
+    is gone (before: left deployed, its gateway and emulator replicas running, the sandbox one
+    waiting for ever); the fixture's application still runs."""
+    config = copy.deepcopy(BASE_CONFIG)
+    config["ray"] |= {"app_name": "toolenv-unplaceable", "http_port": 8001}
+    config["ray"]["sandbox"]["resources"] = {"no_such_node": 1}
+    done = ray_env.serve_detached(config, "unplaceable", "--ready-timeout", "10")
+    assert done.returncode == 1, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(said) == 1, done.stderr[-3000:]
+    assert "not running after 10 s" in said[0] and "sandbox: " in said[0], said
+    assert "deleted" in said[0], said
+    assert "Traceback" not in done.stderr
+    assert ray_env.applications() == {APP: "RUNNING"}
+    results = ray_env.load("--calls", "4", "--concurrency", "2")
+    assert statuses(results) == {200: 4}
 
 
 def test_node_death_mid_load(ray_env: RayEnv) -> None:

@@ -153,27 +153,43 @@ def connect(stack: RayStack) -> None:
         init_ray(stack.ray.address, log_to_driver=False)
 
 
-def deploy(stack: RayStack, app: Application, timeout_s: float) -> None:
+def deploy(stack: RayStack, app: Application, timeout_s: float) -> bool:
     """Connect (`connect`), start Serve without its HTTP proxies (the gateway replicas serve
     HTTP), run the application (built from `stack` before connecting: Ray checks the
     deployments' options as it builds them) and wait at most `timeout_s` for it to run.
     `serve.run` waits without end: replicas no node can take (`num_cpus` above every node's)
-    kept the command at "deploying" for ever, with no word of why."""
+    kept the command at "deploying" for ever, with no word of why.
+
+    Returns whether the application is new on the cluster (none of its name ran before): what
+    a failed start may delete (`remove_failed`). `DeployFailed` carries the same."""
     r = stack.ray
     connect(stack)
     serve.start(proxy_location="Disabled")
+    created = app_status(r.app_name) is None
     serve._run(app, _blocking=False, name=r.app_name, route_prefix=None)
     end = time.monotonic() + timeout_s
     while (status := app_status(r.app_name)) != ApplicationStatus.RUNNING:
         if status == ApplicationStatus.DEPLOY_FAILED:  # Serve names the deployments only
             why = why_failed(r.app_name) or "`serve status` says more"
-            raise DeployFailed(f"deploying application {r.app_name} failed: {why}")
+            raise DeployFailed(f"deploying application {r.app_name} failed: {why}", created)
         if time.monotonic() >= end:
             raise DeployFailed(
                 f"application {r.app_name} not running after {timeout_s:.0f} s: "
-                f"{why_waiting(r.app_name)}"
+                f"{why_waiting(r.app_name)}",
+                created,
             )
         time.sleep(0.2)
+    return created
+
+
+def remove_failed(app_name: str, created: bool) -> str:
+    """Delete an application whose start failed if this start created it (its replicas held
+    the cluster's resources after the command had exited 1); one deployed before is left as
+    Serve has it, since its replicas of the old version may still serve. Says which."""
+    if not created:
+        return f"application {app_name} was deployed before: left as it is (`serve status`)"
+    serve.delete(app_name)
+    return f"application {app_name} deleted"
 
 
 def app_status(app_name: str) -> ApplicationStatus | None:
@@ -182,8 +198,13 @@ def app_status(app_name: str) -> ApplicationStatus | None:
 
 
 class DeployFailed(RuntimeError):
-    """Serve gave up on the application; the message says which deployment and what its
-    replicas raised (a port in use, a sandbox backend that cannot start)."""
+    """Serve gave up on the application, or it did not run in time; the message says which
+    deployment and what its replicas raised (a port in use, a sandbox backend that cannot
+    start) or wait for. `created`: the start that failed created the application."""
+
+    def __init__(self, message: str, created: bool) -> None:
+        super().__init__(message)
+        self.created = created
 
 
 def why_waiting(app_name: str) -> str:

@@ -18,7 +18,7 @@ from rich.console import Console
 from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.ray_connect import LOCAL, RayUnreachable
 
-from .app import DeployFailed, RayStack, build_application, connect, deploy
+from .app import DeployFailed, RayStack, build_application, connect, deploy, remove_failed
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and `kill`
 
@@ -52,10 +52,7 @@ def run_on_ray(
         raise typer.Exit(2) from exc
     url = gateway_url(stack.ray.http_host, stack.ray.http_port)
     try:
-        problem = start(stack, app, url, ready_timeout_s, console)
-        if problem is not None:
-            console.print(f"[red]not ready after {ready_timeout_s:.0f} s:[/] {problem}")
-            raise typer.Exit(1)
+        start(stack, app, url, ready_timeout_s, console)
         console.print(
             f"[green]toolenv is serving on Ray[/] at {url} (application {stack.ray.app_name!r})"
         )
@@ -97,9 +94,10 @@ def interrupt_on_stop_signals() -> None:
 
 def start(
     stack: RayStack, app: Application, url: str, ready_timeout_s: float, console: Console
-) -> str | None:
-    """Connect, deploy (each deployment running within `ready_timeout_s`, else `DeployFailed`
-    naming what it waits for) and wait for `/readyz` (what `wait_ready` says); raises
+) -> None:
+    """Connect, deploy (each deployment running within `ready_timeout_s`) and wait for
+    `/readyz`; a failure is one line (what Serve says of the deployments, or what `/readyz` said
+    last) and exit 1, once the application it created is deleted (`remove_failed`). Raises
     `StartInterrupted` at a stop signal, whenever it comes. `ray.init` installs SIGTERM handlers
     of its own, a Python one that exits and a native one that crashes the driver: the stop
     signals are taken back as soon as it returns, and its exit is read as the SIGTERM it was."""
@@ -111,14 +109,20 @@ def start(
                 connect(stack)
             finally:
                 interrupt_on_stop_signals()
-            deploy(stack, app, ready_timeout_s)
+            created = deploy(stack, app, ready_timeout_s)
         with console.status(f"waiting for {url}/readyz"):
-            return wait_ready(url, ready_timeout_s)
+            problem = wait_ready(url, ready_timeout_s)
+        if problem is not None:
+            raise DeployFailed(f"not ready after {ready_timeout_s:.0f} s: {problem}", created)
     except RayUnreachable as exc:
         typer.echo(f"error: {exc} (--ray)", err=True)
         raise typer.Exit(1) from exc
     except DeployFailed as exc:
-        typer.echo(f"error: {exc}", err=True)
+        note = ""
+        if stack.ray.address is not None:  # a local cluster stops with this command, and all on it
+            with console.status(f"deleting application {stack.ray.app_name}"):
+                note = f" ({remove_failed(stack.ray.app_name, exc.created)})"
+        typer.echo(f"error: {exc}{note}", err=True)
         raise typer.Exit(1) from exc
     except KeyboardInterrupt:
         raise StartInterrupted(signal.SIGINT) from None
