@@ -329,14 +329,20 @@ def run_here(
     return rows
 
 
+def load_inputs(plan: StudyPlan) -> StudyInputs:
+    """The traces read and checked: every input error is raised here, before any cell runs."""
+    plans, recorded = load_plans(plan)
+    reward = reward_latencies(plan.reward_traces) if plan.reward_traces else None
+    return StudyInputs(plan, plans, recorded, reward)
+
+
 def run_study(
-    plan: StudyPlan,
+    inputs: StudyInputs,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
     runner: JobRunner = run_here,
 ) -> dict[str, Any]:
-    plans, recorded = load_plans(plan)
-    reward = reward_latencies(plan.reward_traces) if plan.reward_traces else None
-    scenarios = [s for s in plan.scenarios if not s.reward or reward is not None]
+    plan = inputs.plan
+    scenarios = [s for s in plan.scenarios if not s.reward or inputs.reward is not None]
     jobs = [(scenario, cell) for scenario in scenarios for cell in plan.policies]
     base: dict[str, float] = {}  # scenario -> the sync cell's trajectories/s
 
@@ -351,7 +357,7 @@ def run_study(
         if on_cell is not None:
             on_cell(row)
 
-    cells = runner(StudyInputs(plan, plans, recorded, reward), jobs, on_done)
+    cells = runner(inputs, jobs, on_done)
     for row in cells:
         row["speedup_over_sync"] = speedup(row)
     return {

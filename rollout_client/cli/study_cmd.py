@@ -16,7 +16,7 @@ from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
 
 from ..clock import VirtualTimeDeadlock
-from ..study import JobRunner, StudyPlan, run_here, run_study
+from ..study import JobRunner, StudyPlan, load_inputs, run_here, run_study
 from ..study_report import markdown, write
 from .common import fail, one_line, out_dir_for_run
 
@@ -96,6 +96,10 @@ def study(
     )
     # the report is written inside: one interrupted while written leaves no empty --out either
     with out_dir_for_run(out):
+        try:  # before the bar: an error written while it is live went into its line
+            inputs = load_inputs(plan)
+        except (TraceFormatError, ValueError) as exc:
+            fail(one_line(exc))
         with progress:
             task = progress.add_task("cells", total=total, last="")
 
@@ -108,7 +112,7 @@ def study(
                 )
 
             try:
-                result = run_study(plan, on_cell, runner)
+                result = run_study(inputs, on_cell, runner)
             except (TraceFormatError, ValueError, VirtualTimeDeadlock) as exc:
                 fail(one_line(exc))
         command = "toolenv rollout study " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])

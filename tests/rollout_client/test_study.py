@@ -115,6 +115,17 @@ def test_a_trace_too_short_for_the_over_sampled_cells_is_bad_input(
         load_plans(plan)
 
 
+def test_bad_input_is_the_one_line_on_stderr(polytrace_dir: Path, tmp_path: Path) -> None:
+    """The error was written while the progress bar was live: into the bar's line on a terminal,
+    and the bar ("study 0/N", as if the study were about to run) redrawn under it."""
+    trace = write_trace(first_records(polytrace_dir, 4), tmp_path / "t.jsonl")
+    args = ["rollout", "study", "--trace", str(trace), "--out", str(tmp_path / "o")]
+    done = CliRunner().invoke(build_app(), [*args, "--batch", "8", "--steps", "1"])
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert done.stderr.startswith("error: the traces hold 4 trajectories")
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
 def test_a_cost_profile_whose_iterations_never_end_is_bad_input(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
