@@ -133,7 +133,7 @@ def load_step(path: Path) -> list[TrajectoryRecord]:
     records = list(read_multiturn(path))
     if not records:  # it failed later as "batch: Input should be greater than or equal to 1"
         raise TraceFormatError(path, 0, "", "holds no trajectories")
-    if not any(r.turns for r in records) or recorded_timings(records)[0].max() <= 0:
+    if recorded_timings(records)[0].max() <= 0:
         # nothing to compare with: it failed later on a ZeroDivisionError
         raise TraceFormatError(
             path, 0, "", "records no timings (engine_latency_s, latency_s): nothing to validate"
@@ -154,7 +154,7 @@ def initial_guess(records: list[TrajectoryRecord], start: CostModel) -> CostMode
     Regressing turn 0's engine latency on its output length gives an intercept (the whole step's
     prompts prefilled before decoding starts) and a slope (one decode iteration at full batch).
     """
-    first = [r.turns[0] for r in sorted_turns(records)]
+    first = [min(r.turns, key=lambda t: t.turn) for r in records]  # each has one (its reader)
     tokens = np.asarray([t.completion_tokens for t in first], dtype=float)
     latency = np.asarray([t.engine_latency_s or 0.0 for t in first], dtype=float)
     slope, intercept = np.polyfit(tokens, latency, 1)
@@ -168,10 +168,6 @@ def initial_guess(records: list[TrajectoryRecord], start: CostModel) -> CostMode
             "max_batch": max(start.max_batch, batch),
         }
     )
-
-
-def sorted_turns(records: list[TrajectoryRecord]) -> list[TrajectoryRecord]:
-    return [r for r in records if r.turns]
 
 
 FIT_FIELDS = ("decode_base_s", "decode_per_seq_s", "prefill_per_token_s", "max_batch")

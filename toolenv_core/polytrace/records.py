@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Record(BaseModel):
@@ -71,6 +71,15 @@ class TrajectoryRecord(_Record):
     source: dict[str, Any] | None = None
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    @field_validator("turns")
+    @classmethod
+    def _turns_to_replay(cls, turns: list[TurnRecord]) -> list[TurnRecord]:
+        """A replay runs each turn once, in order: a trajectory with none would "finish" at time
+        0 without a generation."""
+        if not turns:
+            raise ValueError("the trajectory has no turn: it needs at least its first generation")
+        return turns
 
     def tool_calls_after(self, turn: int) -> list[ToolCallRecord]:
         """The tool calls made at the end of `turn` (their responses feed turn + 1)."""
