@@ -63,3 +63,48 @@ def test_a_trajectory_without_turns_is_refused(records: list[dict], tmp_path: Pa
                 command,
                 line,
             )
+
+
+def test_a_tool_call_after_a_turn_the_trajectory_lacks_is_refused(
+    records: list[dict], tmp_path: Path
+) -> None:
+    """A call at turn 7 of a two-turn trajectory (or at turn 2 of turns 0, 1, 3) was dropped from
+    the replay, while `validate` kept its latency in the recorded completion time."""
+    first = records[0]
+    assert [t["turn"] for t in first["turns"]] == [0, 1]
+    late = {**first, "tool_calls": [*first["tool_calls"], {**first["tool_calls"][0], "turn": 7}]}
+    gap = {
+        **first,
+        "turns": [*first["turns"], {**first["turns"][1], "turn": 3}],
+        "tool_calls": [*first["tool_calls"], {**first["tool_calls"][0], "turn": 2}],
+    }
+    for record, turns in ((late, "0, 1"), (gap, "0, 1, 3")):
+        path = write(tmp_path / "trace.jsonl", [*records[1:], record])
+        n = len(record["tool_calls"]) - 1
+        for command in commands(path, tmp_path):
+            line = one_line_error(*command)
+            assert line.startswith(f"error: {path}:4: field 'tool_calls.{n}.turn': "), line
+            assert f"(its turns: {turns})" in line, line
+
+
+def test_turns_numbered_with_gaps_replay_in_order(records: list[dict], tmp_path: Path) -> None:
+    """A capture's X-Turn may start at 1 or skip a number: each turn is replayed once, in order
+    of its number, with the calls made after it (the run's own records number them from 0)."""
+    first = records[0]
+    renumbered = {
+        **first,
+        "turns": [{**t, "turn": 2 * t["turn"] + 1} for t in first["turns"]],
+        "tool_calls": [{**c, "turn": 2 * c["turn"] + 1} for c in first["tool_calls"]],
+    }
+    out = tmp_path / "out"
+    for name, record in (("as_recorded", first), ("renumbered", renumbered)):
+        path = write(tmp_path / f"{name}.jsonl", [record])
+        result = CliRunner().invoke(app, commands(path, out / name)[0])
+        assert result.exit_code == 0, result.output
+    ran = [
+        json.loads((out / name / "run" / "trajectories.jsonl").read_text())
+        for name in ("as_recorded", "renumbered")
+    ]
+    assert [t["turn"] for t in ran[1]["turns"]] == [0, 1]
+    assert [c["turn"] for c in ran[1]["tool_calls"]] == [c["turn"] for c in first["tool_calls"]]
+    assert ran[0]["turns"] == ran[1]["turns"]

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+def _problem_at(where: tuple[int | str, ...], problem: str, value: Any) -> ValidationError:
+    """A problem at `where` inside the field a validator checks (pydantic puts the field first),
+    so that a reader's error names the very item: `tool_calls.2.turn`, not `tool_calls`."""
+    error = PydanticCustomError("trajectory", "{problem}", {"problem": problem})
+    details = InitErrorDetails(type=error, loc=where, input=value)
+    return ValidationError.from_exception_data("TrajectoryRecord", [details])
 
 
 class TurnRecord(_Record):
@@ -80,6 +89,21 @@ class TrajectoryRecord(_Record):
         if not turns:
             raise ValueError("the trajectory has no turn: it needs at least its first generation")
         return turns
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_follow_turns(
+        cls, calls: list[ToolCallRecord], info: ValidationInfo
+    ) -> list[ToolCallRecord]:
+        """Each call follows the turn that made it: one after a turn the trajectory lacks was
+        left out of the replay (and kept in the recorded timings `rollout validate` compares)."""
+        turns = sorted({t.turn for t in info.data.get("turns") or []})
+        for i, call in enumerate(calls):
+            if turns and call.turn not in turns:
+                listed = ", ".join(map(str, turns))
+                problem = f"the trajectory has no turn {call.turn} (its turns: {listed})"
+                raise _problem_at((i, "turn"), problem, call.turn)
+        return calls
 
     def tool_calls_after(self, turn: int) -> list[ToolCallRecord]:
         """The tool calls made at the end of `turn` (their responses feed turn + 1)."""
