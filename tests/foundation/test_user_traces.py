@@ -108,3 +108,15 @@ def test_turns_numbered_with_gaps_replay_in_order(records: list[dict], tmp_path:
     assert [t["turn"] for t in ran[1]["turns"]] == [0, 1]
     assert [c["turn"] for c in ran[1]["tool_calls"]] == [c["turn"] for c in first["tool_calls"]]
     assert ran[0]["turns"] == ran[1]["turns"]
+
+
+def test_a_turn_number_given_twice_is_refused(records: list[dict], tmp_path: Path) -> None:
+    """Both turns were replayed, each followed by every call of that number: the calls ran
+    twice (a trajectory with one call recorded replayed two)."""
+    first = records[0]
+    twice = {**first, "turns": [*first["turns"], first["turns"][0]]}
+    path = write(tmp_path / "trace.jsonl", [twice, *records[1:]])
+    for command in commands(path, tmp_path):
+        line = one_line_error(*command)
+        assert line.startswith(f"error: {path}:1: field 'turns.2.turn': "), line
+        assert "turn 0 is given twice (turns.0 and turns.2)" in line, line

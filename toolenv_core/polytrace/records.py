@@ -88,6 +88,12 @@ class TrajectoryRecord(_Record):
         0 without a generation."""
         if not turns:
             raise ValueError("the trajectory has no turn: it needs at least its first generation")
+        seen: dict[int, int] = {}
+        for i, turn in enumerate(turns):  # both were replayed, each with all of that turn's calls
+            if turn.turn in seen:
+                problem = f"turn {turn.turn} is given twice (turns.{seen[turn.turn]} and turns.{i})"
+                raise _problem_at((i, "turn"), problem, turn.turn)
+            seen[turn.turn] = i
         return turns
 
     @field_validator("tool_calls")
