@@ -29,6 +29,7 @@ from scipy import optimize, stats
 
 from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import TraceFormatError, TrajectoryRecord, read_multiturn
+from toolenv_core.polytrace.jsonl import line_of_record
 
 from .clock import run_virtual
 from .engines.costmodel import CostModel
@@ -133,6 +134,23 @@ def load_step(path: Path) -> list[TrajectoryRecord]:
     records = list(read_multiturn(path))
     if not records:  # it failed later as "batch: Input should be greater than or equal to 1"
         raise TraceFormatError(path, 0, "", "holds no trajectories")
+    untimed = [
+        (i, k)
+        for i, r in enumerate(records)
+        for k, t in enumerate(r.turns)
+        if t.engine_latency_s is None
+    ]
+    if untimed:  # read as 0 s: a replay of the tool latency alone came out "99.9% accurate"
+        i, k = untimed[0]
+        raise TraceFormatError(
+            path,
+            line_of_record(path, i),
+            f"turns.{k}.engine_latency_s",
+            f"missing in {len(untimed)} of {sum(len(r.turns) for r in records)} turns: validate "
+            "compares the engine model with each turn's recorded engine latency (a trace made by "
+            "`toolenv gateway trace-to-multiturn` records the tool calls alone: replay it with "
+            "`toolenv rollout run --trace`)",
+        )
     if recorded_timings(records)[0].max() <= 0:
         # nothing to compare with: it failed later on a ZeroDivisionError
         raise TraceFormatError(

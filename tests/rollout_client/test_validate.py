@@ -20,9 +20,11 @@ from rollout_client.session import run_rollout
 from rollout_client.settings import RolloutSettings
 from rollout_client.validate import fit_cost_model, recorded_timings, validate_step
 from rollout_client.workloads.replay import plan_from_record
+from toolenv.cli import build_app
 from toolenv_core.polytrace import read_multiturn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+toolenv_app = build_app()
 
 
 def _step(polytrace_dir: Path, n: int, limit: int | None = None) -> list:
@@ -160,7 +162,7 @@ def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: 
     no_turns = {**good, "turns": [], "tool_calls": []}
     untimed = {
         **good,
-        "turns": [{k: v for k, v in t.items() if k != "engine_latency_s"} for t in good["turns"]],
+        "turns": [{**t, "engine_latency_s": 0} for t in good["turns"]],
         "tool_calls": [{**c, "latency_s": 0} for c in good["tool_calls"]],
     }
     for record, said in (  # each was a ZeroDivisionError traceback
@@ -173,6 +175,43 @@ def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: 
         assert result.exit_code == 2, (result.output, result.exception)
         assert result.stderr.startswith(f"error: {step}{said}"), result.stderr
         assert result.stderr.count("\n") == 1
+
+
+def test_validate_a_step_without_engine_latency_says_so(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """A gateway capture turned into a trace records tool calls, not the engine: validate read
+    its turns' engine latency as 0 and reported the replay of tool latency alone as 99.9% accurate
+    (a turn latency of 0.0 s recorded and simulated)."""
+    capture, step = tmp_path / "capture.jsonl", tmp_path / "step.jsonl"
+    calls = [("a", 0, 0.1), ("a", 1, 0.2), ("b", 0, 0.3)]
+    capture.write_text(
+        "".join(
+            json.dumps({"tool_name": "search", "turn": turn, "latency_s": latency})[:-1]
+            + f', "trajectory_id": "{tid}", "step": 0}}\n'
+            for tid, turn, latency in calls
+        )
+    )
+    converted = CliRunner().invoke(
+        toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(step)]
+    )
+    assert converted.exit_code == 0, converted.output
+    result = CliRunner().invoke(app, ["validate", "--trace", str(step)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: {step}:1: field 'turns.0.engine_latency_s': "), (
+        result.stderr
+    )
+    assert "3 of 3 turns" in result.stderr and "trace-to-multiturn" in result.stderr
+    assert result.stderr.count("\n") == 1
+    # a recorded step with one turn's engine latency missing: that turn named, on its own line
+    lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    records = [json.loads(line) for line in itertools.islice(lines, 3)]
+    del records[2]["turns"][1]["engine_latency_s"]
+    step.write_text("\n" + "".join(json.dumps(r) + "\n" for r in records))
+    result = CliRunner().invoke(app, ["validate", "--trace", str(step)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: {step}:4: field 'turns.1.engine_latency_s': ")
+    assert "1 of " in result.stderr
 
 
 def test_validate_a_cost_profile_whose_iterations_never_end_is_bad_input(

@@ -83,6 +83,19 @@ def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
                 raise TraceFormatError(p, lineno, field, msg) from exc
 
 
+def line_of_record(path: str | Path, index: int) -> int:
+    """The line of a file's `index`-th record (from 0; blank lines hold none): for an error about
+    a record found wrong after the file was read."""
+    p = Path(path)
+    seen = -1
+    with open_trace(p) as handle:
+        for lineno, line in numbered_lines(handle, p):
+            seen += bool(line.strip())
+            if seen == index:
+                return lineno
+    return 0
+
+
 def step_of_filename(path: str | Path) -> int | None:
     """`..._step_12.jsonl` -> 12 (used to order files by step, not by name)."""
     stem = Path(path).stem
