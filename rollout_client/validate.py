@@ -134,6 +134,16 @@ def load_step(path: Path) -> list[TrajectoryRecord]:
     records = list(read_multiturn(path))
     if not records:  # it failed later as "batch: Input should be greater than or equal to 1"
         raise TraceFormatError(path, 0, "", "holds no trajectories")
+    step = records[0].step
+    other = next((i for i, r in enumerate(records) if r.step != step), None)
+    if other is not None:  # replayed as one step launched at once: the load of both together
+        raise TraceFormatError(
+            path,
+            line_of_record(path, other),
+            "step",
+            f"{records[other].step}, where line {line_of_record(path, 0)} is of step {step}: "
+            "validate replays one recorded step a file (split the file by step)",
+        )
     untimed = [
         (i, k)
         for i, r in enumerate(records)

@@ -214,6 +214,22 @@ def test_validate_a_step_without_engine_latency_says_so(
     assert "1 of " in result.stderr
 
 
+def test_validate_a_file_of_several_steps_says_so(polytrace_dir: Path, tmp_path: Path) -> None:
+    """A run's own trajectories.jsonl (--steps 2) replayed both steps' trajectories as one step
+    launched at once: twice the load the recording saw, compared with it as if it were one."""
+    lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    records = [json.loads(line) for line in itertools.islice(lines, 4)]
+    records[3]["step"] = 3
+    step = tmp_path / "steps.jsonl"
+    step.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = CliRunner().invoke(app, ["validate", "--trace", str(step)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == (
+        f"error: {step}:4: field 'step': 3, where line 1 is of step 2: validate replays one "
+        "recorded step a file (split the file by step)\n"
+    )
+
+
 def test_validate_a_cost_profile_whose_iterations_never_end_is_bad_input(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
