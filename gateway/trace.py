@@ -21,7 +21,7 @@ import anyio
 from pydantic import TypeAdapter, ValidationError
 
 from toolenv_core.polytrace.errors import TraceFormatError
-from toolenv_core.polytrace.jsonl import json_line
+from toolenv_core.polytrace.jsonl import json_line, numbered_lines, open_trace
 from toolenv_core.polytrace.records import ToolCallRecord, TrajectoryRecord, TurnRecord
 
 log = logging.getLogger("toolenv.gateway")
@@ -160,14 +160,12 @@ def _write_flush(handle, data: bytes) -> None:
 
 def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
     """Read a capture file back (one `ToolCallRecord` per line); raises TraceFormatError naming
-    the line and field of a line that is not one."""
-    with Path(path).open(encoding="utf-8") as handle:
-        try:
-            for lineno, line in enumerate(handle, start=1):
-                if line.strip():
-                    yield _captured_call(path, lineno, line)
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(path, 0, "", "not UTF-8 text") from exc
+    the line and field of a line that is not one (the trace readers' own loop: a file that is not
+    text names its line, and says when it is gzip-compressed)."""
+    with open_trace(path) as handle:
+        for lineno, line in numbered_lines(handle, path):
+            if line.strip():
+                yield _captured_call(path, lineno, line)
 
 
 def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import os
@@ -153,6 +154,20 @@ def test_a_file_that_is_not_a_capture_is_one_line_and_exit_2(tmp_path, text, sai
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.startswith(f"error: {capture}{said}"), result.stderr
     assert result.stderr.count("\n") == 1 and not out.exists()
+
+
+def test_a_gzip_compressed_capture_says_so_and_names_its_line(tmp_path) -> None:
+    """It said "not UTF-8 text" with no line and no cause, where every trace reader says the
+    file is gzip-compressed (the same loop reads a capture now)."""
+    capture, out = tmp_path / "capture.jsonl.gz", tmp_path / "out.jsonl"
+    capture.write_bytes(gzip.compress((_CALL % "").encode()))
+    result = CliRunner().invoke(
+        toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(out)]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: {capture}:1: not UTF-8 text (byte 0x8b")
+    assert "gzip-compressed" in result.stderr and result.stderr.count("\n") == 1
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
