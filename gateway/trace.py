@@ -191,6 +191,13 @@ def to_multiturn(capture: str | Path, out: str | Path) -> int:
     for record in read_captured_calls(capture):
         key = (record.trajectory_id or "", record.step or 0)
         groups.setdefault(key, []).append(record)
+    if not groups:  # an empty trace written, "wrote 0", exit 0: each reader of it said "empty"
+        raise TraceFormatError(
+            capture,
+            0,
+            "",
+            "holds no tool calls (the gateway records each call that carries X-Trajectory-Id)",
+        )
     with Path(out).open("w", encoding="utf-8") as handle:
         for (trajectory_id, step), calls in groups.items():
             turns = sorted({c.turn for c in calls})

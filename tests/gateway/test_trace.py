@@ -170,6 +170,23 @@ def test_a_gzip_compressed_capture_says_so_and_names_its_line(tmp_path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_a_capture_without_calls_is_refused_and_writes_nothing(tmp_path, text) -> None:
+    """It wrote an empty trace and said "wrote 0 trajectories", exit 0: every command given that
+    trace then said it was empty, with nothing about why."""
+    capture, out = tmp_path / "capture.jsonl", tmp_path / "out.jsonl"
+    capture.write_text(text)
+    result = CliRunner().invoke(
+        toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(out)]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == (
+        f"error: {capture}: holds no tool calls (the gateway records each call that carries "
+        "X-Trajectory-Id)\n"
+    )
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [("X-Turn", "-3"), ("X-Turn", "two"), ("X-Turn", "1.5"), ("X-Step", "-1"), ("X-Step", "²")],
