@@ -173,12 +173,16 @@ def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
     if isinstance(raw, dict) and "turns" in raw:  # it said "field 'turn': Field required"
         raise TraceFormatError(path, lineno, "", _CONVERTED)
     try:
-        return ToolCallRecord.model_validate(raw)
+        record = ToolCallRecord.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         problem = f"{first['msg']} (not a trace capture line)"
         raise TraceFormatError(path, lineno, field, problem) from exc
+    if record.trajectory_id is None:  # optional in a published call, which is grouped by it here
+        problem = "Field required (not a trace capture line: the gateway writes each call's id)"
+        raise TraceFormatError(path, lineno, "trajectory_id", problem)
+    return record
 
 
 def to_multiturn(capture: str | Path, out: str | Path) -> int:

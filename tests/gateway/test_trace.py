@@ -138,6 +138,8 @@ def test_a_capture_whose_writes_fail_says_so_at_once_and_still_shuts_down(caplog
     [
         ("root:x:0:0:root:/root:/bin/bash\n", ":1: not valid JSON (Expecting value at column 1)"),
         ('{"tool_name": "search"}\n', ":1: field 'turn': Field required"),
+        # a published trace's tool call: with others, grouped into one trajectory named ""
+        (_CALL.replace(', "trajectory_id": "t"', "") % "", ":1: field 'trajectory_id': Field"),
         ('{"step": 0, "prompt_len": 5, "turns": []}\n', ":1: a PolyTrace multi-turn trajectory"),
         # each of these three was a traceback: a negative step (refused only when the trajectory
         # was built), an integer past Python's 4300-digit conversion limit, deep nesting
