@@ -131,9 +131,7 @@ def plot_step(
 
 
 def load_step(path: Path) -> list[TrajectoryRecord]:
-    records = list(read_multiturn(path))
-    if not records:  # it failed later as "batch: Input should be greater than or equal to 1"
-        raise TraceFormatError(path, 0, "", "holds no trajectories")
+    records = list(read_multiturn(path))  # one without any is refused by its reader
     step = records[0].step
     other = next((i for i, r in enumerate(records) if r.step != step), None)
     if other is not None:  # replayed as one step launched at once: the load of both together

@@ -120,3 +120,16 @@ def test_a_turn_number_given_twice_is_refused(records: list[dict], tmp_path: Pat
         line = one_line_error(*command)
         assert line.startswith(f"error: {path}:1: field 'turns.2.turn': "), line
         assert "turn 0 is given twice (turns.0 and turns.2)" in line, line
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n\n"])
+def test_an_empty_trace_file_is_named(records: list[dict], tmp_path: Path, text: str) -> None:
+    """`rollout run` said "the trace selection is empty" without naming the file, `study` "the
+    traces hold 0 trajectories"; given beside a trace that has some, it was read as nothing."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(text)
+    good = write(tmp_path / "good.jsonl", records)
+    for command in commands(empty, tmp_path)[:3]:  # `emulators fit`: "the file is empty"
+        assert one_line_error(*command) == f"error: {empty}: holds no trajectories", command
+    run = commands(good, tmp_path)[0]
+    assert one_line_error(*run, "--trace", str(empty)) == f"error: {empty}: holds no trajectories"
