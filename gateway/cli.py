@@ -14,6 +14,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from toolenv_core import serving
+from toolenv_core.console import counted
 from toolenv_core.polytrace.errors import TraceFormatError
 
 from .lane import lane_protocol
@@ -75,4 +76,4 @@ def trace_to_multiturn(
     except (TraceFormatError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"wrote {count} trajectories to {out}")
+    typer.echo(f"wrote {counted(count, 'trajectory')} to {out}")

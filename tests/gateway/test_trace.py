@@ -327,6 +327,7 @@ def test_a_capture_read_from_a_pipe_converts(tmp_path) -> None:
     assert result.exit_code == 0, (result.output, result.exception)
     (trajectory,) = read_multiturn(out)
     assert trajectory.step == 3 and trajectory.tool_call_count == 2
+    assert result.stdout == f"wrote 1 trajectory to {out}\n"  # it said "1 trajectories"
 
 
 @pytest.mark.parametrize("where", ["under_a_file", "a_directory"])
