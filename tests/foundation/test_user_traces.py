@@ -133,3 +133,21 @@ def test_an_empty_trace_file_is_named(records: list[dict], tmp_path: Path, text:
         assert one_line_error(*command) == f"error: {empty}: holds no trajectories", command
     run = commands(good, tmp_path)[0]
     assert one_line_error(*run, "--trace", str(empty)) == f"error: {empty}: holds no trajectories"
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(
+    records: list[dict], tmp_path: Path
+) -> None:
+    """An editor's UTF-8 byte order mark (Notepad writes one) was "not valid JSON (Unexpected UTF-8
+    BOM (decode using utf-8-sig) at column 1)" from every reader."""
+    plain = write(tmp_path / "plain.jsonl", records)
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    for command in (commands(marked, tmp_path / "m")[1], commands(marked, tmp_path / "m")[3]):
+        assert CliRunner().invoke(app, command).exit_code == 0, command
+    done = [
+        CliRunner().invoke(app, [*commands(path, tmp_path / path.stem)[0], "--json"])
+        for path in (plain, marked)
+    ]
+    assert [d.exit_code for d in done] == [0, 0], done[1].output
+    assert json.loads(done[0].stdout)["steps"] == json.loads(done[1].stdout)["steps"]

@@ -16,9 +16,11 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def open_trace(path: str | Path) -> IO[str]:
+    """The file as UTF-8 text; an editor's byte order mark at its start is read past (it was
+    "not valid JSON (Unexpected UTF-8 BOM ...)")."""
     p = Path(path)
     try:
-        return p.open("r", encoding="utf-8")
+        return p.open("r", encoding="utf-8-sig")
     except OSError as exc:
         raise TraceFormatError(p, 0, "", f"cannot open: {exc.strerror or exc}") from exc
 
