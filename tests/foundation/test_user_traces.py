@@ -3,7 +3,8 @@
 A trajectory the replay cannot run as written (no turn, a tool call after a turn it does not
 have, one turn number twice) is one line naming the file, the line and the field, exit 2: each
 was replayed with silently wrong figures (a zero-turn trajectory "completed" at time 0, a call
-dropped from the replay but kept in the recorded timings, a turn's calls made twice)."""
+dropped from the replay but kept in the recorded timings, a turn's calls made twice). A file
+without a trajectory is named; an editor's byte order mark is read past."""
 
 from __future__ import annotations
 
