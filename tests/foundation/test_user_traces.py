@@ -152,3 +152,19 @@ def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(
     ]
     assert [d.exit_code for d in done] == [0, 0], done[1].output
     assert json.loads(done[0].stdout)["steps"] == json.loads(done[1].stdout)["steps"]
+
+
+def test_a_folder_of_captures_says_it_holds_captures(tmp_path: Path) -> None:
+    """`trace_path: traces/capture.jsonl` (docs/gateway.md), then `--trace traces`: it said the
+    folder held "no PolyTrace kind this project reads", nothing about converting the capture."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    call = {"turn": 0, "tool_name": "search", "latency_s": 0.1, "trajectory_id": "t", "step": 0}
+    write(folder / "capture.jsonl", [call])
+    for command in commands(folder, tmp_path)[:3]:
+        line = one_line_error(*command)
+        assert line.startswith(
+            f"error: {folder}: holds no multi-turn trace; it holds 1 file(s) "
+        ), line
+        assert "like capture.jsonl: a gateway trace capture" in line, line
+        assert "`toolenv gateway trace-to-multiturn CAPTURE OUT.jsonl`" in line, line

@@ -49,8 +49,16 @@ KINDS: dict[str, tuple[str, str]] = {
 FORMATS = tuple(KINDS)
 
 
+CAPTURE = "capture"  # what `files_of_kind` and `holdings` call a gateway trace capture they find
+
+
 def describe(kind: str) -> str:
     """`<what it is>: <who reads it>` for a kind name."""
+    if kind == CAPTURE:  # a folder of captures said "no PolyTrace kind this project reads"
+        return (
+            "a gateway trace capture: `toolenv gateway trace-to-multiturn CAPTURE OUT.jsonl` "
+            "turns it into a multi-turn trace"
+        )
     if kind not in KINDS:
         return "no PolyTrace kind this project reads"
     what, reader = KINDS[kind]
@@ -132,6 +140,16 @@ def kind_error(path: str | Path, expected: str) -> TraceFormatError | None:
     )
 
 
+def kind_of_file(path: Path) -> str:
+    """`detect_format`, or `CAPTURE`, or "unknown": what a file found in a folder holds."""
+    try:
+        return detect_format(path)
+    except CaptureNotTrace:
+        return CAPTURE
+    except TraceFormatError:
+        return "unknown"
+
+
 def read_kind(path: str | Path, model: type[M], kind: str) -> Iterator[M]:
     """`read_jsonl`, but a file whose first record fails because it is another kind says so."""
     first = True
@@ -168,10 +186,7 @@ def files_of_kind(paths: Iterable[str | Path], kind: str) -> list[Path]:
             continue
         found: dict[str, list[str]] = {}
         for f in sorted([*p.glob("*.jsonl"), *p.glob("*.json"), *p.glob("*.log")]):
-            try:
-                found.setdefault(detect_format(f), []).append(f.name)
-            except TraceFormatError:
-                found.setdefault("unknown", []).append(f.name)
+            found.setdefault(kind_of_file(f), []).append(f.name)
         if not found.get(kind):
             held = "; ".join(
                 f"{len(names)} file(s) like {names[0]}: {describe(k)}" for k, names in found.items()
@@ -191,9 +206,6 @@ def holdings(files: Iterable[Path]) -> str:
     """What a set of trace files holds, kind by kind, with who reads each kind."""
     found: dict[str, int] = {}
     for f in files:
-        try:
-            kind = detect_format(f)
-        except TraceFormatError:
-            kind = "unknown"
+        kind = kind_of_file(f)
         found[kind] = found.get(kind, 0) + 1
     return "; ".join(f"{n} file(s) of {describe(k)}" for k, n in found.items())
