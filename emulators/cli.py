@@ -16,7 +16,8 @@ from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
-from toolenv_core.polytrace import TraceFormatError, detect_format, iter_latencies
+from toolenv_core.polytrace import TraceFormatError, iter_latencies
+from toolenv_core.polytrace.kinds import kind_of_file
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 
 from .app import create_app
@@ -87,7 +88,7 @@ def fit_command(
     report.extra["statuses"] = split.as_dict()
 
     wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
-    used = [p for p in expand_paths(traces) if p.is_file() and detect_format(p) in wanted]
+    used = [p for p in expand_paths(traces) if p.is_file() and kind_of_file(p) in wanted]
     source = "PolyTrace " + ", ".join(sorted(f"{p.parent.name}/{p.name}" for p in used))
     summary = report.as_dict()
     if out is not None:

@@ -168,3 +168,29 @@ def test_a_folder_of_captures_says_it_holds_captures(tmp_path: Path) -> None:
         ), line
         assert "like capture.jsonl: a gateway trace capture" in line, line
         assert "`toolenv gateway trace-to-multiturn CAPTURE OUT.jsonl`" in line, line
+
+
+def test_fit_of_a_folder_reads_the_conversion_beside_its_capture(tmp_path: Path) -> None:
+    """A folder holding the capture and the trace made of it: `emulators fit traces` failed on the
+    capture, asking to convert it (done, beside it), while `rollout run --trace traces` read the
+    conversion. A capture named as a file is still refused, with that advice."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    calls = [
+        {"turn": 0, "tool_name": "search", "latency_s": s, "trajectory_id": f"t{i}", "step": 0}
+        for i, s in enumerate([0.1, 0.2, 0.4, 0.3, 0.5, 0.25, 0.15, 0.35])
+    ]
+    capture = write(folder / "capture.jsonl", calls)
+    describe = ["emulators", "describe", "emulators/profiles/search_default.yaml", "--data"]
+    for command in (["emulators", "fit"], describe):  # only a capture there: says what it is
+        line = one_line_error(*command, str(folder))
+        assert "1 file(s) of a gateway trace capture: `toolenv gateway trace-to-multiturn" in line
+    converted = CliRunner().invoke(
+        app, ["gateway", "trace-to-multiturn", str(capture), str(folder / "multiturn.jsonl")]
+    )
+    assert converted.exit_code == 0, converted.output
+    fitted = CliRunner().invoke(app, ["emulators", "fit", str(folder), "--json"])
+    assert fitted.exit_code == 0, fitted.output
+    assert json.loads(fitted.stdout)["n"] == len(calls)
+    assert CliRunner().invoke(app, [*describe, str(folder)]).exit_code == 0
+    assert "a gateway trace capture" in one_line_error("emulators", "fit", str(capture))

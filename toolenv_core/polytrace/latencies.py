@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import resolve_traces
 from .calllog import read_call_log
+from .errors import CaptureNotTrace
 from .jsonl import sorted_by_step
-from .kinds import FORMATS, detect_format, expand_paths, holdings
+from .kinds import FORMATS, detect_format, expand_paths, holdings, kind_of_file
 from .multiturn import read_multiturn
 from .rewards import read_reward_timings
 
@@ -42,10 +44,18 @@ def iter_latencies(
     """Stream one tool's calls from multi-turn traces, call logs, or (tool `reward`) reward timings.
 
     Files that record no latencies (packed lengths, filter indices) are skipped, so a whole
-    PolyTrace directory can be given.
+    PolyTrace directory can be given; so are a directory's gateway captures (a capture named as a
+    file raises `CaptureNotTrace`, which says how to convert it).
     """
+    paths = list(paths)
+    named = {p for p in resolve_traces(paths) if not p.is_dir()}
     for path in sorted_by_step(expand_paths(paths)):
-        fmt = detect_format(path)
+        try:
+            fmt = detect_format(path)
+        except CaptureNotTrace:
+            if path in named:
+                raise
+            continue  # a folder's capture: the trace made of it beside it is read instead
         if fmt == "multiturn":
             for index, traj in enumerate(read_multiturn(path)):
                 for call in sorted(traj.tool_calls, key=lambda c: c.turn):
@@ -108,7 +118,7 @@ def recorded_tools(files: Iterable[Path]) -> set[str]:
     """The tool names the files record calls of (`reward` for reward timings)."""
     tools: set[str] = set()
     for path in files:
-        fmt = detect_format(path)
+        fmt = kind_of_file(path)
         if fmt == "multiturn":
             tools.update(c.tool_name for t in read_multiturn(path) for c in t.tool_calls)
         elif fmt == "call_log":
