@@ -89,7 +89,8 @@ def fit_command(
 
     wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
     used = [p for p in expand_paths(traces) if p.is_file() and kind_of_file(p) in wanted]
-    source = "PolyTrace " + ", ".join(sorted(f"{p.parent.name}/{p.name}" for p in used))
+    # the folder's own name: a relative path's parent (".") has none, and read as "/trace.jsonl"
+    source = "PolyTrace " + ", ".join(sorted(f"{p.resolve().parent.name}/{p.name}" for p in used))
     summary = report.as_dict()
     if out is not None:
         profile = build_profile(

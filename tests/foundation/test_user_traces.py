@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from toolenv.cli import build_app
+from toolenv_core.latency.profile import load_profile
 
 app = build_app()
 
@@ -194,3 +195,15 @@ def test_fit_of_a_folder_reads_the_conversion_beside_its_capture(tmp_path: Path)
     assert json.loads(fitted.stdout)["n"] == len(calls)
     assert CliRunner().invoke(app, [*describe, str(folder)]).exit_code == 0
     assert "a gateway trace capture" in one_line_error("emulators", "fit", str(capture))
+
+
+def test_a_profile_fitted_on_a_file_here_names_its_folder(
+    records: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`emulators fit trace.jsonl` from the trace's folder wrote `source: PolyTrace /trace.jsonl`,
+    a path at the root of the file system."""
+    write(tmp_path / "trace.jsonl", records)
+    monkeypatch.chdir(tmp_path)
+    fitted = CliRunner().invoke(app, ["emulators", "fit", "trace.jsonl", "--out", "p.yaml"])
+    assert fitted.exit_code == 0, fitted.output
+    assert load_profile(tmp_path / "p.yaml").source == f"PolyTrace {tmp_path.name}/trace.jsonl"
