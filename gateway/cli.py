@@ -73,7 +73,10 @@ def trace_to_multiturn(
         raise typer.Exit(2)
     try:
         count = to_multiturn(capture, out)
-    except (TraceFormatError, OSError) as exc:
+    except TraceFormatError as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except OSError as exc:  # the capture's own are TraceFormatError: this is the output's
+        typer.echo(f"error: cannot write the trace to {out}: {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(f"wrote {counted(count, 'trajectory')} to {out}")

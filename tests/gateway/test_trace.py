@@ -172,6 +172,19 @@ def test_a_gzip_compressed_capture_says_so_and_names_its_line(tmp_path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize("where", ["missing/out.jsonl", "."])
+def test_an_output_that_cannot_be_written_says_so(tmp_path, where) -> None:
+    """It said "error: [Errno 2] No such file or directory: 'missing/out.jsonl'"."""
+    capture, out = tmp_path / "capture.jsonl", tmp_path / where
+    capture.write_text(_CALL % "")
+    result = CliRunner().invoke(
+        toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(out)]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    why = "No such file or directory" if where != "." else "Is a directory"
+    assert result.stderr == f"error: cannot write the trace to {out}: {why}\n"
+
+
 @pytest.mark.parametrize("text", ["", "\n  \n"])
 def test_a_capture_without_calls_is_refused_and_writes_nothing(tmp_path, text) -> None:
     """It wrote an empty trace and said "wrote 0 trajectories", exit 0: every command given that
