@@ -132,16 +132,6 @@ def plot_step(
 
 def load_step(path: Path) -> list[TrajectoryRecord]:
     records = list(read_multiturn(path))  # one without any is refused by its reader
-    step = records[0].step
-    other = next((i for i, r in enumerate(records) if r.step != step), None)
-    if other is not None:  # replayed as one step launched at once: the load of both together
-        raise TraceFormatError(
-            path,
-            line_of_record(path, other),
-            "step",
-            f"{records[other].step}, where line {line_of_record(path, 0)} is of step {step}: "
-            "validate replays one recorded step a file (split the file by step)",
-        )
     untimed = [
         (i, k)
         for i, r in enumerate(records)
@@ -158,6 +148,16 @@ def load_step(path: Path) -> list[TrajectoryRecord]:
             "compares the engine model with each turn's recorded engine latency (a trace made by "
             "`toolenv gateway trace-to-multiturn` records the tool calls alone: replay it with "
             "`toolenv rollout run --trace`)",
+        )
+    step = records[0].step
+    other = next((i for i, r in enumerate(records) if r.step != step), None)
+    if other is not None:  # replayed as one step launched at once: the load of both together
+        raise TraceFormatError(
+            path,
+            line_of_record(path, other),
+            "step",
+            f"{records[other].step}, where line {line_of_record(path, 0)} is of step {step}: "
+            "validate replays one recorded step a file (split the file by step)",
         )
     if recorded_timings(records)[0].max() <= 0:
         # nothing to compare with: it failed later on a ZeroDivisionError

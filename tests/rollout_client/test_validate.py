@@ -214,6 +214,21 @@ def test_validate_a_step_without_engine_latency_says_so(
     assert "1 of " in result.stderr
 
 
+def test_validate_a_capture_of_several_steps_says_first_it_lacks_engine_latency(
+    tmp_path: Path,
+) -> None:
+    """A capture of a two-step run said "split the file by step"; split, each step was refused
+    for what it could never give: the engine latency."""
+    capture, trace = tmp_path / "capture.jsonl", tmp_path / "trace.jsonl"
+    call = {"tool_name": "search", "turn": 0, "latency_s": 0.1, "trajectory_id": "a"}
+    capture.write_text("".join(json.dumps({**call, "step": n}) + "\n" for n in (0, 1)))
+    args = ["gateway", "trace-to-multiturn", str(capture), str(trace)]
+    assert CliRunner().invoke(toolenv_app, args).exit_code == 0
+    result = CliRunner().invoke(app, ["validate", "--trace", str(trace)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"error: {trace}:1: field 'turns.0.engine_latency_s': ")
+
+
 def test_validate_a_file_of_several_steps_says_so(polytrace_dir: Path, tmp_path: Path) -> None:
     """A run's own trajectories.jsonl (--steps 2) replayed both steps' trajectories as one step
     launched at once: twice the load the recording saw, compared with it as if it were one."""
