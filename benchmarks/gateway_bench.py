@@ -166,6 +166,11 @@ def measure(rates: list[float], duration_s: float, rounds: int, pin: bool) -> di
             for rate in rates:
                 samples: dict[str, list[np.ndarray]] = {k: [] for k in names}
                 cpu = dict.fromkeys(names, 0.0)
+                # the other CPU's two tenants in each round: the generator (this process, which
+                # polls the last half millisecond before each send) and the emulator (every
+                # route ends there)
+                generator_cpu = dict.fromkeys(names, 0.0)
+                emulator_cpu = dict.fromkeys(names, 0.0)
                 calls = dict.fromkeys(names, 0)
                 runs: list[dict[str, Any]] = []
                 for _ in range(rounds):
@@ -175,9 +180,11 @@ def measure(rates: list[float], duration_s: float, rounds: int, pin: bool) -> di
                         path, body = PATHS.get(name, ("/retrieve", BODY))
                         if name in DIRECT:
                             server, (path, body) = emulator, DIRECT[name]
-                        c0 = server.cpu_s()
+                        c0, e0, g0 = server.cpu_s(), emulator.cpu_s(), time.process_time()
                         one[name] = _run(server.url, rate, duration_s, path, body)
                         cpu[name] += server.cpu_s() - c0
+                        generator_cpu[name] += time.process_time() - g0
+                        emulator_cpu[name] += emulator.cpu_s() - e0
                     for name, r in one.items():
                         calls[name] += r["sent"]
                         samples[name].append(r.pop("_ok"))
@@ -199,6 +206,12 @@ def measure(rates: list[float], duration_s: float, rounds: int, pin: bool) -> di
                     "emulator, native endpoint": per_call["direct_native"],
                     "floor proxy (baseline)": per_call["floor"],
                     **{name: per_call[name] for name in PATHS},
+                }
+                entry["generator_cpu_us_per_call"] = {
+                    name: 1e6 * generator_cpu[name] / max(1, calls[name]) for name in names
+                }
+                entry["emulator_cpu_us_per_call"] = {
+                    name: 1e6 * emulator_cpu[name] / max(1, calls[name]) for name in names
                 }
                 entry["cpu_ratio_over_floor"] = {
                     name: per_call[name] / per_call["floor"] if per_call["floor"] else None
@@ -315,6 +328,14 @@ def _print(report: dict[str, Any]) -> None:
             f"emulator {cpu['emulator (baseline)']:.0f} us (native endpoint "
             f"{cpu['emulator, native endpoint']:.0f} us); achieved rps direct {got['direct']}, "
             f"floor {got['floor']}, gateway {got['gateway']} / {got['generic']}"
+        )
+        gen, emu = r["generator_cpu_us_per_call"], r["emulator_cpu_us_per_call"]
+        print(
+            f"{rate:>8} the other CPU per call: generator (it polls what the emulator leaves) "
+            + ", ".join(f"{name} {gen[name]:.0f}" for name in gen)
+            + " us; emulator "
+            + ", ".join(f"{name} {emu[name]:.0f}" for name in emu)
+            + " us"
         )
     if report["verdict"]:
         print(f"target {report['target']}: {json.dumps(report['verdict'])}")
