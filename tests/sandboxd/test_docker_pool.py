@@ -23,6 +23,7 @@ from sandboxd.docker_backend.image import HASH_LABEL, ensure_image, image_is_cur
 from sandboxd.docker_backend.pool import default_state_dir
 from sandboxd.models import RunSpec
 from sandboxd.settings import SandboxSettings
+from toolenv_core.admission import ExpiredInQueue
 from toolenv_core.deadline import Deadline
 
 pytestmark = pytest.mark.docker
@@ -189,6 +190,30 @@ def test_runs_waiting_when_no_container_can_start_fail_instead_of_hanging(
         with pytest.raises(SandboxUnavailable, match="none could start"):
             portal.call(run_after_losing_the_container)
         assert pool.status()["waiting"] == 0
+    finally:
+        pool_id = b.pool.pool_id if b.pool else "none"
+        portal.call(b.close)
+    assert labelled(f"toolenv.pool={pool_id}") == []
+
+
+def test_a_deadline_that_ends_a_wait_for_a_container_is_a_time_limit(
+    portal: BlockingPortal, image: str
+) -> None:
+    """Every container busy (admission lets in no more runs than the pool holds, but a container
+    being replaced leaves fewer): a run whose deadline ends while it waits for one is the
+    deadline's (ExpiredInQueue, answered TimeLimitExceeded), not an unavailable sandbox."""
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=1))
+    portal.call(b.start)
+    try:
+        pool = b.pool
+        held = portal.call(pool.acquire, Deadline.never())
+        spec = RunSpec(language="python", code="print(1)")
+        with pytest.raises(ExpiredInQueue, match="no sandbox container became free before the"):
+            portal.call(b.run, spec, Deadline.after(0.5))
+        assert pool.status()["waiting"] == 0
+        portal.call(pool.release, held)
+        result = portal.call(b.run, spec, Deadline.after(30))
+        assert result.run is not None and result.run.stdout == "1\n"
     finally:
         pool_id = b.pool.pool_id if b.pool else "none"
         portal.call(b.close)
