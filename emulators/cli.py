@@ -233,7 +233,7 @@ def serve_command(
         app_ = create_app(settings)
     except ValueError as exc:
         raise _fail(config_error(exc)) from exc
-    config = uvicorn.Config(
+    server_config = uvicorn.Config(
         app_,
         host=settings.host,
         port=settings.port,
@@ -243,4 +243,4 @@ def serve_command(
         timeout_graceful_shutdown=5,
         http=StampingHttpToolsProtocol,  # delays count from when a request reached the process
     )
-    serving.serve(config)  # a port in use: one line saying so, exit 3
+    serving.serve(server_config)  # a port in use: one line saying so, exit 3

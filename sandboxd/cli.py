@@ -88,7 +88,7 @@ def serve(
         f"on http://{settings.host}:{settings.port}",
         err=True,
     )
-    config = uvicorn.Config(
+    server_config = uvicorn.Config(
         AnswerCutCalls(create_app(settings), settings.shutdown_grace_s),
         host=settings.host,
         port=settings.port,
@@ -99,4 +99,4 @@ def serve(
         # (SIGINT) stops at once.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
-    serving.serve(config)  # a port in use: one line saying so, exit 3
+    serving.serve(server_config)  # a port in use: one line saying so, exit 3
