@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, RunTarget
 from ray.serve.schema import ApplicationStatus, DeploymentStatus
 
 from emulators.settings import EmulatorSettings
@@ -166,7 +166,9 @@ def deploy(stack: RayStack, app: Application, timeout_s: float) -> bool:
     connect(stack)
     serve.start(proxy_location="Disabled")
     created = app_status(r.app_name) is None
-    serve._run(app, _blocking=False, name=r.app_name, route_prefix=None)
+    # `run_many` (Serve's developer API) can leave the wait to us; `serve.run` cannot
+    target = RunTarget(target=app, name=r.app_name, route_prefix=None)
+    serve.run_many([target], wait_for_applications_running=False)
     end = time.monotonic() + timeout_s
     while (status := app_status(r.app_name)) != ApplicationStatus.RUNNING:
         if status == ApplicationStatus.DEPLOY_FAILED:  # Serve names the deployments only
