@@ -48,3 +48,29 @@ def test_a_retry_goes_to_an_upstream_the_call_has_not_used(upstream, gateway) ->
     assert r.status_code == 502 and r.json()["status"] == "upstream_failed", r.text
     assert [u.proc.wait(timeout=5) for u in ups] == [17, 17, 17]
     assert metric_value(gw.metrics_text(), "toolenv_gateway_retried_total", tool="r") == 2
+
+
+def test_a_hedged_call_teaches_the_window_its_own_latency(upstream, gateway) -> None:
+    """Before: the window learnt the winning attempt's latency, a hedge's timed from its own late
+    send: the slow first attempts never reached it, its quantile sank and the gateway hedged far
+    more than the configured share (22% of calls at p95 against the emulators). Now a hedged
+    call's latency (first send to answer, at least the delay it was hedged at) is what it learns,
+    as the rollout simulator's window does."""
+    slow, fast = upstream("slow"), upstream("fast")
+    hedge = {"enabled": True, "quantile": 0.5, "min_samples": 1, "min_delay_ms": 0, "window": 16}
+    # a tool's first call starts its round-robin at the second upstream: the slow one
+    gw = gateway([proxy_tool("h", fast.url, slow.url, hedge=hedge, idempotent=True)])
+    runtime = gw.toolset.tools["h"]
+    for _ in range(16):
+        runtime.window.add(0.1)  # recent history: hedge after 100 ms (for the next 16 calls)
+    for _ in range(16):  # every other call goes to "slow" first and is hedged to "fast"
+        r = httpx.post(
+            f"{gw.url}/v1/tools/h/call",
+            json={"arguments": {"sleep_s": 3, "sleep_on": "slow"}},
+            timeout=30,
+        )
+        assert r.status_code == 200 and r.json()["result"]["upstream"] == "fast", r.text
+    assert metric_value(gw.metrics_text(), "toolenv_gateway_hedged_total", tool="h") == 8
+    # half the calls took >= 100 ms (hedged), half a few ms: the median is between them
+    delay = runtime.window.hedge_delay()
+    assert delay is not None and delay >= 0.05
