@@ -215,6 +215,9 @@ class RemoteBackend:
             for url in tool.upstreams
         ]
         self._health_task: asyncio.Task[None] | None = None
+        # a request that may run only once is not sent again when a kept-alive connection closes
+        # unanswered: the upstream may have read it and died (a broken call, 502)
+        self._resend = tool.is_idempotent
 
     async def start(self) -> None:
         await self.check_all()
@@ -271,7 +274,7 @@ class RemoteBackend:
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamReply:
         try:
-            resp = await _pool(endpoint).request(method, path, headers, body)
+            resp = await _pool(endpoint).request(method, path, headers, body, self._resend)
         except ConnectFailed as exc:
             endpoint.healthy, endpoint.last_error = False, str(exc)
             raise UpstreamConnectError(f"{endpoint.label}: {exc}") from exc

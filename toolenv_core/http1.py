@@ -16,7 +16,9 @@ Scope: plain `http://` only, one request at a time per connection (no pipelining
 unless the server says `Connection: close`. Content-Length, chunked and read-until-close bodies
 are all parsed. A request written into a kept-alive connection that turns out to be closed,
 before any answer byte, is the owner's to send again once on a fresh connection (the server
-closed it while idle, so it never read the request), as browsers and httpx do.
+closed it while idle, so it never read the request), as browsers and httpx do; `Pool.request`
+with `resend=False` does not (the same silence is what an upstream that read the request and died
+before answering leaves: a request that must not run twice is then the owner's failure).
 """
 
 from __future__ import annotations
@@ -234,9 +236,10 @@ class ConnectFailed(Exception):
 class ConnectionBroken(Exception):
     """The connection failed after the request was sent (the upstream died or hung up)."""
 
-    def __init__(self, message: str, answered_nothing: bool) -> None:
+    def __init__(self, message: str, answered_nothing: bool, unsent: bool = False) -> None:
         super().__init__(message)
         self.answered_nothing = answered_nothing
+        self.unsent = unsent  # closed before the request was written: safe to send anywhere
 
 
 class Response:
@@ -297,8 +300,11 @@ class Pool:
         self._idle: deque[_PoolConnection] = deque()
 
     async def request(
-        self, method: str, path: str, headers: dict[str, str], body: bytes
+        self, method: str, path: str, headers: dict[str, str], body: bytes, resend: bool = True
     ) -> Response:
+        """One request and its response. A reused connection that closes without a byte of answer
+        is taken for a stale one and the request is sent again on a fresh connection, unless
+        `resend` is False (a request that must not run twice: the upstream may have read it)."""
         payload = encode_request(method, self.prefix + path, self.host_header, headers, body)
         conn = self._take_idle()
         reused = conn is not None
@@ -313,7 +319,7 @@ class Pool:
                     conn.abort()  # the upstream sees the hang-up now and stops working on it
                     raise
             except ConnectionBroken as exc:
-                if not (reused and exc.answered_nothing):
+                if not (reused and exc.answered_nothing and (resend or exc.unsent)):
                     raise
                 # Maybe a stale idle connection, maybe an upstream that died reading the
                 # request: one fresh attempt tells them apart; if it cannot connect, the
@@ -355,7 +361,7 @@ class Pool:
     def _start(conn: _PoolConnection, payload: bytes) -> asyncio.Future[Response]:
         """The request written on `conn`: the future of its response."""
         if conn.closed or conn.transport is None:
-            raise ConnectionBroken("the connection was already closed", True)
+            raise ConnectionBroken("the connection was already closed", True, unsent=True)
         waiter: asyncio.Future[Response] = conn.loop.create_future()
         conn.waiter = waiter
         conn.send(0, payload)
