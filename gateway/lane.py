@@ -29,7 +29,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .calls import CallContext
 from .guard import REQUEST_ID_KEY, Verdict
-from .passthrough import HotCall, hot_call, serve
+from .passthrough import HotCall, cut_answer, hot_call, serve
 from .state import GatewayState
 
 log = logging.getLogger("toolenv.gateway")
@@ -243,6 +243,12 @@ class LaneProtocol(HttpToolsProtocol):
             log.error("gateway lane error", exc_info=exc)
             self._write(lane, 500, [(b"content-type", b"text/plain; charset=utf-8")], _ERROR)
             answered = True
+        except asyncio.CancelledError:
+            if not lane.disconnected:  # not its caller gone: uvicorn cut it at the grace's end
+                lane.keep_alive = False
+                status, headers, body = cut_answer(self.gateway, lane.verdict.request_id)
+                self._write(lane, status, headers, body)
+            raise
         finally:
             lane.response_complete = True
             if not lane.keep_alive or not answered:

@@ -9,6 +9,7 @@ declines (the gateway still starting, or no such tool), with the error saying wh
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import math
@@ -106,6 +107,12 @@ class PassThrough:
             )
         except ClientGone:
             return  # the caller hung up: the call was cancelled, and with it the tool's work
+        except asyncio.CancelledError:  # not the caller's doing: the server's shutdown cut it
+            status, headers, payload = cut_answer(self.state, ctx.request_id)
+            headers += [(b"connection", b"close"), (b"content-length", str(len(payload)).encode())]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
+            raise
         headers.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -228,6 +235,18 @@ def _parse(raw: bytes) -> Any:
 def _bad_json(ctx: CallContext) -> Answer:
     """The one answer to malformed JSON on every route (the FastAPI routes answer the same)."""
     return _json(NOT_JSON_STATUS, {"detail": NOT_JSON, "request_id": ctx.request_id})
+
+
+def cut_answer(state: GatewayState, request_id: str) -> Answer:
+    """The answer to a call still running when the server's shutdown grace ran out and cut it
+    (uvicorn cancels it): a 503 saying so, where the caller got a dropped connection."""
+    grace = state.settings.shutdown_grace_s
+    detail = (
+        "the gateway stopped before this call finished: calls in flight get shutdown_grace_s "
+        f"({grace:g} s) after SIGTERM/SIGINT, then are cut; send it again once the gateway is "
+        "back (or to another one)"
+    )
+    return _json(503, {"detail": detail, "request_id": request_id})
 
 
 def _failure(runtime: ToolRuntime, outcome: Outcome, ctx: CallContext) -> Answer:

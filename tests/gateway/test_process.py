@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -119,3 +120,47 @@ def test_ten_thousand_concurrent_slow_calls_stay_bounded(
     print(f"10,000 concurrent calls: {counts}; RSS {before:.0f} MB -> peak {peak[0]:.0f} MB")
     assert growth < 250, f"RSS grew {growth:.0f} MB under 10,000 concurrent calls"
     assert server.stop() == 0
+
+
+def test_a_call_cut_at_the_end_of_the_shutdown_grace_is_answered_503(
+    upstream, toolenv_server, tmp_path
+) -> None:
+    """Before: a call still running `shutdown_grace_s` after SIGTERM lost its connection without a
+    byte of answer (a client saw a dropped connection, as from a crash). Now it is answered 503
+    naming `shutdown_grace_s`, as sandboxd answers its own; on the lane (a Content-Length body)
+    and on the ordinary path (a chunked body) alike."""
+    up = upstream("slow")
+    config = write_config(tmp_path / "gw.yaml", up.url, call_path="/native")
+    text = config.read_text().replace("gateway:\n", "gateway:\n  shutdown_grace_s: 1\n", 1)
+    config.write_text(text)
+    server = toolenv_server("gateway", "serve", "--mode", "proxy", "--config", str(config))
+    body = json.dumps({"arguments": {"sleep_s": 20}}).encode()
+    answers: dict[str, httpx.Response | Exception] = {}
+
+    def send(name: str, content: object) -> None:
+        try:
+            answers[name] = httpx.post(
+                server.url + "/v1/tools/search/call", content=content, timeout=30,
+                headers={"content-type": "application/json"},
+            )  # fmt: skip
+        except httpx.HTTPError as exc:
+            answers[name] = exc
+
+    threads = [
+        threading.Thread(target=send, args=("lane", body)),
+        threading.Thread(target=send, args=("chunked", iter([body]))),  # no Content-Length
+    ]
+    for thread in threads:
+        thread.start()
+    for _ in range(100):  # both calls are at the upstream
+        if up.stats()["started"] == 2:
+            break
+        time.sleep(0.05)
+    server.stop(signal.SIGTERM)  # uvicorn ends by raising SIGTERM again: its exit status
+    for thread in threads:
+        thread.join(timeout=10)
+    for name in ("chunked", "lane"):
+        r = answers[name]
+        assert isinstance(r, httpx.Response), (name, r)
+        assert r.status_code == 503, (name, r.text)
+        assert "shutdown_grace_s (1 s)" in r.json()["detail"] and r.json()["request_id"]
