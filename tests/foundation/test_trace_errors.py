@@ -152,3 +152,25 @@ def test_a_record_json_cannot_read_names_its_line(polytrace_dir: Path, tmp_path:
         for command in (["emulators", "fit", str(path)], ["rollout", "run", "--trace", str(path)]):
             line = one_line_error(cli(*command))
             assert line.startswith(f"error: {path}:2: JSON too large to read ({said})"), line
+
+
+def test_a_trace_cut_short_says_where_its_json_breaks(polytrace_dir: Path, tmp_path: Path) -> None:
+    """A download cut off mid-line ends in an unterminated string: the message read
+    "(Unterminated string starting at at column 1577)"."""
+    lines = (polytrace_dir / "search_r1/multiturn_workload_step_0.jsonl").open().readlines()[:2]
+    path = tmp_path / "cut.jsonl"
+    path.write_text(lines[0] + lines[1][: lines[1].index('"turns"') + 3])
+    start = lines[1].index('"turns"') + 1  # the column where the cut string starts
+    for command in (
+        ["rollout", "run", "--trace", str(path)],
+        ["rollout", "validate", "--trace", str(path)],
+    ):
+        line = one_line_error(cli(*command))
+        assert (
+            line
+            == f"error: {path}:2: not valid JSON (Unterminated string starting at column {start})"
+        ), line
+    params = tmp_path / "params.json"
+    params.write_text('{"a": "b')
+    line = one_line_error(cli("rollout", "run", "--synthetic", str(params)))
+    assert "(Unterminated string starting at column 7)" in line, line

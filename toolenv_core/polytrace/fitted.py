@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from ..errors import first_problem
 from .errors import TraceFormatError
-from .jsonl import not_text, open_trace
+from .jsonl import not_json, not_text, open_trace
 from .kinds import kind_error
 
 
@@ -181,7 +181,7 @@ def read_fitted_parameters(path: str | Path) -> FittedParameters:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise kind_error(p, "fitted_parameters") or TraceFormatError(
-            p, exc.lineno, "", f"not valid JSON ({exc.msg} at column {exc.colno})"
+            p, exc.lineno, "", not_json(exc)
         ) from exc
     if not isinstance(raw, dict):
         raise TraceFormatError(p, 1, "", f"expected a JSON object, got {type(raw).__name__}")

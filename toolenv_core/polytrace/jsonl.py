@@ -51,6 +51,12 @@ def numbered_lines(handle: IO[str], path: str | Path) -> Iterator[tuple[int, str
         raise not_text(path, lineno + 1, exc) from exc
 
 
+def not_json(exc: json.JSONDecodeError) -> str:
+    """What a JSON error says, with its column: some of json's messages end in "at" already
+    ("Unterminated string starting at"), which read "starting at at column 1577"."""
+    return f"not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+
+
 def json_line(path: str | Path, lineno: int, line: str) -> Any:
     """One line's JSON; raises TraceFormatError naming the file and line for one that is not JSON,
     holds an integer past Python's 4300-digit conversion limit, or nests past its recursion limit
@@ -58,7 +64,7 @@ def json_line(path: str | Path, lineno: int, line: str) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        problem = f"not valid JSON ({exc.msg} at column {exc.colno})"
+        problem = not_json(exc)
     except ValueError:  # json reads an integer of any length, up to the conversion limit
         problem = "JSON too large to read (an integer of more than 4300 digits)"
     except RecursionError:
