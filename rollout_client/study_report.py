@@ -86,11 +86,14 @@ def markdown(study: dict[str, Any], command: str) -> str:
         budget = "" if rec["within_cut_budget"] else " (no policy stays within 1% of calls cut)"
         left = rec.get("calls_abandoned") or 0
         in_flight = f", {counted(left, 'call')} left in flight at step closes" if left else ""
+        # abort's price: without it an abort policy read as free (no cut, staleness 0.00)
+        wasted = rec.get("wasted_tokens") or 0
+        thrown = f", {wasted:,} generated tokens thrown away (aborted)" if wasted else ""
         lines += [
             "",
             f"Recommendation: **{rec['policy']}**: {rec['speedup_over_sync']:.2f}x over sync, "
             f"{rec['calls_cut_share']:.1%} of calls cut{in_flight}, mean staleness "
-            f"{rec['mean_staleness']:.2f} steps{budget}.",
+            f"{rec['mean_staleness']:.2f} steps{thrown}{budget}.",
             "",
         ]
     if meta.get("skipped"):

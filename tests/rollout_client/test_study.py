@@ -209,3 +209,32 @@ def test_a_cells_occupancy_weighs_each_step_by_its_makespan_as_the_run_summary_d
     assert row["mean_batch_occupancy"] == pytest.approx(91 / 110, abs=1e-4)
     assert row["mean_batch_occupancy"] == summarize(steps)["mean_batch_occupancy"]
     assert row["mean_in_flight"] == pytest.approx(200 * 91 / 110, abs=0.05)
+
+
+def test_a_recommended_abort_policy_names_the_tokens_it_throws_away() -> None:
+    """In `--quick` the recommendation is `overlap 25% abort` in four scenarios; its line read
+    "0.0% of calls cut, mean staleness 0.00 steps", abort's price (the aborted trajectories'
+    generated tokens, in the table and the JSON) left out."""
+    meta = {
+        "steps": 2, "batch": 256, "cost_profile": "searchr1-qwen7b", "seed": 0,
+        "scenarios": {"recorded": "recorded search latency", "x10": "search latency x10"},
+    }  # fmt: skip
+    rec = {
+        "speedup_over_sync": 2.141, "calls_cut_share": 0.0, "calls_abandoned": 0,
+        "mean_staleness": 0.0, "within_cut_budget": True,
+    }  # fmt: skip
+    study = {
+        "study": meta,
+        "cells": [],
+        "recommendations": {
+            "recorded": {**rec, "policy": "overlap 25% abort", "wasted_tokens": 33696},
+            "x10": {**rec, "policy": "overlap 25% carry", "wasted_tokens": 0},
+        },
+    }
+    lines = [line for line in markdown(study, "cmd").splitlines() if "Recommendation" in line]
+    assert lines == [
+        "Recommendation: **overlap 25% abort**: 2.14x over sync, 0.0% of calls cut, mean "
+        "staleness 0.00 steps, 33,696 generated tokens thrown away (aborted).",
+        "Recommendation: **overlap 25% carry**: 2.14x over sync, 0.0% of calls cut, mean "
+        "staleness 0.00 steps.",
+    ]
