@@ -44,8 +44,8 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def out_dir_for_run(out_dir: Path) -> Iterator[None]:
     """The output directory, made before the run: one that cannot be made is a bad option, found
     before minutes of work rather than after them. A run that fails leaves no empty one behind."""
-    fresh = not out_dir.exists()
-    try:
+    try:  # exists() too: a name too long for the file system raised there, a traceback
+        fresh = not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot make the output directory {out_dir} (--out): {exc.strerror or exc}")

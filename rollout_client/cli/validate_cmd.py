@@ -126,14 +126,22 @@ def _check_outputs(save_profile: Path | None, plot_dir: Path | None, *, fitting:
     if save_profile is not None:
         if not fitting:
             fail("--save-profile writes the profile --fit makes: add --fit STEP...")
-        if save_profile.is_dir():
-            fail(f"--save-profile {save_profile}: is a directory; name a file")
-        if not save_profile.parent.is_dir():
-            fail(f"--save-profile {save_profile}: there is no directory {save_profile.parent}")
+        try:  # opened now: a read-only place or too long a name failed only after the fit
+            if save_profile.is_dir():
+                fail(f"--save-profile {save_profile}: is a directory; name a file")
+            if not save_profile.parent.is_dir():
+                fail(f"--save-profile {save_profile}: there is no directory {save_profile.parent}")
+            existed = save_profile.exists()
+            with save_profile.open("a"):
+                pass
+        except OSError as exc:
+            fail(f"--save-profile {save_profile}: cannot write: {exc.strerror or exc}")
+        if not existed:
+            save_profile.unlink()
     if plot_dir is not None:
-        if plot_dir.exists() and not plot_dir.is_dir():
-            fail(f"--plot-dir {plot_dir}: is a file, not a directory")
         try:  # made now: after the replays (or a fit of minutes) it was a bare "[Errno 2] ..."
+            if plot_dir.exists() and not plot_dir.is_dir():
+                fail(f"--plot-dir {plot_dir}: is a file, not a directory")
             plot_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             fail(f"--plot-dir {plot_dir}: cannot make the directory: {exc.strerror or exc}")

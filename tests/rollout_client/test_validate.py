@@ -276,3 +276,34 @@ def test_a_saved_fit_names_itself_and_its_own_error(polytrace_dir: Path, tmp_pat
     profile = json.loads(saved.read_text())
     assert profile["name"] == report["cost_profile"] == "fitted"
     assert profile["fit_error"] == {"fit_loss": report["fit"]["loss"]}
+
+
+def test_a_save_profile_that_cannot_be_written_is_refused_before_the_fit(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """A --save-profile whose name is too long (or on a read-only file system) was found after
+    the fit (minutes on full steps), as a bare "[Errno 36] File name too long: ..."."""
+    steps = []
+    for n in (0, 2):
+        lines = (polytrace_dir / "search_r1" / f"multiturn_workload_step_{n}.jsonl").open()
+        steps.append(tmp_path / f"step_{n}.jsonl")
+        steps[-1].write_text("".join(itertools.islice(lines, 8)))
+    saved = tmp_path / ("p" * 300 + ".json")
+    args = ["validate", "--fit", str(steps[0]), "--trace", str(steps[1])]
+    result = CliRunner().invoke(app, [*args, "--save-profile", str(saved)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == f"error: --save-profile {saved}: cannot write: File name too long\n"
+    plots = tmp_path / ("d" * 300)  # the same for --plot-dir: a traceback in exists()
+    result = CliRunner().invoke(
+        app, ["validate", "--trace", str(steps[1]), "--plot-dir", str(plots)]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert (
+        result.stderr
+        == f"error: --plot-dir {plots}: cannot make the directory: File name too long\n"
+    )
+    # a name that can be written is not left behind by the check when the run fails later
+    other = tmp_path / "fitted.json"
+    args = ["validate", "--fit", str(steps[0]), "--trace", str(tmp_path / "nowhere.jsonl")]
+    result = CliRunner().invoke(app, [*args, "--save-profile", str(other)])
+    assert result.exit_code == 2 and not other.exists(), result.output

@@ -7,6 +7,7 @@ written out here, the definition the closed form must agree with.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -360,11 +361,25 @@ def test_an_output_directory_that_cannot_be_made_is_refused_before_the_run(
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
-    for command in (
-        ["run", "--engine", "sim", "--clock", "virtual", "--exact", "--limit", "8", "--batch", "8"],
-        ["study", "--quick"],
+    long_name = tmp_path / ("d" * 300)  # too long for the file system: a traceback in exists()
+    for command, out in itertools.product(
+        (
+            [
+                "run",
+                "--engine",
+                "sim",
+                "--clock",
+                "virtual",
+                "--exact",
+                "--limit",
+                "8",
+                "--batch",
+                "8",
+            ],
+            ["study", "--quick"],
+        ),
+        (blocker / "out", long_name),  # under a file: it cannot be made
     ):
-        out = blocker / command[0]  # under a file: it cannot be made
         cmd = [sys.executable, "-m", "toolenv", "rollout", *command, "--trace", str(trace),
                "--out", str(out)]  # fmt: skip
         done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
