@@ -7,8 +7,13 @@ name in the cache (`toolenv_core.polytrace.cache`).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -42,6 +47,32 @@ app = typer.Typer(
     help="The published PolyTrace files: fetch them into the cache, list them.",
     no_args_is_help=True,
 )
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the fetch is so that it unwinds like Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM (`timeout`, a CI cancel, `kill`) ended the process where it stood and left the
+    download's `.part` file in the cache; now it unwinds the fetch (the part file removed, as on
+    Ctrl-C), then ends the process by SIGTERM all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def terminated(_signum: int, _frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -120,7 +151,7 @@ def fetch_command(
     results: list[FetchResult] = []
     settled = 0  # bytes of the files already handled (a failed file's partial bytes drop out)
     try:
-        with progress:
+        with _sigterm_unwinds(), progress:
             for entry in entries:
                 result = fetcher.fetch(entry, force=force)
                 results.append(result)

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from toolenv_core.polytrace.fetch import Fetcher
 from toolenv_core.polytrace.manifest import load_manifest
 
 app = build_app()
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Small files for most tests; one search_r1 step (3.4 MB) where a real trace is needed.
 SMALL = ["rllm_deepcoder/reward_timings_step_*", "intern_s1"]
@@ -281,3 +286,52 @@ def test_an_empty_cache_dir_variable_is_no_setting(
     assert trace_cache_dir() == default_cache_dir()
     listed = json.loads(traces("list", "intern_s1", "--json").stdout)
     assert listed["cache_dir"] == str(default_cache_dir())
+
+
+# Sends the first half of any file under the directory it is given, then holds the connection.
+STALLING_SERVER = """
+import http.server, pathlib, sys, time
+root = pathlib.Path(sys.argv[2])
+class Stall(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        path = root / self.path.lstrip("/")
+        if not path.is_file():
+            self.send_response(200 if self.path == "/" else 404)
+            self.end_headers()
+            return
+        data = path.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        time.sleep(120)
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Stall).serve_forever()
+"""
+
+
+def test_a_fetch_ended_by_sigterm_leaves_no_part_file(polytrace_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM (`timeout`, a CI cancel) killed the fetch where it stood: its `.part` file stayed
+    in the cache (Ctrl-C removed it). It unwinds as Ctrl-C does, and SIGTERM still ends it."""
+    port = free_port()
+    argv = [sys.executable, "-c", STALLING_SERVER, str(port), str(polytrace_dir)]
+    server = ServerProcess(argv, f"http://127.0.0.1:{port}").start("/", timeout=30)
+    cache = tmp_path / "cache"
+    cmd = [sys.executable, "-m", "toolenv", "traces", "fetch", "intern_s1", "--from", server.url]
+    env = {**os.environ, "TOOLENV_TRACES_CACHE_DIR": str(cache)}
+    fetch = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not leftovers(cache) and time.monotonic() < deadline and fetch.poll() is None:
+            time.sleep(0.05)
+        assert leftovers(cache), "the download never started"
+        fetch.send_signal(signal.SIGTERM)
+        _, err = fetch.communicate(timeout=30)
+    finally:
+        fetch.kill()
+        server.stop()
+    assert fetch.returncode == -signal.SIGTERM, err
+    assert [p for p in cache.rglob("*") if p.is_file()] == []  # nor any empty intern_s1/
+    assert list(cache.iterdir()) == []
