@@ -209,10 +209,12 @@ class Fetcher:
             return url
         if _is_url(self.source):
             base = self.source.rstrip("/") + "/"
-            if self._get(entry, base + entry.name, sink, fallback=True):
-                return base + entry.name
-            self._get(entry, base + entry.upstream, sink, fallback=False)
-            return base + entry.upstream
+            for url in (base + entry.name, base + entry.upstream):
+                if self._get(entry, url, sink, fallback=True):
+                    return url
+            raise FetchError(  # the cache's layout was tried first: a 404 named only the other
+                f"{entry.name}: HTTP 404 from {base + entry.name} and from {base + entry.upstream}"
+            )
         root = Path(self.source).expanduser()
         for candidate in (root / entry.name, root / entry.upstream):
             if candidate.is_file():
