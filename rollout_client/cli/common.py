@@ -69,6 +69,34 @@ def tool_pairs(values: list[str], option: str) -> dict[str, str]:
     return pairs
 
 
+# An option that shapes one policy part, and that part: without it the option does nothing.
+_PART_OPTIONS = {
+    "tool_timeout_s": ("--tool-timeout", "timeout"),
+    "overlap_ratio": ("--overlap-ratio", "overlap"),
+    "overlap_unfinished": ("--unfinished", "overlap"),
+    "hedge_quantile": ("--hedge-quantile", "hedge"),
+}
+
+
+def idle_option_notes(settings: RolloutSettings, given: set[str]) -> list[str]:
+    """Notes on options given on the command line that this run ignores (`--tool-timeout 0.5`
+    under the default `async` policy ran with no deadline, silently)."""
+    parts = {p.strip() for p in settings.policy.split("+")}
+    notes = [
+        f"note: {flag} has no effect: --policy {settings.policy} has no {part} part "
+        f"(e.g. --policy {settings.policy}+{part})"
+        for key, (flag, part) in _PART_OPTIONS.items()
+        if key in given and part not in parts
+    ]
+    if "time_scale" in given and (settings.engine != "sim" or settings.clock == "virtual"):
+        where = "--clock virtual never sleeps" if settings.engine == "sim" else "a real engine"
+        notes.append(
+            f"note: --time-scale has no effect here ({where}): it compresses --engine sim on "
+            "the wall clock"
+        )
+    return notes
+
+
 def one_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return ": ".join(first_problem(exc))

@@ -21,7 +21,15 @@ from ..policies import build_policy
 from ..report import PLOTS, drop_plots_not_written, plot, print_table
 from ..session import model_vocab_size
 from ..settings import RolloutSettings
-from .common import POLICY_HELP, fail, one_line, out_dir_for_run, setting_default, tool_pairs
+from .common import (
+    POLICY_HELP,
+    fail,
+    idle_option_notes,
+    one_line,
+    out_dir_for_run,
+    setting_default,
+    tool_pairs,
+)
 from .run_driver import run_with_progress
 
 TOOL_PROFILE_HINT = (
@@ -330,6 +338,9 @@ def run(
             settings = settings.model_copy(update={"vocab_size": model_vocab_size(settings.model)})
         except ValueError as exc:
             fail(str(exc))
+    given = {k for k, v in overrides.items() if v is not None}
+    for note in idle_option_notes(settings, given):
+        typer.echo(note, err=True)
     out_dir = Path(settings.out_dir)
     with out_dir_for_run(out_dir):
         try:

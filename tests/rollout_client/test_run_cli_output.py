@@ -119,3 +119,29 @@ def test_the_simulator_lag_note_is_printed_with_json_too(
     assert "behind its cost model (CPU starved); lower --time-scale" in result.stderr
     if output:
         assert json.loads(result.stdout)["sim_lag_s"] > 0  # stdout is still the report alone
+
+
+def test_an_option_the_run_ignores_is_noted(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--tool-timeout 0.5` under the default `async` ran with no deadline at all, and
+    `--time-scale 20` on the virtual clock did nothing, both silently."""
+    small = ("--limit", "2", "--batch", "2", "--no-plots", "--json")
+    ignored = ("--tool-timeout", "0.5", "--unfinished", "abort", "--hedge-quantile", "0.5")
+    done = rollout_run(polytrace_dir, tmp_path / "a", *small, *ignored, "--time-scale", "20")
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: --tool-timeout has no effect: --policy async has no timeout part "
+        "(e.g. --policy async+timeout)",
+        "note: --unfinished has no effect: --policy async has no overlap part "
+        "(e.g. --policy async+overlap)",
+        "note: --hedge-quantile has no effect: --policy async has no hedge part "
+        "(e.g. --policy async+hedge)",
+        "note: --time-scale has no effect here (--clock virtual never sleeps): it compresses "
+        "--engine sim on the wall clock",
+    ]
+    assert json.loads(done.stdout)["steps"][0]["tool_timeouts"] == 0
+    # each option with its part: nothing to note
+    policy = ("--policy", "async+timeout+overlap+hedge", "--steps", "1")
+    done = rollout_run(polytrace_dir, tmp_path / "b", *small, *ignored, *policy)
+    assert done.returncode == 0, done.stderr
+    assert "has no effect" not in done.stderr
