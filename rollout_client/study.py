@@ -38,6 +38,7 @@ from toolenv_core.polytrace.kinds import files_of_kind
 from toolenv_core.polytrace.rewards import read_reward_timings
 
 from .clock import run_virtual
+from .engines.costmodel import load_cost_model
 from .metrics import time_weighted
 from .session import run_rollout
 from .settings import RolloutSettings
@@ -331,6 +332,7 @@ def run_here(
 
 def load_inputs(plan: StudyPlan) -> StudyInputs:
     """The traces read and checked: every input error is raised here, before any cell runs."""
+    load_cost_model(plan.cost_profile)  # each cell loads it again (a Ray worker, by name)
     plans, recorded = load_plans(plan)
     reward = reward_latencies(plan.reward_traces) if plan.reward_traces else None
     return StudyInputs(plan, plans, recorded, reward)

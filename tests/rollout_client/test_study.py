@@ -124,6 +124,16 @@ def test_bad_input_is_the_one_line_on_stderr(polytrace_dir: Path, tmp_path: Path
     assert done.exit_code == 2, (done.output, done.exception)
     assert done.stderr.startswith("error: the traces hold 4 trajectories")
     assert done.stderr.count("\n") == 1, done.stderr
+    # a cost profile that does not load: found before the bar too (each cell loads it)
+    profile = tmp_path / "cost.json"
+    profile.write_text('{"name": "x"')
+    small = ["--batch", "2", "--steps", "1", "--quick"]  # traces enough for these
+    done = CliRunner().invoke(build_app(), [*args, *small, "--cost-profile", str(profile)])
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert (
+        done.stderr
+        == f"error: cost profile {profile} does not parse: Expecting ',' delimiter: line 1 column 13 (char 12)\n"
+    )
 
 
 def test_a_cost_profile_whose_iterations_never_end_is_bad_input(
