@@ -87,29 +87,37 @@ def build_tools(settings: RolloutSettings, hedge_quantile: float | None) -> SimT
 
 def tool_profile_problems(
     settings: RolloutSettings, plans: list[TrajectoryPlan]
-) -> tuple[str | None, str | None]:
-    """Before a virtual-clock run: (an error, a note) about `--tool-profile` against the tools
+) -> tuple[str | None, list[str]]:
+    """Before a virtual-clock run: (an error, notes) about `--tool-profile` against the tools
     the selected trajectories call. Without `--exact` a called tool with no profile would fail
-    every call of it (a misspelt tool name, typically); a profile no call uses only warns."""
+    every call of it (a misspelt tool name, typically); a profile no call uses only warns, and
+    so does `+hedge` on a tool with recorded latencies alone (its hedges can never win)."""
     called = {call.tool for plan in plans for turn in plan.turns for call in turn.calls}
     given = set(settings.tool_profiles)
     tools = ", ".join(sorted(called)) or "none"
     unused = sorted(given - called)
-    note = (
-        f"note: --tool-profile {', '.join(unused)}: no selected trajectory calls it "
-        f"(tools called: {tools})"
-        if unused
-        else None
-    )
+    notes = []
+    if unused:
+        notes.append(
+            f"note: --tool-profile {', '.join(unused)}: no selected trajectory calls it "
+            f"(tools called: {tools})"
+        )
     missing = sorted(called - given)
+    hedged = "hedge" in {part.strip() for part in settings.policy.split("+")}
+    if hedged and settings.exact and missing:
+        notes.append(
+            f"note: +hedge on {', '.join(missing)}: with no --tool-profile a hedge replays the "
+            "call's own recorded latency, so it starts later and never answers first; give "
+            "--tool-profile TOOL=FILE to draw each hedge afresh"
+        )
     if settings.exact or not missing:
-        return None, note
+        return None, notes
     error = (
         f"--tool-profile names no profile for {', '.join(missing)} (tools called: {tools}; "
         f"profiles given: {', '.join(sorted(given)) or 'none'}): give TOOL=FILE for each, "
         "or replay recorded latencies with --exact"
     )
-    return error, note
+    return error, notes
 
 
 def context_too_long(plans: list[TrajectoryPlan], shrink: str) -> str | None:

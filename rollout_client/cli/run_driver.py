@@ -40,10 +40,10 @@ async def run_with_progress(
         if error is not None:
             raise ValueError(error)
     if settings.clock == "virtual" and live is None:  # live calls are the model's, not planned
-        error, note = tool_profile_problems(settings, plans)
+        error, profile_notes = tool_profile_problems(settings, plans)
         if error is not None:
             raise ValueError(error)
-        notes += [note] if note else []
+        notes += profile_notes
     launch = build_policy(
         settings.policy, over=settings.overlap_ratio, hedge_quantile=settings.hedge_quantile
     ).launch_count(settings.batch)

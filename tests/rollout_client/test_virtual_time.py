@@ -336,6 +336,33 @@ def test_a_misspelt_tool_profile_is_refused_before_the_run(
     assert json.loads(exact.stdout)["summary"]["completed"] == 16
 
 
+def test_hedging_recorded_latencies_alone_is_noted(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--exact --policy async+hedge` with no profile sent hedges that replay the call's own
+    recorded latency: started later, none ever answered first, and nothing said so."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    base = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--trace", str(trace), "--batch", "256", "--limit", "256", "--json",
+        "--no-plots", "--out", str(tmp_path), "--exact", "--policy", "async+hedge",
+    ]  # fmt: skip
+    runs = {
+        name: subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        for name, cmd in (
+            ("alone", base),
+            ("drawn", [*base, "--tool-profile", f"search={profile}"]),
+        )
+    }
+    assert all(run.returncode == 0 for run in runs.values()), runs
+    alone = json.loads(runs["alone"].stdout)
+    assert alone["tools"]["hedges"] > 0  # sent, and the step no shorter than without them
+    assert (
+        "note: +hedge on search: with no --tool-profile a hedge replays the call's own "
+        "recorded latency" in runs["alone"].stderr
+    )
+    assert "+hedge on" not in runs["drawn"].stderr
+
+
 def test_an_unbounded_tool_latency_ends_the_run_with_a_message(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
