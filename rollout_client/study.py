@@ -335,7 +335,24 @@ def load_inputs(plan: StudyPlan) -> StudyInputs:
     load_cost_model(plan.cost_profile)  # each cell loads it again (a Ray worker, by name)
     plans, recorded = load_plans(plan)
     reward = reward_latencies(plan.reward_traces) if plan.reward_traces else None
+    latencies = {"recorded tool calls": recorded}
+    if reward is not None:
+        latencies["reward timings"] = reward
+    _check_quantile_deadlines(plan, latencies)
     return StudyInputs(plan, plans, recorded, reward)
+
+
+def _check_quantile_deadlines(plan: StudyPlan, latencies: dict[str, np.ndarray]) -> None:
+    """A deadline at a quantile of latencies that are 0 s there would be 0 s: refused before any
+    cell runs (it was `tool_timeout_s: Input should be greater than 0` after 30 cells)."""
+    quantiles = {c.timeout for c in plan.policies if c.timeout and c.timeout.startswith("p")}
+    for what, values in latencies.items():
+        for q in sorted(quantiles):
+            if np.quantile(values, float(q[1:]) / 100) <= 0:
+                raise ValueError(
+                    f"the {what} take 0 s at their {q}: the cells with a deadline there "
+                    f"(timeout {q}) cannot set one; give timings whose {q} is above 0 s"
+                )
 
 
 def run_study(

@@ -248,3 +248,32 @@ def test_a_recommended_abort_policy_names_the_tokens_it_throws_away() -> None:
         "Recommendation: **overlap 25% carry**: 2.14x over sync, 0.0% of calls cut, mean "
         "staleness 0.00 steps.",
     ]
+
+
+@pytest.mark.parametrize("zeroed", ["reward", "search"])
+def test_latencies_of_0_s_at_the_deadline_quantile_are_bad_input_before_any_cell(
+    polytrace_dir: Path, tmp_path: Path, zeroed: str
+) -> None:
+    """Reward timings of 0 s made the `timeout p99` cell's deadline 0 s: the study ran 30 cells,
+    then failed with "tool_timeout_s: Input should be greater than 0"."""
+    records = first_records(polytrace_dir, 40)
+    if zeroed == "search":
+        for record in records:
+            for call in record["tool_calls"]:
+                call["latency_s"] = 0.0
+    trace = write_trace(records, tmp_path / "t.jsonl")
+    reward = polytrace_dir / "rllm_deepcoder" / "reward_timings_step_0.jsonl"
+    if zeroed == "reward":
+        rows = [json.loads(line) for line in reward.open()]
+        reward = write_trace([{**r, "reward_time_s": 0.0} for r in rows], tmp_path / "r.jsonl")
+    args = ["rollout", "study", "--quick", "--trace", str(trace), "--reward-trace", str(reward)]
+    done = CliRunner().invoke(
+        build_app(), [*args, "--batch", "8", "--steps", "1", "--out", str(tmp_path / "o")]
+    )
+    assert done.exit_code == 2, (done.output, done.exception)
+    what = "reward timings" if zeroed == "reward" else "recorded tool calls"
+    assert done.stderr == (
+        f"error: the {what} take 0 s at their p99: the cells with a deadline there (timeout p99) "
+        "cannot set one; give timings whose p99 is above 0 s\n"
+    )
+    assert not (tmp_path / "o").exists()
