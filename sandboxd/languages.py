@@ -33,6 +33,9 @@ class Language:
     compile_argv: tuple[str, ...] | None = None  # None: interpreted, no compile step
     aliases: tuple[str, ...] = ()
     artifact: str | None = None  # what the compile step produces (workdir-relative), if any
+    # the program is the init of its sandbox's PID namespace (python: as a fork-server case is,
+    # so that both modes behave alike; see `process.bwrap`)
+    runs_as_init: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -53,6 +56,7 @@ LANGUAGES: dict[str, Language] = {
             source_file="main.py",
             run_argv=(DEFAULT_PYTHON, "main.py"),
             aliases=("python3", "py"),
+            runs_as_init=True,
         ),
         Language(
             name="bash",

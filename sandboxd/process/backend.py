@@ -132,7 +132,7 @@ class ProcessBackend:
             for name in s.warm_languages:
                 lang = self._language(name)
                 if not lang.compiled and not self._forks(lang):
-                    self.warm.kick(lang.run_argv)
+                    self.warm.kick(lang.run_argv, lang.runs_as_init)
 
     async def _probe_fork_server(self, server: ForkServer) -> None:
         """One real fork before the first request: a kernel that refuses any step of a fork's
@@ -247,7 +247,7 @@ class ProcessBackend:
             and not lang.compiled
             and _utf8_len(spec.stdin) <= WARM_STDIN_MAX
         ):
-            warm = self.warm.take(lang.run_argv)
+            warm = self.warm.take(lang.run_argv, lang.runs_as_init)
         if warm is not None:
             workdir, slot = warm.workdir, warm.slot
         elif runner is not None:
@@ -312,6 +312,7 @@ class ProcessBackend:
             slot,
             warm,
             runner,
+            as_init=lang.runs_as_init,
         )
         cap = spec.run_limits.max_output_bytes or self.settings.max_output_bytes
         result.files = fetch_files(workdir, spec.fetch_files, cap)
@@ -438,20 +439,25 @@ class ProcessBackend:
         warm: Warm | None = None,
         runner: Runner | None = None,
         batch: CaseBatch | None = None,
+        as_init: bool = False,
     ) -> ExecResult:
         root, ctx = self._require_started()
         lim = StepLimits.resolve(self.settings, limits, deadline)
         if lim.wall_s <= 0:
             return ExecResult.expired_before_start()
         if slot is not None:
+            # a spawned program that is not its namespace's init has bwrap's init beside it in
+            # the slot: one task more, so that the program keeps its max_processes
+            spawned_init = ctx.isolated and not (as_init or runner or batch)
+            pids = lim.pids + 1 if spawned_init else lim.pids
             try:
                 slot.configure(
-                    memory_bytes=lim.memory_bytes, pids_max=lim.pids, cpu_cores=lim.cpu_cores
+                    memory_bytes=lim.memory_bytes, pids_max=pids, cpu_cores=lim.cpu_cores
                 )
             except OSError as exc:
                 return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
         stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(stdin)
-        step = Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, runner, batch)
+        step = Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, runner, batch, as_init)
         execution = Execution(ctx, step)
         try:
             return await execution.run()

@@ -1,10 +1,18 @@
 """The bubblewrap sandbox: its argv, and the one blocked-start handshake warm and cold runs share.
 
-    bwrap --unshare-all --as-pid-1 --die-with-parent ... --block-fd B --json-status-fd S -- ARGV
+    bwrap --unshare-all --die-with-parent ... [--as-pid-1] --block-fd B --json-status-fd S -- ARGV
 
 bwrap reports the sandboxed child's pid on S and then waits on B, so before any user code runs
 the service moves that child into the run's cgroup and sets its rlimits; then it writes one byte
 to B (`Blocked.unblock`). A warm sandbox is the same `Blocked` made ahead of time.
+
+The child is the PID 1 of the sandbox's PID namespace: bwrap's own init, which forks the program
+after B (so the program inherits the cgroup and rlimits) and exits with it, the kernel then
+killing whatever the program left in the namespace. The kernel spares an init the signals it sends
+itself, so a program that is its namespace's init cannot die of its own `abort()` (a failed C
+`assert`, an uncaught C++ exception: SIGSEGV instead of SIGABRT) or `kill(getpid(), ...)`; bwrap's
+init keeps the program out of that role. `--as-pid-1` (`as_init`) makes the program the init
+itself, as a python fork-server case is, so that python behaves the same in both modes.
 """
 
 from __future__ import annotations
@@ -65,7 +73,6 @@ def sandbox_prefix(bwrap: str, python: str) -> list[str]:
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
-        "--as-pid-1",
         "--uid", str(SANDBOX_UID),
         "--gid", str(SANDBOX_UID),
         "--cap-drop", "ALL",
@@ -176,9 +183,14 @@ async def read_child_pid(fd: int, timeout: float = HANDSHAKE_TIMEOUT_S) -> int |
 
 
 async def spawn_blocked(
-    prefix: list[str], workdir: Path, argv: tuple[str, ...] | list[str], stdin_fd: int | None
+    prefix: list[str],
+    workdir: Path,
+    argv: tuple[str, ...] | list[str],
+    stdin_fd: int | None,
+    as_init: bool = False,
 ) -> Blocked:
-    """Start bwrap with `workdir` bound at /sandbox and wait until it reports the child's pid.
+    """Start bwrap with `workdir` bound at /sandbox and wait until it reports the child's pid
+    (bwrap's init, or with `as_init` the program itself: see the module's docstring).
 
     `stdin_fd` None: the program's stdin is a new pipe (`Blocked.stdin_w`). Raises OSError when
     bwrap cannot be started at all; a bwrap that dies early gives `child_pid` None.
@@ -198,6 +210,7 @@ async def spawn_blocked(
         proc = subprocess.Popen(
             [
                 *prefix,
+                *(("--as-pid-1",) if as_init else ()),
                 "--bind",
                 str(workdir),
                 SANDBOX_DIR,

@@ -1,8 +1,9 @@
 """One sandboxed process: spawn (or take a warm sandbox), confine, read output, enforce limits, reap.
 
-With `--as-pid-1` the program is the init of its own PID namespace: when it exits or is killed,
-the kernel kills and reaps everything else in the namespace (so a setsid + double-fork daemon
-dies with it), and bwrap itself reaps the program, so no zombie is left for anybody. A deadline,
+The sandbox's PID namespace ends with the program: bwrap's init (or, for python, the program
+itself as init) exits when the program does, and the kernel then kills and reaps everything else
+in the namespace (so a setsid + double-fork daemon dies with it); bwrap reaps the program, so no
+zombie is left for anybody. A deadline,
 an output flood or a cancelled request SIGKILLs the program (the namespace follows) and, as a
 backstop, every task still in the run's cgroup. stdout and stderr are read on the event loop (no
 thread per run) up to `max_output_bytes` each; a program that writes more is killed at once
@@ -65,6 +66,7 @@ class Step:
     warm: Warm | None = None
     runner: Runner | None = None  # run it on this fork-server runner (python)
     batch: CaseBatch | None = None  # run it as one case of a run_tests request's runner
+    as_init: bool = False  # a spawned program is its PID namespace's init (`bwrap.spawn_blocked`)
 
 
 class Execution:
@@ -114,7 +116,7 @@ class Execution:
                 join = False  # a warm sandbox joined its slot ahead of time
             else:
                 sandbox = await spawn_blocked(
-                    self.ctx.bwrap_prefix, step.workdir, step.argv, step.stdin_fd
+                    self.ctx.bwrap_prefix, step.workdir, step.argv, step.stdin_fd, step.as_init
                 )
                 join = True
         except OSError as exc:

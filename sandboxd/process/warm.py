@@ -53,23 +53,25 @@ class WarmPool:
         self._idle: dict[tuple[str, ...], list[Warm]] = {}
         self._fillers: dict[tuple[str, ...], asyncio.Task[None]] = {}
 
-    def kick(self, key: tuple[str, ...]) -> None:
+    def kick(self, key: tuple[str, ...], as_init: bool) -> None:
+        """Fill the pool of `key` (a language's run argv; `as_init`: see `bwrap.spawn_blocked`)."""
         if self._open and self.target and key not in self._fillers:
-            self._fillers[key] = asyncio.get_running_loop().create_task(self._fill(key))
+            fill = self._fill(key, as_init)
+            self._fillers[key] = asyncio.get_running_loop().create_task(fill)
 
-    def take(self, key: tuple[str, ...]) -> Warm | None:
+    def take(self, key: tuple[str, ...], as_init: bool) -> Warm | None:
         pool = self._idle.get(key)
         w = pool.pop() if pool else None
-        self.kick(key)
+        self.kick(key, as_init)
         if w is not None:
             self.hits += 1
         return w
 
-    async def _fill(self, key: tuple[str, ...]) -> None:
+    async def _fill(self, key: tuple[str, ...], as_init: bool) -> None:
         failures = 0
         try:
             while self._open and len(self._idle.setdefault(key, [])) < self.target:
-                w = await self._spawn(key)
+                w = await self._spawn(key, as_init)
                 if w is None:
                     failures += 1
                     if failures >= 5:
@@ -84,11 +86,11 @@ class WarmPool:
         finally:
             self._fillers.pop(key, None)
 
-    async def _spawn(self, argv: tuple[str, ...]) -> Warm | None:
+    async def _spawn(self, argv: tuple[str, ...], as_init: bool) -> Warm | None:
         workdir = new_workdir(self.root)
         slot = self.cgroups.acquire()
         try:
-            sandbox = await spawn_blocked(self.prefix, workdir, argv, None)
+            sandbox = await spawn_blocked(self.prefix, workdir, argv, None, as_init)
         except OSError:
             self._free(workdir, slot)
             return None

@@ -102,6 +102,28 @@ def test_compile_error_and_runtime_signal(api: SandboxdServer) -> None:
     assert res["message"] == "exited with code 3"
 
 
+def test_a_compiled_programs_own_abort_or_signal_ends_it_as_anywhere(api: SandboxdServer) -> None:
+    """A C or C++ program, or a shell script, is not the init of its PID namespace (bwrap's init
+    is), so the signals it sends itself act as on any machine: a failed assert or an uncaught C++
+    exception is SIGABRT (it was SIGSEGV: the kernel spares an init its own signals, and glibc's
+    abort then crashes), and `kill -TERM $$` ends a script. Python stays its namespace's init in
+    both modes (the fork server's cases are), as docs/sandboxd.md says."""
+    code = "#include <assert.h>\nint main(void){ assert(1 == 2); return 0; }"
+    res = api.run_code(code=code, language="c")
+    assert res["run_result"]["signal"] == 6 and res["run_result"]["return_code"] == -6, res
+    assert "Assertion" in res["run_result"]["stderr"]
+    assert res["message"] == "killed by signal 6 (SIGABRT)"
+    code = '#include <stdexcept>\nint main(){ throw std::runtime_error("boom"); }'
+    res = api.run_code(code=code, language="cpp")
+    assert res["run_result"]["signal"] == 6, res
+    assert "boom" in res["run_result"]["stderr"]
+    res = api.run_code(code="echo before\nkill -TERM $$\necho after\n", language="bash")
+    assert res["run_result"]["stdout"] == "before\n", res
+    assert res["run_result"]["signal"] == 15 and res["run_result"]["return_code"] == -15
+    res = api.run_code(code="import os\nprint(os.getpid())")
+    assert res["run_result"]["stdout"] == "1\n", res
+
+
 def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
     code = (
         "import os\n"

@@ -233,6 +233,19 @@ def test_daemon_does_not_outlive_its_run(sandboxd: SandboxdServer) -> None:
     check_still_clean(sandboxd)
 
 
+def test_a_shell_or_compiled_programs_daemon_does_not_outlive_its_run(
+    sandboxd: SandboxdServer,
+) -> None:
+    """Programs other than python run under bwrap's init, not as their namespace's init: the
+    namespace still ends with the program, so a setsid daemon it started dies with it."""
+    code = "(setsid sh -c 'sleep 30; echo x > /sandbox/daemon-was-here' &)\necho parent done\n"
+    res, elapsed = run(sandboxd, code, language="bash", run_timeout=10)
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"] == "parent done\n"
+    assert elapsed < 5  # the run ends with its main program, not with the daemon
+    check_still_clean(sandboxd)
+
+
 def test_killing_its_parent_harms_nothing(sandboxd: SandboxdServer) -> None:
     code = (
         "import os, signal\n"
