@@ -344,13 +344,20 @@ class ToolRuntime:
                 policy = self.config.retry
                 if isinstance(exc, UpstreamBroken) and not self.config.is_idempotent:
                     raise
-                if not (
-                    policy.enabled
-                    and attempt < policy.max_attempts
-                    and call.deadline.remaining() > 0
-                    and self.budget.try_spend()
-                ):
+                if not (policy.enabled and attempt < policy.max_attempts):
+                    if attempt > 1:
+                        raise type(exc)(f"{exc}; {attempt} attempts made") from exc
                     raise
+                if call.deadline.remaining() <= 0:
+                    raise
+                if not self.budget.try_spend():
+                    # Said so: else a call the docs promise retries for fails at once, unexplained.
+                    raise type(exc)(
+                        f"{exc}; not retried after {attempt} attempt(s): the tool's retry budget "
+                        f"is spent, {policy.budget_ratio} retries per call made plus "
+                        f"{policy.min_retries_per_s} per second (its retry.budget_ratio and "
+                        "retry.min_retries_per_s)"
+                    ) from exc
                 self.m.retried.inc()
                 wait = policy.backoff_ms / 1000 * 2 ** (attempt - 1)
                 if wait:

@@ -6,6 +6,7 @@ crash and restart its services.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -189,6 +190,38 @@ def test_idempotent_calls_ride_out_a_restart(stack: Stack) -> None:
     assert r.status_code == 200, r.text
     assert len(r.json()["result"][0]) == 2
     assert _metric(stack, "toolenv_gateway_retried_total", 'tool="search"') > retried_before
+    stack.wait_healthy("search")
+
+
+def test_a_burst_beyond_the_retry_budget_says_so(stack: Stack) -> None:
+    """Before: with search down, a burst of calls spent the retry budget and the rest failed at
+    once with the same 503 as a call that had retried for 12 s: nothing said that the budget,
+    not the outage, ended them (docs/compose.md promised that calls ride out a restart)."""
+    stopped = stack.compose("stop", "search")
+    assert stopped.returncode == 0, stopped.stderr
+    try:
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=stack.url, timeout=30) as client:
+                return await asyncio.gather(
+                    *(
+                        client.post(
+                            "/retrieve",
+                            json={"queries": [f"q{i}"], "topk": 2},
+                            headers={"X-Toolenv-Deadline-Ms": "3000"},
+                        )
+                        for i in range(64)
+                    )
+                )
+
+        answers = asyncio.run(burst())
+    finally:
+        started = stack.compose("start", "search")
+    assert started.returncode == 0, started.stderr
+    assert all(r.status_code in (503, 504) and "search" in r.text for r in answers)
+    refused = [r for r in answers if "retry budget is spent" in r.text]
+    assert refused, answers[0].text
+    assert "retry.budget_ratio" in refused[0].json()["error"], refused[0].text
     stack.wait_healthy("search")
 
 

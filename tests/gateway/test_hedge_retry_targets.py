@@ -9,6 +9,8 @@ import time
 import httpx
 from gw_support import metric_value, proxy_tool
 
+from toolenv_core.net import free_port
+
 HEDGE = {"enabled": True, "quantile": 0.5, "min_samples": 5, "min_delay_ms": 50}
 
 
@@ -74,3 +76,26 @@ def test_a_hedged_call_teaches_the_window_its_own_latency(upstream, gateway) -> 
     # half the calls took >= 100 ms (hedged), half a few ms: the median is between them
     delay = runtime.window.hedge_delay()
     assert delay is not None and delay >= 0.05
+
+
+def test_a_call_the_retry_budget_refuses_says_so(gateway) -> None:
+    """Before: a call whose retry the budget refused answered the same 503 as one whose every
+    attempt failed ("no upstream reachable"), at once: under compose, a burst of searches during
+    a restart failed in 0.4 s while the docs promised retries for about 12 s, with no word why."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    spent = {"enabled": True, "max_attempts": 3, "budget_ratio": 0, "min_retries_per_s": 0}
+    ample = {"enabled": True, "max_attempts": 3}
+    gw = gateway(
+        [
+            proxy_tool("spent", closed, retry=spent, idempotent=True, health_interval_s=60),
+            proxy_tool("ample", closed, retry=ample, idempotent=True, health_interval_s=60),
+        ]
+    )
+    r = httpx.post(f"{gw.url}/v1/tools/spent/call", json={"arguments": {}}, timeout=30)
+    assert r.status_code == 503 and r.json()["status"] == "unavailable", r.text
+    error = r.json()["error"]
+    assert "not retried after 1 attempt(s): the tool's retry budget is spent" in error, error
+    assert "retry.budget_ratio" in error and "retry.min_retries_per_s" in error, error
+    r = httpx.post(f"{gw.url}/v1/tools/ample/call", json={"arguments": {}}, timeout=30)
+    assert r.status_code == 503 and "; 3 attempts made" in r.json()["error"], r.text
+    assert "budget" not in r.json()["error"], r.text
