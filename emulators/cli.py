@@ -19,6 +19,7 @@ from toolenv_core.latency.profile import ProfileError, load_profile, save_profil
 from toolenv_core.polytrace import TraceFormatError, iter_latencies
 from toolenv_core.polytrace.kinds import kind_of_file
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
+from toolenv_core.shutdown import AnswerCutCalls
 
 from .app import create_app
 from .describe import describe, faults_line, plot_cdf
@@ -28,6 +29,13 @@ from .timing import StampingHttpToolsProtocol
 
 app = typer.Typer(
     help="Latency-replaying tool emulators: fit, describe, serve.", no_args_is_help=True
+)
+
+# SIGTERM/SIGINT: calls in flight (an emulated delay) may finish for this long, then are cut.
+SHUTDOWN_GRACE_S = 5
+CUT_CALL_DETAIL = (
+    "the emulators stopped before this call finished: calls in flight get "
+    f"{SHUTDOWN_GRACE_S} s after SIGTERM/SIGINT, then are cut; send it again once they are back"
 )
 
 
@@ -234,13 +242,13 @@ def serve_command(
     except ValueError as exc:
         raise _fail(config_error(exc)) from exc
     server_config = uvicorn.Config(
-        app_,
+        AnswerCutCalls(app_, CUT_CALL_DETAIL),  # a 503 that says so, not uvicorn's plain 500
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         http=StampingHttpToolsProtocol,  # delays count from when a request reached the process
     )
     serving.serve(server_config)  # a port in use: one line saying so, exit 3

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolenv_core.bodylimit import BodyLimit
 from toolenv_core.heap import freeze_startup_objects
@@ -49,34 +46,11 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     return app
 
 
-class AnswerCutCalls:
-    """`sandboxd serve`'s outermost layer: a call still running `shutdown_grace_s` after SIGTERM
-    or SIGINT is cancelled by uvicorn (its run is killed and cleaned up as a cancelled one's);
-    it is answered 503 saying so, where uvicorn answered its own plain-text 500."""
-
-    def __init__(self, app: ASGIApp, grace_s: float) -> None:
-        self.app = app
-        self.body = json.dumps(
-            {
-                "detail": "sandboxd stopped before this call finished: calls in flight get "
-                f"shutdown_grace_s ({grace_s:g} s) after SIGTERM/SIGINT, then are cut; send it "
-                "again once sandboxd is back (or to another one)"
-            }
-        ).encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except asyncio.CancelledError:
-            if scope["type"] == "http" and not started:
-                headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-                await send({"type": "http.response.start", "status": 503, "headers": headers})
-                await send({"type": "http.response.body", "body": self.body})
-            raise
+def cut_call_detail(grace_s: float) -> str:
+    """What a run cut by `shutdown_grace_s` after SIGTERM or SIGINT is told (its run is killed and
+    cleaned up as a cancelled one's; `toolenv_core.shutdown.AnswerCutCalls` answers it)."""
+    return (
+        "sandboxd stopped before this call finished: calls in flight get "
+        f"shutdown_grace_s ({grace_s:g} s) after SIGTERM/SIGINT, then are cut; send it "
+        "again once sandboxd is back (or to another one)"
+    )

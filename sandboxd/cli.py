@@ -11,8 +11,9 @@ import uvicorn
 from toolenv_core import serving
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
+from toolenv_core.shutdown import AnswerCutCalls
 
-from .app import AnswerCutCalls, create_app
+from .app import create_app, cut_call_detail
 from .process import BWRAP_INSTALL_HINT
 from .settings import SandboxSettings
 from .sizing import PROGRAMS_PER_CORE
@@ -89,7 +90,7 @@ def serve(
         err=True,
     )
     server_config = uvicorn.Config(
-        AnswerCutCalls(create_app(settings), settings.shutdown_grace_s),
+        AnswerCutCalls(create_app(settings), cut_call_detail(settings.shutdown_grace_s)),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

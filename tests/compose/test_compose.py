@@ -225,6 +225,34 @@ def test_a_burst_beyond_the_retry_budget_says_so(stack: Stack) -> None:
     stack.wait_healthy("search")
 
 
+def test_a_search_restart_answers_the_call_it_cuts(stack: Stack) -> None:
+    """`docker compose restart search` lets a call in flight run for the emulators' 5 s grace,
+    then cuts it: before, the caller got uvicorn's plain-text 500 through the gateway, which
+    read as a failing service; now a 503 saying the service stopped and what to do."""
+    stack.wait_healthy("search")
+    answers: list[httpx.Response | httpx.HTTPError] = []
+
+    def call() -> None:
+        body = {"arguments": {"query": "hamlet", "topk": 1, "delay_s": 20}, "deadline_ms": 40000}
+        try:
+            answers.append(stack.client.post("/v1/tools/search/call", json=body))
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1)
+    restart = stack.compose("restart", "search")
+    caller.join(60)
+    assert restart.returncode == 0, restart.stderr
+    assert answers and isinstance(answers[0], httpx.Response), answers
+    r = answers[0]
+    assert r.status_code == 200 and r.json()["status"] == "error", r.text
+    assert r.json()["error"] == "tool 'search' answered HTTP 503", r.text
+    assert "emulators stopped before this call finished" in r.json()["result"]["detail"], r.text
+    stack.wait_healthy("search")
+
+
 def _metric(stack: Stack, name: str, label: str) -> float:
     for line in stack.client.get("/metrics").text.splitlines():
         if line.startswith(name) and label in line:

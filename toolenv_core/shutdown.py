@@ -1,0 +1,39 @@
+"""A call cut by a server's graceful-shutdown timeout answers 503 with what happened.
+
+Why: past `timeout_graceful_shutdown`, uvicorn cancels the handlers still running and answers
+its own plain-text `500 Internal Server Error`: the caller (and a gateway, which passes a tool's
+500 on) cannot tell a service that stopped from one that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class AnswerCutCalls:
+    """A served app's outermost layer: a call uvicorn cancels at its shutdown timeout, before
+    its answer started, is answered 503 with `detail` (and the connection closed)."""
+
+    def __init__(self, app: ASGIApp, detail: str) -> None:
+        self.app = app
+        self.body = json.dumps({"detail": detail}).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if scope["type"] == "http" and not started:
+                headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+                await send({"type": "http.response.start", "status": 503, "headers": headers})
+                await send({"type": "http.response.body", "body": self.body})
+            raise
