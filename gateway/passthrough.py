@@ -237,15 +237,20 @@ def _bad_json(ctx: CallContext) -> Answer:
     return _json(NOT_JSON_STATUS, {"detail": NOT_JSON, "request_id": ctx.request_id})
 
 
+def cut_detail(grace_s: float) -> str:
+    """What a call cut by the gateway's shutdown is told (here, on the lane, and on every other
+    route through `toolenv_core.shutdown.AnswerCutCalls`)."""
+    return (
+        "the gateway stopped before this call finished: calls in flight get shutdown_grace_s "
+        f"({grace_s:g} s) after SIGTERM/SIGINT, then are cut; send it again once the gateway is "
+        "back (or to another one)"
+    )
+
+
 def cut_answer(state: GatewayState, request_id: str) -> Answer:
     """The answer to a call still running when the server's shutdown grace ran out and cut it
     (uvicorn cancels it): a 503 saying so, where the caller got a dropped connection."""
-    grace = state.settings.shutdown_grace_s
-    detail = (
-        "the gateway stopped before this call finished: calls in flight get shutdown_grace_s "
-        f"({grace:g} s) after SIGTERM/SIGINT, then are cut; send it again once the gateway is "
-        "back (or to another one)"
-    )
+    detail = cut_detail(state.settings.shutdown_grace_s)
     return _json(503, {"detail": detail, "request_id": request_id})
 
 

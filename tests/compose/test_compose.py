@@ -345,6 +345,33 @@ def test_a_gateway_restart_lets_the_call_in_flight_finish(stack: Stack) -> None:
     stack.wait_healthy("gateway")
 
 
+def test_a_gateway_restart_answers_the_call_it_cuts(stack: Stack) -> None:
+    """A call longer than the gateway's `shutdown_grace_s` (30 s) is cut when it stops: before,
+    its caller got no answer at all (the connection closed); now a 503 that says why."""
+    stack.wait_healthy("gateway")
+    answers: list[httpx.Response | httpx.HTTPError] = []
+
+    def call() -> None:
+        body = {"arguments": {"query": "hamlet", "topk": 1, "delay_s": 45}, "deadline_ms": 60000}
+        try:
+            answers.append(stack.client.post("/v1/tools/search/call", json=body))
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1)
+    restart = stack.compose("restart", "gateway")
+    caller.join(60)
+    assert restart.returncode == 0, restart.stderr
+    assert answers and isinstance(answers[0], httpx.Response), answers
+    r = answers[0]
+    assert r.status_code == 503, r.text
+    assert "the gateway stopped before this call finished" in r.json()["detail"], r.text
+    assert "shutdown_grace_s (30 s)" in r.json()["detail"], r.text
+    stack.wait_healthy("gateway")
+
+
 def test_a_sandbox_restart_lets_the_run_in_flight_finish(stack: Stack) -> None:
     """SIGTERM stops sandboxd gracefully too: runs in flight may finish for its
     `shutdown_grace_s` (30 s), and Docker's SIGKILL comes after (`stop_grace_period: 35s`).
