@@ -153,6 +153,12 @@ async def sandbox_status(request: Request) -> Response:
     return _answer(runtime, await _send(runtime, "GET", "/v1/sandbox/status", b"", request))
 
 
+@router.get("/v1/languages", summary="The languages the sandbox tool runs")
+async def languages(request: Request) -> Response:
+    runtime = _runtime(request, "sandbox")
+    return _answer(runtime, await _send(runtime, "GET", "/v1/languages", b"", request))
+
+
 @router.get("/v1/ping", summary='SandboxFusion\'s liveness probe: "pong" from the sandbox tool')
 async def ping(request: Request) -> Response:
     runtime = _runtime(request, "sandbox")

@@ -33,6 +33,10 @@ def run_code(stack: Stack, code: str, language: str = "python", **kw: object) ->
 
 def test_every_language_and_tool_answers_through_the_gateway(stack: Stack) -> None:
     assert stack.client.get("/readyz").status_code == 200
+    # every language the gateway lists (a 404 before) runs
+    listed = stack.client.get("/v1/languages")
+    assert listed.status_code == 200, listed.text
+    assert {lang["name"] for lang in listed.json()["languages"]} == set(PROGRAMS), listed.text
     for language, code in PROGRAMS.items():
         r = run_code(stack, code, language)
         assert r.status_code == 200, r.text

@@ -94,7 +94,7 @@ def test_a_profile_change_one_upstream_missed_says_which_took_it(
 def test_control_routes_sit_behind_the_api_key(gateway, upstream) -> None:
     up = upstream("sbx")
     gw = gateway([proxy_tool("sandbox", up.url, kind="sandbox")], api_keys=["k1"])
-    for method, path in (("GET", "/v1/ping"), ("GET", "/v1/sandbox/status"),
+    for method, path in (("GET", "/v1/ping"), ("GET", "/v1/sandbox/status"), ("GET", "/v1/languages"),
                          ("GET", "/v1/emulators/search/profile"),
                          ("PUT", "/v1/emulators/search/profile")):  # fmt: skip
         r = httpx.request(method, gw.url + path, json=SLOW, timeout=10)

@@ -121,6 +121,11 @@ def test_sandbox_control_through_the_embedded_gateway(sandbox_gateway) -> None:
     assert httpx.get(gw.url + "/v1/ping", timeout=10).json() == "pong"
     status = httpx.get(gw.url + "/v1/sandbox/status", timeout=10)
     assert status.status_code == 200 and status.json()["backend"] == "process", status.text
+    # docs/sandboxd.md lists it with the other routes "through the gateway": it was a 404
+    languages = httpx.get(gw.url + "/v1/languages", timeout=10)
+    assert languages.status_code == 200, languages.text
+    names = {lang["name"] for lang in languages.json()["languages"]}
+    assert names == {"bash", "c", "cpp", "python"}, languages.text
 
 
 def test_sandbox_semantics_and_control_through_the_proxy_gateway(
