@@ -336,6 +336,7 @@ class ToolRuntime:
     ) -> UpstreamReply:
         """`endpoint`, then retries (`used`: where the call's attempts went, shared with a hedge)."""
         attempt = 1
+        at_deadline = False  # a backoff cut short by the deadline: that retry is the last
         while True:
             try:
                 return await self._send_once(endpoint, call)
@@ -344,7 +345,7 @@ class ToolRuntime:
                 policy = self.config.retry
                 if isinstance(exc, UpstreamBroken) and not self.config.is_idempotent:
                     raise
-                if not (policy.enabled and attempt < policy.max_attempts):
+                if at_deadline or not (policy.enabled and attempt < policy.max_attempts):
                     if attempt > 1:
                         raise type(exc)(f"{exc}; {attempt} attempts made") from exc
                     raise
@@ -361,7 +362,11 @@ class ToolRuntime:
                 self.m.retried.inc()
                 wait = policy.backoff_ms / 1000 * 2 ** (attempt - 1)
                 if wait:
-                    await asyncio.sleep(min(wait, max(call.deadline.remaining() - 0.05, 0)))
+                    # Past the deadline's last 50 ms no backoff fits: one retry there, not the
+                    # rest of max_attempts back to back (each spending the tool's retry budget).
+                    left = max(call.deadline.remaining() - 0.05, 0)
+                    at_deadline = wait >= left
+                    await asyncio.sleep(min(wait, left))
                 attempt += 1
                 if used is None:
                     used = [endpoint]

@@ -204,6 +204,15 @@ def test_a_burst_beyond_the_retry_budget_says_so(stack: Stack) -> None:
     stopped = stack.compose("stop", "search")
     assert stopped.returncode == 0, stopped.stderr
     try:
+        # One call first: its backoff (0.1, 0.2, 0.4 s, ...) stops fitting before its 800 ms
+        # deadline after the fourth attempt; the retry at the deadline is its last (all 8
+        # attempts went out before, the rest back to back in the last 50 ms).
+        time.sleep(1.5)  # the retry budget's per-second floor is whole again
+        one = stack.client.post(
+            "/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "800"}
+        )
+        made = re.search(r"; (\d+) attempts made", one.text)
+        assert one.status_code == 503 and made and 2 <= int(made[1]) <= 5, one.text
 
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=stack.url, timeout=30) as client:

@@ -99,3 +99,21 @@ def test_a_call_the_retry_budget_refuses_says_so(gateway) -> None:
     r = httpx.post(f"{gw.url}/v1/tools/ample/call", json={"arguments": {}}, timeout=30)
     assert r.status_code == 503 and "; 3 attempts made" in r.json()["error"], r.text
     assert "budget" not in r.json()["error"], r.text
+
+
+def test_a_backoff_the_deadline_cuts_short_ends_the_retries(gateway) -> None:
+    """Before: once the doubling backoff no longer fit before the deadline, every remaining
+    attempt went out back to back in its last 50 ms (under compose, a search with an 800 ms
+    deadline made all 8 attempts against a restarting service, spending the shared retry budget
+    other calls needed). Now the retry at the deadline is the last."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    retry = {"enabled": True, "max_attempts": 8, "backoff_ms": 100, "min_retries_per_s": 100}
+    gw = gateway([proxy_tool("b", closed, retry=retry, idempotent=True, health_interval_s=60)])
+    r = httpx.post(
+        f"{gw.url}/v1/tools/b/call", json={"arguments": {}, "deadline_ms": 800}, timeout=30
+    )
+    assert r.status_code == 503, r.text
+    retried = metric_value(gw.metrics_text(), "toolenv_gateway_retried_total", tool="b")
+    # backoffs of 0.1, 0.2 and 0.4 s fit in 0.8 s, 0.8 s does not: at most 4 retries, not 7
+    assert 1 <= retried <= 4, (retried, r.text)
+    assert f"; {int(retried) + 1} attempts made" in r.json()["error"], (retried, r.text)
