@@ -209,18 +209,17 @@ async def list_tools(request: Request) -> dict[str, Any]:
 # ---------------------------------------------------------------- operations
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"], tags=["ops"])
+# GET documented, HEAD (load balancers' probe) not: one route with both gave OpenAPI two
+# operations with one operationId (the spec wants them unique; FastAPI warned at /docs)
+@router.get("/healthz", tags=["ops"])
+@router.head("/healthz", include_in_schema=False)
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers."""
     return {"status": "ok"}
 
 
-@router.api_route(
-    "/readyz",
-    methods=["GET", "HEAD"],
-    tags=["ops"],
-    responses={503: {"description": "names what is not ready"}},
-)
+@router.get("/readyz", tags=["ops"], responses={503: {"description": "names what is not ready"}})
+@router.head("/readyz", include_in_schema=False)
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: start-up finished and every tool can take calls (upstreams reachable)."""
     state = state_of(request)

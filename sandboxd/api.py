@@ -184,9 +184,9 @@ def build_router(service: SandboxService) -> APIRouter:
     async def status() -> dict[str, Any]:
         return service.status()
 
-    @router.api_route(
-        "/readyz", methods=["GET", "HEAD"], summary="200 once the backend is started, else 503"
-    )
+    # GET documented, HEAD not: both on one route made two operations with one operationId
+    @router.get("/readyz", summary="200 once the backend is started, else 503")
+    @router.head("/readyz", include_in_schema=False)
     async def readyz() -> Response:
         if not service.started:
             return _error(503, "sandbox backend not started")

@@ -49,6 +49,10 @@ def test_every_language_and_tool_answers_through_the_gateway(stack: Stack) -> No
     assert call.status_code == 200 and call.json()["status"] == "ok", call.text
     tools = {t["function"]["name"] for t in stack.client.get("/v1/tools").json()["tools"]}
     assert {"sandbox", "search", "reward"} <= tools
+    # what /docs renders: one operationId per operation (GET and HEAD /readyz shared one)
+    paths = stack.client.get("/openapi.json").json()["paths"]
+    ids = [op["operationId"] for path in paths.values() for op in path.values()]
+    assert len(ids) == len(set(ids)), sorted(ids)
 
 
 def test_up_from_the_compose_dir_is_the_same_project(stack: Stack) -> None:
