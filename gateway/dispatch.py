@@ -125,7 +125,7 @@ class ToolRuntime:
         self.window = LatencyWindow(config.hedge)
         self.budget = RetryBudget(config.retry)
         self.hedging = config.hedge.enabled and config.is_idempotent
-        self.deadlines = DeadlinePolicy.from_ms(config.default_deadline_ms, config.max_deadline_ms)
+        self.deadlines = DeadlinePolicy.from_ms(config.deadline_default_ms, config.max_deadline_ms)
         self._tasks: set[asyncio.Task[UpstreamReply]] = set()
         self._turn = 0
         # In-process handlers may take a while to unwind (a sandbox reaping its process): those

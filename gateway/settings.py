@@ -82,6 +82,11 @@ class HedgePolicy(BaseModel):
     )
 
 
+# a call's deadline when it sends none, by kind (`ToolConfig.deadline_default_ms`): 30 s, but
+# PolyTrace's rllm_deepcoder verifies a batch of 64 responses in 37-125 s
+DEFAULT_DEADLINE_MS: dict[str, float] = {"reward": 180_000}
+
+
 class ToolConfig(BaseModel):
     """One tool behind the gateway."""
 
@@ -104,7 +109,12 @@ class ToolConfig(BaseModel):
     queue: Integer = Field(
         default=1024, ge=0, description="calls waiting beyond that; more get 429"
     )
-    default_deadline_ms: Number = Field(default=30_000, gt=0)
+    default_deadline_ms: Number | None = Field(
+        default=None,
+        gt=0,
+        description="a call's deadline without X-Toolenv-Deadline-Ms (default: 30,000; for "
+        "reward 180,000, at most max_deadline_ms: a recorded batch of 64 takes 37-125 s)",
+    )
     max_deadline_ms: Number = Field(default=300_000, gt=0)
     timeout_margin_ms: Number = Field(
         default=5_000,
@@ -177,7 +187,7 @@ class ToolConfig(BaseModel):
                 f"tool {self.name!r}: an embedded {self.kind!r} tool needs `app` "
                 '("module:factory" of its ASGI app)'
             )
-        if self.default_deadline_ms > self.max_deadline_ms:
+        if self.default_deadline_ms is not None and self.default_deadline_ms > self.max_deadline_ms:
             raise ValueError(f"tool {self.name!r}: default_deadline_ms exceeds max_deadline_ms")
         if self.hedge.enabled and not self.is_idempotent:  # it was switched off without a word
             raise ValueError(
@@ -198,6 +208,14 @@ class ToolConfig(BaseModel):
     def mount(self) -> str:
         """The in-process app this tool uses in embedded mode: a custom `app`, else by kind."""
         return self.app or BUILTIN_MOUNT[self.kind]
+
+    @property
+    def deadline_default_ms(self) -> float:
+        """`default_deadline_ms`, else by kind: reward's emulated batches outlast 30 s (a call with
+        no deadline of its own was a 504 at 30 s where the batch took 40)."""
+        if self.default_deadline_ms is not None:
+            return self.default_deadline_ms
+        return min(DEFAULT_DEADLINE_MS.get(self.kind, 30_000), self.max_deadline_ms)
 
     @property
     def is_idempotent(self) -> bool:

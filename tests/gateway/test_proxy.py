@@ -21,6 +21,33 @@ def call(gw, tool: str, arguments: dict, **kw) -> httpx.Response:
     )
 
 
+def test_a_reward_call_without_a_deadline_gets_time_for_a_batch(upstream, gateway) -> None:
+    """A reward call sending no deadline had the tools' 30 s default: an emulated batch of 32
+    (about 40 s) came back 504. A reward tool's default is 180 s (PolyTrace's batches of 64 take
+    37-125 s), within its max_deadline_ms; other kinds keep 30 s, and a tool's own setting wins."""
+    up = upstream("a")
+    gw = gateway(
+        [
+            proxy_tool("reward", up.url, kind="reward", call_path="/native"),
+            proxy_tool(
+                "capped", up.url, kind="reward", call_path="/native", max_deadline_ms=60_000
+            ),
+            proxy_tool("set", up.url, kind="reward", call_path="/native", default_deadline_ms=5000),
+            proxy_tool("echo", up.url, call_path="/native"),
+        ]
+    )
+    for tool, expected in (
+        ("reward", 180_000),
+        ("capped", 60_000),
+        ("set", 5000),
+        ("echo", 30_000),
+    ):
+        r = call(gw, tool, {"batch_size": 32})
+        assert r.status_code == 200, r.text
+        forwarded = float(r.json()["result"]["deadline_ms"])
+        assert expected - 1000 < forwarded <= expected, (tool, forwarded)
+
+
 def test_generic_call_forwards_arguments_and_answers_the_documented_shape(
     upstream, gateway
 ) -> None:
