@@ -2,7 +2,8 @@
 status and SandboxFusion's `/v1/ping`, reached through the gateway in embedded and proxy mode
 alike (behind the API key when keys are set, like every route but `/healthz` and `/readyz`).
 
-Control calls skip admission (an operator must reach a saturated tool) and are bounded by
+Control calls skip admission and the rate limit (an operator must reach a saturated tool, and
+a gateway whose callers used up their budget: `guard.UNMETERED_PATHS`) and are bounded by
 `CONTROL_TIMEOUT_S`. A read goes to one upstream; a profile change goes to every upstream of the
 tool (each emulator replica holds its own profile) and succeeds only if every one took it.
 """

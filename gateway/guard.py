@@ -30,7 +30,19 @@ from toolenv_core.bodylimit import (
 
 from .asgi import ASGIApp, Message
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # no API key needed
+# Not rate limited (the limit is a caller's budget of calls): the probes, the Prometheus scrape
+# and the control routes (`gateway.control`), which a caller's health probe, a scraper or an
+# operator on the same key or address must still reach when its calls have used the budget up.
+UNMETERED_PATHS = OPEN_PATHS | {
+    "/metrics",
+    "/v1/tools",
+    "/v1/ping",
+    "/v1/sandbox/status",
+    "/v1/languages",
+    "/v1/emulators/search/profile",
+    "/v1/emulators/reward/profile",
+}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
 
@@ -109,7 +121,7 @@ class Door:
                     ((b"www-authenticate", b"Bearer"),),
                 )  # fmt: skip
             verdict.caller = key_id(key.decode("latin-1"))
-        if self.rate_limits is not None and path not in OPEN_PATHS:
+        if self.rate_limits is not None and path not in UNMETERED_PATHS:
             try:
                 self.rate_limits.check(verdict.caller)
             except Rejected as exc:

@@ -9,6 +9,10 @@ import pytest
 from gw_support import proxy_tool
 from typer.testing import CliRunner
 
+from gateway.control import EMULATED_KINDS
+from gateway.control import router as control_router
+from gateway.guard import UNMETERED_PATHS
+from gateway.routes import router
 from gateway.settings import GatewaySettings
 from toolenv.cli import build_app
 
@@ -108,3 +112,37 @@ def test_per_key_rate_limit_is_429_with_retry_after(upstream, gateway) -> None:
     # the other key has its own bucket
     r = httpx.post(gw.url + "/v1/tools/echo/call", json={"arguments": {}}, headers=k2, timeout=5)
     assert r.status_code == 200
+
+
+def test_rate_limit_spares_probes_the_scraper_and_the_control_routes(upstream, gateway) -> None:
+    """Before: once a caller's bucket was empty, its /metrics scrape, its health probes and an
+    operator's profile change from the same key were 429s too."""
+    up = upstream("a")
+    tools = [
+        proxy_tool("echo", up.url),
+        proxy_tool("sandbox", up.url, kind="sandbox"),
+        proxy_tool("search", up.url, kind="search"),
+    ]
+    gw = gateway(tools, api_keys=[KEY], rate_limit_per_s=0.001, rate_limit_burst=1)
+    good = {"Authorization": f"Bearer {KEY}"}
+    call = {"json": {"arguments": {}}, "headers": good, "timeout": 5}
+    assert httpx.post(gw.url + "/v1/tools/echo/call", **call).status_code == 200
+    assert httpx.post(gw.url + "/v1/tools/echo/call", **call).status_code == 429  # bucket empty
+    for method, path in [
+        ("GET", "/metrics"), ("GET", "/healthz"), ("HEAD", "/readyz"), ("GET", "/v1/tools"),
+        ("GET", "/v1/ping"), ("GET", "/v1/sandbox/status"), ("GET", "/v1/languages"),
+        ("GET", "/v1/emulators/search/profile"), ("PUT", "/v1/emulators/search/profile"),
+    ]:  # fmt: skip
+        r = httpx.request(method, gw.url + path, headers=good, timeout=5, json={})
+        assert r.status_code != 429, (path, r.text)
+    assert httpx.get(gw.url + "/metrics", timeout=5).status_code == 401  # the key still applies
+    assert httpx.post(gw.url + "/retrieve", **call).status_code == 429  # tool calls stay metered
+    assert httpx.get(gw.url + "/openapi.json", headers=good, timeout=5).status_code == 429
+
+
+def test_every_operational_and_control_route_is_unmetered() -> None:
+    """A route added to the ops or control set must be added to the rate limit's exemptions."""
+    ops = {r.path for r in router.routes if "ops" in getattr(r, "tags", [])}
+    control = {r.path for r in control_router.routes}
+    expanded = {p.replace("{name}", kind) for p in control for kind in EMULATED_KINDS}
+    assert ops | expanded <= UNMETERED_PATHS
