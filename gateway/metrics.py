@@ -29,7 +29,7 @@ OUTCOMES = ("ok", "error", "timeout", "rejected", "unavailable", "upstream_faile
 # (name, help) of each per-tool histogram, in `ToolMetrics.histograms()` order
 HISTOGRAMS = (
     ("toolenv_gateway_queue_wait_seconds", "Time a call waited for a concurrency slot."),
-    ("toolenv_gateway_upstream_seconds", "Time from sending to the upstream to its answer (winning attempt)."),
+    ("toolenv_gateway_upstream_seconds", "Time from sending to an upstream to its answer, per attempt that answered (a hedge's or a retry's own; an attempt that failed or was cancelled is not counted)."),
     ("toolenv_gateway_injected_delay_seconds", "Delay the emulators report injecting (X-Toolenv-Injected-Delay-Ms)."),
     ("toolenv_gateway_call_seconds", "Whole call as the caller sees it (queue + upstream + gateway)."),
 )  # fmt: skip
@@ -128,7 +128,10 @@ class _CallsCollector(Collector):
             "toolenv_gateway_hedged", "Hedge attempts sent.", labels=["tool"]
         )
         retried = CounterMetricFamily(
-            "toolenv_gateway_retried", "Retries after a connection error.", labels=["tool"]
+            "toolenv_gateway_retried",
+            "Retries after a connection error, or (idempotent tools) after a call broken "
+            "mid-request.",
+            labels=["tool"],
         )
         for tool, metrics in self.tools.items():
             for outcome, counter in metrics.outcomes.items():

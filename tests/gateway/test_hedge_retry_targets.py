@@ -49,7 +49,18 @@ def test_a_retry_goes_to_an_upstream_the_call_has_not_used(upstream, gateway) ->
     r = httpx.post(f"{gw.url}/v1/tools/r/call", json={"arguments": {"die": True}}, timeout=30)
     assert r.status_code == 502 and r.json()["status"] == "upstream_failed", r.text
     assert [u.proc.wait(timeout=5) for u in ups] == [17, 17, 17]
-    assert metric_value(gw.metrics_text(), "toolenv_gateway_retried_total", tool="r") == 2
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_retried_total", tool="r") == 2
+    # no attempt answered: none is in the upstream histogram (its help said "winning attempt",
+    # and the retries' help "after a connection error" only, while these were broken calls)
+    assert metric_value(text, "toolenv_gateway_upstream_seconds_count", tool="r") == 0
+    helps = dict(
+        line[len("# HELP ") :].split(" ", 1)
+        for line in text.splitlines()
+        if line.startswith("# HELP ")
+    )
+    assert "broken mid-request" in helps["toolenv_gateway_retried_total"]
+    assert "per attempt that answered" in helps["toolenv_gateway_upstream_seconds"]
 
 
 def test_a_hedged_call_teaches_the_window_its_own_latency(upstream, gateway) -> None:
