@@ -30,6 +30,7 @@ from .upstream import (
     UpstreamBroken,
     UpstreamConnectError,
     UpstreamReply,
+    UpstreamTooLarge,
     pick,
     pick_another,
 )
@@ -221,6 +222,10 @@ class ToolRuntime:
                 error=f"tool {self.name!r} is unavailable: no upstream reachable ({exc})",
                 queue_wait_s=queue_wait,
             )
+        except UpstreamTooLarge as exc:
+            return Outcome(
+                "upstream_failed", error=f"tool {self.name!r}: {exc}", queue_wait_s=queue_wait
+            )
         except UpstreamBroken as exc:
             return Outcome(
                 "upstream_failed",
@@ -345,6 +350,8 @@ class ToolRuntime:
                 policy = self.config.retry
                 if isinstance(exc, UpstreamBroken) and not self.config.is_idempotent:
                     raise
+                if isinstance(exc, UpstreamTooLarge):
+                    raise  # another upstream would answer the same call as large
                 if at_deadline or not (policy.enabled and attempt < policy.max_attempts):
                     if attempt > 1:
                         raise type(exc)(f"{exc}; {attempt} attempts made") from exc

@@ -275,6 +275,13 @@ class GatewaySettings(FrontDoorSettings):
     upstream_pool_size: Integer = Field(
         default=1024, ge=1, description="idle connections kept per upstream"
     )
+    upstream_max_body_bytes: Integer = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="largest upstream answer body taken in (proxy mode); past it the call is a "
+        "502 and the connection is closed, the rest unread. Ample: sandboxd's largest answer is four "
+        "16 MiB output streams (its max_output_bytes)",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -67,6 +67,7 @@ class ToolSet:
                 self.settings.upstream_connect_timeout_s,
                 self.settings.upstream_keepalive_s,
                 self.settings.upstream_pool_size,
+                self.settings.upstream_max_body_bytes,
             )
         ref = tool.mount
         if ref not in self.embedded:

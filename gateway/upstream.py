@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from toolenv_core import headers as h
-from toolenv_core.http1 import KEPT_HEADERS, ConnectFailed, ConnectionBroken, Pool
+from toolenv_core.http1 import (
+    KEPT_HEADERS,
+    NO_LIMIT,
+    ConnectFailed,
+    ConnectionBroken,
+    Pool,
+    ResponseTooLarge,
+)
 
 from .asgi import ASGIApp, Lifespan, call_asgi
 from .settings import ToolConfig
@@ -37,6 +44,11 @@ class UpstreamConnectError(Exception):
 
 class UpstreamBroken(Exception):
     """The upstream took the request and then failed it at the transport level (e.g. died)."""
+
+
+class UpstreamTooLarge(UpstreamBroken):
+    """The upstream's answer grew past `upstream_max_body_bytes`: cut there, never retried (the
+    same call would bring the same answer)."""
 
 
 @dataclass(slots=True)
@@ -204,13 +216,20 @@ class RemoteBackend:
     """A tool served by one or more upstream URLs (one keep-alive pool each)."""
 
     def __init__(
-        self, tool: ToolConfig, connect_timeout_s: float, keepalive_s: float, max_idle: int = 1024
+        self,
+        tool: ToolConfig,
+        connect_timeout_s: float,
+        keepalive_s: float,
+        max_idle: int = 1024,
+        max_body_bytes: int = NO_LIMIT,
     ) -> None:
         self.tool = tool
         self.endpoints = [
             Endpoint(
                 label=url,
-                pool=Pool(url, connect_timeout_s, keepalive_s, max_idle, _KEPT_HEADERS),
+                pool=Pool(
+                    url, connect_timeout_s, keepalive_s, max_idle, _KEPT_HEADERS, max_body_bytes
+                ),
             )
             for url in tool.upstreams
         ]
@@ -278,6 +297,12 @@ class RemoteBackend:
         except ConnectFailed as exc:
             endpoint.healthy, endpoint.last_error = False, str(exc)
             raise UpstreamConnectError(f"{endpoint.label}: {exc}") from exc
+        except ResponseTooLarge as exc:
+            raise UpstreamTooLarge(
+                f"{endpoint.label} answered more than upstream_max_body_bytes ({exc.limit} "
+                "bytes): the connection was closed there, the rest not read (raise the setting "
+                "if such answers are legitimate)"
+            ) from exc
         except (ConnectionBroken, OSError) as exc:
             raise UpstreamBroken(f"{endpoint.label}: {_describe(exc)}") from exc
         return UpstreamReply(resp.status, resp.body, resp.headers, endpoint.label)

@@ -242,6 +242,15 @@ class ConnectionBroken(Exception):
         self.unsent = unsent  # closed before the request was written: safe to send anywhere
 
 
+class ResponseTooLarge(ConnectionBroken):
+    """The answer's body grew past the pool's `max_body_bytes`: the connection was closed there,
+    the rest of it never read (a misbehaving upstream cannot grow the caller's memory)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"answered more than {limit} bytes (the rest was not read)", False)
+        self.limit = limit
+
+
 class Response:
     __slots__ = ("status", "headers", "body")
 
@@ -251,15 +260,23 @@ class Response:
         self.body = body
 
 
-class _PoolConnection(BodyConnection):
+class _PoolConnection(Connection):
     __slots__ = ("waiter", "idle_since", "loop")
+    owner: Pool  # the pool that opened it
 
-    def __init__(self, owner: Owner, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, owner: Pool, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(owner)
         self.waiter: asyncio.Future[Response] | None = None
         self.idle_since = 0.0
         # the loop it lives on, kept: `asyncio.get_running_loop()` costs a getpid() per call
         self.loop = loop
+
+    def on_body(self, body: bytes) -> None:
+        # The whole body is kept, up to the pool's limit (one compare per chunk, as
+        # BodyConnection's cut makes): past it the request fails and the connection is closed.
+        self.body += body
+        if len(self.body) > self.owner.body_limit:
+            self.owner._too_large(self)
 
 
 _BROKEN = {
@@ -275,7 +292,9 @@ class Pool:
     """Keep-alive connections to one upstream (`http://host:port[/path]`: the path goes before
     every request's), one awaited request each.
 
-    Response headers named in `kept_headers` (lower-case) are returned; others are skipped.
+    Response headers named in `kept_headers` (lower-case) are returned; others are skipped. An
+    answer whose body grows past `max_body_bytes` fails the request with `ResponseTooLarge`, its
+    connection closed at once.
     """
 
     def __init__(
@@ -285,6 +304,7 @@ class Pool:
         keepalive_s: float,
         max_idle: int = 256,
         kept_headers: tuple[str, ...] = KEPT_HEADERS,
+        max_body_bytes: int = NO_LIMIT,
     ) -> None:
         endpoint = Endpoint.parse(base_url)
         # `http://host/tools/x` serves under /tools/x: its path goes before every request's
@@ -296,7 +316,7 @@ class Pool:
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle
         self.capture = {h.encode("latin-1"): h for h in kept_headers}
-        self.body_limit = NO_LIMIT
+        self.body_limit = max_body_bytes
         self._idle: deque[_PoolConnection] = deque()
 
     async def request(
@@ -391,6 +411,13 @@ class Pool:
         if waiter is not None:
             reason = _BROKEN.get(error, ERROR_KINDS[error])
             waiter.set_exception(ConnectionBroken(reason, not conn.got_bytes))
+
+    def _too_large(self, conn: _PoolConnection) -> None:
+        waiter = self._settle(conn)
+        conn.abort()  # read no further: the rest of the answer is never taken in
+        conn.body = bytearray()
+        if waiter is not None:
+            waiter.set_exception(ResponseTooLarge(self.body_limit))
 
     def _retry(self, conn: Connection) -> None:
         waiter = self._settle(conn)

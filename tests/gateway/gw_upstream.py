@@ -4,7 +4,9 @@ Raw ASGI under uvicorn. Any POST echoes what it got; the JSON body steers the be
 `{"sleep_s": 2}` answers after 2 s (or notices the caller hanging up first; with
 `"sleep_on": NAME` only that upstream sleeps), `{"status": 500}` answers that status (with
 `"retry_after": 7`, that Retry-After too; `{"busy_first": 2}` answers 429 to this upstream's
-first two calls, then as asked), `{"die": true}` kills the whole process mid-request.
+first two calls, then as asked), `{"die": true}` kills the whole process mid-request,
+`{"answer_bytes": N}` adds N bytes to the answer, as its `pad` (`"chunked": true` sends the
+answer without a Content-Length).
 `GET /stats` says how many requests started, finished, and were abandoned by the caller (the
 connection closed while the upstream was still working: what a gateway deadline must cause).
 
@@ -96,6 +98,8 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
             "content_type": headers.get("content-type"),
             "call_context": {k: headers.get(k) for k in ("x-trajectory-id", "x-step", "x-turn")},
         }
+        if body.get("answer_bytes"):
+            payload["pad"] = "x" * int(body["answer_bytes"])
         extra = [(b"x-toolenv-injected-delay-ms", str(sleep_s * 1000).encode())]
         if body.get("retry_after") is not None:  # with {"status": 429}: a tool's own backpressure
             extra.append((b"retry-after", str(body["retry_after"]).encode()))

@@ -209,7 +209,9 @@ def test_docs_work_without_a_cdn(gateway) -> None:
 @pytest.mark.parametrize(
     ("doc", "pattern", "value"),
     [
-        ("docs/gateway.md", r"max_body_bytes: (\d+)", GatewaySettings().max_body_bytes),
+        ("docs/gateway.md", r"(?<!_)max_body_bytes: (\d+)", GatewaySettings().max_body_bytes),
+        ("docs/gateway.md", r"upstream_max_body_bytes: (\d+)",
+         GatewaySettings().upstream_max_body_bytes),
         ("docs/sandboxd.md", r"`max_body_bytes` \((\d+) MiB\)",
          SandboxSettings().max_body_bytes // (1024 * 1024)),
     ],
