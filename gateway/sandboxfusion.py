@@ -78,7 +78,7 @@ def reserve_s(budget_ms: float) -> float:
 def timeout_answer(path: str, body: Any, outcome: Outcome) -> dict[str, Any]:
     """The route's own answer for a call whose deadline expired in the gateway (HTTP 200)."""
     message = (
-        f"the caller's deadline ({outcome.deadline_ms:.0f} ms) expired at the gateway: "
+        f"the caller's deadline ({outcome.deadline_ms:.15g} ms) expired at the gateway: "
         f"{outcome.error}"
     )
     if path == "/run_code":

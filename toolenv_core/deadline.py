@@ -128,7 +128,9 @@ class DeadlinePolicy:
             seconds = self.default_s
             if seconds is None:
                 return None
-        return seconds if self.max_s is None or seconds <= self.max_s else self.max_s
+        if self.max_s is not None and seconds > self.max_s:
+            return self.max_s
+        return seconds + 0.0  # a "-0" sent is 0 (-0.0 was told back as `"deadline_ms": -0.0`)
 
     def deadline(self, header_value: str | None, body_ms: float | None = None) -> Deadline:
         seconds = self.budget_s(header_value, body_ms)

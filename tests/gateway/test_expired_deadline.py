@@ -41,3 +41,20 @@ def test_an_expired_deadline_is_answered_without_calling_the_tool(upstream, gate
     # never admitted, as a call whose deadline ran out in the queue: no slot, no queue wait
     assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="echo") == 1
     assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="sandbox") == 0
+
+
+def test_an_expired_deadline_is_told_back_as_it_was_sent(upstream, gateway) -> None:
+    """Before: `-0` came back as `"deadline_ms": -0.0`, and the sandbox route's message rounded
+    a deadline to whole milliseconds (0.5 ms read "the caller's deadline (0 ms)")."""
+    up = upstream("echo")
+    gw = gateway([proxy_tool("echo", up.url), proxy_tool("sandbox", up.url, kind="sandbox")])
+    for body, headers in [
+        ({"arguments": {}}, {"X-Toolenv-Deadline-Ms": "-0"}),
+        ({"arguments": {}, "deadline_ms": -0.0}, {}),
+    ]:
+        r = httpx.post(gw.url + "/v1/tools/echo/call", json=body, headers=headers, timeout=10)
+        assert r.status_code == 504 and '"deadline_ms": 0.0' in r.text, r.text
+    r = httpx.post(gw.url + "/run_code", json={"code": "print(1)"}, timeout=10,
+                   headers={"X-Toolenv-Deadline-Ms": "0.5"})  # fmt: skip
+    assert "the caller's deadline (0.5 ms) expired" in r.json()["message"], r.text
+    assert up.stats()["started"] == 0
