@@ -16,7 +16,7 @@ from typing import Any
 from toolenv_core import headers as h
 from toolenv_core.deadline import Deadline
 
-from .dispatch import Outcome, ToolRuntime, UpstreamCall
+from .dispatch import Outcome, ToolRuntime, UpstreamCall, cancelled_kind
 from .trace import TraceWriter
 
 log = logging.getLogger("toolenv.gateway")
@@ -113,9 +113,9 @@ async def run_call(
     started = time.perf_counter()
     try:
         outcome = await runtime.call(call, deadline_ms)
-    except asyncio.CancelledError:  # the caller hung up: still a call, captured and logged
-        elapsed = time.perf_counter() - started
-        gone = Outcome("caller_gone", elapsed_s=elapsed, deadline_ms=deadline_ms)
+    except asyncio.CancelledError:  # the caller hung up (or the shutdown cut it): still a call,
+        elapsed = time.perf_counter() - started  # captured and logged
+        gone = Outcome(cancelled_kind(), elapsed_s=elapsed, deadline_ms=deadline_ms)
         _capture(ctx, runtime, gone)
         _log(ctx, runtime, gone)
         raise

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from toolenv_core.admission import Admission, Rejected
 from toolenv_core.deadline import HEADER_RESOLUTION_S, Deadline, DeadlinePolicy, header_value_at
+from toolenv_core.disconnect import caller_left
 from toolenv_core.headers import DEADLINE as DEADLINE_HEADER
 
 from .metrics import GatewayMetrics
@@ -68,12 +69,19 @@ class Outcome:
     """How a call ended, as the routes need it to answer."""
 
     kind: str  # ok | error | timeout | rejected | unavailable | upstream_failed | caller_gone
+    # | cut_by_shutdown (`cancelled_kind`)
     reply: UpstreamReply | None = None
     error: str | None = None
     elapsed_s: float = 0.0
     queue_wait_s: float = 0.0
     retry_after: str | None = None
     deadline_ms: float | None = None
+
+
+def cancelled_kind() -> str:
+    """The outcome of a call whose task was cancelled: its caller hung up (`caller_gone`), or the
+    server cut it (`cut_by_shutdown`: uvicorn, once shutdown_grace_s ran out; answered 503)."""
+    return "caller_gone" if caller_left() else "cut_by_shutdown"
 
 
 class Expiry:
@@ -151,9 +159,9 @@ class ToolRuntime:
         started = time.perf_counter()
         try:
             outcome = await self._call(call, started)
-        except asyncio.CancelledError:  # the caller hung up: its call ended unanswered
+        except asyncio.CancelledError:  # the caller hung up, or the server's shutdown cut it
             self.m.total.observe(time.perf_counter() - started)  # a call like any other
-            self.m.outcomes["caller_gone"].inc()
+            self.m.outcomes[cancelled_kind()].inc()
             raise
         outcome.elapsed_s = time.perf_counter() - started
         outcome.deadline_ms = deadline_ms

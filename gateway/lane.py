@@ -27,6 +27,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from toolenv_core.disconnect import cancel_for_caller
+
 from .calls import CallContext
 from .guard import REQUEST_ID_KEY, Verdict
 from .passthrough import HotCall, cut_answer, hot_call, serve
@@ -148,7 +150,7 @@ class LaneProtocol(HttpToolsProtocol):
         lane = self.cycle
         super().connection_lost(exc)
         if isinstance(lane, LaneCycle) and lane.task is not None and not lane.response_complete:
-            lane.task.cancel()
+            cancel_for_caller(lane.task)
 
     # -- keep-alive: one timer per idle spell, not one armed and cancelled per request
     def _unset_keepalive_if_required(self) -> None:

@@ -24,7 +24,10 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 
-OUTCOMES = ("ok", "error", "timeout", "rejected", "unavailable", "upstream_failed", "caller_gone")
+OUTCOMES = (
+    "ok", "error", "timeout", "rejected", "unavailable", "upstream_failed", "caller_gone",
+    "cut_by_shutdown",
+)  # fmt: skip
 
 # (name, help) of each per-tool histogram, in `ToolMetrics.histograms()` order
 HISTOGRAMS = (
@@ -35,7 +38,8 @@ HISTOGRAMS = (
 )  # fmt: skip
 CALLS_HELP = (
     "Calls by outcome: ok, error (upstream answered an error), timeout, rejected (429), "
-    "unavailable (503), upstream_failed (502), caller_gone (the caller hung up first)."
+    "unavailable (503), upstream_failed (502), caller_gone (the caller hung up first), "
+    "cut_by_shutdown (still running when the shutdown grace ran out: 503)."
 )
 
 

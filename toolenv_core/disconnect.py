@@ -9,15 +9,31 @@ cancels the request's task; the work unwinds as any cancelled call does.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 
+# Request tasks cancelled because their client left (by `cancel_for_caller`): any other
+# cancellation of a request (uvicorn's at the end of its shutdown grace) is the server's.
+_LEFT_BY_CALLER: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
 
 class ClientGone(Exception):
     """The client disconnected before its answer: no one is left to read it."""
+
+
+def cancel_for_caller(task: asyncio.Task[Any]) -> None:
+    """Cancel a request's task because its client left, marked so (`caller_left`)."""
+    _LEFT_BY_CALLER.add(task)
+    task.cancel()
+
+
+def caller_left() -> bool:
+    """Whether the running task's cancellation is its client's leaving (not the server's)."""
+    return asyncio.current_task() in _LEFT_BY_CALLER
 
 
 async def unless_disconnected(work: Awaitable[T], receive: Receive, *, watch_after_s: float) -> T:
@@ -36,7 +52,7 @@ async def unless_disconnected(work: Awaitable[T], receive: Receive, *, watch_aft
         nonlocal gone
         if (await receive())["type"] == "http.disconnect":
             gone = True
-            task.cancel()
+            cancel_for_caller(task)
 
     def arm() -> None:
         nonlocal watcher

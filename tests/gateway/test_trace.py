@@ -394,3 +394,48 @@ def test_a_call_whose_caller_hung_up_is_captured_too(upstream, gateway, tmp_path
         ("gone", 2, 1, "caller_gone"),
     ]
     assert all(0.25 <= r.latency_s < 5 and r.response_bytes == 0 for r in records), records
+
+
+def test_a_call_cut_by_the_shutdown_is_labelled_so_not_as_its_caller_gone(
+    upstream, gateway, tmp_path, caplog
+) -> None:
+    """Before: a call still running when the shutdown grace ran out (answered 503) was counted,
+    captured and logged as `caller_gone`, though its caller was still waiting for it; on the
+    lane (a Content-Length body) and on the ordinary path (a chunked body) alike."""
+    caplog.set_level(logging.INFO, logger="toolenv.gateway")
+    up = upstream("slow")
+    capture = tmp_path / "capture.jsonl"
+    gw = gateway([proxy_tool("search", up.url, kind="search")], trace_path=str(capture))
+    body = json.dumps({"arguments": {"sleep_s": 30}}).encode()
+    answers: dict[str, httpx.Response | Exception] = {}
+
+    def send(turn: int, content: object) -> None:
+        try:
+            answers[str(turn)] = httpx.post(
+                gw.url + "/v1/tools/search/call", content=content, timeout=30,
+                headers={"content-type": "application/json", "X-Trajectory-Id": "cut",
+                         "X-Turn": str(turn)},
+            )  # fmt: skip
+        except httpx.HTTPError as exc:
+            answers[str(turn)] = exc
+
+    threads = [
+        threading.Thread(target=send, args=(0, body)),  # the lane
+        threading.Thread(target=send, args=(1, iter([body]))),  # chunked: the ordinary path
+    ]
+    for thread in threads:
+        thread.start()
+    for _ in range(100):  # both calls are at the upstream
+        if up.stats()["started"] == 2:
+            break
+        time.sleep(0.05)
+    gw.stop()  # the test server's grace is 2 s: both calls are cut then
+    for thread in threads:
+        thread.join(timeout=10)
+    assert all(isinstance(r, httpx.Response) and r.status_code == 503 for r in answers.values())
+    outcomes = gw.toolset.tools["search"].m.outcomes
+    assert (outcomes["cut_by_shutdown"].value, outcomes["caller_gone"].value) == (2, 0)
+    records = sorted(read_captured_calls(capture), key=lambda r: r.turn)
+    assert [(r.turn, r.status) for r in records] == [(0, "cut_by_shutdown"), (1, "cut_by_shutdown")]
+    logged = [getattr(r, "outcome", None) for r in caplog.records if r.getMessage() == "tool call"]
+    assert logged == ["cut_by_shutdown", "cut_by_shutdown"], logged
