@@ -14,7 +14,8 @@ Two owners drive the same `Connection`:
 
 Scope: plain `http://` only, one request at a time per connection (no pipelining), keep-alive
 unless the server says `Connection: close`. Content-Length, chunked and read-until-close bodies
-are all parsed. A request written into a kept-alive connection that turns out to be closed,
+are all parsed (a `Pool` keeps a body up to its `max_body_bytes` and closes the connection past
+it). A request written into a kept-alive connection that turns out to be closed,
 before any answer byte, is the owner's to send again once on a fresh connection (the server
 closed it while idle, so it never read the request), as browsers and httpx do; `Pool.request`
 with `resend=False` does not (the same silence is what an upstream that read the request and died
@@ -96,7 +97,8 @@ class Owner(Protocol):
     """What a `Connection` reports to: the pool that sent the request on it."""
 
     capture: Mapping[bytes, str]  # lower-cased header name -> key to store its value under
-    body_limit: int  # bytes of each response body kept (by `BodyConnection` only)
+    body_limit: int  # bytes of each response body kept (`BodyConnection` cuts there; a `Pool`
+    # fails the request past it, `ResponseTooLarge`)
 
     def _complete(self, conn: Connection, keep_alive: bool) -> None: ...
 
