@@ -31,7 +31,7 @@ from rich.table import Table
 
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
-from toolenv_core.polytrace.cache import TracesSettings
+from toolenv_core.polytrace.cache import TracesSettings, cache_dir_problem
 from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached, source_problem
 from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
 
@@ -80,6 +80,15 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _cache_dir(settings: TracesSettings) -> Path:
+    """The cache directory in force; one that is a file is bad input (exit 2)."""
+    cache_dir = Path(settings.cache_dir).expanduser()
+    problem = cache_dir_problem(cache_dir)
+    if problem:
+        raise _fail(f"the trace cache {cache_dir} {problem} (--dest or TOOLENV_TRACES_CACHE_DIR)")
+    return cache_dir
+
+
 def _settings(dest: Path | None, source: str | None) -> TracesSettings:
     overrides = {"cache_dir": dest, "source": source}
     try:
@@ -124,7 +133,7 @@ def fetch_command(
     problem = source_problem(where) if where else None
     if problem:
         raise _fail(f"--from {where}: {problem}")
-    cache_dir = Path(settings.cache_dir).expanduser()
+    cache_dir = _cache_dir(settings)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=cache_dir).close()  # writable: else every file fails alike
@@ -212,7 +221,7 @@ def list_command(
 ) -> None:
     """The published files, their sizes, and whether the cache holds a verified copy."""
     entries = _select(names)
-    cache_dir = Path(_settings(dest, None).cache_dir).expanduser()
+    cache_dir = _cache_dir(_settings(dest, None))
     rows = [
         {"name": e.name, "bytes": e.bytes, "cached": is_cached(e, cache_dir / e.name)}
         for e in entries

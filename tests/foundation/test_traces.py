@@ -339,3 +339,25 @@ def test_a_fetch_ended_by_sigterm_leaves_no_part_file(polytrace_dir: Path, tmp_p
     assert fetch.returncode == -signal.SIGTERM, err
     assert [p for p in cache.rglob("*") if p.is_file()] == []  # nor any empty intern_s1/
     assert list(cache.iterdir()) == []
+
+
+def test_a_cache_path_that_is_a_file_is_bad_input(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`traces list --dest FILE` showed every file as not cached (exit 0), `fetch` said
+    "cannot write to the cache directory FILE: [Errno 17] File exists", a cache under a file
+    "[Errno 20] Not a directory"; the commands that read traces said only "not in the cache"."""
+    file = tmp_path / "cache.txt"
+    file.write_text("not a directory")
+    said = f"error: the trace cache {file} is a file, not a directory"
+    for command in (["list", "intern_s1"], ["fetch", "intern_s1", "--from", str(polytrace_dir)]):
+        done = traces(*command, "--dest", str(file))
+        assert done.exit_code == 2, (done.output, done.exception)
+        assert done.stderr == f"{said} (--dest or TOOLENV_TRACES_CACHE_DIR)\n"
+        below = traces(*command, cache=file / "polytrace")
+        assert below.exit_code == 2, (below.output, below.exception)
+        assert below.stderr.startswith(
+            f"error: the trace cache {file / 'polytrace'} is under {file}, a file "
+        )
+    assert file.read_text() == "not a directory"
+    done = toolenv("emulators", "fit", "search_r1", cache=file)
+    assert done.exit_code == 2
+    assert f"nor in the trace cache {file}, which is a file, not a directory;" in done.stderr

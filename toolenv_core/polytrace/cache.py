@@ -49,6 +49,17 @@ def trace_cache_dir() -> Path:
     return Path(TracesSettings.load().cache_dir).expanduser()
 
 
+def cache_dir_problem(root: Path) -> str | None:
+    """Why `root` cannot be the trace cache, as `is ...`, or None: it (or a path above it) is a
+    file. `traces list --dest FILE` showed every file as not cached, `fetch` said "File exists"."""
+    for path in (root, *root.parents):
+        if path.exists():
+            if path.is_dir():
+                return None
+            return "is a file, not a directory" if path == root else f"is under {path}, a file"
+    return None
+
+
 def resolve_trace(path: str | Path, cache_dir: Path | None = None) -> Path:
     """The file or directory a trace argument names: as given when it exists, else in the cache."""
     p = Path(path).expanduser()
@@ -71,11 +82,13 @@ def resolve_trace(path: str | Path, cache_dir: Path | None = None) -> Path:
 def missing_trace_error(path: str | Path, cache_dir: Path | None = None) -> TraceFormatError:
     """A trace that is neither on disk nor in the cache: say where we looked and how to fetch."""
     root = cache_dir if cache_dir is not None else trace_cache_dir()
+    problem = cache_dir_problem(root)
+    which = f", which {problem}" if problem else ""
     return TraceFormatError(
         path,
         0,
         "",
-        f"no such file or directory (nor in the trace cache {root}; "
+        f"no such file or directory (nor in the trace cache {root}{which}; "
         "`toolenv traces fetch` downloads the published PolyTrace files there)",
     )
 
