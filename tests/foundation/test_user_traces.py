@@ -137,6 +137,22 @@ def test_an_empty_trace_file_is_named(records: list[dict], tmp_path: Path, text:
     assert one_line_error(*run, "--trace", str(empty)) == f"error: {empty}: holds no trajectories"
 
 
+@pytest.mark.parametrize("text", ["", "\n  \n\n"])
+def test_an_empty_reward_trace_is_named(
+    records: list[dict], polytrace_dir: Path, tmp_path: Path, text: str
+) -> None:
+    """`rollout study --reward-trace EMPTY` said "no reward timings in --reward-trace" without
+    naming the file (an empty `--trace` is named); beside another reward trace it was read as
+    nothing."""
+    empty = tmp_path / "reward_timings_step_9.jsonl"
+    empty.write_text(text)
+    good = polytrace_dir / "rllm_deepcoder" / "reward_timings_step_0.jsonl"
+    study = commands(write(tmp_path / "good.jsonl", records), tmp_path)[2]
+    for rewards in ([empty], [good, empty]):
+        given = [arg for path in rewards for arg in ("--reward-trace", str(path))]
+        assert one_line_error(*study, *given) == f"error: {empty}: holds no reward timings"
+
+
 def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(
     records: list[dict], tmp_path: Path
 ) -> None:

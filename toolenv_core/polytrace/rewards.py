@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import TraceFormatError
 from .kinds import read_kind
 
 
@@ -26,5 +27,13 @@ class RewardTimingRecord(BaseModel):
 
 
 def read_reward_timings(path: str | Path) -> Iterator[RewardTimingRecord]:
-    """Stream one reward-timings file, in file order."""
-    return read_kind(path, RewardTimingRecord, "reward_timings")
+    """Stream one reward-timings file, in file order; one that holds none (empty, or blank lines)
+    raises `TraceFormatError` naming it, as `read_multiturn` does (`rollout study
+    --reward-trace` said "no reward timings in --reward-trace" without the file, or, beside
+    another reward trace, read it as nothing)."""
+    empty = True
+    for record in read_kind(path, RewardTimingRecord, "reward_timings"):
+        empty = False
+        yield record
+    if empty:
+        raise TraceFormatError(path, 0, "", "holds no reward timings")
