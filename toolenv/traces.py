@@ -89,8 +89,10 @@ def _cache_dir(settings: TracesSettings) -> Path:
     return cache_dir
 
 
-def _settings(dest: Path | None, source: str | None) -> TracesSettings:
-    overrides = {"cache_dir": dest, "source": source}
+def _settings(
+    dest: Path | None, source: str | None, timeout: float | None = None
+) -> TracesSettings:
+    overrides = {"cache_dir": dest, "source": source, "timeout_s": timeout}
     try:
         return TracesSettings.load(None, **{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:  # the config file or a TOOLENV_TRACES_* variable
@@ -124,11 +126,21 @@ def fetch_command(
     force: Annotated[
         bool, typer.Option("--force", help="Download again even when the cached copy verifies.")
     ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="Seconds a URL source may send nothing before it is given up on, the files not "
+            "yet fetched from it not tried (default: TOOLENV_TRACES_TIMEOUT_S or 60).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Download the published PolyTrace files, verify size and sha256, keep them in the cache."""
     entries = _select(names)
-    settings = _settings(dest, source)
+    if timeout is not None and not timeout > 0:
+        raise _fail(f"--timeout {timeout:g}: give a number of seconds above 0")
+    settings = _settings(dest, source, timeout)
     where = settings.source
     problem = source_problem(where) if where else None
     if problem:
@@ -156,6 +168,7 @@ def fetch_command(
         cache_dir,
         where,
         progress=lambda entry, n: progress.update(total, advance=n, description=entry.name),
+        timeout_s=settings.timeout_s,
     )
     results: list[FetchResult] = []
     settled = 0  # bytes of the files already handled (a failed file's partial bytes drop out)
@@ -168,7 +181,7 @@ def fetch_command(
                 wanted = progress.tasks[0].total - (entry.bytes if result.status == "failed" else 0)
                 progress.update(total, completed=settled, total=wanted)
                 if result.unreachable:
-                    break  # the source does not answer: every other file would fail alike
+                    break  # refused, or silent past the timeout: every other file would fail alike
     finally:
         fetcher.close()
     failed = [r for r in results if r.status == "failed"]
@@ -205,7 +218,7 @@ def fetch_command(
         typer.echo(f"error: {r.error}", err=True)
     if not_tried:
         typer.echo(
-            f"error: {len(not_tried)} more file(s) not tried: the source does not answer", err=True
+            f"error: {len(not_tried)} more file(s) not tried: {results[-1].unreachable}", err=True
         )
     if failed:
         raise typer.Exit(1)

@@ -361,3 +361,51 @@ def test_a_cache_path_that_is_a_file_is_bad_input(polytrace_dir: Path, tmp_path:
     done = toolenv("emulators", "fit", "search_r1", cache=file)
     assert done.exit_code == 2
     assert f"nor in the trace cache {file}, which is a file, not a directory;" in done.stderr
+
+
+# Answers `/` (the readiness probe), then holds every other request without a byte of answer.
+HANGING_SERVER = """
+import http.server, sys, time
+class Hang(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/":
+            self.send_response(200)
+            self.end_headers()
+            return
+        time.sleep(120)
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Hang).serve_forever()
+"""
+
+
+def test_a_mirror_that_hangs_is_given_up_on_after_the_timeout(tmp_path: Path) -> None:
+    """A mirror that accepted the connection and sent nothing cost the 60 s read timeout for
+    every file, each failing alike (a refused connection stopped the rest at once); the wait was
+    no setting. Now `--timeout` (or TOOLENV_TRACES_TIMEOUT_S) bounds it, once: the files not yet
+    fetched from that source are not tried, and the errors say why."""
+    port = free_port()
+    argv = [sys.executable, "-c", HANGING_SERVER, str(port)]
+    server = ServerProcess(argv, f"http://127.0.0.1:{port}").start("/", timeout=30)
+    try:
+        done = traces("fetch", *SMALL, "--from", server.url, "--timeout", "0.5", "--json",
+                      cache=tmp_path)  # fmt: skip
+        by_env = CliRunner().invoke(
+            app,
+            ["traces", "fetch", "intern_s1", "--from", server.url, "--dest", str(tmp_path)],
+            env={"TOOLENV_TRACES_TIMEOUT_S": "0.25"},
+        )
+    finally:
+        server.stop()
+    assert done.exit_code == 1, (done.output, done.exception)
+    report = json.loads(done.stdout)
+    assert (report["failed"], len(report["not_tried"])) == (1, 5)
+    [failed] = report["files"]
+    assert failed["error"] == (
+        f"{failed['name']}: {server.url}/{failed['name']} sent nothing for 0.5 s "
+        "(--timeout or TOOLENV_TRACES_TIMEOUT_S sets it)"
+    )
+    assert "error: 5 more file(s) not tried: the source sent nothing for 0.5 s\n" in done.stderr
+    assert by_env.exit_code == 1 and "sent nothing for 0.25 s" in by_env.stderr
+    assert list(tmp_path.iterdir()) == []  # no part file, no empty directory
+    zero = traces("fetch", "intern_s1", "--timeout", "0", cache=tmp_path)
+    assert zero.exit_code == 2
+    assert zero.stderr == "error: --timeout 0: give a number of seconds above 0\n"

@@ -20,6 +20,7 @@ from pydantic_settings import SettingsConfigDict
 from toolenv_core.config import ServiceSettings
 
 from .errors import TraceFormatError
+from .fetch import TIMEOUT_S
 
 
 def default_cache_dir() -> Path:
@@ -41,6 +42,12 @@ class TracesSettings(ServiceSettings):
     source: str | None = Field(
         default=None,
         description="where fetch downloads from: a URL or a directory (default: the pinned upstream)",
+    )
+    timeout_s: float = Field(
+        default=TIMEOUT_S,
+        gt=0,
+        description="seconds a URL source may send nothing before fetch gives up on it "
+        "(the files not yet fetched from it are not tried)",
     )
 
 

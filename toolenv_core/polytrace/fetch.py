@@ -25,14 +25,19 @@ import httpx
 from .manifest import Manifest, ManifestEntry
 
 CHUNK = 1 << 16
+TIMEOUT_S = 60.0  # a source that sends nothing for this long is given up on
+CONNECT_TIMEOUT_S = 10.0
+TIMEOUT_HINT = "--timeout or TOOLENV_TRACES_TIMEOUT_S sets it"
 Progress = Callable[[ManifestEntry, int], None]  # (file, bytes just received)
 
 
 class FetchError(Exception):
     """One file could not be fetched or did not verify; the message names the file and why.
-    `unreachable`: the source itself did not answer, so the other files would fail alike."""
+    `unreachable`: why the source itself is given up on (it refused the connection, or sent
+    nothing within the timeout), so the other files would fail alike; empty when it may serve
+    them."""
 
-    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+    def __init__(self, message: str, *, unreachable: str = "") -> None:
         super().__init__(message)
         self.unreachable = unreachable
 
@@ -45,7 +50,7 @@ class FetchResult:
     bytes: int
     source: str = ""
     error: str = ""
-    unreachable: bool = False
+    unreachable: str = ""  # why the other files from this source are not worth trying
 
 
 def file_digest(path: Path) -> tuple[int, str]:
@@ -166,13 +171,15 @@ class Fetcher:
         *,
         client: httpx.Client | None = None,
         progress: Progress | None = None,
+        timeout_s: float = TIMEOUT_S,
     ) -> None:
         self.manifest = manifest
         self.dest = Path(dest)
         self.source = str(source) if source is not None else None
         self.progress = progress
         self.client = client or httpx.Client(
-            follow_redirects=True, timeout=httpx.Timeout(60.0, connect=10.0)
+            follow_redirects=True,
+            timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
         )
 
     def close(self) -> None:
@@ -239,8 +246,23 @@ class Fetcher:
                     raise FetchError(f"{entry.name}: HTTP {response.status_code} from {url}")
                 for chunk in response.iter_bytes(CHUNK):
                     sink.write(chunk, url)
+        except httpx.TimeoutException as exc:
+            # A source that hangs cost the full timeout for every file (a refused one stopped
+            # the rest at once): it is given up on alike, the remaining files not tried.
+            limits = self.client.timeout
+            said = (
+                f"did not accept a connection within {limits.connect:g} s"
+                if isinstance(exc, httpx.ConnectTimeout)
+                else f"sent nothing for {limits.read:g} s"
+            )
+            raise FetchError(
+                f"{entry.name}: {url} {said} ({TIMEOUT_HINT})",
+                unreachable=f"the source {said}",
+            ) from exc
         except httpx.TransportError as exc:
-            unreachable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            unreachable = (
+                "the source does not answer" if isinstance(exc, httpx.ConnectError) else ""
+            )
             raise FetchError(
                 f"{entry.name}: cannot download {url}: {exc}", unreachable=unreachable
             ) from exc
