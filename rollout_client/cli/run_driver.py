@@ -13,6 +13,7 @@ from toolenv_core.console import counted
 from ..policies import build_policy
 from ..session import build_live, build_plans, context_too_long, run_rollout, tool_profile_problems
 from ..settings import RolloutSettings
+from .common import repeat_notes
 
 LENGTH_HINT = (
     "lower --length-scale or cap the lengths with --max-prompt, --max-output, --max-append"
@@ -35,6 +36,10 @@ async def run_with_progress(
     if not plans:
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
     notes = []
+    if live is None and synthetic is None:
+        notes += repeat_notes(
+            traces, "multiturn", "--trace", "its trajectories are in the selection"
+        )
     if live is None:  # a live context grows by the tokens the engine makes, within its own limit
         error = context_too_long(plans, LENGTH_HINT)
         if error is not None:

@@ -18,7 +18,7 @@ from toolenv_core.polytrace import TraceFormatError
 from ..clock import VirtualTimeDeadlock
 from ..study import JobRunner, StudyPlan, load_inputs, run_here, run_study
 from ..study_report import markdown, write
-from .common import fail, one_line, out_dir_for_run
+from .common import fail, one_line, out_dir_for_run, repeat_notes
 
 
 def study(
@@ -98,8 +98,15 @@ def study(
     with out_dir_for_run(out):
         try:  # before the bar: an error written while it is live went into its line
             inputs = load_inputs(plan)
+            notes = repeat_notes(
+                plan.traces, "multiturn", "--trace", "its trajectories are in the selection"
+            ) + repeat_notes(
+                plan.reward_traces, "reward_timings", "--reward-trace", "its timings are counted"
+            )
         except (TraceFormatError, ValueError) as exc:
             fail(one_line(exc))
+        for note in notes:
+            typer.echo(note, err=True)
         with progress:
             task = progress.add_task("cells", total=total, last="")
 

@@ -153,6 +153,35 @@ def test_an_empty_reward_trace_is_named(
         assert one_line_error(*study, *given) == f"error: {empty}: holds no reward timings"
 
 
+def test_a_trace_given_twice_is_noted(
+    records: list[dict], polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """`--trace DIR --trace DIR/FILE` (or one file twice) replayed the file twice, silently, in
+    `rollout run` and `rollout study`; a repeated `--reward-trace` counted its timings twice. Each
+    is a note naming the file (a file given twice may be meant): the run goes on."""
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    good = write(folder / "multiturn_workload_step_0.jsonl", records)
+    reward = polytrace_dir / "rllm_deepcoder" / "reward_timings_step_0.jsonl"
+    run, _, study, _ = commands(good, tmp_path)
+    said = f"note: {good} is given twice (--trace): its trajectories are in the selection twice\n"
+    for command in (run, study):
+        result = CliRunner().invoke(app, [*command, "--trace", str(folder)])
+        assert result.exit_code == 0, (result.output, result.exception)
+        assert said in result.stderr, result.stderr
+        once = CliRunner().invoke(app, command)
+        assert once.exit_code == 0 and "is given" not in once.stderr
+    result = CliRunner().invoke(
+        app, [*study, "--reward-trace", str(reward), "--reward-trace", str(reward)]
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert (
+        f"note: {reward} is given twice (--reward-trace): its timings are counted twice\n"
+        in result.stderr
+    )
+    assert "--trace): " not in result.stderr  # the trace was given once
+
+
 def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(
     records: list[dict], tmp_path: Path
 ) -> None:

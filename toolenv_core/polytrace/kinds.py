@@ -202,6 +202,19 @@ def files_of_kind(paths: Iterable[str | Path], kind: str) -> list[Path]:
     return out
 
 
+def repeated(files: Iterable[Path]) -> list[tuple[Path, int]]:
+    """The files named more than once (a directory and a file in it, a path and its name in the
+    trace cache, a link), each as first named, with how many times: every reader reads a file
+    as often as it is given, which may be deliberate but is never said otherwise."""
+    first: dict[Path, Path] = {}
+    counts: dict[Path, int] = {}
+    for f in files:
+        real = f.resolve()
+        first.setdefault(real, f)
+        counts[real] = counts.get(real, 0) + 1
+    return [(first[real], n) for real, n in counts.items() if n > 1]
+
+
 def holdings(files: Iterable[Path]) -> str:
     """What a set of trace files holds, kind by kind, with who reads each kind."""
     found: dict[str, int] = {}
