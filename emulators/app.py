@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -15,9 +16,9 @@ from fastapi_offline import FastAPIOffline
 from toolenv_core import __version__
 from toolenv_core.bodylimit import BodyLimit
 from toolenv_core.heap import freeze_startup_objects
-from toolenv_core.latency.profile import Profile, load_profile
+from toolenv_core.latency.profile import ProfileError, load_profile
 
-from .base import ToolEmulator
+from .base import ProfileRejected, ToolEmulator
 from .fastpath import FastPathMiddleware
 from .profiles import packaged_profile_path
 from .profiles_router import build_profiles_router
@@ -27,21 +28,30 @@ from .search import SearchEmulator
 from .search import build_router as build_search_router
 from .settings import EmulatorSettings
 
+E = TypeVar("E", SearchEmulator, RewardEmulator)
 
-def _profile(inline: Profile | None, path, default: str) -> Profile:
-    if inline is not None:
-        return inline
-    return load_profile(path or packaged_profile_path(default))
+
+def _emulator(cls: type[E], settings: EmulatorSettings) -> E:
+    """One emulator with its configured (or shipped) profile. A profile it refuses (another
+    tool's, a trace replay whose files cannot be read) names where the profile came from: with
+    `--profile` and `--reward-profile` both given, "field 'tool': this is the 'search' emulator"
+    did not say which file was wrong."""
+    inline = getattr(settings, f"{cls.name}_profile")
+    path = getattr(settings, f"{cls.name}_profile_file") or packaged_profile_path(
+        f"{cls.name}_default"
+    )
+    profile = inline if inline is not None else load_profile(path)
+    try:
+        return cls(settings, profile)
+    except ProfileRejected as exc:
+        where = f"emulators.{cls.name}_profile" if inline is not None else str(path)
+        raise ProfileError(f"{where}: {exc}") from exc
 
 
 def build_emulators(settings: EmulatorSettings) -> dict[str, ToolEmulator]:
     """The emulated tools with their configured (or shipped) profiles; raises ProfileError."""
-    search = SearchEmulator(
-        settings, _profile(settings.search_profile, settings.search_profile_file, "search_default")
-    )
-    reward = RewardEmulator(
-        settings, _profile(settings.reward_profile, settings.reward_profile_file, "reward_default")
-    )
+    search = _emulator(SearchEmulator, settings)
+    reward = _emulator(RewardEmulator, settings)
     return {search.name: search, reward.name: reward}
 
 

@@ -614,3 +614,31 @@ def test_a_profile_option_wins_over_an_inline_profile_in_the_config(
     finally:
         server.stop()
     assert active["source"] == "the command line", active
+
+
+def test_a_profile_the_emulator_refuses_names_its_file(tmp_path: Path) -> None:
+    """With `--profile` and `--reward-profile` both given, a profile of the other tool (or a trace
+    replay whose file is missing) said "field 'tool': this is the 'reward' emulator, the profile
+    says 'search'" without naming the file, or the config setting, that was wrong."""
+    search = packaged_profile_path("search_default")
+    replay = tmp_path / "replay.yaml"
+    replay.write_text("tool: search\nmodel: {kind: trace, paths: [nowhere.jsonl], tool: search}\n")
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(
+        "emulators:\n  search_profile: {tool: reward, model: {kind: constant, value_s: 1}}\n"
+    )
+    for args, said in [
+        (["--profile", str(search), "--reward-profile", str(search)],
+         f"error: {search}: field 'tool': this is the 'reward' emulator, the profile says 'search'"),
+        (["--profile", str(replay)], f"error: {replay}: field 'model': nowhere.jsonl: "),
+        (["--config", str(config)],
+         "error: emulators.search_profile: field 'tool': this is the 'search' emulator, "
+         "the profile says 'reward'"),
+    ]:  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(free_port()),
+             *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.startswith(said) and out.stderr.count("\n") == 1, out.stderr
