@@ -452,3 +452,27 @@ def test_mixture_weights_near_the_float_maximum_still_mix() -> None:
     draws = [model.build().sample(np.random.default_rng(seed)) for seed in range(200)]
     assert 60 < draws.count(1.0) < 140 and draws.count(1.0) + draws.count(2.0) == 200
     assert model.cdf(np.array([1.5]))[0] == pytest.approx(0.5)
+
+
+def test_a_trace_given_for_a_profile_says_what_it_is(polytrace_dir, tmp_path) -> None:
+    """A PolyTrace file given to `--profile` or `emulators describe` said "does not parse:
+    expected '<document start>', but found '{'" (YAML's words for JSON lines) or, for one line
+    or the intern_s1 parameters, "field 'model': Field required"."""
+    step = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    one = tmp_path / "one.jsonl"
+    one.write_text(step.read_text().splitlines()[0] + "\n")
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    reward = polytrace_dir / "rllm_deepcoder" / "reward_timings_step_0.jsonl"
+    for path, looks in [
+        (step, "a multi-turn trace: `toolenv rollout run --trace` replays it"),
+        (one, "a multi-turn trace: "),
+        (params, "fitted intern_s1 parameters: `toolenv rollout run --synthetic` reads it"),
+        (reward, "reward timings: `toolenv emulators fit --tool reward` reads it"),
+    ]:
+        with pytest.raises(ProfileError) as info:
+            load_profile(path)
+        assert str(info.value).startswith(f"{path}: not a latency profile: it looks like {looks}")
+    broken = tmp_path / "broken.json"  # a JSON profile opens with a lone `{` line too
+    broken.write_text('{\n  "tool": "search",\n  "model": {"kind": "constant", "value_s": 1,}\n}\n')
+    with pytest.raises(ProfileError, match=r"broken.json: does not parse: Expecting property"):
+        load_profile(broken)

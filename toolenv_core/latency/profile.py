@@ -13,6 +13,7 @@ from toolenv_core.fields import Number
 
 from ..config import parse_error
 from ..errors import first_problem
+from ..polytrace.kinds import describe, kind_of_file, kind_of_record
 from .specs import LatencyModel
 
 
@@ -70,10 +71,25 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{p}: does not parse: {parse_error(exc)}") from exc
+        raise _trace_given(p) or ProfileError(f"{p}: does not parse: {parse_error(exc)}") from exc
     if data is None:
         raise ProfileError(f"{p}: is empty (a profile needs at least `model:`)")
+    if not isinstance(data, dict) or "model" not in data:
+        kind = kind_of_record(data)
+        if kind is not None:
+            raise ProfileError(f"{p}: not a latency profile: it looks like {describe(kind)}")
     return parse_profile(data, str(p))
+
+
+def _trace_given(p: Path) -> ProfileError | None:
+    """A PolyTrace file or a gateway capture given for a profile (`--profile`, `emulators
+    describe`): it said "does not parse: expected '<document start>'", YAML's words for JSONL.
+    A file whose first line is a lone `{` is a broken JSON profile as likely as fitted
+    parameters: its own error stands."""
+    kind = kind_of_file(p)
+    if kind in ("unknown", "fitted_parameters"):
+        return None
+    return ProfileError(f"{p}: not a latency profile: it looks like {describe(kind)}")
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:

@@ -69,7 +69,8 @@ CAPTURE_KEYS = frozenset({"tool_name", "latency_s", "trajectory_id"})
 """A gateway trace capture's line (one `records.ToolCallRecord` a line), not a PolyTrace kind."""
 
 
-def _kind_of_record(raw: object) -> str | None:
+def kind_of_record(raw: object) -> str | None:
+    """The PolyTrace kind one parsed record belongs to, by its keys; None for none."""
     if not isinstance(raw, dict):
         return None
     if "turns" in raw:
@@ -107,7 +108,7 @@ def detect_format(path: str | Path) -> str:
                 record = json.loads(text)
             except (ValueError, RecursionError):  # not JSON, an overlong integer, deep nesting
                 break
-            kind = _kind_of_record(record)
+            kind = kind_of_record(record)
             if kind is not None:
                 return kind
             if isinstance(record, dict) and CAPTURE_KEYS <= record.keys():
