@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -56,6 +57,20 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _check_out(out: Path) -> None:
+    """`--out` checked before the traces are read and fitted: it failed after them, the report
+    unprinted, and a path under a file said "File exists"."""
+    if out.is_dir():
+        raise _fail(f"--out {out}: is a directory; name a profile file (YAML or .json)")
+    existing = next(d for d in out.parents if d.exists())  # the directories below are made
+    if not existing.is_dir():
+        raise _fail(f"--out {out}: {existing} is a file, not a directory")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise _fail(f"--out {out}: cannot write in {existing}: {exc.strerror or exc}") from exc
+
+
 @app.command("fit")
 def fit_command(
     traces: Annotated[
@@ -79,6 +94,8 @@ def fit_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Fit candidate latency models to recorded calls; report KS and quantile errors; write the best."""
+    if out is not None:
+        _check_out(out)
     console = report_console(stderr=as_json)
     try:
         with console.status(f"reading {tool} calls from {len(traces)} path(s)..."):

@@ -121,17 +121,25 @@ def test_fit_of_a_tool_the_trace_lacks_names_the_tools_it_has(tmp_path: Path) ->
 
 
 def test_fit_to_a_profile_that_cannot_be_written_is_one_line_exit_2(tmp_path: Path) -> None:
+    """Found before the traces are read and fitted: it was found after them, the report never
+    printed, and a path under a file said "cannot write the profile to ...: File exists"."""
     calls = tmp_path / "calls.log"
     rng = np.random.default_rng(1)
     calls.write_text("".join(f"Step0, Request ID: {i}, Tool: search, Latency: {x:.4f} seconds\n"
                              for i, x in enumerate(rng.lognormal(-2, 1, 300))))  # fmt: skip
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    out = blocker / "profile.yaml"  # under a file: its directory cannot be made
-    result = runner.invoke(app, ["emulators", "fit", str(calls), "--out", str(out)])
-    assert result.exit_code == 2, (result.output, result.exception)
-    assert result.stderr.startswith(f"error: cannot write the profile to {out}: ")
-    assert result.stderr.count("\n") == 1, result.stderr
+    for out, said in [
+        (blocker / "profile.yaml", f"{blocker} is a file, not a directory"),  # under a file
+        (blocker / "d" / "profile.yaml", f"{blocker} is a file, not a directory"),
+        (tmp_path, "is a directory; name a profile file (YAML or .json)"),
+        (Path("/proc/profile.yaml"), "cannot write in /proc: "),  # root writes anywhere else
+    ]:
+        result = runner.invoke(app, ["emulators", "fit", str(calls), "--out", str(out)])
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.stderr.startswith(f"error: --out {out}: {said}"), result.stderr
+        assert result.stderr.count("\n") == 1 and result.stdout == "", result.output
+    assert blocker.read_text() == "" and sorted(tmp_path.iterdir()) == [blocker, calls]
 
 
 def test_describe_prints_quantiles_and_writes_a_png(polytrace_dir: Path, tmp_path: Path) -> None:
