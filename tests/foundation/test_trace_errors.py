@@ -139,6 +139,20 @@ def test_an_empty_file_or_folder_says_so(tmp_path: Path) -> None:
         )
 
 
+def test_a_folder_of_fitted_parameters_says_what_it_holds(polytrace_dir: Path) -> None:
+    """`emulators fit intern_s1` said "no .jsonl or .log files there" of a folder holding the
+    fitted parameters (.json), which `rollout run --synthetic` reads."""
+    folder = polytrace_dir / "intern_s1"
+    for command in (
+        ["emulators", "fit", str(folder)],
+        ["emulators", "describe", "emulators/profiles/search_default.yaml", "--data", str(folder)],
+    ):
+        assert one_line_error(cli(*command)) == (
+            f"error: no calls of tool 'search' in {folder}: 1 file(s) of fitted intern_s1 "
+            "parameters: `toolenv rollout run --synthetic` reads it"
+        ), command
+
+
 def test_a_record_json_cannot_read_names_its_line(polytrace_dir: Path, tmp_path: Path) -> None:
     """An integer past Python's 4300-digit conversion limit, or nesting past its recursion limit,
     on a later line: a traceback before, not one line naming it."""

@@ -103,7 +103,10 @@ def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
     files = expand_paths(paths)
     if not files:  # directories without a trace file (the message read "in : no files")
         given = ", ".join(str(p) for p in paths)
-        return f"no calls of tool {tool!r} in {given}: no .jsonl or .log files there"
+        # intern_s1's fitted parameters (.json) read as "no .jsonl or .log files there"
+        held = [f for d in resolve_traces(paths) if d.is_dir() for f in sorted(d.glob("*.json"))]
+        what = holdings(held) if held else "no .jsonl or .log files there"
+        return f"no calls of tool {tool!r} in {given}: {what}"
     names = ", ".join(str(p) for p in files[:3]) + (
         f" and {len(files) - 3} more" if len(files) > 3 else ""
     )
