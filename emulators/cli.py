@@ -18,7 +18,7 @@ from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
 from toolenv_core.polytrace import TraceFormatError, iter_latencies
-from toolenv_core.polytrace.kinds import kind_of_file
+from toolenv_core.polytrace.kinds import kind_of_file, repeat_notes
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 from toolenv_core.shutdown import AnswerCutCalls
 
@@ -97,7 +97,11 @@ def fit_command(
     if out is not None:
         _check_out(out)
     console = report_console(stderr=as_json)
+    wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
     try:
+        used = [p for p in expand_paths(traces) if p.is_file() and kind_of_file(p) in wanted]
+        for note in repeat_notes(used, "TRACE", "its calls are fitted"):
+            typer.echo(note, err=True)
         with console.status(f"reading {tool} calls from {len(traces)} path(s)..."):
             observations = list(iter_latencies(traces, tool))
         if not observations:
@@ -111,9 +115,6 @@ def fit_command(
     except (TraceFormatError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     report.extra["statuses"] = split.as_dict()
-
-    wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
-    used = [p for p in expand_paths(traces) if p.is_file() and kind_of_file(p) in wanted]
     # the folder's own name: a relative path's parent (".") has none, and read as "/trace.jsonl"
     source = "PolyTrace " + ", ".join(sorted(f"{p.resolve().parent.name}/{p.name}" for p in used))
     summary = report.as_dict()

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 
 from toolenv_core.config import config_error
 from toolenv_core.errors import first_problem
-from toolenv_core.polytrace.kinds import files_of_kind, repeated
 
 from ..settings import RolloutSettings
 
@@ -34,17 +33,6 @@ POLICY_HELP = (
     "sync|async, combinable with +timeout, +hedge (virtual clock) and +overlap "
     "(e.g. async+timeout+overlap)."
 )
-
-
-def repeat_notes(paths: list[Path], kind: str, option: str, effect: str) -> list[str]:
-    """A note for each file the trace arguments name more than once (`--trace search_r1 --trace
-    search_r1/multiturn_workload_step_0.jsonl` replayed step 0 twice, silently): a note, not an
-    error, since a file given twice may be meant. `effect`: what repeating it does."""
-    notes = []
-    for path, n in repeated(files_of_kind(paths, kind)):
-        times = "twice" if n == 2 else f"{n} times"
-        notes.append(f"note: {path} is given {times} ({option}): {effect} {times}")
-    return notes
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

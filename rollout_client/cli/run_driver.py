@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolenv_core.console import counted
+from toolenv_core.polytrace.kinds import files_of_kind, repeat_notes
 
 from ..policies import build_policy
 from ..session import build_live, build_plans, context_too_long, run_rollout, tool_profile_problems
 from ..settings import RolloutSettings
-from .common import repeat_notes
 
 LENGTH_HINT = (
     "lower --length-scale or cap the lengths with --max-prompt, --max-output, --max-append"
@@ -37,9 +37,8 @@ async def run_with_progress(
         raise ValueError("the trace selection is empty (check --trace, --limit and --sample)")
     notes = []
     if live is None and synthetic is None:
-        notes += repeat_notes(
-            traces, "multiturn", "--trace", "its trajectories are in the selection"
-        )
+        files = files_of_kind(traces, "multiturn")
+        notes += repeat_notes(files, "--trace", "its trajectories are in the selection")
     if live is None:  # a live context grows by the tokens the engine makes, within its own limit
         error = context_too_long(plans, LENGTH_HINT)
         if error is not None:

@@ -14,11 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from toolenv_core.cli_options import RAY_ADDRESS_HELP, ray_address
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
+from toolenv_core.polytrace.kinds import files_of_kind, repeat_notes
 
 from ..clock import VirtualTimeDeadlock
 from ..study import JobRunner, StudyPlan, load_inputs, run_here, run_study
 from ..study_report import markdown, write
-from .common import fail, one_line, out_dir_for_run, repeat_notes
+from .common import fail, one_line, out_dir_for_run
 
 
 def study(
@@ -99,9 +100,13 @@ def study(
         try:  # before the bar: an error written while it is live went into its line
             inputs = load_inputs(plan)
             notes = repeat_notes(
-                plan.traces, "multiturn", "--trace", "its trajectories are in the selection"
+                files_of_kind(plan.traces, "multiturn"),
+                "--trace",
+                "its trajectories are in the selection",
             ) + repeat_notes(
-                plan.reward_traces, "reward_timings", "--reward-trace", "its timings are counted"
+                files_of_kind(plan.reward_traces, "reward_timings"),
+                "--reward-trace",
+                "its timings are counted",
             )
         except (TraceFormatError, ValueError) as exc:
             fail(one_line(exc))

@@ -157,8 +157,9 @@ def test_a_trace_given_twice_is_noted(
     records: list[dict], polytrace_dir: Path, tmp_path: Path
 ) -> None:
     """`--trace DIR --trace DIR/FILE` (or one file twice) replayed the file twice, silently, in
-    `rollout run` and `rollout study`; a repeated `--reward-trace` counted its timings twice. Each
-    is a note naming the file (a file given twice may be meant): the run goes on."""
+    `rollout run` and `rollout study`; a repeated `--reward-trace` counted its timings twice, and
+    `emulators fit FILE DIR` fitted its calls twice. Each is a note naming the file (a file given
+    twice may be meant): the run goes on."""
     folder = tmp_path / "steps"
     folder.mkdir()
     good = write(folder / "multiturn_workload_step_0.jsonl", records)
@@ -180,6 +181,9 @@ def test_a_trace_given_twice_is_noted(
         in result.stderr
     )
     assert "--trace): " not in result.stderr  # the trace was given once
+    fit = CliRunner().invoke(app, ["emulators", "fit", str(good), str(folder), "--json"])
+    assert fit.exit_code == 0, (fit.output, fit.exception)
+    assert f"note: {good} is given twice (TRACE): its calls are fitted twice\n" in fit.stderr
 
 
 def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(

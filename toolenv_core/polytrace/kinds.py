@@ -203,17 +203,24 @@ def files_of_kind(paths: Iterable[str | Path], kind: str) -> list[Path]:
     return out
 
 
-def repeated(files: Iterable[Path]) -> list[tuple[Path, int]]:
-    """The files named more than once (a directory and a file in it, a path and its name in the
-    trace cache, a link), each as first named, with how many times: every reader reads a file
-    as often as it is given, which may be deliberate but is never said otherwise."""
+def repeat_notes(files: Iterable[Path], option: str, effect: str) -> list[str]:
+    """A note for each file named more than once (a directory and a file in it, a path and its
+    name in the trace cache, a link), as first named: every reader reads a file as often as it
+    is given (`--trace search_r1 --trace search_r1/multiturn_workload_step_0.jsonl` replayed
+    step 0 twice, silently). A note, not an error: a file given twice may be meant. `effect`:
+    what repeating it does, e.g. "its calls are fitted"."""
     first: dict[Path, Path] = {}
     counts: dict[Path, int] = {}
     for f in files:
         real = f.resolve()
         first.setdefault(real, f)
         counts[real] = counts.get(real, 0) + 1
-    return [(first[real], n) for real, n in counts.items() if n > 1]
+    notes = []
+    for real, n in counts.items():
+        if n > 1:
+            times = "twice" if n == 2 else f"{n} times"
+            notes.append(f"note: {first[real]} is given {times} ({option}): {effect} {times}")
+    return notes
 
 
 def holdings(files: Iterable[Path]) -> str:
