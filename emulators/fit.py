@@ -17,6 +17,7 @@ times out under the same deadline); every other status is left out and counted.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,12 +283,16 @@ def fit(data: np.ndarray, tool: str = "search") -> FitReport:
     if data.size < 2:
         raise ValueError(f"need at least 2 recorded calls of {tool!r} to fit, got {data.size}")
     candidates: list[Candidate] = []
-    for name, spec, parametric in _candidates(data):
-        if isinstance(spec, Exception):
-            candidates.append(Candidate(name, None, math.inf, {}, parametric, error=str(spec)))
-            continue
-        ks, errors = score(data, spec)
-        candidates.append(Candidate(name, spec, ks, errors, parametric))
+    # scipy's numerical warnings on degenerate data (latencies of 0 s, all alike) went to stderr
+    # as source lines of scipy; a fit that fails is reported in its row, one that strays by KS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for name, spec, parametric in _candidates(data):
+            if isinstance(spec, Exception):
+                candidates.append(Candidate(name, None, math.inf, {}, parametric, error=str(spec)))
+                continue
+            ks, errors = score(data, spec)
+            candidates.append(Candidate(name, spec, ks, errors, parametric))
     critical = 1.358 / math.sqrt(data.size)
     parametric = [c for c in candidates if c.parametric and c.spec is not None]
     best_parametric = min(parametric, key=lambda c: c.ks) if parametric else None

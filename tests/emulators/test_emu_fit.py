@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -322,3 +323,15 @@ def test_fit_on_a_gateway_capture_itself_says_to_convert_it_first(tmp_path: Path
     assert run.exit_code != 0
     said = " ".join(run.output.split())
     assert "toolenv gateway trace-to-multiturn" in said, said
+
+
+def test_degenerate_latencies_fit_without_scipy_warnings() -> None:
+    """Latencies of 0 s (a logger that rounds) printed scipy's RuntimeWarnings, its source lines
+    included, amid the report; the gamma fit that fails on them is reported in its row."""
+    for data in ([0.0, 0.0, 0.1], [0.2, 0.2]):  # mostly 0 s; all alike
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = fit(np.array(data))
+        assert [str(w.message) for w in caught] == [], data
+        assert report.n == len(data) and report.best.spec is not None
+        assert next(c for c in report.candidates if c.name == "gamma").error  # in its row
