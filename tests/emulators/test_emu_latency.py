@@ -463,7 +463,15 @@ def test_a_trace_given_for_a_profile_says_what_it_is(polytrace_dir, tmp_path) ->
     one.write_text(step.read_text().splitlines()[0] + "\n")
     params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
     reward = polytrace_dir / "rllm_deepcoder" / "reward_timings_step_0.jsonl"
+    capture = tmp_path / "capture.jsonl"  # a gateway capture, one line and two
+    call = {"tool_name": "search", "latency_s": 0.2, "trajectory_id": "t1", "status": "success"}
+    capture.write_text(json.dumps(call) + "\n")
+    captures = tmp_path / "captures.jsonl"
+    captures.write_text(2 * (json.dumps(call) + "\n"))
+    converts = "a gateway trace capture: `toolenv gateway trace-to-multiturn CAPTURE OUT.jsonl`"
     for path, looks in [
+        (capture, converts),
+        (captures, converts),
         (step, "a multi-turn trace: `toolenv rollout run --trace` replays it"),
         (one, "a multi-turn trace: "),
         (params, "fitted intern_s1 parameters: `toolenv rollout run --synthetic` reads it"),

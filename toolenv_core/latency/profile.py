@@ -13,7 +13,7 @@ from toolenv_core.fields import Number
 
 from ..config import parse_error
 from ..errors import first_problem
-from ..polytrace.kinds import describe, kind_of_file, kind_of_record
+from ..polytrace.kinds import CAPTURE, CAPTURE_KEYS, describe, kind_of_file, kind_of_record
 from .specs import LatencyModel
 
 
@@ -75,7 +75,8 @@ def load_profile(path: str | Path) -> Profile:
     if data is None:
         raise ProfileError(f"{p}: is empty (a profile needs at least `model:`)")
     if not isinstance(data, dict) or "model" not in data:
-        kind = kind_of_record(data)
+        capture = isinstance(data, dict) and CAPTURE_KEYS <= data.keys()
+        kind = CAPTURE if capture else kind_of_record(data)
         if kind is not None:
             raise ProfileError(f"{p}: not a latency profile: it looks like {describe(kind)}")
     return parse_profile(data, str(p))
