@@ -23,7 +23,13 @@ from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 
 from .dispatch import ToolRuntime
 from .state import state_of
-from .upstream import UpstreamBroken, UpstreamConnectError, UpstreamReply, pick
+from .upstream import (
+    EXECUTOR_HEADERS,
+    UpstreamBroken,
+    UpstreamConnectError,
+    UpstreamReply,
+    pick,
+)
 
 CONTROL_TIMEOUT_S = 10.0
 EMULATED_KINDS = ("search", "reward")
@@ -97,7 +103,11 @@ def _answer(runtime: ToolRuntime, replies: list[UpstreamReply]) -> Response:
     if disagree:
         raise _answered_apart(runtime, replies)
     media = first.headers.get("content-type", "application/json")
-    return Response(first.body, first.status, media_type=media)
+    # where the one upstream that answered ran (a Ray replica: the status is that replica's pool,
+    # the profile that replica's); several upstreams' answers are not one place
+    one = len(replies) == 1
+    where = {k: first.headers[k] for k in EXECUTOR_HEADERS if one and k in first.headers}
+    return Response(first.body, first.status, media_type=media, headers=where or None)
 
 
 def _request_id(request: Request) -> str:

@@ -145,7 +145,10 @@ def main() -> None:
         print(json.dumps(asyncio.run(load(args))))
     elif args.cmd == "get":
         resp = httpx.get(args.url, timeout=30)
-        print(json.dumps({"status": resp.status_code, "text": resp.text}))
+        replica = resp.headers.get("x-toolenv-replica")
+        node = resp.headers.get("x-toolenv-node")
+        print(json.dumps({"status": resp.status_code, "text": resp.text, "replica": replica,
+                          "node": node}))  # fmt: skip
     elif args.cmd == "replicas":
         print(json.dumps(replicas(args.address, args.app)))
     elif args.cmd == "applications":

@@ -104,6 +104,13 @@ def test_serve_ray_local_starts_and_stops_a_local_cluster(
         assert [r["status"] for r in results] == [200] * 4, results[0]
         assert all(r["replica"].startswith("sandbox#") for r in results)
         assert all(len(r["request_ids"]) == 1 for r in results)
+        # a control read is one replica's answer (its pool, its profile): it says which
+        for path, deployment in (("/v1/sandbox/status", "sandbox"), ("/v1/ping", "sandbox"),
+                                 ("/v1/emulators/search/profile", "emulators")):  # fmt: skip
+            got = helper("get", URL + path)
+            assert got["status"] == 200, got
+            assert (got["replica"] or "").startswith(f"{deployment}#"), (path, got)
+            assert got["node"], (path, got)
 
         server.send_signal(stop_signal)  # the foreground command: Ctrl-C, or `kill`
         assert server.wait(120) == 0
