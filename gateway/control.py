@@ -150,6 +150,14 @@ async def get_profile(name: str, request: Request) -> Response:
 )
 async def put_profile(name: str, request: Request) -> Response:
     runtime = _emulated(request, name)
+    why = runtime.backend.one_replica_of_many()
+    if why is not None:  # it answered 200 and changed one replica of two: the rest went on
+        raise HTTPException(
+            409,
+            f"the {name} profile cannot be changed at run time here: {why}. Set "
+            f"emulators.{name}_profile in the config and deploy again, or run one replica "
+            "(ray.emulators: min_replicas = max_replicas = 1)",
+        )
     raw = await request.body()
     bad = _check_json(raw, request)
     if bad is not None:

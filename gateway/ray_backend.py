@@ -29,8 +29,9 @@ from .upstream import Endpoint, UpstreamBroken, UpstreamConnectError, UpstreamRe
 class RayBackend:
     """Calls go to `handle.call.remote(...)`; Ray picks the replica."""
 
-    def __init__(self, tool: ToolConfig, handle: DeploymentHandle) -> None:
+    def __init__(self, tool: ToolConfig, handle: DeploymentHandle, max_replicas: int = 1) -> None:
         self.tool = tool
+        self.max_replicas = max_replicas
         # Serve's gRPC data path (`_by_reference=False`, what `RAY_SERVE_THROUGHPUT_OPTIMIZED`
         # turns on): one gRPC call straight to the replica instead of a Ray actor task with a
         # streaming reply, the same router and queue-length rejection. Our arguments and reply
@@ -51,6 +52,17 @@ class RayBackend:
 
     def not_ready(self) -> str | None:
         return None  # Ray Serve keeps the replicas; a call waits for one (under its deadline)
+
+    def one_replica_of_many(self) -> str | None:
+        """A call reaches the one replica Ray's router picks, and Serve has no call to every
+        replica: with more than one (or autoscaling) a change would reach one and leave the
+        others, and every replica started later, as they were."""
+        if self.max_replicas == 1:
+            return None
+        return (
+            f"it runs on up to {self.max_replicas} replicas of Ray Serve deployment "
+            f"{self.handle.deployment_name!r}, and a change would reach only one of them"
+        )
 
     async def send(
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]

@@ -89,6 +89,10 @@ class Backend(Protocol):
     def not_ready(self) -> str | None:
         """None when calls can be taken, else a message saying what is missing."""
 
+    def one_replica_of_many(self) -> str | None:
+        """None when a change sent to every endpoint reaches every instance of the tool, else
+        what runs behind an endpoint that the change would reach only one of."""
+
     async def send(
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamReply: ...
@@ -175,6 +179,9 @@ class LocalBackend:
     async def close(self) -> None:
         return None
 
+    def one_replica_of_many(self) -> str | None:
+        return None  # one in-process app
+
     def not_ready(self) -> str | None:
         if self.app.started:
             return None
@@ -253,6 +260,9 @@ class RemoteBackend:
                 pass
         for endpoint in self.endpoints:
             _pool(endpoint).close()
+
+    def one_replica_of_many(self) -> str | None:
+        return None  # each endpoint is one upstream, and a change goes to every one
 
     def not_ready(self) -> str | None:
         if any(e.healthy for e in self.endpoints):

@@ -5,6 +5,7 @@ bounded load through the Ray gateway, and the Serve status. Prints JSON on stdou
     python in_cluster.py replicas ADDRESS APP
     python in_cluster.py applications ADDRESS
     python in_cluster.py get URL
+    python in_cluster.py put URL JSON
     python in_cluster.py shutdown ADDRESS
 """
 
@@ -136,6 +137,9 @@ def main() -> None:
     r.add_argument("app")
     g = sub.add_parser("get")
     g.add_argument("url")
+    u = sub.add_parser("put")
+    u.add_argument("url")
+    u.add_argument("body")
     a = sub.add_parser("applications")
     a.add_argument("address")
     s = sub.add_parser("shutdown")
@@ -149,6 +153,9 @@ def main() -> None:
         node = resp.headers.get("x-toolenv-node")
         print(json.dumps({"status": resp.status_code, "text": resp.text, "replica": replica,
                           "node": node}))  # fmt: skip
+    elif args.cmd == "put":
+        resp = httpx.put(args.url, content=args.body, timeout=30)
+        print(json.dumps({"status": resp.status_code, "text": resp.text}))
     elif args.cmd == "replicas":
         print(json.dumps(replicas(args.address, args.app)))
     elif args.cmd == "applications":

@@ -229,3 +229,34 @@ def test_stopping_with_a_call_in_flight_releases_the_sandbox_pool(tmp_path: Path
 def _running(marker: str) -> bool:
     found = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
     return bool(found.stdout.strip())
+
+
+def test_a_profile_change_that_would_reach_one_replica_of_two_is_refused(tmp_path: Path) -> None:
+    """Two emulator replicas: a profile PUT through the gateway reaches the one Ray's router
+    picks. It answered 200 and only that replica took it (calls drew from two profiles); it is
+    a 409 saying why and what to do, and reads still answer."""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    try:
+        two = {"num_cpus": 0, "min_replicas": 2, "max_replicas": 2}
+        config = {**CONFIG, "ray": {**CONFIG["ray"], "emulators": two}}
+        server, _ = _start_serve(ns, tmp_path, "serving on Ray", config=config)
+        threading.Thread(target=server.stderr.read, daemon=True).start()  # keep the pipe drained
+
+        def helper(*args: str) -> dict:
+            done = subprocess.run(ns.exec_argv([sys.executable, str(HELPER), *args]),
+                                  env=ns.env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-2000:]
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        profile = '{"model": {"kind": "lognormal", "median_s": 0.01, "sigma": 0.1}}'
+        put = helper("put", URL + "/v1/emulators/search/profile", profile)
+        assert put["status"] == 409, put
+        detail = json.loads(put["text"])["detail"]
+        assert "up to 2 replicas" in detail and "emulators.search_profile" in detail, detail
+        assert helper("get", URL + "/v1/emulators/search/profile")["status"] == 200
+
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(120) == 0
+        _assert_no_process_left(ns)
+    finally:
+        ns.stop()

@@ -130,6 +130,7 @@ def build_application(stack: RayStack) -> Application:
         r.http_port,
         sandbox.bind("sandbox", sandbox_values),
         emulators.bind("emulators", stack.emulators.model_dump()),
+        {"sandbox": r.sandbox.max_replicas, "emulators": r.emulators.max_replicas},
     )
 
 

@@ -56,14 +56,17 @@ class GatewayServer:
         port: int,
         sandbox: DeploymentHandle,
         emulators: DeploymentHandle,
+        max_replicas: dict[str, int] | None = None,
     ) -> None:
+        """`max_replicas`: each deployment's, by name (1 when not given)."""
         self.settings = GatewaySettings(**settings)  # loaded by the driver, passed as values
         setup_logging(self.settings.log_level)
         handles = {"sandbox": sandbox, "emulators": emulators}
+        most = max_replicas or {}
         backends = {
-            tool.name: RayBackend(tool, handles[DEPLOYMENT_OF_KIND[tool.kind]])
+            tool.name: RayBackend(tool, handles[name], most.get(name, 1))
             for tool in self.settings.tool_table()
-            if tool.kind in DEPLOYMENT_OF_KIND
+            if (name := DEPLOYMENT_OF_KIND.get(tool.kind)) is not None
         }
         app = create_app(self.settings, backends=backends)
         self.server = uvicorn.Server(uvicorn_config(app, self.settings, host, port))
