@@ -260,3 +260,55 @@ def test_a_profile_change_that_would_reach_one_replica_of_two_is_refused(tmp_pat
         _assert_no_process_left(ns)
     finally:
         ns.stop()
+
+
+# An HTTP server on 127.0.0.1:8000 whose socket has SO_REUSEPORT, as a gateway replica's has
+REUSEPORT_SERVER = """
+import http.server, socket
+class Reuse(http.server.HTTPServer):
+    def server_bind(self):
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+Reuse(("127.0.0.1", 8000), Ok).serve_forever()
+"""
+
+
+def test_a_new_application_on_a_port_something_answers_at_is_refused(tmp_path: Path) -> None:
+    """Another application's gateway (or a second local cluster's) already on the port: one
+    line saying so, exit 1, no cluster left. Before, the new gateway replicas bound beside it
+    (SO_REUSEPORT) and the command said it served, while the kernel split the calls between
+    the two."""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    holder = None
+    try:
+        holder = subprocess.Popen(ns.exec_argv([sys.executable, "-c", REUSEPORT_SERVER]))
+        end = time.monotonic() + 20
+        while "ok" not in subprocess.run(ns.exec_argv([sys.executable, str(HELPER), "get", URL]),
+                                         capture_output=True, text=True).stdout:  # fmt: skip
+            assert time.monotonic() < end and holder.poll() is None
+            time.sleep(0.3)
+        argv, env = _serve_command(ns, tmp_path, CONFIG)
+        server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+        assert server.stderr is not None
+        out = ""
+        while not ("error:" in out or "serving on Ray" in out) and server.poll() is None:
+            out += server.stderr.readline()
+        if "serving on Ray" in out:
+            server.send_signal(signal.SIGTERM)
+        out += server.communicate(timeout=120)[1]
+        said = [line for line in out.splitlines() if line.startswith("error:")]
+        assert server.returncode == 1, out[-3000:]
+        assert len(said) == 1 and "http://127.0.0.1:8000 already answers" in said[0], said
+        assert "Traceback" not in out
+        holder.kill()
+        holder.wait()
+        _assert_no_process_left(ns)
+    finally:
+        if holder is not None:
+            holder.kill()
+        ns.stop()

@@ -18,7 +18,15 @@ from rich.console import Console
 from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.ray_connect import LOCAL, RayUnreachable
 
-from .app import DeployFailed, RayStack, build_application, connect, deploy, remove_failed
+from .app import (
+    DeployFailed,
+    RayStack,
+    app_status,
+    build_application,
+    connect,
+    deploy,
+    remove_failed,
+)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and `kill`
 
@@ -109,6 +117,10 @@ def start(
                 connect(stack)
             finally:
                 interrupt_on_stop_signals()
+            taken = someone_else_answers(stack.ray.app_name, url)
+            if taken is not None:
+                typer.echo(f"error: {taken}", err=True)
+                raise typer.Exit(1)
             created = deploy(stack, app, ready_timeout_s)
         with console.status(f"waiting for {url}/readyz"):
             problem = wait_ready(url, ready_timeout_s)
@@ -153,6 +165,27 @@ def gateway_url(host: str, port: int) -> str:
     """The gateway replicas' URL on this node; an IPv6 host in brackets (`http://::1:8000` was an
     `InvalidURL` traceback once the application had deployed)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def someone_else_answers(app_name: str, url: str) -> str | None:
+    """What already answers at the gateway's URL when the application is new, else None. The
+    gateway replicas bind with SO_REUSEPORT (`ingress`), so those of a second application on
+    the same port (or a second local cluster's) bound beside the first one's without a word,
+    and the kernel split the calls between the two. An application being updated answers
+    there itself."""
+    serve.start(proxy_location="Disabled")
+    if app_status(app_name) is not None:
+        return None
+    try:
+        resp = httpx.get(f"{url}/healthz", timeout=2)
+    except httpx.HTTPError:
+        return None
+    return (
+        f"{url} already answers (HTTP {resp.status_code} to /healthz): another application's "
+        f"gateway, or another server? A new application {app_name!r} would share its port "
+        "and the calls would be split between the two. Pick another port (ray.http_port, "
+        "--port) or stop what listens there"
+    )
 
 
 def wait_ready(url: str, timeout_s: float) -> str | None:
