@@ -151,8 +151,10 @@ def kind_of_file(path: Path) -> str:
         return "unknown"
 
 
-def read_kind(path: str | Path, model: type[M], kind: str) -> Iterator[M]:
-    """`read_jsonl`, but a file whose first record fails because it is another kind says so."""
+def read_kind(path: str | Path, model: type[M], kind: str, none_read: str) -> Iterator[M]:
+    """`read_jsonl`, but a file whose first record fails because it is another kind says so, and
+    one that holds no record (empty, or blank lines) raises `TraceFormatError` naming it with
+    `none_read` once read to its end (beside other traces it was read as nothing)."""
     first = True
     try:
         for record in read_jsonl(path, model):
@@ -162,6 +164,8 @@ def read_kind(path: str | Path, model: type[M], kind: str) -> Iterator[M]:
         if first and exc.line > 0:
             raise kind_error(path, kind) or exc from exc
         raise
+    if first:
+        raise TraceFormatError(path, 0, "", none_read)
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:

@@ -10,21 +10,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from .errors import TraceFormatError
 from .kinds import read_kind
 from .records import TrajectoryRecord
 
 
 def read_multiturn(path: str | Path) -> Iterator[TrajectoryRecord]:
-    """Yield each trajectory of a multi-turn JSONL file, in file order; one that holds none (empty,
-    or blank lines) raises `TraceFormatError` naming it once it is read to its end (given beside
-    other traces it was read as nothing, alone as "the trace selection is empty")."""
-    empty = True
-    for record in read_kind(path, TrajectoryRecord, "multiturn"):
-        empty = False
-        yield record
-    if empty:
-        raise TraceFormatError(path, 0, "", "holds no trajectories")
+    """Yield each trajectory of a multi-turn JSONL file, in file order; one that holds none raises
+    `TraceFormatError` naming it once read to its end (`read_kind`)."""
+    return read_kind(path, TrajectoryRecord, "multiturn", "holds no trajectories")
 
 
 def read_multiturn_many(paths: Iterable[str | Path]) -> Iterator[TrajectoryRecord]:

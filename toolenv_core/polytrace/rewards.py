@@ -7,7 +7,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import TraceFormatError
 from .kinds import read_kind
 
 
@@ -27,13 +26,6 @@ class RewardTimingRecord(BaseModel):
 
 
 def read_reward_timings(path: str | Path) -> Iterator[RewardTimingRecord]:
-    """Stream one reward-timings file, in file order; one that holds none (empty, or blank lines)
-    raises `TraceFormatError` naming it, as `read_multiturn` does (`rollout study
-    --reward-trace` said "no reward timings in --reward-trace" without the file, or, beside
-    another reward trace, read it as nothing)."""
-    empty = True
-    for record in read_kind(path, RewardTimingRecord, "reward_timings"):
-        empty = False
-        yield record
-    if empty:
-        raise TraceFormatError(path, 0, "", "holds no reward timings")
+    """Stream one reward-timings file, in file order; one that holds none raises
+    `TraceFormatError` naming it (`read_kind`)."""
+    return read_kind(path, RewardTimingRecord, "reward_timings", "holds no reward timings")
