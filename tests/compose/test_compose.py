@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 from compose_support import REPO, Stack
@@ -242,28 +243,38 @@ def test_a_burst_beyond_the_retry_budget_says_so(stack: Stack) -> None:
     stack.wait_healthy("search")
 
 
-def test_a_search_restart_answers_the_call_it_cuts(stack: Stack) -> None:
-    """`docker compose restart search` lets a call in flight run for the emulators' 5 s grace,
-    then cuts it: before, the caller got uvicorn's plain-text 500 through the gateway, which
-    read as a failing service; now a 503 saying the service stopped and what to do."""
-    stack.wait_healthy("search")
+def _answer_across_restart(
+    stack: Stack, service: str, send: Callable[[], httpx.Response]
+) -> httpx.Response:
+    """`send` in flight while `docker compose restart SERVICE` runs: its answer (an answer, not
+    a dropped connection, is asserted)."""
     answers: list[httpx.Response | httpx.HTTPError] = []
 
     def call() -> None:
-        body = {"arguments": {"query": "hamlet", "topk": 1, "delay_s": 20}, "deadline_ms": 40000}
         try:
-            answers.append(stack.client.post("/v1/tools/search/call", json=body))
-        except httpx.HTTPError as exc:
+            answers.append(send())
+        except httpx.HTTPError as exc:  # e.g. the connection closed with no answer at all
             answers.append(exc)
 
     caller = threading.Thread(target=call)
     caller.start()
     time.sleep(1)
-    restart = stack.compose("restart", "search")
+    restart = stack.compose("restart", service)
     caller.join(60)
     assert restart.returncode == 0, restart.stderr
     assert answers and isinstance(answers[0], httpx.Response), answers
-    r = answers[0]
+    return answers[0]
+
+
+def test_a_search_restart_answers_the_call_it_cuts(stack: Stack) -> None:
+    """`docker compose restart search` lets a call in flight run for the emulators' 5 s grace,
+    then cuts it: before, the caller got uvicorn's plain-text 500 through the gateway, which
+    read as a failing service; now a 503 saying the service stopped and what to do."""
+    stack.wait_healthy("search")
+    body = {"arguments": {"query": "hamlet", "topk": 1, "delay_s": 20}, "deadline_ms": 40000}
+    r = _answer_across_restart(
+        stack, "search", lambda: stack.client.post("/v1/tools/search/call", json=body)
+    )
     assert r.status_code == 200 and r.json()["status"] == "error", r.text
     assert r.json()["error"] == "tool 'search' answered HTTP 503", r.text
     assert "emulators stopped before this call finished" in r.json()["result"]["detail"], r.text
@@ -341,24 +352,10 @@ def test_trace_capture_on_the_volume_survives_a_gateway_restart(stack: Stack) ->
 def test_a_gateway_restart_lets_the_call_in_flight_finish(stack: Stack) -> None:
     """SIGTERM stops the gateway gracefully (calls in flight may finish for `shutdown_grace_s`,
     30 s): Docker must not SIGKILL it first, which cut a longer call with no answer at 10 s."""
-    answers: list[httpx.Response | httpx.HTTPError] = []
     code = "import time\nprint('start', flush=True)\ntime.sleep(14)\nprint('done')"
-
-    def call() -> None:
-        try:
-            answers.append(run_code(stack, code, run_timeout=20))
-        except httpx.HTTPError as exc:  # e.g. the gateway killed: no answer at all
-            answers.append(exc)
-
-    caller = threading.Thread(target=call)
-    caller.start()
-    time.sleep(1)
-    restart = stack.compose("restart", "gateway")
-    caller.join(60)
-    assert restart.returncode == 0, restart.stderr
-    assert answers and isinstance(answers[0], httpx.Response), answers
-    assert answers[0].status_code == 200, answers[0].text
-    assert answers[0].json()["run_result"]["stdout"] == "start\ndone\n", answers[0].text
+    r = _answer_across_restart(stack, "gateway", lambda: run_code(stack, code, run_timeout=20))
+    assert r.status_code == 200, r.text
+    assert r.json()["run_result"]["stdout"] == "start\ndone\n", r.text
     stack.wait_healthy("gateway")
 
 
@@ -366,23 +363,10 @@ def test_a_gateway_restart_answers_the_call_it_cuts(stack: Stack) -> None:
     """A call longer than the gateway's `shutdown_grace_s` (30 s) is cut when it stops: before,
     its caller got no answer at all (the connection closed); now a 503 that says why."""
     stack.wait_healthy("gateway")
-    answers: list[httpx.Response | httpx.HTTPError] = []
-
-    def call() -> None:
-        body = {"arguments": {"query": "hamlet", "topk": 1, "delay_s": 45}, "deadline_ms": 60000}
-        try:
-            answers.append(stack.client.post("/v1/tools/search/call", json=body))
-        except httpx.HTTPError as exc:
-            answers.append(exc)
-
-    caller = threading.Thread(target=call)
-    caller.start()
-    time.sleep(1)
-    restart = stack.compose("restart", "gateway")
-    caller.join(60)
-    assert restart.returncode == 0, restart.stderr
-    assert answers and isinstance(answers[0], httpx.Response), answers
-    r = answers[0]
+    body = {"arguments": {"query": "hamlet", "topk": 1, "delay_s": 45}, "deadline_ms": 60000}
+    r = _answer_across_restart(
+        stack, "gateway", lambda: stack.client.post("/v1/tools/search/call", json=body)
+    )
     assert r.status_code == 503, r.text
     assert "the gateway stopped before this call finished" in r.json()["detail"], r.text
     assert "shutdown_grace_s (30 s)" in r.json()["detail"], r.text
