@@ -20,7 +20,7 @@ from toolenv_core.latency.profile import ProfileError, load_profile, save_profil
 from toolenv_core.polytrace import TraceFormatError, iter_latencies
 from toolenv_core.polytrace.kinds import kind_of_file, repeat_notes
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
-from toolenv_core.shutdown import AnswerCutCalls
+from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
 from .app import create_app
 from .describe import describe, faults_line, plot_cdf
@@ -34,10 +34,7 @@ app = typer.Typer(
 
 # SIGTERM/SIGINT: calls in flight (an emulated delay) may finish for this long, then are cut.
 SHUTDOWN_GRACE_S = 5
-CUT_CALL_DETAIL = (
-    "the emulators stopped before this call finished: calls in flight get "
-    f"{SHUTDOWN_GRACE_S} s after SIGTERM/SIGINT, then are cut; send it again once they are back"
-)
+CUT_CALL_DETAIL = cut_detail("the emulators", f"{SHUTDOWN_GRACE_S} s")
 
 
 @app.command("settings")

@@ -20,7 +20,7 @@ from toolenv_core.shutdown import AnswerCutCalls
 
 from .lane import lane_protocol
 from .logs import setup_logging
-from .passthrough import cut_detail
+from .passthrough import shutdown_cut_detail
 from .settings import GatewaySettings
 from .state import state_of_app
 from .trace import to_multiturn
@@ -39,7 +39,7 @@ def uvicorn_config(
     """How a built gateway app is served: here (`run`) and inside a Ray replica (`toolenv.ray`)."""
     return uvicorn.Config(
         # a call cut at the shutdown grace: a 503 saying so, not uvicorn's plain-text 500
-        AnswerCutCalls(gateway, cut_detail(settings.shutdown_grace_s)),
+        AnswerCutCalls(gateway, shutdown_cut_detail(settings.shutdown_grace_s)),
         http=lane_protocol(state_of_app(gateway)),  # the hot routes served on the connection
         host=settings.host if host is None else host,
         port=settings.port if port is None else port,

@@ -20,6 +20,7 @@ from typing import Any
 from toolenv_core import headers as h
 from toolenv_core.disconnect import ClientGone, unless_disconnected
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
+from toolenv_core.shutdown import cut_detail
 
 from . import wirejson
 from .asgi import ASGIApp
@@ -237,20 +238,16 @@ def _bad_json(ctx: CallContext) -> Answer:
     return _json(NOT_JSON_STATUS, {"detail": NOT_JSON, "request_id": ctx.request_id})
 
 
-def cut_detail(grace_s: float) -> str:
+def shutdown_cut_detail(grace_s: float) -> str:
     """What a call cut by the gateway's shutdown is told (here, on the lane, and on every other
     route through `toolenv_core.shutdown.AnswerCutCalls`)."""
-    return (
-        "the gateway stopped before this call finished: calls in flight get shutdown_grace_s "
-        f"({grace_s:g} s) after SIGTERM/SIGINT, then are cut; send it again once the gateway is "
-        "back (or to another one)"
-    )
+    return cut_detail("the gateway", f"shutdown_grace_s ({grace_s:g} s)")
 
 
 def cut_answer(state: GatewayState, request_id: str) -> Answer:
     """The answer to a call still running when the server's shutdown grace ran out and cut it
     (uvicorn cancels it): a 503 saying so, where the caller got a dropped connection."""
-    detail = cut_detail(state.settings.shutdown_grace_s)
+    detail = shutdown_cut_detail(state.settings.shutdown_grace_s)
     return _json(503, {"detail": detail, "request_id": request_id})
 
 

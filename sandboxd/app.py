@@ -44,13 +44,3 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
         BodyLimit, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
     )
     return app
-
-
-def cut_call_detail(grace_s: float) -> str:
-    """What a run cut by `shutdown_grace_s` after SIGTERM or SIGINT is told (its run is killed and
-    cleaned up as a cancelled one's; `toolenv_core.shutdown.AnswerCutCalls` answers it)."""
-    return (
-        "sandboxd stopped before this call finished: calls in flight get "
-        f"shutdown_grace_s ({grace_s:g} s) after SIGTERM/SIGINT, then are cut; send it "
-        "again once sandboxd is back (or to another one)"
-    )

@@ -11,9 +11,9 @@ import uvicorn
 from toolenv_core import serving
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
-from toolenv_core.shutdown import AnswerCutCalls
+from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
-from .app import create_app, cut_call_detail
+from .app import create_app
 from .process import BWRAP_INSTALL_HINT
 from .settings import SandboxSettings
 from .sizing import PROGRAMS_PER_CORE
@@ -90,7 +90,10 @@ def serve(
         err=True,
     )
     server_config = uvicorn.Config(
-        AnswerCutCalls(create_app(settings), cut_call_detail(settings.shutdown_grace_s)),
+        AnswerCutCalls(
+            create_app(settings),
+            cut_detail("sandboxd", f"shutdown_grace_s ({settings.shutdown_grace_s:g} s)"),
+        ),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -13,6 +13,15 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
+def cut_detail(service: str, grace: str) -> str:
+    """What a call cut at `service`'s shutdown is told, every service alike (`grace`: how long
+    calls in flight get, as the service sets it)."""
+    return (
+        f"{service} stopped before this call finished: calls in flight get {grace} after "
+        "SIGTERM/SIGINT, then are cut; send it again when the service is back (or to another one)"
+    )
+
+
 class AnswerCutCalls:
     """A served app's outermost layer: a call uvicorn cancels at its shutdown timeout, before
     its answer started, is answered 503 with `detail` (and the connection closed)."""
