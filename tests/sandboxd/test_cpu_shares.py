@@ -22,8 +22,10 @@ from sbx_support import SandboxdServer
 pytestmark = pytest.mark.bwrap
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+# 16 s: the short programs below must finish while both hogs still spin (at 8 s, a slow
+# moment of a fresh-clone run let the hogs end first)
 HOG = """import os, time
-end = time.monotonic() + 8
+end = time.monotonic() + 16
 kids = []
 for _ in range(5):
     pid = os.fork()
@@ -150,7 +152,7 @@ def test_a_short_program_gets_its_share_beside_forking_hogs(
         "--backend", "process", "--max-concurrency", "16", cpu_cgroup=service_cgroup
     )
     hogs = [
-        threading.Thread(target=server.run_code, kwargs={"code": HOG, "run_timeout": 20})
+        threading.Thread(target=server.run_code, kwargs={"code": HOG, "run_timeout": 30})
         for _ in range(2)
     ]
     for t in hogs:
@@ -166,7 +168,7 @@ def test_a_short_program_gets_its_share_beside_forking_hogs(
         running = server.client.get("/v1/sandbox/status").json()["admission"]["running"]
     finally:
         for t in hogs:
-            t.join(30)
+            t.join(40)
         server.stop()
     assert running == 2  # the short programs ran while both hogs spun
     assert all(r["status"] == "Finished" for r in shorts)
