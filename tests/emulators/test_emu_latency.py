@@ -60,6 +60,10 @@ SPECS = [
         "model": {"kind": "lognormal", "median_s": 0.5, "sigma": 0.3},
         "faults": [{"type": "error", "rate": 0.2, "status": 500}],
     },
+    # bounds far out in a tail: the normal CDF rounded to 0 or 1 there, and every draw was
+    # infinite (`max_delay_s` per call) or pinned to `low_s`
+    {"kind": "truncnormal", "mean_s": 0.05, "std_s": 0.005, "low_s": 0.2},
+    {"kind": "truncnormal", "mean_s": 5.0, "std_s": 0.1, "low_s": 0.0, "high_s": 1.0},
 ]
 
 

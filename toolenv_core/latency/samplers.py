@@ -57,13 +57,22 @@ class FunctionSampler(Sampler):
 def truncnormal_fn(
     mean: float, std: float, low: float, high: float
 ) -> Callable[[np.random.Generator], float]:
-    """Inverse-CDF sampling of a normal restricted to [low, high] (fast, no rejection loop)."""
-    a = special.ndtr((low - mean) / std)
-    b = special.ndtr((high - mean) / std)
+    """Inverse-CDF sampling of a normal restricted to [low, high] (fast, no rejection loop).
+
+    In log space, and on the lower side of the mean (an interval above it is sampled as its
+    mirror image): a bound ~8 standard deviations out rounded the normal CDF to exactly 0 or 1,
+    and every draw became infinite (a `low_s` above the mean: `max_delay_s` per call) or `low_s`.
+    """
+    alpha, beta = (low - mean) / std, (high - mean) / std
+    sign = -1.0 if alpha > 0 else 1.0  # an upper tail: sample its mirror, a lower one
+    lo, hi = (-beta, -alpha) if sign < 0 else (alpha, beta)
+    log_hi = float(special.log_ndtr(hi))
+    ratio = math.exp(float(special.log_ndtr(lo)) - log_hi)  # P(Z <= lo) / P(Z <= hi)
 
     def fn(rng: np.random.Generator) -> float:
-        u = a + (b - a) * rng.random()
-        return float(np.clip(mean + std * special.ndtri(u), low, high))
+        r = rng.random()  # u = P(Z <= lo) + r * (P(Z <= hi) - P(Z <= lo)), as a log
+        log_u = log_hi + math.log(max(r + (1.0 - r) * ratio, 1e-300))
+        return float(np.clip(mean + sign * std * special.ndtri_exp(log_u), low, high))
 
     return fn
 
