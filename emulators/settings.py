@@ -6,7 +6,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, FilePath
+from pydantic import Field, FilePath, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings, LogLevel
@@ -89,6 +89,16 @@ class EmulatorSettings(FrontDoorSettings):
         default=0.0,
         description="reward delay scales with (mean response length / recorded mean) ** this",
     )
+
+    @model_validator(mode="after")
+    def _default_topk_within_max(self) -> EmulatorSettings:
+        """A `default_topk` above `max_topk` was accepted: every `/retrieve` that sent no topk
+        was a 422 naming a topk the caller never sent."""
+        if self.default_topk > self.max_topk:
+            raise ValueError(
+                f"default_topk ({self.default_topk}) exceeds max_topk ({self.max_topk})"
+            )
+        return self
 
     @cached_property
     def deadline_policy(self) -> DeadlinePolicy:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -481,6 +482,19 @@ def test_a_bad_corpus_is_one_line_and_exit_2(tmp_path: Path, lines: str, problem
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(f"error: invalid emulators settings: corpus: {tmp_path}/{problem}")
     assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_default_topk_above_max_topk_is_refused_at_start() -> None:
+    # it was accepted: every /retrieve without topk was a 422 about a topk nobody sent
+    env = {**os.environ, "TOOLENV_EMULATORS_DEFAULT_TOPK": "60"}
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (
+        "error: invalid emulators settings: default_topk (60) exceeds max_topk (50)\n"
+    )
 
 
 def _raw(port: int, request: bytes) -> tuple[bytes, float]:
