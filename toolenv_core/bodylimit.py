@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CLOSE = ((b"connection", b"close"),)  # a 408 leaves the rest of the body unread: close
@@ -116,6 +117,8 @@ async def run_bounded(
         return None if started else Refusal(413, too_large_message(max_body_bytes))
     except BodyTimeout as exc:  # raised past the app's own error handling (a raw ASGI route)
         return None if started else Refusal(408, exc.detail, CLOSE)
+    except ClientDisconnect:  # the caller left before its body was whole: nobody to answer (it
+        return None  # reached uvicorn as "Exception in ASGI application" and a traceback)
     return None
 
 

@@ -656,3 +656,25 @@ def test_a_profile_the_emulator_refuses_names_its_file(tmp_path: Path) -> None:
         )  # fmt: skip
         assert out.returncode == 2, out.stderr
         assert out.stderr.startswith(said) and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_caller_that_leaves_mid_body_leaves_no_traceback() -> None:
+    """A client gone before its body was whole reached uvicorn as "Exception in ASGI
+    application" with a ClientDisconnect traceback, once per such call."""
+    s = start_server()
+    try:
+        port = int(s.url.rsplit(":", 1)[1])
+        for method, path in [
+            ("POST", "/retrieve"),
+            ("POST", "/v1/emulators/reward/call"),
+            ("PUT", "/v1/emulators/search/profile"),
+        ]:
+            head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(head.encode() + b'{"queries":')
+                time.sleep(0.3)  # the handler is reading the body when the client leaves
+        assert httpx.post(s.url + "/retrieve", json={"queries": ["q"]}).status_code == 200
+    finally:
+        s.stop()
+    out = s.output()
+    assert "Traceback" not in out and "Exception in ASGI application" not in out, out
