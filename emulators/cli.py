@@ -54,12 +54,16 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _nearest_existing_parent(path: Path) -> Path:
+    return next(d for d in path.parents if d.exists())
+
+
 def _check_out(out: Path) -> None:
     """`--out` checked before the traces are read and fitted: it failed after them, the report
     unprinted, and a path under a file said "File exists"."""
     if out.is_dir():
         raise _fail(f"--out {out}: is a directory; name a profile file (YAML or .json)")
-    existing = next(d for d in out.parents if d.exists())  # the directories below are made
+    existing = _nearest_existing_parent(out)  # the directories below it are made
     if not existing.is_dir():
         raise _fail(f"--out {out}: {existing} is a file, not a directory")
     try:
@@ -171,6 +175,9 @@ def describe_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
+    if plot is not None and not (parent := _nearest_existing_parent(plot)).is_dir():
+        # found before the sampling, and said as it is: making the directories said "File exists"
+        raise _fail(f"cannot write the plot to {plot}: {parent} is a file, not a directory")
     try:
         profile = load_profile(profile_path)
         recorded = successful_latencies(data, profile.tool) if data else None

@@ -335,3 +335,18 @@ def test_degenerate_latencies_fit_without_scipy_warnings() -> None:
         assert [str(w.message) for w in caught] == [], data
         assert report.n == len(data) and report.best.spec is not None
         assert next(c for c in report.candidates if c.name == "gamma").error  # in its row
+
+
+def test_describe_plot_under_a_file_says_so(tmp_path: Path) -> None:
+    """`--plot FILE/cdf.png` said "cannot write the plot to ...: File exists" (the directories
+    it makes for the plot met the file)."""
+    shipped = str(packaged_profile_path("search_default"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for plot in (blocker / "cdf.png", blocker / "d" / "cdf.png"):
+        result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(plot)])
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.stderr == (
+            f"error: cannot write the plot to {plot}: {blocker} is a file, not a directory\n"
+        )
+    assert blocker.read_text() == "" and sorted(tmp_path.iterdir()) == [blocker]
