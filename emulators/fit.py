@@ -266,8 +266,20 @@ def _candidates(data: np.ndarray) -> list[tuple[str, Any, bool]]:
     return out
 
 
+def ks_distance(data: np.ndarray, cdf: Any) -> float:
+    """sup |ECDF - CDF| for any model CDF, its jumps included: on each distinct recorded value
+    and just before it. scipy's `kstest` assumes a continuous CDF: on data with ties (latencies
+    logged to 10 ms) the empirical table's own steps read as misfit (KS 0.12 for a table within
+    0.001 of the data; 1.0 for calls that all took the same time)."""
+    x = np.sort(np.asarray(data, dtype=float))
+    u = np.unique(x)
+    above = np.abs(np.searchsorted(x, u, side="right") / x.size - cdf(u))
+    below = np.abs(np.searchsorted(x, u, side="left") / x.size - cdf(np.nextafter(u, -np.inf)))
+    return float(max(above.max(), below.max()))
+
+
 def score(data: np.ndarray, spec: Any) -> tuple[float, dict[str, float]]:
-    ks = float(stats.kstest(data, spec.cdf).statistic)
+    ks = ks_distance(data, spec.cdf)
     ps = np.asarray(REPORT_QUANTILES)
     want = np.quantile(data, ps)
     got = model_quantiles(spec, ps, float(data.min()) / 10, float(data.max()) * 100)

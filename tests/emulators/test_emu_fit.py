@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 from typer.testing import CliRunner
 
 from emulators.fit import fit
@@ -350,3 +351,19 @@ def test_describe_plot_under_a_file_says_so(tmp_path: Path) -> None:
             f"error: cannot write the plot to {plot}: {blocker} is a file, not a directory\n"
         )
     assert blocker.read_text() == "" and sorted(tmp_path.iterdir()) == [blocker]
+
+
+def test_the_ks_distance_counts_ties_and_the_tables_own_steps_right() -> None:
+    """scipy's kstest assumes a continuous CDF: on latencies logged to 10 ms the empirical
+    table, within 0.001 of the data, was reported at KS 0.12 (worse than every lognormal
+    mixture), and calls that all took 0.5 s at KS 1.0 with "reproduces the recorded shape"."""
+    rounded = np.round(np.random.default_rng(3).lognormal(np.log(0.17), 1.2, 5000), 2)
+    table = next(c for c in fit(rounded).candidates if c.name == "empirical_quantiles")
+    assert table.ks < 0.01
+    same = fit(np.full(50, 0.5))
+    assert same.best.name == "empirical_quantiles" and same.best.ks == 0.0
+    assert same.reason.endswith("reproduces the recorded shape (KS 0.0000)")
+    # a continuous model on data without ties: the distance scipy's test gives
+    data = np.random.default_rng(4).gamma(0.8, 0.5, 2000)
+    lognormal = next(c for c in fit(data).candidates if c.name == "lognormal")
+    assert lognormal.ks == pytest.approx(stats.kstest(data, lognormal.spec.cdf).statistic)
