@@ -23,7 +23,7 @@ from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
 from .app import create_app
-from .describe import describe, faults_line, plot_cdf
+from .describe import describe, faults_line, plot_cdf, stage_label
 from .fit import build_profile, fit, split_by_status, successful_latencies
 from .settings import EmulatorSettings
 from .timing import StampingHttpToolsProtocol
@@ -210,6 +210,8 @@ def describe_command(
                 for k in report["model"]
             ),
         )
+    for stage in report.get("stages", []):
+        table.add_row(stage_label(stage), *(f"{stage[k]:.4g}" for k in report["model"]))
     console.print(table)
     if "faults" in report:
         console.print(faults_line(report["faults"]) + " (the quantiles are of the latency alone)")

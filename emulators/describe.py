@@ -10,7 +10,7 @@ from scipy import stats
 
 from toolenv_core.latency.faults import ErrorFault
 from toolenv_core.latency.profile import Profile
-from toolenv_core.latency.specs import Faulty
+from toolenv_core.latency.specs import Drift, Faulty
 from toolenv_core.plotting import pyplot
 
 from .fit import REPORT_QUANTILES, qname
@@ -45,6 +45,14 @@ def describe(
             | ({"status": f.status} if isinstance(f, ErrorFault) else {})
             for f in profile.model.faults
         ]
+    drift = profile.model.model if isinstance(profile.model, Faulty) else profile.model
+    if isinstance(drift, Drift):  # one sample of a drift is mostly its first stage (by time,
+        # or by step without calls_per_step: all of it): each stage is described on its own
+        report["stages"] = [
+            {"start": stage.start, "by": drift.by}
+            | summarize(stage.model.build().sample_many(np.random.default_rng(seed), n))
+            for stage in drift.schedule
+        ]
     if profile.response_tokens is not None:
         tokens = profile.response_tokens.build().sample_many(np.random.default_rng(seed), 10_000)
         report["response_tokens_per_query"] = {
@@ -61,6 +69,12 @@ def describe(
             if k.startswith("p")
         }
     return report
+
+
+def stage_label(stage: dict[str, Any]) -> str:
+    """`from step 2 (s)` / `from 30 s (s)`: a drift stage's row in the human report."""
+    start = f"step {stage['start']:g}" if stage["by"] == "step" else f"{stage['start']:g} s"
+    return f"from {start} (s)"
 
 
 def faults_line(faults: list[dict[str, Any]]) -> str:

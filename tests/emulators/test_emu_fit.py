@@ -367,3 +367,25 @@ def test_the_ks_distance_counts_ties_and_the_tables_own_steps_right() -> None:
     data = np.random.default_rng(4).gamma(0.8, 0.5, 2000)
     lognormal = next(c for c in fit(data).candidates if c.name == "lognormal")
     assert lognormal.ks == pytest.approx(stats.kstest(data, lognormal.spec.cdf).statistic)
+
+
+def test_describe_shows_each_stage_of_a_drift(tmp_path: Path) -> None:
+    """A sample of a drift by time (drawn at once) or by step without calls_per_step is all
+    its first stage: describe printed that stage's quantiles as the profile's, and the later
+    stages appeared nowhere."""
+    stages = [
+        {"start": 0, "model": {"kind": "constant", "value_s": 0.1}},
+        {"start": 30, "model": {"kind": "constant", "value_s": 2.0}},
+    ]
+    path = tmp_path / "drift.json"
+    path.write_text(json.dumps({"model": {"kind": "drift", "by": "time", "schedule": stages}}))
+    result = runner.invoke(app, ["emulators", "describe", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)["stages"]
+    assert [(s["start"], s["by"], s["p50"], s["max"]) for s in got] == [
+        (0, "time", 0.1, 0.1),
+        (30, "time", 2.0, 2.0),
+    ]
+    human = runner.invoke(app, ["emulators", "describe", str(path)])
+    assert human.exit_code == 0, human.output
+    assert "from 0 s (s)" in human.stdout and "from 30 s (s)" in human.stdout
