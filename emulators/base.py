@@ -117,8 +117,12 @@ def bounded(seconds: float, cap: float) -> float:
     return seconds if seconds <= cap else cap
 
 
-def request_deadline(request: Request, settings: EmulatorSettings) -> Deadline:
-    return settings.deadline_policy.deadline(request.headers.get(h.DEADLINE))
+def request_deadline(request: Request, settings: EmulatorSettings, arrival: float) -> Deadline:
+    """The caller's budget counted from the request's arrival, as its delay is: counted from
+    when the handler ran, a call that waited in the loop (or behind a pipelined one) answered
+    200 after its deadline, or its 504 that much late."""
+    budget = settings.deadline_policy.budget_s(request.headers.get(h.DEADLINE))
+    return Deadline.never() if budget is None else Deadline(arrival + budget)
 
 
 def step_from_headers(request: Request) -> int | None:
@@ -313,7 +317,7 @@ async def begin_call(
     """Arrival time, deadline, `X-Step` and the parsed body, or the 400/422 to answer."""
     arrival = received_at(request.scope)
     try:
-        deadline = request_deadline(request, settings)
+        deadline = request_deadline(request, settings, arrival)
         header_step = step_from_headers(request)
     except h.HeaderError as exc:  # the deadline's and the step's
         return bad_request(str(exc))

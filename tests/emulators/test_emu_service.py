@@ -678,3 +678,32 @@ def test_a_caller_that_leaves_mid_body_leaves_no_traceback() -> None:
         s.stop()
     out = s.output()
     assert "Traceback" not in out and "Exception in ASGI application" not in out, out
+
+
+def test_a_deadline_counts_from_the_requests_arrival_like_its_delay() -> None:
+    """The budget was counted from when the handler ran, the delay from arrival: a call that
+    waited (here behind a pipelined one on its connection; under load, in the loop's queue) got
+    its 504 that much after its deadline, and one due just after it answered 200 past it."""
+    s = start_server()
+    try:
+        faults = [{"type": "hang", "rate": 1.0}]
+        hang = {"model": {"kind": "faulty", "model": FAST["model"], "faults": faults}}
+        assert httpx.put(s.url + "/v1/emulators/search/profile", json=hang).status_code == 200
+        port = int(s.url.rsplit(":", 1)[1])
+        first = json.dumps({"query": "q", "delay_s": 0.5}).encode()  # exact: no fault
+        second = json.dumps({"queries": ["q"]}).encode()
+        head = b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n"
+        pipelined = head % (b"/v1/emulators/search/call", b"", len(first)) + first
+        pipelined += head % (b"/retrieve", b"X-Toolenv-Deadline-Ms: 200\r\n", len(second))
+        pipelined += second
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(pipelined)
+            data = b""
+            while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b"}"):
+                data += sock.recv(65536)
+        reply = data[data.rindex(b"HTTP/1.1 ") :].decode()
+        assert reply.startswith("HTTP/1.1 504"), reply
+        # scheduled: the caller's deadline, 200 ms after its request arrived (it was ~700)
+        assert "x-toolenv-injected-delay-ms: 200.000\r\n" in reply, reply
+    finally:
+        s.stop()
