@@ -32,15 +32,18 @@ E = TypeVar("E", SearchEmulator, RewardEmulator)
 
 
 def _emulator(cls: type[E], settings: EmulatorSettings) -> E:
-    """One emulator with its configured (or shipped) profile. A profile it refuses (another
-    tool's, a trace replay whose files cannot be read) names where the profile came from: with
-    `--profile` and `--reward-profile` both given, "field 'tool': this is the 'search' emulator"
-    did not say which file was wrong."""
+    """One emulator with its configured (or shipped) profile (one that names no `tool` is this
+    emulator's). A profile it refuses (another tool's, a trace replay whose files cannot be
+    read) names where the profile came from: with `--profile` and `--reward-profile` both
+    given, "field 'tool': this is the 'search' emulator" did not say which file was wrong."""
     inline = getattr(settings, f"{cls.name}_profile")
     path = getattr(settings, f"{cls.name}_profile_file") or packaged_profile_path(
         f"{cls.name}_default"
     )
     profile = inline if inline is not None else load_profile(path)
+    if "tool" not in profile.model_fields_set:  # as a PUT takes its path's tool: a reward
+        # profile written without `tool:` was refused as "the profile says 'search'"
+        profile = profile.model_copy(update={"tool": cls.name})
     try:
         return cls(settings, profile)
     except ProfileRejected as exc:

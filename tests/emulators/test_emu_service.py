@@ -707,3 +707,20 @@ def test_a_deadline_counts_from_the_requests_arrival_like_its_delay() -> None:
         assert "x-toolenv-injected-delay-ms: 200.000\r\n" in reply, reply
     finally:
         s.stop()
+
+
+def test_a_profile_that_names_no_tool_is_the_slot_it_is_given_for(tmp_path: Path) -> None:
+    """As a PUT takes its path's tool: a reward profile without `tool:` (given to
+    --reward-profile, or inline under `reward_profile:`) was refused at start with "the profile
+    says 'search'", the field's default."""
+    profile = tmp_path / "slow.yaml"
+    profile.write_text("model: {kind: constant, value_s: 30}\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("emulators:\n  reward_profile:\n    model: {kind: constant, value_s: 30}\n")
+    for args in (["--reward-profile", str(profile)], ["--config", str(config)]):
+        s = start_server(*args)
+        try:
+            got = httpx.get(s.url + "/v1/emulators/reward/profile").json()
+            assert got["tool"] == "reward" and got["model"]["value_s"] == 30.0
+        finally:
+            s.stop()
