@@ -23,7 +23,7 @@ from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
 from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
 from .app import create_app
-from .describe import describe, faults_line, plot_cdf, stage_label
+from .describe import describe, faults_line, json_ready, plot_cdf, stage_label
 from .fit import build_profile, fit, split_by_status, successful_latencies
 from .settings import EmulatorSettings
 from .timing import StampingHttpToolsProtocol
@@ -190,7 +190,7 @@ def describe_command(
         except OSError as exc:
             raise _fail(f"cannot write the plot to {plot}: {exc.strerror or exc}") from exc
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        typer.echo(json.dumps(json_ready(report), indent=2, allow_nan=False))
         return
     console = report_console()
     table = Table(

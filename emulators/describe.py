@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,28 @@ def sample_profile(profile: Profile, n: int, seed: int) -> np.ndarray:
 
 
 def summarize(samples: np.ndarray) -> dict[str, float]:
-    out = {qname(p): float(np.quantile(samples, p)) for p in (0.1, *REPORT_QUANTILES)}
+    """Quantiles, mean and max. A quantile between two infinite draws (past the float range: a
+    wide lognormal, a Pareto tail) is inf: numpy's interpolation made it nan (inf - inf), with
+    its RuntimeWarning on stderr."""
+    ps = (0.1, *REPORT_QUANTILES)
+    with np.errstate(invalid="ignore"):
+        qs = np.quantile(samples, ps)
+    qs = np.where(np.isnan(qs), np.inf, qs)
+    out = {qname(p): float(q) for p, q in zip(ps, qs, strict=True)}
     out.update(mean=float(samples.mean()), max=float(samples.max()))
     return out
+
+
+def json_ready(value: Any) -> Any:
+    """`value` with every infinite number as None: `--json` printed `Infinity`, which is not
+    JSON (jq and strict parsers refuse the whole report)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def describe(
@@ -95,12 +115,11 @@ def plot_cdf(
     plt = pyplot()
 
     samples = np.sort(sample_profile(profile, n, seed))
+    levels = np.arange(1, samples.size + 1) / samples.size
+    drawn = np.isfinite(samples)  # infinite draws have no place on the axis (nor its overflow)
+    samples, levels = samples[drawn], levels[drawn]
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    ax.plot(
-        samples,
-        np.arange(1, samples.size + 1) / samples.size,
-        label=f"profile ({profile.model.kind}, n={n})",
-    )
+    ax.plot(samples, levels, label=f"profile ({profile.model.kind}, n={n})")
     if data is not None:
         d = np.sort(data)
         ax.step(

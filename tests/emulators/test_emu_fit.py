@@ -389,3 +389,21 @@ def test_describe_shows_each_stage_of_a_drift(tmp_path: Path) -> None:
     human = runner.invoke(app, ["emulators", "describe", str(path)])
     assert human.exit_code == 0, human.output
     assert "from 0 s (s)" in human.stdout and "from 30 s (s)" in human.stdout
+
+
+def test_describe_of_draws_past_the_float_range_says_inf_and_stays_json(tmp_path: Path) -> None:
+    """A lognormal with sigma 1000 draws inf: its quantiles were numpy's nan (inf - inf) with
+    a RuntimeWarning on stderr, and `--json` printed NaN and Infinity, which are not JSON."""
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps({"model": {"kind": "lognormal", "median_s": 0.1, "sigma": 1000}}))
+    result = runner.invoke(app, ["emulators", "describe", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    model = json.loads(result.stdout, parse_constant=refuse)["model"]
+    assert model["p50"] < 1 and model["p99"] is None and model["max"] is None
+    human = runner.invoke(app, ["emulators", "describe", str(path)])
+    assert human.exit_code == 0 and "nan" not in human.stdout and "inf" in human.stdout
+    assert "RuntimeWarning" not in human.stderr, human.stderr
