@@ -128,8 +128,8 @@ def fit_command(
         except OSError as exc:
             raise _fail(f"cannot write the profile to {out}: {exc.strerror or exc}") from exc
         summary["profile"] = str(out)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+    if as_json:  # a failed candidate's KS is inf: null, not `Infinity` (not JSON)
+        typer.echo(json.dumps(json_ready(summary), indent=2, allow_nan=False))
         return
     table = Table(
         title=f"{tool}: {report.n} calls, KS 5% critical value {report.ks_critical:.4f}",

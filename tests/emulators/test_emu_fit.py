@@ -407,3 +407,20 @@ def test_describe_of_draws_past_the_float_range_says_inf_and_stays_json(tmp_path
     human = runner.invoke(app, ["emulators", "describe", str(path)])
     assert human.exit_code == 0 and "nan" not in human.stdout and "inf" in human.stdout
     assert "RuntimeWarning" not in human.stderr, human.stderr
+
+
+def test_fit_json_stays_json_when_a_candidate_fails(tmp_path: Path) -> None:
+    """Calls that all took 0.5 s: the gamma fit fails, its KS is inf, and `--json` printed
+    `"ks": Infinity`, which is not JSON."""
+    calls = tmp_path / "calls.log"
+    calls.write_text(
+        "".join(f"Step0, Request ID: {i}, Tool: search, Latency: 0.5 seconds\n" for i in range(50))
+    )
+    result = runner.invoke(app, ["emulators", "fit", str(calls), "--json"])
+    assert result.exit_code == 0, result.output
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    rows = {c["name"]: c for c in json.loads(result.stdout, parse_constant=refuse)["candidates"]}
+    assert rows["gamma"]["error"] and rows["gamma"]["ks"] is None
