@@ -116,8 +116,11 @@ def fit_command(
     except (TraceFormatError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     report.extra["statuses"] = split.as_dict()
-    # the folder's own name: a relative path's parent (".") has none, and read as "/trace.jsonl"
-    source = "PolyTrace " + ", ".join(sorted(f"{p.resolve().parent.name}/{p.name}" for p in used))
+    # the files that held this tool's calls (a multi-turn trace beside reward timings held none
+    # for `--tool reward`, and was named all the same); the folder's own name: a relative path's
+    # parent (".") has none, and read as "/trace.jsonl"
+    read = {o.source for o in observations if o.source is not None}
+    source = "PolyTrace " + ", ".join(sorted(f"{p.resolve().parent.name}/{p.name}" for p in read))
     summary = report.as_dict()
     if out is not None:
         profile = build_profile(

@@ -424,3 +424,18 @@ def test_fit_json_stays_json_when_a_candidate_fails(tmp_path: Path) -> None:
 
     rows = {c["name"]: c for c in json.loads(result.stdout, parse_constant=refuse)["candidates"]}
     assert rows["gamma"]["error"] and rows["gamma"]["ks"] is None
+
+
+def test_a_profile_names_only_the_files_that_held_its_calls(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """`fit search_r1 rllm_deepcoder --tool reward` read its calls from the reward timings
+    alone, and its profile's `source` named the search traces too."""
+    out = tmp_path / "reward.yaml"
+    traces = [str(polytrace_dir / "search_r1"), str(polytrace_dir / "rllm_deepcoder")]
+    result = runner.invoke(
+        app, ["emulators", "fit", *traces, "--tool", "reward", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    source = load_profile(out).source or ""
+    assert "rllm_deepcoder/reward_timings_step_0.jsonl" in source and "search_r1" not in source

@@ -36,6 +36,7 @@ class LatencyObservation:
     batch_size: int | None = None
     response_sum: int | None = None
     status: str | None = None  # multi-turn: the call's `status` ("success", "timeout", ...)
+    source: Path | None = None  # the file it was read from (what a fitted profile names)
 
 
 def iter_latencies(
@@ -68,11 +69,12 @@ def iter_latencies(
                             call.response_token_len,
                             call.query_count,
                             status=call.status,
+                            source=path,
                         )
         elif fmt == "call_log":
             for index, rec in enumerate(read_call_log(path)):
                 if rec.tool == tool:
-                    yield LatencyObservation(rec.step, index, 0, rec.latency_s)
+                    yield LatencyObservation(rec.step, index, 0, rec.latency_s, source=path)
         elif fmt == "reward_timings":
             if tool != "reward":
                 continue
@@ -84,6 +86,7 @@ def iter_latencies(
                     rec.reward_time_s,
                     batch_size=rec.batch_size,
                     response_sum=rec.response_sum,
+                    source=path,
                 )
         # packed lengths, DAPO filter indices and fitted parameters record no latencies: skipped
 
