@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from toolenv_core.deadline import Deadline
 from toolenv_core.fields import Integer, Number
 from toolenv_core.headers import COUNT_MAX
+from toolenv_core.latency.faults import SlowBodyFault
 from toolenv_core.latency.samplers import Draw
 
 from ..base import (
@@ -88,7 +89,10 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
         request: Request,
     ) -> Response:
         min_delay = 0.0
-        if emulator.corpus is not None and draw.fault is None:
+        # the answers with a body: a slow one is the same answer trickled (with a corpus, it
+        # was made of synthetic documents); an error, hang or throttle sends none
+        with_body = draw.fault is None or isinstance(draw.fault, SlowBodyFault)
+        if emulator.corpus is not None and with_body:
             results = await emulator.retrieve_real(queries, topk, scores)
             min_delay = time.monotonic() - arrival  # delay = max(real, sampled)
             budgets = None

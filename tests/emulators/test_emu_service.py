@@ -22,6 +22,7 @@ from stress import LoadSpec, arun_load
 from toolenv_core.latency import load_profile
 
 INJECTED = "x-toolenv-injected-delay-ms"
+FAULT = "x-toolenv-fault"
 TIMER = "x-toolenv-timer-error-ms"
 LEAD = "x-toolenv-pacing-lead-ms"
 
@@ -457,6 +458,13 @@ def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
             assert first[0]["document"]["id"] == "d1" and second[0]["document"]["id"] == "d2"
             assert first[0]["document"]["contents"].startswith('"Hamlet"\n')
             assert float(r.headers[INJECTED]) >= 100.0  # delay = max(real, sampled)
+            # a slow body is the same answer, trickled: it was made of synthetic documents
+            slow = [{"type": "slow_body", "rate": 1.0, "duration_s": 0.05, "chunks": 2}]
+            faulty = {"kind": "faulty", "model": FAST["model"], "faults": slow}
+            c.put("/v1/emulators/search/profile", json={"model": faulty}).raise_for_status()
+            r = c.post("/retrieve", json={"queries": ["capital of peru"], "topk": 1})
+            assert r.headers[FAULT] == "slow_body"
+            assert r.json() == {"result": [[docs[1]]]}
     finally:
         s.stop()
 
