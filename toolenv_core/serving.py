@@ -63,6 +63,9 @@ def serve(config: uvicorn.Config) -> None:
     except OSError as exc:
         typer.echo(f"error: {bind_message(config.host, config.port, exc)}", err=True)
         raise typer.Exit(STARTUP_FAILURE) from None
+    if config.port == 0:  # the system's choice: said nowhere (uvicorn's own line is at info)
+        bound = sock.getsockname()[1]
+        typer.echo(f"--port 0: listening on port {bound} (http://{config.host}:{bound})", err=True)
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
