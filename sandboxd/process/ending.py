@@ -28,7 +28,8 @@ def classify(
     cpu_time_s: float | None,
 ) -> Ending:
     """The status a step is reported with: a kill by the service names its reason; else the
-    memory cgroup, the CPU rlimit and SIGXFSZ explain a death; else it finished by itself."""
+    memory cgroup, the CPU rlimit (SIGXCPU at its soft limit, SIGKILL at the hard one) and
+    SIGXFSZ explain a death; else it finished by itself."""
     rc = returncode
     exit_code: int | None = rc
     sig: int | None = None
@@ -46,6 +47,9 @@ def classify(
     ):
         status = ExecStatus.MEMORY_LIMIT
         message = f"memory limit of {lim.memory_bytes // (1 << 20)} MB exceeded"
+    elif sig == signal.SIGXCPU:  # the soft CPU rlimit (a program may raise it itself: rare)
+        status = ExecStatus.TIME_LIMIT
+        message = f"CPU-time limit of {lim.cpu_s} s exceeded"
     elif (
         sig == signal.SIGKILL
         and stats is not None

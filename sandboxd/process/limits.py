@@ -43,19 +43,27 @@ class StepLimits:
             cpu_cores=limits.cpu_limit,
         )
 
-    def rlimits(self, with_cgroup_memory: bool) -> list[tuple[int, int]]:
-        """With the memory cgroup bounding resident memory, the address-space limit only has to
-        stop absurd allocations early; without it, it is the memory limit."""
+    def rlimits(self, with_cgroup_memory: bool) -> list[tuple[int, int, int]]:
+        """(resource, soft, hard) for each rlimit. With the memory cgroup bounding resident
+        memory, the address-space limit only has to stop absurd allocations early; without it,
+        it is the memory limit. The CPU limit is soft `cpu_s` (SIGXCPU, which names the limit in
+        the exit status: a program under bwrap's init is reaped there, so the service has no CPU
+        time of its own to tell a CPU-limit SIGKILL by) and hard one second later (SIGKILL, for
+        a program that ignores SIGXCPU, or is its namespace's init, which the kernel spares it),
+        as the Docker agent sets it."""
         address_space = (
             self.memory_bytes * 2 + (512 << 20) if with_cgroup_memory else self.memory_bytes
         )
-        return [
-            (resource.RLIMIT_CPU, self.cpu_s),
+        same = [
             (resource.RLIMIT_AS, address_space),
             (resource.RLIMIT_FSIZE, self.fsize_bytes),
             (resource.RLIMIT_NOFILE, self.nofile),
             (resource.RLIMIT_CORE, 0),
             (resource.RLIMIT_STACK, min(self.memory_bytes, 256 << 20)),
+        ]
+        return [
+            (resource.RLIMIT_CPU, self.cpu_s, self.cpu_s + 1),
+            *((res, value, value) for res, value in same),
         ]
 
 
@@ -77,5 +85,5 @@ async def confine(
     """
     if slot is not None and join:
         await asyncio.get_running_loop().run_in_executor(writer, slot.attach, pid)
-    for res, value in lim.rlimits(has_memory_cgroup(slot)):
-        resource.prlimit(pid, res, (value, value))
+    for res, soft, hard in lim.rlimits(has_memory_cgroup(slot)):
+        resource.prlimit(pid, res, (soft, hard))

@@ -209,8 +209,8 @@ def _cut_bounding_set(keep):
 
 def _drop_to_program(req, fds):
     """Limits, identity (uid 65534, no capabilities, no_new_privs) and stdio of the program."""
-    for res, value in req["rlimits"]:
-        resource.setrlimit(res, (value, value))
+    for res, soft, hard in req["rlimits"]:
+        resource.setrlimit(res, (soft, hard))
     for cap in BOUNDING if BOUNDING is not None else range(LAST_CAP + 1):
         _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability")
     if not SETGROUPS_DENIED:  # (in a user namespace made without privileges: nothing to drop)
