@@ -342,9 +342,8 @@ class Execution:
     def _on_timeout(self) -> None:
         self.timer = None
         if not self.exited:
-            self.kill(
-                ExecStatus.TIME_LIMIT, f"wall-clock limit of {self.lim.wall_s:.3g} s exceeded"
-            )
+            used = time.monotonic() - self.started_at
+            self.kill(ExecStatus.TIME_LIMIT, self.lim.time_limit_message(used))
 
     def _maybe_done(self) -> None:
         if self.exited and not self.readers and not self.done.done():

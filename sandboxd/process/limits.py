@@ -19,7 +19,7 @@ from .cgroups import CgroupSlot
 class StepLimits:
     """A step's limits resolved against the settings and the request's deadline."""
 
-    wall_s: float
+    wall_s: float  # the step's own timeout, or what is left of the deadline when that is less
     cpu_s: int
     memory_bytes: int
     pids: int
@@ -27,6 +27,7 @@ class StepLimits:
     fsize_bytes: int
     output_bytes: int
     cpu_cores: float | None
+    own_wall_s: float = 0.0  # the step's own timeout (`wall_s` without the deadline)
 
     @classmethod
     def resolve(cls, settings: SandboxSettings, limits: Limits, deadline: Deadline) -> StepLimits:
@@ -41,6 +42,18 @@ class StepLimits:
             fsize_bytes=(limits.max_file_size_mb or s.max_file_size_mb) * 1024 * 1024,
             output_bytes=limits.max_output_bytes or s.default_output_bytes,
             cpu_cores=limits.cpu_limit,
+            own_wall_s=limits.wall_time_s,
+        )
+
+    def time_limit_message(self, used_s: float) -> str:
+        """Which limit ended a step at `wall_s`: its own timeout, or the request's deadline (it
+        said "wall-clock limit of 0.0196 s exceeded" for a run_timeout of 10 s that the deadline
+        cut), in the Docker backend's words."""
+        if self.wall_s >= self.own_wall_s:
+            return f"wall-clock limit of {self.own_wall_s:.3g} s exceeded"
+        return (
+            f"the request deadline ended it after {used_s:.3g} s "
+            f"(its own limit: {self.own_wall_s:.3g} s)"
         )
 
     def rlimits(self, with_cgroup_memory: bool) -> list[tuple[int, int, int]]:

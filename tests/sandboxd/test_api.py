@@ -425,6 +425,25 @@ def test_deadline_header_bounds_the_whole_call(api: SandboxdServer) -> None:
     assert elapsed < 5
 
 
+def test_a_time_limit_names_the_limit_that_ended_it(api: SandboxdServer) -> None:
+    """The program's own run_timeout, or the request's deadline, in the Docker backend's words:
+    a run_timeout of 30 s that a 600 ms deadline cut said "wall-clock limit of 0.6 s exceeded",
+    a limit the caller never set."""
+    sleep = {"code": "import time; time.sleep(30)", "language": "python"}
+    res = api.run_code(**sleep, run_timeout=0.4)
+    assert res["message"] == res["run_result"]["message"] == "wall-clock limit of 0.4 s exceeded"
+    for language, code in (("python", sleep["code"]), ("bash", "sleep 30")):
+        r = post(
+            api,
+            {"code": code, "language": language, "run_timeout": 30},
+            headers={"X-Toolenv-Deadline-Ms": "600"},
+        )
+        run = r.json()["run_result"]
+        assert run["status"] == "TimeLimitExceeded", r.json()
+        assert run["message"].startswith("the request deadline ended it after "), run
+        assert run["message"].endswith(" s (its own limit: 30 s)"), run
+
+
 @pytest.mark.parametrize(
     "path,body",
     [
