@@ -120,9 +120,7 @@ class _Cases:
         if r.compile is not None and self.compile_result is None:
             self.compile_result = exec_to_wire(r.compile)
         if r.run is None:
-            if r.compile is not None and r.compile.status != ExecStatus.ERROR:
-                return Verdict.COMPILE_ERROR
-            return Verdict.SANDBOX_ERROR
+            return _compile_verdict(r.compile)
         e = r.run
         if e.status in _VERDICT_OF_STATUS:
             return _VERDICT_OF_STATUS[e.status]
@@ -201,6 +199,18 @@ class _Cases:
         )
 
 
+def _compile_verdict(step: ExecResult | None) -> Verdict:
+    """Every case's verdict when the compile gave no program. A compile a time limit ended (its
+    compile_timeout, or the request's deadline: it never started, or was cut) is `time_limit`, as
+    the gateway answers a call whose deadline ran out; it was `compile_error`, the program's
+    fault, for a deadline that ran out while the call waited for a slot."""
+    if step is None or step.status == ExecStatus.ERROR:
+        return Verdict.SANDBOX_ERROR
+    if step.status == ExecStatus.TIME_LIMIT:
+        return Verdict.TIME_LIMIT
+    return Verdict.COMPILE_ERROR
+
+
 def _succeeded(step: ExecResult) -> bool:
     return step.status == ExecStatus.FINISHED and step.exit_code == 0
 
@@ -225,11 +235,7 @@ async def run_tests(
         compiled, artifact = prebuilt
         compile_result = exec_to_wire(compiled)
         if artifact is None:
-            verdict = (
-                Verdict.SANDBOX_ERROR
-                if compiled.status == ExecStatus.ERROR
-                else Verdict.COMPILE_ERROR
-            )
+            verdict = _compile_verdict(compiled)
             return RunTestsResponse(
                 verdict=verdict,
                 passed=0,

@@ -111,6 +111,25 @@ def test_compile_error_is_one_verdict_for_the_program(server: SandboxdServer) ->
     assert res["passed"] == 0
 
 
+def test_a_compile_a_time_limit_ended_is_every_cases_time_limit(server: SandboxdServer) -> None:
+    """A compile cut by the request's deadline (or one that never started: the deadline ran
+    out in the queue) read `compile_error` for every case, the program's fault, where the
+    gateway answers the same deadline `time_limit`; so does a compile over compile_timeout."""
+    body = {
+        "code": '#include <stdio.h>\nint main(){puts("1");}',
+        "language": "c",
+        "cases": [{"expected_stdout": "1"}] * 2,
+    }
+    for headers, extra in (({"X-Toolenv-Deadline-Ms": "20"}, {}), ({}, {"compile_timeout": 0.01})):
+        r = server.client.post("/v1/run_tests", json={**body, **extra}, headers=headers)
+        res = r.json()
+        assert res["compile_result"]["status"] == "TimeLimitExceeded", res
+        assert res["verdict"] == "time_limit", res
+        assert [c["verdict"] for c in res["cases"]] == ["time_limit"] * 2
+        assert res["message"] == res["compile_result"]["message"] != "", res
+    assert r.headers.get("x-toolenv-deadline-expired") is None  # its own compile_timeout
+
+
 def test_cpp_cases(server: SandboxdServer) -> None:
     code = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}"
     cases = [{"stdin": f"{i} {i}", "expected_stdout": str(2 * i)} for i in range(3)]
