@@ -349,7 +349,13 @@ class DockerBackend:
             message = f"memory limit of {memory_mb} MB exceeded"
         elif status == ExecStatus.OUTPUT_LIMIT:
             cap = limits.max_output_bytes or self.settings.default_output_bytes
-            message = f"output limit of {cap} bytes exceeded; the program was killed"
+            stream = (
+                "stderr"
+                if step.get("stderr_truncated") and not step.get("stdout_truncated")
+                else "stdout"
+            )
+            # the process backend's words: which stream (it said "output limit of N bytes")
+            message = f"{stream} exceeded {cap} bytes; the program was killed"
         # The agent reports a signal death as the shell does (128 + N); the wire's return_code
         # is -N then, as on the process backend (a program's own exit(137) stays 137).
         sig = step.get("signal")

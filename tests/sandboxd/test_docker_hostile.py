@@ -177,7 +177,12 @@ def test_gigabyte_of_stdout_is_capped(portal, backend) -> None:
     assert r.run.status == ExecStatus.OUTPUT_LIMIT
     assert r.run.stdout_truncated and len(r.run.stdout) == 65536
     assert time.monotonic() - started < 3.0
+    # which stream, in the process backend's words (it said "output limit of 65536 bytes")
+    assert r.run.message == "stdout exceeded 65536 bytes; the program was killed"
     assert_clean_after(portal, backend, r)
+    r = run(portal, backend, code.replace("stdout", "stderr"), max_output_bytes=65536)
+    assert r.run.status == ExecStatus.OUTPUT_LIMIT and r.run.stderr_truncated
+    assert r.run.message == "stderr exceeded 65536 bytes; the program was killed"
 
 
 def test_filling_the_disk(portal, backend) -> None:
