@@ -29,7 +29,13 @@ def safe_relative_path(name: str) -> Path:
     hold (a name too long was an ENAMETOOLONG showing the host's run dir, a lone surrogate a
     UnicodeEncodeError); else `InvalidPath`."""
     p = Path(name)
-    if not name or "\0" in name or p.is_absolute() or ".." in p.parts or name.strip() in (".", ""):
+    # each refusal says what is wrong with the path ('' and '\n' were "must be relative ...
+    # without '..'", which they are)
+    if name.strip() in (".", ""):
+        raise InvalidPath(f"file path {name!r} names no file: it is empty, blank or '.'")
+    if "\0" in name:
+        raise InvalidPath(f"file path {name!r} has a NUL byte: no file name can hold it")
+    if p.is_absolute() or ".." in p.parts:
         raise InvalidPath(f"file path {name!r} must be relative to the working dir, without '..'")
     try:
         size = len(name.encode())

@@ -282,6 +282,11 @@ def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer)
         ({"code": "print(1)", "files": {"a": "", "a/b": ""}}, "cannot be both a file and a dir"),
         ({"code": "print(1)", "files": {"a": "", "./a": ""}}, "name the same file"),
         ({"code": "print(1)", "fetch_files": ["/etc/passwd"]}, "/etc/passwd"),
+        # what is wrong with the name (it said "must be relative ..., without '..'")
+        ({"code": "print(1)", "files": {"": "eA=="}}, "'' names no file: it is empty, blank"),
+        ({"code": "print(1)", "files": {"\n": "eA=="}}, "names no file"),
+        ({"code": "print(1)", "fetch_files": ["."]}, "'.' names no file"),
+        ({"code": "print(1)", "files": {"a\0b": "eA=="}}, "has a NUL byte"),
         # names the file system cannot hold (an ENAMETOOLONG SandboxError with the host's path)
         ({"code": "print(1)", "files": {"a" * 256: ""}}, "at most 1024 bytes, 255 per name"),
         ({"code": "print(1)", "files": {"ab/" * 400 + "x": ""}}, "is too long"),
