@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 
 from ..models import ExecStatus
 from .cgroups import CgroupStats
 from .limits import StepLimits
+
+CORES = os.cpu_count() or 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +29,7 @@ def classify(
     stats: CgroupStats | None,
     lim: StepLimits,
     cpu_time_s: float | None,
+    wall_s: float,
 ) -> Ending:
     """The status a step is reported with: a kill by the service names its reason; else the
     memory cgroup, the CPU rlimit (SIGXCPU at its soft limit, SIGKILL at the hard one) and
@@ -47,7 +51,9 @@ def classify(
     ):
         status = ExecStatus.MEMORY_LIMIT
         message = f"memory limit of {lim.memory_bytes // (1 << 20)} MB exceeded"
-    elif sig == signal.SIGXCPU:  # the soft CPU rlimit (a program may raise it itself: rare)
+    elif sig == signal.SIGXCPU and wall_s * CORES >= lim.cpu_s:
+        # the soft CPU rlimit; bwrap reports it as an exit(152) would be, and no program spends
+        # cpu_s of CPU time in less wall time than that on this host's cores
         status = ExecStatus.TIME_LIMIT
         message = f"CPU-time limit of {lim.cpu_s} s exceeded"
     elif (

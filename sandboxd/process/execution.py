@@ -397,6 +397,7 @@ class Execution:
 
     def _result(self) -> ExecResult:
         stats = self.slot.stats() if self.slot is not None else None
+        wall_s = (self.ended_at or time.monotonic()) - self.started_at
         ending = classify(
             self.returncode,
             isolated=self.ctx.isolated,
@@ -404,6 +405,7 @@ class Execution:
             stats=stats,
             lim=self.lim,
             cpu_time_s=self.cpu_time_s,
+            wall_s=wall_s,
         )
         return ExecResult(
             status=ending.status,
@@ -413,7 +415,7 @@ class Execution:
             stderr=self.buffers["stderr"].decode(errors="replace"),
             stdout_truncated=self.truncated["stdout"],
             stderr_truncated=self.truncated["stderr"],
-            wall_time_s=round((self.ended_at or time.monotonic()) - self.started_at, 6),
+            wall_time_s=round(wall_s, 6),
             cpu_time_s=round(self.cpu_time_s, 6) if self.cpu_time_s is not None else None,
             peak_memory_kb=stats.peak_memory_kb if stats else None,
             message=ending.message,
