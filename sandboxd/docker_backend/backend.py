@@ -339,7 +339,10 @@ class DockerBackend:
     def _exec_result(self, step: dict[str, Any], limits: Limits) -> ExecResult:
         stderr = base64.b64decode(step["stderr"]).decode(errors="replace")
         status = ExecStatus(step["status"])
-        memory_mb = limits.memory_mb or self.settings.default_memory_mb
+        asked_mb = limits.memory_mb or self.settings.default_memory_mb
+        # the container's limit bounds a run that asked for more (it said "memory limit of
+        # 4096 MB exceeded" for a run the container's 1024 MB ended)
+        memory_mb = min(asked_mb, self.settings.docker_memory_mb)
         message = ""
         if status == ExecStatus.FINISHED and self._hit_memory(step, stderr, memory_mb):
             status = ExecStatus.MEMORY_LIMIT
@@ -347,6 +350,8 @@ class DockerBackend:
             message = self._time_limit_message(step, limits)
         elif status == ExecStatus.MEMORY_LIMIT:
             message = f"memory limit of {memory_mb} MB exceeded"
+            if memory_mb < asked_mb:
+                message += f" (the container's docker_memory_mb, below the {asked_mb} MB asked)"
         elif status == ExecStatus.OUTPUT_LIMIT:
             cap = limits.max_output_bytes or self.settings.default_output_bytes
             stream = (

@@ -202,6 +202,22 @@ def test_a_time_limit_names_the_limit_that_ended_it(portal, backend) -> None:
     assert r.run.message.endswith(" s (its own limit: 10 s)"), r.run.message
 
 
+def test_a_memory_limit_names_the_one_that_ended_the_run(portal, backend) -> None:
+    """A run that asked for more memory than its container has ends at the container's limit:
+    it said "memory limit of 4096 MB exceeded" for a program the container's 1024 MB ended."""
+    spec = RunSpec(language="python", code="a = bytearray(1500 << 20)\nprint(len(a))")
+    spec.run_limits.memory_mb = 4096
+    r = run(portal, backend, spec)
+    assert r.run is not None and r.run.status == ExecStatus.MEMORY_LIMIT, r.run
+    assert r.run.message == (
+        "memory limit of 1024 MB exceeded (the container's docker_memory_mb, below the 4096 MB "
+        "asked)"
+    )
+    spec.run_limits.memory_mb = 128
+    r = run(portal, backend, spec)
+    assert r.run is not None and r.run.message == "memory limit of 128 MB exceeded", r.run
+
+
 def started_service(backend: DockerBackend) -> SandboxService:
     service = SandboxService(backend.settings, backend)
     service.started = True  # the module's backend, already started
