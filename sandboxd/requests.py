@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .languages import UnknownLanguage, get_language
+from .languages import Language, UnknownLanguage, get_language
 from .models import Limits, RunSpec
 from .process.cgroups import MIN_CPU_LIMIT
 from .process.paths import InvalidPath, safe_relative_path
@@ -115,6 +115,23 @@ class RequestBounds:
                     )  # fmt: skip
         return out
 
+    @staticmethod
+    def _refuse_reserved(files: Mapping[str, bytes], lang: Language) -> None:
+        """A file where sandboxd writes the program's source or its binary was silently replaced
+        (SandboxFusion writes the code under a random name beside the files), and a directory
+        there failed the compile: `files: {"main/data.txt": ...}` read "compilation failed"."""
+        reserved = {lang.source_file: "source file"}
+        if lang.artifact is not None:
+            reserved[lang.artifact] = "binary"
+        for name in files:
+            top = Path(name).parts[0]
+            if top in reserved:
+                raise BadRequest(
+                    422,
+                    f"files {name!r}: {top!r} is the {lang.name} program's {reserved[top]} in "
+                    "the working dir; give the file another name",
+                )
+
     def spec(
         self,
         *,
@@ -134,6 +151,7 @@ class RequestBounds:
             lang = get_language(language)
         except UnknownLanguage as exc:
             raise BadRequest(400, str(exc)) from exc
+        self._refuse_reserved(files, lang)
         self.count(fetch_files, "fetch_files")
         for name in fetch_files:
             try:

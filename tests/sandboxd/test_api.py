@@ -290,6 +290,16 @@ def test_unknown_language_is_400_listing_the_supported_ones(api: SandboxdServer)
         ({"code": "print(1)", "files": {"a": "", "a/b": ""}}, "cannot be both a file and a dir"),
         ({"code": "print(1)", "files": {"a": "", "./a": ""}}, "name the same file"),
         ({"code": "print(1)", "fetch_files": ["/etc/passwd"]}, "/etc/passwd"),
+        # where the program's source or binary goes: silently replaced, or a failed compile
+        (
+            {"code": "print(1)", "files": {"main.py": "eA=="}},
+            "files 'main.py': 'main.py' is the python program's source file",
+        ),
+        (
+            {"code": "int main(){}", "language": "c", "files": {"main/data.txt": "eA=="}},
+            "files 'main/data.txt': 'main' is the c program's binary",
+        ),
+        ({"code": "echo", "language": "bash", "files": {"./main.sh": "eA=="}}, "'main.sh' is"),
         # what is wrong with the name (it said "must be relative ..., without '..'")
         ({"code": "print(1)", "files": {"": "eA=="}}, "'' names no file: it is empty, blank"),
         ({"code": "print(1)", "files": {"\n": "eA=="}}, "names no file"),
