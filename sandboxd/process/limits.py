@@ -27,7 +27,7 @@ class StepLimits:
     fsize_bytes: int
     output_bytes: int
     cpu_cores: float | None
-    own_wall_s: float = 0.0  # the step's own timeout (`wall_s` without the deadline)
+    own_wall_s: float  # the step's own timeout (`wall_s` without the deadline)
 
     @classmethod
     def resolve(cls, settings: SandboxSettings, limits: Limits, deadline: Deadline) -> StepLimits:
