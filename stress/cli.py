@@ -61,6 +61,7 @@ OPTION_OF_FIELD = {
     "timeout_s": "--timeout",
     "workers": "--workers",
     "preconnect": "--preconnect",
+    "seed": "--seed",
 }
 # The check of one ramp step's spec: its duration is --step-duration.
 OPTION_OF_STEP_FIELD = {**OPTION_OF_FIELD, "duration_s": "--step-duration"}

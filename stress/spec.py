@@ -142,6 +142,8 @@ class LoadSpec:
                 most=HARD_MAX_WORKERS,
                 got=self.workers,
             )
+        if self.seed is not None and self.seed < 0:  # numpy's generator took it: a traceback
+            raise LoadSpecError("{seed} must be >= 0, got {got}", got=self.seed)
         if self.preconnect is not None and self.preconnect < 0:
             raise LoadSpecError("{preconnect} must be >= 0, got {got}", got=self.preconnect)
         if self.workers > self.max_requests:

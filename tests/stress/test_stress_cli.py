@@ -301,6 +301,11 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         # 1,000 spawned interpreters were started (0.2 s apart) before the first request
         (["--url", "http://127.0.0.1:9/x", "--workers", "1000"], "at most 64"),
         (["--url", "http://127.0.0.1:9/x", "--preconnect", "-1"], "--preconnect must be >= 0"),
+        # numpy's Poisson generator refused it after the checks: a traceback, exit 1
+        (
+            ["--url", "http://127.0.0.1:9/x", "--arrival", "poisson", "--seed", "-1"],
+            "--seed must be >= 0, got -1",
+        ),
         (
             ["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-step", "-5"],
             "--ramp-step must be >= 0",
