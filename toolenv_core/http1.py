@@ -188,6 +188,11 @@ class Connection(asyncio.Protocol):
             self.framed = True
 
     def on_message_complete(self) -> None:
+        if 100 <= self.status < 200 and self.status != 101:
+            # an interim answer (100 Continue, 103 Early Hints): the final one follows on this
+            # connection (it was taken for the answer, and the real one was then dropped)
+            self.status, self.captured, self.headers_done = 0, None, False
+            return
         self.served += 1
         if self.rid >= 0:
             self.owner._complete(self, keep_alive=self.parser.should_keep_alive())
