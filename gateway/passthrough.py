@@ -182,7 +182,11 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
             "elapsed_s": round(outcome.elapsed_s, 6), "request_id": ctx.request_id,
         }  # fmt: skip
         status, headers, payload = _json(200, answer)
-        return status, headers + _tool_headers(reply.headers), payload
+        return (
+            status,
+            [*headers, _tool_status(outcome.kind), *_tool_headers(reply.headers)],
+            payload,
+        )
     # The tool's JSON goes in as it came (checked, not parsed and written again: the larger
     # half of the JSON work of a call), between bytes written once per tool and outcome, and a
     # tail written by hand (a dict, `round` and a serializer cost five times as much).
@@ -193,7 +197,7 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
         outcome.elapsed_s,
         request_id,
     )
-    headers = [_JSON, *_tool_headers(reply.headers)]
+    headers = [_JSON, _tool_status(outcome.kind), *_tool_headers(reply.headers)]
     return 200, headers, b"".join((_answer_head(runtime.name, outcome.kind), reply.body, tail))
 
 
@@ -201,6 +205,15 @@ _JSON = (b"content-type", b"application/json")
 # A tool's headers every route passes on to its caller: Retry-After (the tool's own 429, its
 # backpressure signal) and the executor headers (where the call ran).
 _TOOL_KEYS = tuple((name, name.encode()) for name in ("retry-after", *EXECUTOR_HEADERS))
+
+
+def _tool_status(kind: str) -> tuple[bytes, bytes]:
+    """The answer's `status` as a header too: a load generator reads it, not the body (a tool's
+    error answer, a 200, was counted a success by `toolenv stress`)."""
+    return _TOOL_STATUS, kind.encode()
+
+
+_TOOL_STATUS = h.TOOL_STATUS.lower().encode()
 
 
 def _tool_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from toolenv_core.headers import TOOL_STATUS
 from toolenv_core.http1 import (
     ERR_CLOSED,
     ERR_CONNECT,
     ERR_TIMEOUT,
+    ERR_TOOL,
     ERR_UNFINISHED,
     BodyConnection,
     Connection,
@@ -33,6 +35,9 @@ from toolenv_core.http1 import encode_request as encode_http_request
 # Key under which a kept response-body prefix is stored among a request's captured headers
 # (a header name cannot contain ":", so it never collides with one).
 BODY_KEY = ":body"
+# The gateway's generic call says its answer's status in this header (`ok`, `error`): read on every
+# response, kept among the captured values only when asked for.
+_TOOL_STATUS = TOOL_STATUS.lower().encode("latin-1")
 # Connects under way at once: more would only flood the loop (and the server's accept queue);
 # requests that find no free connection wait in order, and that wait counts in their latency.
 MAX_CONCURRENT_CONNECTS = 256
@@ -101,7 +106,10 @@ class LoadClient:
         self.rec = recorder
         self.max_connections = max_connections
         self.timeout_s = timeout_s
-        self.capture = {h.lower().encode("latin-1"): h for h in capture_headers}
+        self.capture = {_TOOL_STATUS: TOOL_STATUS}
+        self.capture.update((h.lower().encode("latin-1"), h) for h in capture_headers)
+        self.tool_status = self.capture[_TOOL_STATUS]  # its name among the captured values
+        self.keep_tool_status = any(h.lower() == TOOL_STATUS.lower() for h in capture_headers)
         self.on_done = on_done
         self.body_limit = capture_body_bytes
         self._protocol = BodyConnection if capture_body_bytes > 0 else Connection
@@ -192,14 +200,19 @@ class LoadClient:
             conn.timer.cancel()
             conn.timer = None
         rid, conn.rid = conn.rid, -1
-        status = conn.status
+        status, error, captured = conn.status, 0, conn.captured
+        if captured is not None and self.tool_status in captured:
+            if captured[self.tool_status] != "ok":  # a gateway tool's error answer, a 200
+                error = ERR_TOOL
+            if not self.keep_tool_status:
+                del captured[self.tool_status]
         if self.body_limit:
-            if conn.captured is None:
-                conn.captured = {}
-            conn.captured[BODY_KEY] = conn.body.decode("utf-8", errors="replace")
-        if conn.captured:
-            self.rec.captured[rid] = conn.captured
-        self._finish(rid, now, status, 0)
+            if captured is None:
+                captured = {}
+            captured[BODY_KEY] = conn.body.decode("utf-8", errors="replace")
+        if captured:
+            self.rec.captured[rid] = captured
+        self._finish(rid, now, status, error)
         if keep_alive and not conn.closed:
             self._release(conn)
         else:

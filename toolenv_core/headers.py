@@ -52,6 +52,11 @@ DEADLINE_EXPIRED = "X-Toolenv-Deadline-Expired"
 deadline it was sent, answered as SandboxFusion's TimeLimitExceeded with the output so far; not
 a program's own `run_timeout`). The gateway counts such a call as its `timeout`, as a 504."""
 
+TOOL_STATUS = "X-Toolenv-Tool-Status"
+"""The gateway's generic call answers 200 for a tool that answered, its own error included: this
+header carries the answer's `status` (`ok`, or `error` for the tool's error answer), so a load
+generator counts the tool's errors without reading the body."""
+
 REQUEST_ID = "X-Request-Id"
 """The gateway's id for one call, echoed in logs and error bodies."""
 

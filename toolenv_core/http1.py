@@ -36,7 +36,7 @@ import httptools
 
 from .headers import INJECTED_DELAY
 
-# How a request failed at the transport level, as small integers (0 = no error) so that a load
+# How a request failed (at the transport level, or as a gateway tool's error), as small integers (0 = no error) so that a load
 # generator can store them per request in an int8 array.
 ERROR_KINDS: tuple[str, ...] = (
     "",
@@ -46,8 +46,11 @@ ERROR_KINDS: tuple[str, ...] = (
     "protocol_error",  # the response did not parse as HTTP/1.1
     "dropped",  # never sent: more than max_in_flight requests were outstanding at its send time
     "unfinished",  # still queued for a connection when the run ended
+    "tool_error",  # a gateway tool call answered 200 with its tool's error (headers.TOOL_STATUS)
 )
-ERR_TIMEOUT, ERR_CONNECT, ERR_CLOSED, ERR_PROTOCOL, ERR_DROPPED, ERR_UNFINISHED = range(1, 7)
+ERR_TIMEOUT, ERR_CONNECT, ERR_CLOSED, ERR_PROTOCOL, ERR_DROPPED, ERR_UNFINISHED, ERR_TOOL = range(
+    1, 8
+)
 
 
 class TargetURLError(ValueError):
