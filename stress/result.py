@@ -142,13 +142,16 @@ class LoadResult:
 
     @property
     def achieved_rate(self) -> float:
-        """Requests actually sent per second over the sending window (compare with the target:
-        below it, the generator or its connections could not keep up)."""
+        """Requests actually sent per second over the schedule (compare with the target: below
+        it, the generator or its connections could not keep up, or requests were dropped)."""
         sent = self.sent[~np.isnan(self.sent)]
         if self.target_rate and len(sent):
             # n sends at the target rate span n / rate: the last one is due one period before
-            # that (one request was 0.2 rps under --max-requests 1, 1000 rps at --duration 1ms)
-            return len(sent) / (float(sent.max()) + 1.0 / self.target_rate)
+            # that (one request was 0.2 rps under --max-requests 1, 1000 rps at --duration 1ms).
+            # Over the whole schedule: requests never sent (dropped) at its end do not make it
+            # shorter (40 sent of 100 due read 200 rps, the target, and met `--slo rate=95%`).
+            last = max(float(sent.max()), float(self.scheduled.max()))
+            return len(sent) / (last + 1.0 / self.target_rate)
         if len(sent) < 2:
             return float(len(sent)) / self.spec.duration_s
         span = float(sent.max())
