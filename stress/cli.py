@@ -162,7 +162,9 @@ def stress(
             "default: open loop rate/250 within 2..64, closed loop none)."
         ),
     ] = None,
-    timeout: Annotated[float, _duration_option("Per-request timeout.")] = "30s",  # type: ignore[assignment]
+    timeout: Annotated[
+        float, _duration_option("Per-request timeout, from its scheduled send time.")
+    ] = "30s",  # type: ignore[assignment]
     seed: Annotated[
         int | None, typer.Option(help="Seed for Poisson arrivals (default: a fresh one each run).")
     ] = None,

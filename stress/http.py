@@ -179,8 +179,12 @@ class LoadClient:
 
     # -- internals
     def _send(self, conn: Connection, rid: int) -> None:
-        self.rec.sent[rid] = time.monotonic()
-        conn.timer = self.loop.call_at(self.loop.time() + self.timeout_s, conn.on_timeout)
+        now = time.monotonic()
+        self.rec.sent[rid] = now
+        # Its clock started at its schedule, the wait for a connection included: a request that
+        # waited got a whole timeout more once sent (ok at 1.75 s under a 1.5 s --timeout).
+        left = self.rec.scheduled[rid] + self.timeout_s - now
+        conn.timer = self.loop.call_at(self.loop.time() + left, conn.on_timeout)
         conn.send(rid, self.requests[rid % len(self.requests)])
 
     def _finish(self, rid: int, now: float, status: int, error: int) -> None:

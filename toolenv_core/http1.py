@@ -40,7 +40,7 @@ from .headers import INJECTED_DELAY
 # generator can store them per request in an int8 array.
 ERROR_KINDS: tuple[str, ...] = (
     "",
-    "timeout",  # no complete response within timeout_s of sending (or of scheduling, if queued)
+    "timeout",  # no complete response within timeout_s of its scheduled send (a queue wait counts)
     "connect_error",  # the TCP connection could not be opened
     "connection_closed",  # the server closed or reset the connection mid-request
     "protocol_error",  # the response did not parse as HTTP/1.1

@@ -142,6 +142,17 @@ def test_timeout_is_enforced(zero_server: str) -> None:
     assert summary["outcomes"]["timeout"]["uncorrected_ms"]["max"] < 600
 
 
+def test_a_request_that_waited_for_a_connection_has_its_timeout_from_its_schedule() -> None:
+    """One connection, 1 s answers, due at 0 and 0.1 s: the second waits for the first (until
+    1 s) and its answer comes at 2 s, 1.9 s after its schedule. It was `ok` under a 1.6 s timeout
+    (the timer started at its send, 1 s late); its timeout runs from its schedule."""
+    with serve("uniform", low_ms=1000, high_ms=1000) as url:
+        spec = LoadSpec(url=url + "/x", rate=10, duration_s=0.2, connections=1, timeout_s=1.6)
+        result = run_load(spec)
+    assert [r.outcome for r in result.records] == ["ok", "timeout"], result.records
+    assert 1600 <= result.records[1].latency_ms < 1900  # its timeout, not its answer's 1.9 s
+
+
 def test_closed_loop_keeps_n_callers(zero_server: str) -> None:
     result = run_load(
         LoadSpec(url=zero_server + "/x", arrival="closed", concurrency=4, duration_s=0.5)
