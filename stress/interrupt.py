@@ -9,6 +9,7 @@ someone else's loop leaves SIGINT to its owner.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 from collections.abc import Awaitable, Iterator
@@ -16,6 +17,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 GRACE_S = 2.0  # how long requests in flight may still finish after Ctrl-C
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class Stop:
@@ -82,3 +84,13 @@ def forward_sigint(pids: list[int]) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def die_with_parent(parent: int) -> None:
+    """End this worker process when the process that started it (pid `parent`) ends. Killed or
+    terminated (SIGTERM: a CI job's timeout, `timeout 60 toolenv stress`), that one left its
+    workers sending for the rest of the run, up to an hour, with no one to report to."""
+    with suppress(OSError, AttributeError):  # Linux only
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it was gone before the line above
+        os._exit(1)

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import math
 import multiprocessing as mp
+import os
 import resource
 import time
 from multiprocessing.connection import wait as wait_any
@@ -45,7 +46,7 @@ from toolenv_core.http1 import ERR_DROPPED, Endpoint
 from toolenv_core.timer import sleep_until
 
 from .http import LoadClient, Recorder, encode_body, encode_request
-from .interrupt import GRACE_S, Stop, forward_sigint, on_sigint, until
+from .interrupt import GRACE_S, Stop, die_with_parent, forward_sigint, on_sigint, until
 from .result import LoadResult
 from .spec import LoadSpec, Progress, schedule_offsets
 from .targets import check_loopback
@@ -329,9 +330,13 @@ def _result(
 # ------------------------------------------------------------------------------ workers
 
 
-def _worker_main(spec: LoadSpec, index: int, conn: Any, forward_progress: bool = False) -> None:
+def _worker_main(
+    spec: LoadSpec, index: int, conn: Any, forward_progress: bool = False, parent: int = 0
+) -> None:
     """Runs in a spawned process: wait for the common start instant, run, send arrays back
     (and, for a live display, each progress snapshot as it comes)."""
+    if parent:
+        die_with_parent(parent)
     try:
         start_at = conn.recv()
         spec.start_at = start_at
@@ -401,7 +406,9 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
         )
         parent, child = ctx.Pipe()
         forward = spec.progress is not None
-        p = ctx.Process(target=_worker_main, args=(sub, w, child, forward), daemon=True)
+        p = ctx.Process(
+            target=_worker_main, args=(sub, w, child, forward, os.getpid()), daemon=True
+        )
         p.start()
         procs.append(p)
         pipes.append(parent)

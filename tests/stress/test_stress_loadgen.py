@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,6 +246,60 @@ def test_ctrl_c_ends_the_run_with_what_it_measured(zero_server: str, arrival: st
     assert 0 < result.n < 12_000 and result.n >= pressed[0].completed
     assert not np.isnan(result.done).any()  # each request sent got its end
     assert result.summary()["outcomes"]["ok"]["count"] == result.n
+
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of `pid` (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid) and fields[0] != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_end_with_the_process_that_started_them(zero_server: str, sig: int) -> None:
+    """A `timeout`, a CI job's cancel or a kill ended the parent of a `--workers` run, and its
+    workers went on sending for the rest of --duration (up to an hour), orphaned."""
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "stress", "--url", zero_server + "/x", "--rate", "20",
+            "--workers", "2", "--duration", "120s", "--quiet"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    try:
+        end = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < end and proc.poll() is None:
+            workers = {
+                p for p in _children(proc.pid)
+                if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
+            }  # fmt: skip
+            time.sleep(0.2)
+        assert len(workers) == 2, "the two workers never started"
+        time.sleep(2.0)  # past their common start: sending
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        end = time.monotonic() + 10
+        while any(_alive(p) for p in workers) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not [p for p in workers if _alive(p)], "workers outlived their parent"
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
 
 
 def test_workers_send_exactly_the_request_cap(zero_server: str) -> None:
