@@ -56,16 +56,17 @@ def encode_body(body: bytes | str | Mapping[str, Any] | Sequence[Any] | None) ->
 def encode_request(
     endpoint: Endpoint, method: str, body: bytes, headers: Mapping[str, str]
 ) -> bytes:
-    """A load request: JSON content type and a user agent unless the caller set them."""
+    """A load request: JSON content type and a user agent unless the caller set them; the caller's
+    Host header instead of the URL's (it was sent beside it: two Host headers)."""
+    host = next((v for k, v in headers.items() if k.lower() == "host"), endpoint.host_header)
+    headers = {k: v for k, v in headers.items() if k.lower() != "host"}
     lower = {k.lower() for k in headers}
     defaults = {}
     if body and "content-type" not in lower:
         defaults["Content-Type"] = "application/json"
     if "user-agent" not in lower:
         defaults["User-Agent"] = "toolenv-stress"
-    return encode_http_request(
-        method.upper(), endpoint.path, endpoint.host_header, {**defaults, **headers}, body
-    )
+    return encode_http_request(method.upper(), endpoint.path, host, {**defaults, **headers}, body)
 
 
 class Recorder:

@@ -178,6 +178,13 @@ class LoadSpec:
                     got=name,
                 )
         for name, value in self.headers.items():
+            if name.lower() in ("content-length", "transfer-encoding"):
+                # sent beside the generator's own: two lengths, or a body read as the next request
+                raise LoadSpecError(
+                    "header {header}: each request's body is framed by the generator itself "
+                    "(its Content-Length is sent); drop this header",
+                    header=name,
+                )
             if not _FIELD_VALUE.fullmatch(value):
                 raise LoadSpecError(
                     "header {header}: value {got!r} holds a control character (CR, LF, NUL) "

@@ -334,6 +334,10 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "http://127.0.0.1:9/x", "-H", ": v"], "header name ''"),
         (["--url", "http://127.0.0.1:9/x", "--capture-header", "\u65e5"], "header name"),
         (["--url", "http://127.0.0.1:9/x", "--method", "GE T"], "--method 'GE T' is not an HTTP"),
+        # sent beside the generator's own framing: two Content-Lengths, or (GET) the next
+        # request read as this one's body, a run of 400s and mixed-up answers
+        (["--url", "http://127.0.0.1:9/x", "-H", "Content-Length: 5"], "framed by the generator"),
+        (["--url", "http://127.0.0.1:9/x", "-H", "transfer-encoding: chunked"], "drop this"),
         (["--url", "http://127.0.0.1:9/\u65e5"], "percent-encode"),
         (["--url", "http://127.0.0.1:9/x y"], "percent-encode"),
         (["--url", "http://127.0.0.1:99999/x"], "'http://127.0.0.1:99999/x': Port out of range"),

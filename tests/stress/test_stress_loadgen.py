@@ -137,6 +137,33 @@ def test_server_that_resets_mid_request_counts_connection_closed() -> None:
     assert set(result.summary()["outcomes"]) == {"connection_closed"}
 
 
+def test_a_host_header_replaces_the_urls() -> None:
+    """`-H 'Host: api.example'` (a virtual host) was sent beside the URL's: two Host headers."""
+    heads: list[bytes] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+
+        def answer_one() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(4096)
+                heads.append(data.split(b"\r\n\r\n")[0])
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+        thread = threading.Thread(target=answer_one, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/x"
+        spec = LoadSpec(url=url, headers={"HOST": "api.example"}, max_requests=1, connections=1)
+        result = run_load(spec)
+        thread.join(5)
+    assert result.summary()["status_counts"] == {"200": 1}
+    hosts = [line for line in heads[0].split(b"\r\n") if line.lower().startswith(b"host:")]
+    assert hosts == [b"host: api.example"]
+
+
 def test_timeout_is_enforced(zero_server: str) -> None:
     with serve("uniform", low_ms=800, high_ms=800) as url:
         result = run_load(LoadSpec(url=url + "/x", rate=20, duration_s=0.25, timeout_s=0.2))
