@@ -17,12 +17,14 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import httptools
 import numpy as np
 
 from toolenv_core.headers import TOOL_STATUS
 from toolenv_core.http1 import (
     ERR_CLOSED,
     ERR_CONNECT,
+    ERR_PROTOCOL,
     ERR_TIMEOUT,
     ERR_TOOL,
     ERR_UNFINISHED,
@@ -69,6 +71,27 @@ def encode_request(
     return encode_http_request(method.upper(), endpoint.path, host, {**defaults, **headers}, body)
 
 
+class HeadConnection(Connection):
+    """A connection for HEAD requests: an answer ends with its head, whatever Content-Length it
+    declares (httptools cannot be told the request's method: it waited for that many bytes, and
+    every HEAD request was a timeout, "the target never answered")."""
+
+    __slots__ = ()
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.owner._fail(self, ERR_PROTOCOL)
+            return
+        if self.headers_done and self.rid >= 0:  # a head with a length: no more is coming
+            keep_alive = self.parser.should_keep_alive()
+            self.parser = httptools.HttpResponseParser(self)  # for the next answer's head
+            self.served += 1
+            self.owner._complete(self, keep_alive=keep_alive)
+
+
 class Recorder:
     """Per-request arrays, preallocated for the request cap (times are time.monotonic())."""
 
@@ -101,6 +124,7 @@ class LoadClient:
         capture_headers: Sequence[str] = (),
         on_done: Callable[[int], None] | None = None,
         capture_body_bytes: int = 0,
+        head_only: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.requests = requests
@@ -113,7 +137,13 @@ class LoadClient:
         self.keep_tool_status = any(h.lower() == TOOL_STATUS.lower() for h in capture_headers)
         self.on_done = on_done
         self.body_limit = capture_body_bytes
-        self._protocol = BodyConnection if capture_body_bytes > 0 else Connection
+        self._protocol: type[Connection] = (
+            HeadConnection
+            if head_only
+            else BodyConnection
+            if capture_body_bytes > 0
+            else Connection
+        )
         self.loop = asyncio.get_running_loop()
         self.idle: list[Connection] = []
         self.waiting: deque[int] = deque()

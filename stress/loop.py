@@ -172,6 +172,7 @@ async def _open_loop(
         timeout_s=spec.timeout_s,
         capture_headers=spec.capture_headers,
         capture_body_bytes=spec.capture_body_bytes,
+        head_only=spec.method.upper() == "HEAD",
     )
     warm = (
         spec.preconnect
@@ -264,6 +265,7 @@ async def _closed_loop(
         capture_headers=spec.capture_headers,
         on_done=on_done,
         capture_body_bytes=spec.capture_body_bytes,
+        head_only=spec.method.upper() == "HEAD",
     )
     if spec.preconnect:  # closed loop: only when asked (connect time then stays off the clock)
         await client.preconnect(spec.preconnect)

@@ -137,6 +137,15 @@ def test_server_that_resets_mid_request_counts_connection_closed() -> None:
     assert set(result.summary()["outcomes"]) == {"connection_closed"}
 
 
+def test_head_requests_end_with_the_answers_head(zero_server: str) -> None:
+    """A HEAD answer declares its GET's Content-Length and sends no body: every request waited
+    for that body and timed out ("the target never answered", exit 3)."""
+    spec = LoadSpec(url=zero_server + "/x", method="HEAD", arrival="closed", concurrency=1,
+                    max_requests=5, duration_s=10, timeout_s=3)  # fmt: skip
+    result = run_load(spec)
+    assert result.summary()["status_counts"] == {"200": 5}  # one connection, kept alive
+
+
 def test_a_host_header_replaces_the_urls() -> None:
     """`-H 'Host: api.example'` (a virtual host) was sent beside the URL's: two Host headers."""
     heads: list[bytes] = []
