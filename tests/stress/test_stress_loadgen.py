@@ -26,6 +26,7 @@ from stress import (
     RemoteTargetError,
     arun_load,
     check_loopback,
+    loop,
     run_load,
 )
 from stress.spec import Progress, schedule_offsets
@@ -205,6 +206,25 @@ def test_closed_loop_keeps_n_callers(zero_server: str) -> None:
     for i in range(0, result.n, max(1, result.n // 50)):
         overlap = np.count_nonzero((sent <= sent[i]) & (done > sent[i]))
         assert overlap <= 4
+
+
+def test_a_closed_loop_has_room_for_its_whole_request_cap(
+    zero_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its per-request arrays held at most a million: a closed loop under --max-requests 5000000
+    stopped at 1,000,000 requests and reported "stopped by --duration"."""
+    sizes: list[int] = []
+
+    class Sized(loop.Recorder):
+        def __init__(self, capacity: int) -> None:
+            sizes.append(capacity)
+            super().__init__(capacity)
+
+    monkeypatch.setattr(loop, "Recorder", Sized)
+    spec = LoadSpec(url=zero_server + "/x", arrival="closed", concurrency=1,
+                    max_requests=1_500_000, duration_s=0.1)  # fmt: skip
+    run_load(spec)
+    assert sizes == [1_500_000]
 
 
 def test_request_cap_bounds_the_run(zero_server: str) -> None:
