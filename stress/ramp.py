@@ -11,7 +11,7 @@ from typing import Any
 from .loop import run_load
 from .result import LoadResult
 from .slo import SLO, SLOVerdict, check_all
-from .spec import LoadSpec
+from .spec import HARD_MAX_RATE, LoadSpec
 
 DEFAULT_RAMP_SLOS = ("p99=1s", "errors=1%", "rate=95%")
 
@@ -74,6 +74,8 @@ def ramp_rates(start: float, *, factor: float, step: float, max_rate: float) -> 
             f"the ramp starts at --rate {start:g} rps, above --ramp-max {max_rate:g}: "
             "raise --ramp-max or lower --rate"
         )
+    if max_rate >= HARD_MAX_RATE:  # a traceback at the first step past it, the steps before lost
+        raise ValueError(f"--ramp-max must be below {HARD_MAX_RATE:,} rps, got {max_rate:g}")
     if step < 0:  # ignored before: the ramp multiplied by the factor instead
         raise ValueError(f"--ramp-step must be >= 0 rps, got {step:g}")
     if factor <= 1.0 and step <= 0:

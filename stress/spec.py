@@ -19,6 +19,7 @@ from toolenv_core.http1 import Endpoint
 Arrival = Literal["constant", "poisson", "closed"]
 HARD_MAX_REQUESTS = 5_000_000
 HARD_MAX_DURATION_S = 3600.0
+HARD_MAX_RATE = 1_000_000  # rps, exclusive
 HARD_MAX_WORKERS = 64  # each a spawned interpreter, started 0.2 s apart
 
 # RFC 9110: a method or a header name is a token; a header value is visible Latin-1, spaces and
@@ -119,7 +120,7 @@ class LoadSpec:
             raise LoadSpecError(
                 "{arrival} must be constant, poisson or closed, got {got!r}", got=self.arrival
             )
-        if self.arrival != "closed" and not (0 < self.rate < 1_000_000):
+        if self.arrival != "closed" and not (0 < self.rate < HARD_MAX_RATE):
             raise LoadSpecError(
                 "{rate} must be a positive number of requests per second, got {got}",
                 got=self.rate,

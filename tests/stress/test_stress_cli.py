@@ -313,6 +313,11 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         # a NaN factor ran one step and reported "never broke" (exit 0); a NaN max, no step (exit 3)
         (["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-factor", "nan"], "must be finite"),
         (["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-max", "nan"], "must be finite"),
+        # a step past the most a run takes was a traceback (exit 1) after the steps before it
+        (
+            ["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-max", "2e6"],
+            "--ramp-max must be below 1,000,000 rps, got 2e+06",
+        ),
         (["--url", "http://127.0.0.1:9/x", "--out", "/nonexistent/r.json"], "no directory"),
         # a closed loop has no target rate: --ramp was a traceback (exit 1) after the checks,
         # and a rate SLO was always BROKEN (exit 1)
