@@ -27,6 +27,11 @@ class RampStep:
     def ok(self) -> bool:
         return all(v.ok for v in self.verdicts)
 
+    @property
+    def interrupted(self) -> bool:
+        """Cut short by Ctrl-C: its verdicts are of part of a step."""
+        return self.result.interrupted
+
 
 @dataclass
 class RampResult:
@@ -34,9 +39,14 @@ class RampResult:
 
     @property
     def knee_rate(self) -> float | None:
-        """The highest rate whose step met every SLO (None if the first step already broke)."""
-        passing = [s.rate for s in self.steps if s.ok]
+        """The highest rate whose whole step met every SLO (None if the first step already broke).
+        A step cut short by Ctrl-C is not one: it made the knee of a ramp that "never broke"."""
+        passing = [s.rate for s in self.steps if s.ok and not s.interrupted]
         return max(passing) if passing else None
+
+    @property
+    def interrupted_at(self) -> float | None:
+        return self.steps[-1].rate if self.steps and self.steps[-1].interrupted else None
 
     @property
     def broke_at(self) -> float | None:
@@ -47,10 +57,12 @@ class RampResult:
         return {
             "knee_rate": self.knee_rate,
             "broke_at": self.broke_at,
+            "interrupted_at": self.interrupted_at,
             "steps": [
                 {
                     "rate": s.rate,
                     "ok": s.ok,
+                    "interrupted": s.interrupted,
                     "achieved_rate": s.summary["achieved_rate"],
                     "throughput": s.summary["throughput"],
                     "error_rate": s.summary["error_rate"],

@@ -184,6 +184,12 @@ def ramp_step_line(step: RampStep) -> str:
     )
 
 
+def _step_verdict(step: RampStep) -> Text:
+    if not step.ok:
+        return Text("BROKEN", style="bold red")
+    return Text("cut short", style="yellow") if step.interrupted else Text("met", style="green")
+
+
 def ramp_table(ramp: RampResult) -> Table:
     table = Table(title="ramp", title_justify="left")
     for col in ("target rps", "sent rps", "p50 ms", "p99 ms", "p99.9 ms", "errors", "SLOs"):
@@ -197,13 +203,21 @@ def ramp_table(ramp: RampResult) -> Table:
             _ms(ok.get("p99")),
             _ms(ok.get("p99.9")),
             _pct(s.summary["error_rate"]),
-            Text("met", style="green") if s.ok else Text("BROKEN", style="bold red"),
+            _step_verdict(s),
         )
     table.caption = (
         f"knee: {ramp.knee_rate:g} rps"
         if ramp.knee_rate is not None
         else "knee: none (first step broke)"
-    ) + (f"; broke at {ramp.broke_at:g} rps" if ramp.broke_at is not None else "; never broke")
+        if ramp.broke_at is not None
+        else "knee: none"
+    ) + (
+        f"; broke at {ramp.broke_at:g} rps"
+        if ramp.broke_at is not None
+        else f"; stopped by Ctrl-C at {ramp.interrupted_at:g} rps"
+        if ramp.interrupted_at is not None
+        else "; never broke"
+    )
     return table
 
 

@@ -126,6 +126,22 @@ def test_ctrl_c_prints_the_report_of_what_was_sent_and_exits_130(
     assert report["stopped_by"] == "interrupted" and 0 < report["requests"] < 6000
 
 
+def test_a_ramp_step_cut_by_ctrl_c_is_no_knee(fast_server: str, tmp_path: Path) -> None:
+    """A step Ctrl-C cut short met its SLOs on the part that ran, and the ramp read "knee: 150
+    rps; never broke": a knee no whole step showed."""
+    out = tmp_path / "r.json"
+    args = ["--url", fast_server + "/x", "--ramp", "--rate", "100", "--step-duration", "2s"]
+    timer = threading.Timer(3.0, signal.raise_signal, (signal.SIGINT,))  # in the second step
+    timer.start()
+    result = invoke(*args, "--quiet", "--out", str(out))
+    timer.join()
+    assert result.exit_code == EXIT_INTERRUPTED, result.output
+    ramp = json.loads(out.read_text())["ramp"]
+    assert [(s["rate"], s["interrupted"]) for s in ramp["steps"]] == [(100, False), (150, True)]
+    assert ramp["knee_rate"] == 100 and ramp["interrupted_at"] == 150
+    assert "knee: 100 rps; stopped by Ctrl-C at 150 rps" in result.output, result.output
+
+
 def test_a_ramp_that_no_one_answers_says_so() -> None:
     """A single run says "the target never answered" beside its exit 3; a ramp exited 3 under
     a table of dashes without a word."""
