@@ -83,6 +83,7 @@ def test_generic_answer_is_the_documented_dict(kind, error, body, elapsed, reque
     assert (b"content-type", b"application/json") in headers
     assert (h.EXECUTOR_NODE.lower().encode(), b"n1") in headers
     assert (b"retry-after", b"3") in headers  # the tool's own, passed on as the pass-through does
+    assert (h.TOOL_STATUS.lower().encode(), kind.encode()) in headers  # as JSON or as text
     try:
         result = strict_loads(body)
     except ValueError:
