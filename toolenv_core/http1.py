@@ -36,8 +36,8 @@ import httptools
 
 from .headers import INJECTED_DELAY
 
-# How a request failed (at the transport level, or as a gateway tool's error), as small integers (0 = no error) so that a load
-# generator can store them per request in an int8 array.
+# How a request failed (at the transport level, or as a gateway tool's error), as small
+# integers (0 = no error) so that a load generator can store them per request in an int8 array.
 ERROR_KINDS: tuple[str, ...] = (
     "",
     "timeout",  # no complete response within timeout_s of its scheduled send (a queue wait counts)
