@@ -84,11 +84,6 @@ def serve(
         if not shutil.which(settings.bwrap_path or "bwrap"):
             typer.echo(f"error: bwrap not found. {BWRAP_INSTALL_HINT}", err=True)
             raise typer.Exit(2)
-    typer.echo(
-        f"sandboxd: backend={settings.backend} concurrency={settings.concurrency} "
-        f"on http://{settings.host}:{settings.port}",
-        err=True,
-    )
     server_config = uvicorn.Config(
         AnswerCutCalls(
             create_app(settings),
@@ -103,4 +98,9 @@ def serve(
         # (SIGINT) stops at once.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
-    serving.serve(server_config)  # a port in use: one line saying so, exit 3
+    # a port in use: one line saying so, exit 3 (and no "serving on" line before it)
+    serving.serve(
+        server_config,
+        announce=f"sandboxd: backend={settings.backend} concurrency={settings.concurrency} "
+        f"on http://{settings.host}:{settings.port}",
+    )

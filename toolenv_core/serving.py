@@ -54,18 +54,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(config: uvicorn.Config) -> None:
+def serve(config: uvicorn.Config, announce: str | None = None) -> None:
     """Serve `config`'s app on its host and port until SIGINT/SIGTERM. A port that cannot be
     bound is `error: ...` on stderr and exit 3 before the app starts, as is an app that fails
-    to start (uvicorn has said why)."""
+    to start (uvicorn has said why). `announce` goes to stderr once the port is bound: said
+    before, it claimed a server on a port that then failed."""
     try:
         sock = bind(config.host, config.port)
     except OSError as exc:
         typer.echo(f"error: {bind_message(config.host, config.port, exc)}", err=True)
         raise typer.Exit(STARTUP_FAILURE) from None
-    if config.port == 0:  # the system's choice: said nowhere (uvicorn's own line is at info)
-        bound = sock.getsockname()[1]
-        typer.echo(f"--port 0: listening on port {bound} (http://{config.host}:{bound})", err=True)
+    if announce:
+        typer.echo(announce, err=True)
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
