@@ -43,7 +43,11 @@ def run_on_ray(
     console = Console(stderr=True)
     if detach and address == LOCAL:
         # A local cluster started by this command ends with it: nothing would stay deployed.
-        console.print("[red]--detach needs a running cluster[/] (`--ray auto` or HOST:PORT)")
+        typer.echo(
+            "error: --detach needs a running cluster (`--ray auto` or HOST:PORT): a local one "
+            "ends with this command",
+            err=True,
+        )
         raise typer.Exit(2)
     try:
         stack = RayStack.load(config_file, address=address)
