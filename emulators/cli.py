@@ -278,4 +278,4 @@ def serve_command(
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         http=StampingHttpToolsProtocol,  # delays count from when a request reached the process
     )
-    serving.serve(server_config)  # a port in use: one line saying so, exit 3
+    serving.serve(server_config, "emulators: serving on {url}")  # a port in use: exit 3

@@ -57,7 +57,8 @@ def uvicorn_config(
 def run(gateway: FastAPI, settings: GatewaySettings) -> None:
     """Serve a built gateway app where its settings say, until SIGINT/SIGTERM."""
     setup_logging(settings.log_level)
-    serving.serve(uvicorn_config(gateway, settings))  # a port in use is said before the tools start
+    # a port in use is said before the tools start
+    serving.serve(uvicorn_config(gateway, settings), "gateway: serving on {url}")
 
 
 def trace_to_multiturn(

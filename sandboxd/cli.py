@@ -101,6 +101,6 @@ def serve(
     # a port in use: one line saying so, exit 3 (and no "serving on" line before it)
     serving.serve(
         server_config,
-        announce=f"sandboxd: backend={settings.backend} concurrency={settings.concurrency} "
-        f"on http://{settings.host}:{settings.port}",
+        f"sandboxd: backend={settings.backend} concurrency={settings.concurrency}, "
+        "serving on {url}",
     )

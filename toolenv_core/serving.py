@@ -54,19 +54,38 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(config: uvicorn.Config, announce: str | None = None) -> None:
+def listen_url(sock: socket.socket) -> str:
+    """The URL a bound socket serves: its real port (`--port 0` picks one), IPv6 in brackets."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, saying where it serves once the app has started: uvicorn logs its
+    `Uvicorn running on ...` only for sockets it bound itself, so with ours nothing said where
+    (nor which port `--port 0` got)."""
+
+    def __init__(self, config: uvicorn.Config, announce: str) -> None:
+        super().__init__(config)
+        self.announce = announce
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and sockets:
+            typer.echo(self.announce.format(url=listen_url(sockets[0])), err=True)
+
+
+def serve(config: uvicorn.Config, announce: str) -> None:
     """Serve `config`'s app on its host and port until SIGINT/SIGTERM. A port that cannot be
     bound is `error: ...` on stderr and exit 3 before the app starts, as is an app that fails
-    to start (uvicorn has said why). `announce` goes to stderr once the port is bound: said
-    before, it claimed a server on a port that then failed."""
+    to start (uvicorn has said why). Once the app has started, `announce` (with `{url}`, the
+    address really bound) goes to stderr."""
     try:
         sock = bind(config.host, config.port)
     except OSError as exc:
         typer.echo(f"error: {bind_message(config.host, config.port, exc)}", err=True)
         raise typer.Exit(STARTUP_FAILURE) from None
-    if announce:
-        typer.echo(announce, err=True)
-    server = uvicorn.Server(config)
+    server = _Server(config, announce)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

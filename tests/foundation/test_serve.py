@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import httpx
 import pytest
@@ -99,3 +102,33 @@ def test_a_port_in_use_is_one_line_and_exit_3(argv: list[str]) -> None:
         f"error: 127.0.0.1:{port} is already in use (another server listens there): "
         "stop it, or choose another port with --port"
     ], out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["serve"], ["gateway", "serve"], ["emulators", "serve"], ["sandboxd", "serve"]]
+)
+def test_a_server_says_the_url_it_serves_once_started(argv: list[str]) -> None:
+    """Bound by toolenv (to say a port in use in one line), uvicorn no longer logged `Uvicorn
+    running on ...`: nothing said where a server listened, nor which port `--port 0` got
+    (sandboxd said `on http://127.0.0.1:0`)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "toolenv", *argv, "--host", "127.0.0.1", "--port", "0"],
+        env={**os.environ, "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in server.stderr], daemon=True).start()
+    try:
+        said: list[str] = []
+        with contextlib.suppress(queue.Empty):  # 60 s without the line: the assert says what came
+            while not said or " serving on http://" not in said[-1]:
+                said.append(lines.get(timeout=60))
+        url = said[-1].rsplit(" serving on ", 1)[-1].strip() if said else ""
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), said
+        assert httpx.get(url + "/readyz", timeout=10).status_code == 200
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
