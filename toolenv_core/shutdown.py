@@ -24,7 +24,10 @@ def cut_detail(service: str, grace: str) -> str:
 
 class AnswerCutCalls:
     """A served app's outermost layer: a call uvicorn cancels at its shutdown timeout, before
-    its answer started, is answered 503 with `detail` (and the connection closed)."""
+    its answer started, is answered 503 with `detail` (and the connection closed). Answered, the
+    cancellation ends here: raised on, uvicorn logged it as `Exception in ASGI application` with
+    a 60-line traceback per call, for a stop it had announced itself (`Cancel N running
+    task(s), timeout graceful shutdown exceeded`); the app below has unwound already."""
 
     def __init__(self, app: ASGIApp, detail: str) -> None:
         self.app = app
@@ -41,8 +44,8 @@ class AnswerCutCalls:
         try:
             await self.app(scope, receive, tracked)
         except asyncio.CancelledError:
-            if scope["type"] == "http" and not started:
-                headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-                await send({"type": "http.response.start", "status": 503, "headers": headers})
-                await send({"type": "http.response.body", "body": self.body})
-            raise
+            if scope["type"] != "http" or started:
+                raise
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": self.body})

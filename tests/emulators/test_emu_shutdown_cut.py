@@ -38,3 +38,6 @@ def test_a_call_cut_by_the_shutdown_grace_is_a_503_that_says_so() -> None:
     detail = r.json()["detail"]
     assert "emulators stopped before this call finished" in detail, detail
     assert f"{SHUTDOWN_GRACE_S} s after SIGTERM" in detail, detail
+    # the cut is said in uvicorn's one line, not a traceback per call cut
+    log = server.output()
+    assert "Cancel 1 running task(s)" in log and "Traceback" not in log, log

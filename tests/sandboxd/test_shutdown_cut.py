@@ -41,3 +41,6 @@ def test_a_run_cut_by_the_shutdown_grace_is_a_503_that_says_so(
     r = answers[0]
     assert r.status_code == 503, (r.status_code, r.text)
     assert "shutdown_grace_s" in r.json()["detail"], r.text
+    # the cut is said in uvicorn's one line, not a traceback per call cut
+    log = server.proc.stdout.read().decode(errors="replace") if server.proc.stdout else ""
+    assert "Cancel 1 running task(s)" in log and "Traceback" not in log, log
