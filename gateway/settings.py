@@ -138,14 +138,6 @@ class ToolConfig(BaseModel):
                 raise ValueError(
                     f"upstream {url!r} must be an http:// URL (put TLS in front of the gateway, not behind it)"
                 )
-            netloc, _, rest = url[len("http://") :].partition("/")
-            if "@" in netloc:  # dropped without a word (no Authorization goes upstream), and
-                # `config show` printed the password: refused, and never echoed
-                shown = f"http://***@{netloc.rsplit('@', 1)[1]}/{rest}".rstrip("/")
-                raise ValueError(
-                    f"upstream URL {shown!r} carries credentials (user:password@), which the "
-                    "gateway does not send: name the upstream without them"
-                )
             # What the upstream client will make of it, checked here: a URL without a host or with
             # a bad port was a traceback from the server's start-up (exit 3), not a settings line.
             try:

@@ -255,6 +255,10 @@ def stress(
         )
         spec.validate()
         _check_outputs(out=out, plot=plot, hdr=hdr)
+        if records and not (as_json or out):  # they went nowhere, without a word
+            raise ValueError(
+                "--records adds every request to the JSON report: give --json or --out FILE too"
+            )
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
         _check_open_loop(spec, slos, ramp=ramp)
         if ramp:

@@ -70,7 +70,16 @@ class Endpoint:
     def parse(cls, url: str) -> Endpoint:
         try:  # a bad port or IPv6 literal: urllib's words, with the URL they are about
             parts = urlsplit(url)
+            if "@" in parts.netloc:  # never sent (no Authorization is made of it): refused, and
+                # never echoed (a report's title and `config show` printed the password)
+                shown = url.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
+                raise TargetURLError(
+                    f"URL {shown!r} carries credentials (user:password@), which are not sent: "
+                    "name it without them (and send an Authorization header where one is needed)"
+                )
             port = parts.port or 80
+        except TargetURLError:
+            raise
         except ValueError as exc:
             raise TargetURLError(f"URL {url!r}: {exc}") from exc
         if parts.scheme != "http":
@@ -80,8 +89,7 @@ class Endpoint:
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        host_header = parts.netloc.rsplit("@", 1)[-1]
-        return cls(parts.hostname, port, path, host_header)
+        return cls(parts.hostname, port, path, parts.netloc)
 
 
 def encode_request(

@@ -168,6 +168,8 @@ def test_tools_table_from_a_config_file_and_clear_errors(tmp_path) -> None:
         ("http://a/x?y=1", "upstream URL 'http://a/x?y=1' is a base URL: no ?query or #fragment"),
         # the credentials were dropped without a word, and `config show` printed the password
         ("http://u:pw@a:1", "upstream URL 'http://***@a:1' carries credentials (user:password@)"),
+        # refused before the port is read: its message showed the URL, password and all
+        ("http://u:pw@a:b", "upstream URL 'http://***@a:b' carries credentials (user:password@)"),
     ],
 )
 def test_an_upstream_url_the_client_cannot_use_is_one_settings_line(tmp_path, url, said) -> None:
