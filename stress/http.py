@@ -24,7 +24,6 @@ from toolenv_core.headers import TOOL_STATUS
 from toolenv_core.http1 import (
     ERR_CLOSED,
     ERR_CONNECT,
-    ERR_PROTOCOL,
     ERR_TIMEOUT,
     ERR_TOOL,
     ERR_UNFINISHED,
@@ -79,12 +78,7 @@ class HeadConnection(Connection):
     __slots__ = ()
 
     def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.owner._fail(self, ERR_PROTOCOL)
-            return
+        super().data_received(data)  # a parse error fails the request (its rid is then -1)
         if self.headers_done and self.rid >= 0:  # a head with a length: no more is coming
             keep_alive = self.parser.should_keep_alive()
             self.parser = httptools.HttpResponseParser(self)  # for the next answer's head
