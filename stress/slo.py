@@ -6,8 +6,8 @@ Grammar: `<metric>=<limit>`.
   scheduled send time (the honest figure). A run with no successful request breaks them.
 - `errors` and `timeouts`: the share of requests that did not succeed / timed out, as `0.1%` or
   a fraction `0.001`; the limit is inclusive.
-- `rate`: the rate actually sent must reach this share of the target (`rate=95%`), open loop
-  only: below it the generator (or its connection limit) could not keep up.
+- `rate`: the rate actually sent must reach this share of the target (`rate=95%`, at most 100%),
+  open loop only: below it the generator (or its connection limit) could not keep up.
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ class SLO:
             if not m:
                 raise SLOError(f"SLO {text!r}: {value!r} is not a share like 0.1% or 0.001")
             share = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
-            if share > 1.0 and metric != "rate":
-                raise SLOError(f"SLO {text!r}: a share above 100% can never be broken")
+            if share > 1.0:
+                # Errors can never exceed every request; a sent rate cannot beat its schedule.
+                never = "met" if metric == "rate" else "broken"
+                raise SLOError(f"SLO {text!r}: a share above 100% can never be {never}")
             return cls(metric, share, text)
         known = ", ".join(LATENCY_METRICS + SHARE_METRICS)
         raise SLOError(f"SLO {text!r}: unknown metric {metric!r}; known: {known}")

@@ -451,7 +451,7 @@ def test_slo_grammar() -> None:
     assert SLO.parse("rate=95%").check(summary).ok
     assert not SLO.parse("p99=1s").check(summary).ok  # no successful request: cannot be met
     assert math.isnan(SLO.parse("p99=1s").check(summary).actual)
-    for bad in ("p99", "p42=1ms", "errors=lots", "errors=150%"):
+    for bad in ("p99", "p42=1ms", "errors=lots", "errors=150%", "rate=200%", "rate=1.5"):
         with pytest.raises(SLOError):
             SLO.parse(bad)
 
