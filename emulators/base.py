@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
+import anyio
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -185,9 +186,11 @@ async def play(
     pacer: Pacer,
     min_delay_s: float = 0.0,
     receive: Receive | None = None,
+    heavy_body: bool = False,
 ) -> Response:
     """Turn a draw into the reply, sent at the right moment and never after the deadline;
-    `receive` (the request's) stops a long sleep when the client disconnects.
+    `receive` (the request's) stops a long sleep when the client disconnects; a `heavy_body` is
+    built on a worker thread, so that every other call's timing goes on meanwhile.
 
     The handler wakes `pacer.early_s` before the scheduled moment (the response path it measured,
     plus the loop's intake latency before the request was stamped), so that the reply leaves at
@@ -230,7 +233,9 @@ async def play(
             status_code=504,
             headers=outcome.headers(),
         )
-    body = make_body()  # built while we would be waiting anyway
+    # built while we would be waiting anyway; a big one (256 queries at topk 50 takes about a
+    # second) off the loop, which it held: every other call's reply left that much late
+    body = await anyio.to_thread.run_sync(make_body) if heavy_body else make_body()
     if isinstance(fault, SlowBodyFault):  # its last byte leaves later anyway: no lead
         woke = await sleep_or_gone(target, receive)
         outcome = Outcome(delay, woke - arrival, fault.type)

@@ -54,6 +54,11 @@ class SearchCall(BaseModel):
     )
 
 
+# Synthetic documents a reply may render on the event loop (about 0.1 ms each, uncached): a
+# bigger one is built on a worker thread.
+HEAVY_BODY_DOCUMENTS = 64
+
+
 def _check(emulator: SearchEmulator, queries: list[str], topk: int | None) -> Response | int:
     s = emulator.settings
     if not queries:
@@ -116,8 +121,17 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
                 tokens,
             )
 
+        heavy = results is None and len(queries) * topk > HEAVY_BODY_DOCUMENTS
         return await play(
-            arrival, draw, deadline, settings, body, emulator.pacer, min_delay, request.receive
+            arrival,
+            draw,
+            deadline,
+            settings,
+            body,
+            emulator.pacer,
+            min_delay,
+            request.receive,
+            heavy_body=heavy,
         )
 
     async def retrieve(request: Request) -> Response:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -169,3 +171,23 @@ def test_an_exact_replay_is_counted_as_a_call(client: httpx.Client) -> None:
     assert client.post("/v1/emulators/search/call", json={"query": "q", "delay_s": 0}).is_success
     assert client.post("/v1/emulators/reward/call", json={"batch_size": 1, "delay_s": 0}).is_success
     assert calls() == {"search": before["search"] + 1, "reward": before["reward"] + 1}
+
+
+async def test_the_biggest_retrieve_does_not_hold_up_other_calls(client: httpx.Client) -> None:
+    # 256 queries at topk 50 (the largest request the defaults allow) rendered its documents on
+    # the event loop, about a second in which every other call's reply waited
+    assert client.put("/v1/emulators/search/profile", json=FAST).status_code == 200
+    heavy = {"queries": [f"heavy {i}" for i in range(256)], "topk": 50}
+    async with httpx.AsyncClient(base_url=str(client.base_url), timeout=30) as c:
+
+        async def timed(body: dict, after_s: float) -> float:
+            await asyncio.sleep(after_s)
+            started = time.monotonic()
+            r = await c.post("/retrieve", json=body)
+            assert r.status_code == 200, r.text
+            return time.monotonic() - started
+
+        heavy_s, light_s = await asyncio.gather(
+            timed(heavy, 0.0), timed({"queries": ["light"], "topk": 1}, 0.1)
+        )
+    assert light_s < heavy_s / 3, (light_s, heavy_s)
