@@ -63,7 +63,10 @@ class EmulatorSettings(FrontDoorSettings):
         "one query",
     )
     document_cache_size: Integer = Field(
-        default=8192, ge=0, description="queries whose documents are kept"
+        default=8192, ge=0, description="queries whose documents are kept (0: none)"
+    )
+    document_cache_mb: Number = Field(
+        default=256, ge=0, description="the most the kept documents may take, in MiB (0: none)"
     )
 
     max_pacing_lead_s: Number = Field(

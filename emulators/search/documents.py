@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
+import threading
 
+import cachetools
 import numpy as np
 
 _SYLLABLES = [
@@ -108,11 +109,25 @@ def synthetic_results(seed: int, query: str, topk: int, tokens: int) -> list[dic
 
 
 class DocumentCache:
-    """Serialized result lists by (query, topk, tokens, scores): a repeated query costs a lookup."""
+    """Serialized result lists by (query, topk, tokens, scores): a repeated query costs a lookup.
 
-    def __init__(self, seed: int, size: int) -> None:
+    Bounded by count and by bytes: an entry is charged at least `max_bytes / size`, so at most
+    `size` entries and `max_bytes` in all are kept (a count alone let 8,192 unique queries at
+    200,000 tokens each hold about 11 GB). Locked: big replies are built on worker threads.
+    """
+
+    def __init__(self, seed: int, size: int, max_bytes: int) -> None:
         self.seed = seed
-        self._get = lru_cache(maxsize=size)(self._render) if size else self._render
+        if size and max_bytes:
+            least = max(1, max_bytes // size)
+            store: cachetools.LRUCache = cachetools.LRUCache(
+                max_bytes, getsizeof=lambda data: max(len(data), least)
+            )
+            self._get = cachetools.cached(store, lock=threading.Lock())(self._render)
+            self.store: cachetools.LRUCache | None = store
+        else:
+            self._get = self._render
+            self.store = None
 
     def _render(self, query: str, topk: int, tokens: int, scores: bool) -> bytes:
         scored = synthetic_results(self.seed, query, topk, tokens)

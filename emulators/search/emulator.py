@@ -22,7 +22,9 @@ class SearchEmulator(ToolEmulator):
 
     def __init__(self, settings: EmulatorSettings, profile: Profile) -> None:
         super().__init__(settings, profile, seed_index=1)
-        self.documents = DocumentCache(settings.seed, settings.document_cache_size)
+        self.documents = DocumentCache(
+            settings.seed, settings.document_cache_size, int(settings.document_cache_mb * 2**20)
+        )
         self.corpus: Bm25Corpus | None = None
         self.corpus_docs: list[dict[str, str]] | None = None
         if settings.corpus is not None:

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from testkit import ServerProcess, free_port
 
+from emulators.search.documents import DocumentCache
+
 INJECTED = "x-toolenv-injected-delay-ms"
 
 
@@ -189,3 +191,19 @@ def test_a_profile_put_reads_traces_only_from_the_trace_dirs(tmp_path: Path) -> 
             assert r.json()["detail"][0]["loc"][-2:] == ["paths", 0], r.text
     finally:
         s.stop()
+
+
+def test_the_document_cache_is_bounded_in_bytes_as_well_as_entries() -> None:
+    # it was bounded by count alone: 8,192 unique queries at 200,000 tokens each kept ~11 GB
+    cache = DocumentCache(seed=1, size=100, max_bytes=500_000)
+    big = [cache.get(f"big {i}", 3, 20_000, False) for i in range(8)]
+    assert all(len(b) > 100_000 for b in big)
+    assert cache.store is not None
+    assert 0 < cache.store.currsize <= 500_000 and len(cache.store) < 5
+    assert cache.get("big 7", 3, 20_000, False) is big[7]  # the latest is still kept
+    small = DocumentCache(seed=1, size=4, max_bytes=10_000_000)
+    for i in range(10):
+        small.get(f"small {i}", 3, 30, False)
+    assert small.store is not None and len(small.store) == 4
+    huge = DocumentCache(seed=1, size=10, max_bytes=1_000).get("huge", 3, 1_000, False)
+    assert len(huge) > 1_000  # larger than the whole cache: served, not kept
