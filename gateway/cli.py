@@ -76,11 +76,17 @@ def trace_to_multiturn(
         typer.echo(f"error: {out} is the capture itself; name another file to write", err=True)
         raise typer.Exit(2)
     try:
-        count = to_multiturn(capture, out)
+        converted = to_multiturn(capture, out)
     except TraceFormatError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     except OSError as exc:  # the capture's own are TraceFormatError: this is the output's
         typer.echo(f"error: cannot write the trace to {out}: {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"wrote {counted(count, 'trajectory')} to {out}")
+    if converted.torn_line is not None:
+        typer.echo(
+            f"warning: {capture}:{converted.torn_line} stops mid-record (the gateway was stopped "
+            "while writing it): that call is left out",
+            err=True,
+        )
+    typer.echo(f"wrote {counted(converted.trajectories, 'trajectory')} to {out}")

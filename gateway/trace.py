@@ -12,8 +12,10 @@ disk.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -158,14 +160,38 @@ def _write_flush(handle, data: bytes) -> None:
     handle.flush()
 
 
+class TruncatedCapture(TraceFormatError):
+    """The capture's last line stops mid-record: the gateway was killed while it wrote a batch.
+    Raised after every whole line before it was read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Converted:
+    """What `to_multiturn` wrote, and the capture's torn last line it left out, if any."""
+
+    trajectories: int
+    torn_line: int | None = None
+
+
 def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
     """Read a capture file back (one `ToolCallRecord` per line); raises TraceFormatError naming
     the line and field of a line that is not one (the trace readers' own loop: a file that is not
-    text names its line, and says when it is gzip-compressed)."""
+    text names its line, and says when it is gzip-compressed), and TruncatedCapture for a last
+    line without its newline that is not JSON."""
     with open_trace(path) as handle:
         for lineno, line in numbered_lines(handle, path):
+            if not line.endswith("\n") and line.strip() and not _is_json(line):
+                raise TruncatedCapture(path, lineno, "", "stops mid-record (no newline, not JSON)")
             if line.strip():
                 yield _captured_call(path, lineno, line)
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
@@ -185,16 +211,21 @@ def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
     return record
 
 
-def to_multiturn(capture: str | Path, out: str | Path) -> int:
-    """Group a capture file by (trajectory, step) into PolyTrace multi-turn lines; returns the count.
+def to_multiturn(capture: str | Path, out: str | Path) -> Converted:
+    """Group a capture file by (trajectory, step) into PolyTrace multi-turn lines.
 
     Turns the gateway never saw (generation) are filled with zero token counts: what replays is
-    the tool calls, per turn, in order.
+    the tool calls, per turn, in order. A torn last line (a gateway killed mid-write) is left out
+    and named: the whole capture was refused for it.
     """
     groups: dict[tuple[str, int], list[ToolCallRecord]] = {}
-    for record in read_captured_calls(capture):
-        key = (record.trajectory_id or "", record.step or 0)
-        groups.setdefault(key, []).append(record)
+    torn_line: int | None = None
+    try:
+        for record in read_captured_calls(capture):
+            key = (record.trajectory_id or "", record.step or 0)
+            groups.setdefault(key, []).append(record)
+    except TruncatedCapture as exc:
+        torn_line = exc.line
     if not groups:  # an empty trace written, "wrote 0", exit 0: each reader of it said "empty"
         raise TraceFormatError(
             capture,
@@ -223,4 +254,4 @@ def to_multiturn(capture: str | Path, out: str | Path) -> int:
                 trajectory_id=trajectory_id,
             )
             handle.write(trajectory.model_dump_json(by_alias=True, exclude_none=True) + "\n")
-    return len(groups)
+    return Converted(len(groups), torn_line)

@@ -158,6 +158,26 @@ def test_a_file_that_is_not_a_capture_is_one_line_and_exit_2(tmp_path, text, sai
     assert result.stderr.count("\n") == 1 and not out.exists()
 
 
+def test_a_torn_last_line_is_left_out_and_named(tmp_path) -> None:
+    """A gateway killed while it wrote a batch leaves half a line at the end: the whole capture
+    was refused for it ("not valid JSON"), every call before it lost to the conversion."""
+    capture, out = tmp_path / "capture.jsonl", tmp_path / "out.jsonl"
+    line = _CALL % ', "step": 3'
+    capture.write_text(line + line + line[: len(line) // 2])
+    args = ["gateway", "trace-to-multiturn", str(capture), str(out)]
+    result = CliRunner().invoke(toolenv_app, args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stderr == (
+        f"warning: {capture}:3 stops mid-record (the gateway was stopped while writing it): "
+        "that call is left out\n"
+    )
+    (trajectory,) = read_multiturn(out)
+    assert trajectory.tool_call_count == 2
+    capture.write_text(line[: len(line) // 2] + "\n" + line)  # torn inside: still refused
+    result = CliRunner().invoke(toolenv_app, args)
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: {capture}:1: not valid")
+
+
 def test_a_gzip_compressed_capture_says_so_and_names_its_line(tmp_path) -> None:
     """It said "not UTF-8 text" with no line and no cause, where every trace reader says the
     file is gzip-compressed (the same loop reads a capture now)."""
