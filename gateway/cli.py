@@ -6,6 +6,7 @@ Building the app with its embedded tools is wiring, done by the `toolenv` CLI (`
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -63,7 +64,9 @@ def run(gateway: FastAPI, settings: GatewaySettings) -> None:
 
 def trace_to_multiturn(
     capture: Annotated[Path, typer.Argument(help="JSONL written by the gateway's trace capture.")],
-    out: Annotated[Path, typer.Argument(help="PolyTrace multi-turn JSONL to write.")],
+    out: Annotated[
+        Path, typer.Argument(help="PolyTrace multi-turn JSONL to write (`-`: standard output).")
+    ],
 ) -> None:
     """Group captured tool calls per trajectory into PolyTrace multi-turn records (for the emulators)."""
     # A pipe (`<(zcat capture.jsonl.gz)`) is read like a file: only what is absent or a folder is
@@ -72,11 +75,12 @@ def trace_to_multiturn(
         why = "is a directory; name the capture file" if capture.is_dir() else "does not exist"
         typer.echo(f"error: {capture} {why}", err=True)
         raise typer.Exit(2)
-    if out.exists() and capture.samefile(out):  # it was overwritten by its own conversion
+    to_stdout = str(out) == "-"  # it wrote a file named "-"
+    if not to_stdout and out.exists() and capture.samefile(out):  # overwritten by itself
         typer.echo(f"error: {out} is the capture itself; name another file to write", err=True)
         raise typer.Exit(2)
     try:
-        converted = to_multiturn(capture, out)
+        converted = to_multiturn(capture, sys.stdout if to_stdout else out)
     except TraceFormatError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -89,4 +93,5 @@ def trace_to_multiturn(
             "while writing it): that call is left out",
             err=True,
         )
-    typer.echo(f"wrote {counted(converted.trajectories, 'trajectory')} to {out}")
+    where = "standard output" if to_stdout else out  # the records alone on stdout then
+    typer.echo(f"wrote {counted(converted.trajectories, 'trajectory')} to {where}", err=to_stdout)

@@ -15,9 +15,10 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 import anyio
 from pydantic import TypeAdapter, ValidationError
@@ -211,11 +212,12 @@ def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
     return record
 
 
-def to_multiturn(capture: str | Path, out: str | Path) -> Converted:
+def to_multiturn(capture: str | Path, out: str | Path | TextIO) -> Converted:
     """Group a capture file by (trajectory, step) into PolyTrace multi-turn lines.
 
     Turns the gateway never saw (generation) are filled with zero token counts: what replays is
-    the tool calls, per turn, in order. A torn last line (a gateway killed mid-write) is left out
+    the tool calls, per turn, in order. `out` is a path or an open text stream (stdout for `-`).
+    A torn last line (a gateway killed mid-write) is left out
     and named: the whole capture was refused for it.
     """
     groups: dict[tuple[str, int], list[ToolCallRecord]] = {}
@@ -233,7 +235,12 @@ def to_multiturn(capture: str | Path, out: str | Path) -> Converted:
             "",
             "holds no tool calls (the gateway records each call that carries X-Trajectory-Id)",
         )
-    with Path(out).open("w", encoding="utf-8") as handle:
+    opened = (
+        nullcontext(out)
+        if not isinstance(out, str | Path)
+        else Path(out).open("w", encoding="utf-8")
+    )
+    with opened as handle:
         for (trajectory_id, step), calls in groups.items():
             turns = sorted({c.turn for c in calls})
             trajectory = TrajectoryRecord(

@@ -178,6 +178,18 @@ def test_a_torn_last_line_is_left_out_and_named(tmp_path) -> None:
     assert result.exit_code == 2 and result.stderr.startswith(f"error: {capture}:1: not valid")
 
 
+def test_a_dash_writes_the_trajectories_to_stdout(tmp_path, monkeypatch) -> None:
+    """`trace-to-multiturn CAPTURE -` wrote a file named "-" in the working directory."""
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text(_CALL % ', "step": 3' + _CALL % ', "step": 4')
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(toolenv_app, ["gateway", "trace-to-multiturn", str(capture), "-"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert [json.loads(line)["step"] for line in result.stdout.splitlines()] == [3, 4]
+    assert result.stderr == "wrote 2 trajectories to standard output\n"
+    assert not (tmp_path / "-").exists()
+
+
 def test_a_gzip_compressed_capture_says_so_and_names_its_line(tmp_path) -> None:
     """It said "not UTF-8 text" with no line and no cause, where every trace reader says the
     file is gzip-compressed (the same loop reads a capture now)."""
