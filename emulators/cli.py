@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +16,7 @@ from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
+from toolenv_core.outputs import output_file_problem
 from toolenv_core.polytrace import TraceFormatError, iter_latencies
 from toolenv_core.polytrace.kinds import kind_of_file, repeat_notes
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
@@ -54,22 +54,12 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _nearest_existing_parent(path: Path) -> Path:
-    return next(d for d in path.parents if d.exists())
-
-
 def _check_out(out: Path) -> None:
     """`--out` checked before the traces are read and fitted: it failed after them, the report
     unprinted, and a path under a file said "File exists"."""
-    if out.is_dir():
-        raise _fail(f"--out {out}: is a directory; name a profile file (YAML or .json)")
-    existing = _nearest_existing_parent(out)  # the directories below it are made
-    if not existing.is_dir():
-        raise _fail(f"--out {out}: {existing} is a file, not a directory")
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as exc:
-        raise _fail(f"--out {out}: cannot write in {existing}: {exc.strerror or exc}") from exc
+    problem = output_file_problem(out, make_parents=True, kind="a profile file (YAML or .json)")
+    if problem is not None:
+        raise _fail(f"--out {out}: {problem}")
 
 
 @app.command("fit")
@@ -178,9 +168,11 @@ def describe_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print a profile's quantiles (and the data's), and optionally plot its CDF against the data."""
-    if plot is not None and not (parent := _nearest_existing_parent(plot)).is_dir():
-        # found before the sampling, and said as it is: making the directories said "File exists"
-        raise _fail(f"cannot write the plot to {plot}: {parent} is a file, not a directory")
+    # found before the sampling, and said as it is: making the directories said "File exists"
+    if plot is not None and (
+        problem := output_file_problem(plot, make_parents=True, kind="a PNG file")
+    ):
+        raise _fail(f"cannot write the plot to {plot}: {problem}")
     try:
         profile = load_profile(profile_path)
         recorded = successful_latencies(data, profile.tool) if data else None

@@ -28,6 +28,7 @@ from rich.live import Live
 
 from toolenv_core.console import report_console
 from toolenv_core.http1 import Endpoint, TargetURLError
+from toolenv_core.outputs import output_file_problem
 
 from .loop import run_load
 from .ramp import DEFAULT_RAMP_SLOS, RampResult, RampStep, ramp_rates, run_ramp
@@ -405,10 +406,8 @@ def _check_open_loop(spec: LoadSpec, slos: list[SLO], *, ramp: bool) -> None:
 def _check_outputs(**paths: Path | None) -> None:
     """Each output is a file in a folder that exists: found before the run, not after it."""
     for option, path in paths.items():
-        if path is not None and not path.parent.is_dir():
-            raise ValueError(f"--{option} {path}: there is no directory {path.parent}")
-        if path is not None and path.is_dir():
-            raise ValueError(f"--{option} {path}: is a directory; name a file")
+        if path is not None and (problem := output_file_problem(path)):
+            raise ValueError(f"--{option} {path}: {problem}")
 
 
 def _write(

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from toolenv_core.console import counted
+from toolenv_core.outputs import output_file_problem
 from toolenv_core.polytrace.kinds import files_of_kind
 
 from ..calibrate import CalibrationPlan, calibrate_engine
@@ -75,10 +76,8 @@ def calibrate(
     # float NaN to integer", a negative one not at all); --out after the whole calibration.
     _check_scale(check_length_scale, "--check-length-scale")
     _check_scale(check_tool_scale, "--check-tool-scale")
-    if out.is_dir():
-        fail(f"--out {out}: is a directory; name a file")
-    if not out.parent.is_dir():
-        fail(f"--out {out}: there is no directory {out.parent}")
+    if (problem := output_file_problem(out)) is not None:
+        fail(f"--out {out}: {problem}")
     try:
         plan = CalibrationPlan(
             batches=_int_list(batches, "--batches"),

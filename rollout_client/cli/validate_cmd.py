@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from toolenv_core.console import report_console
+from toolenv_core.outputs import output_dir_problem, output_file_problem
 from toolenv_core.polytrace import TraceFormatError
 from toolenv_core.polytrace.kinds import files_of_kind
 
@@ -122,26 +123,12 @@ def validate(
 
 
 def _check_outputs(save_profile: Path | None, plot_dir: Path | None, *, fitting: bool) -> None:
-    """The output options, checked before the fit and the replays rather than after them."""
+    """The output options, checked before the fit and the replays rather than after them (a
+    read-only place or too long a name failed only after a fit of minutes)."""
     if save_profile is not None:
         if not fitting:
             fail("--save-profile writes the profile --fit makes: add --fit STEP...")
-        try:  # opened now: a read-only place or too long a name failed only after the fit
-            if save_profile.is_dir():
-                fail(f"--save-profile {save_profile}: is a directory; name a file")
-            if not save_profile.parent.is_dir():
-                fail(f"--save-profile {save_profile}: there is no directory {save_profile.parent}")
-            existed = save_profile.exists()
-            with save_profile.open("a"):
-                pass
-        except OSError as exc:
-            fail(f"--save-profile {save_profile}: cannot write: {exc.strerror or exc}")
-        if not existed:
-            save_profile.unlink()
-    if plot_dir is not None:
-        try:  # made now: after the replays (or a fit of minutes) it was a bare "[Errno 2] ..."
-            if plot_dir.exists() and not plot_dir.is_dir():
-                fail(f"--plot-dir {plot_dir}: is a file, not a directory")
-            plot_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            fail(f"--plot-dir {plot_dir}: cannot make the directory: {exc.strerror or exc}")
+        if (problem := output_file_problem(save_profile)) is not None:
+            fail(f"--save-profile {save_profile}: {problem}")
+    if plot_dir is not None and (problem := output_dir_problem(plot_dir)) is not None:
+        fail(f"--plot-dir {plot_dir}: {problem}")

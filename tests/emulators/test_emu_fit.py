@@ -184,7 +184,8 @@ def test_describe_plot_writes_the_file_it_names(tmp_path: Path) -> None:
     folder.mkdir()
     result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(folder)])
     assert result.exit_code == 2 and not (tmp_path / "plots.png").exists()
-    assert result.stderr == f"error: cannot write the plot to {folder}: Is a directory\n"
+    said = f"error: cannot write the plot to {folder}: is a directory; name a PNG file\n"
+    assert result.stderr == said  # said before the sampling
     negative = runner.invoke(app, ["emulators", "describe", shipped, "--seed", "-1"])
     assert (
         negative.exit_code == 2 and "--seed" in negative.output

@@ -94,7 +94,7 @@ def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_pa
         (["--plot-dir", str(a_file)], f"--plot-dir {a_file}: is a file"),
         (
             ["--plot-dir", str(a_file / "plots")],
-            f"--plot-dir {a_file / 'plots'}: cannot make the directory: Not a directory",
+            f"--plot-dir {a_file / 'plots'}: {a_file} is a file, not a directory",
         ),
     ]  # fmt: skip
     for args, message in cases:

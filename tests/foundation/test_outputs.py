@@ -1,0 +1,44 @@
+"""The one check every command makes of the paths it will write, before its work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolenv_core.outputs import output_dir_problem, output_file_problem
+
+
+@pytest.mark.parametrize("make_parents", [False, True])
+def test_an_output_file_problem_is_said_before_anything_is_made(
+    tmp_path: Path, make_parents: bool
+) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    check = lambda p: output_file_problem(p, make_parents=make_parents)  # noqa: E731
+    assert check(tmp_path / "out.json") is None
+    assert check(tmp_path) == "is a directory; name a file"
+    assert check(blocker / "out.json") == f"{blocker} is a file, not a directory"
+    assert check(tmp_path / ("p" * 300)) == "cannot write: File name too long"
+    assert check(Path("/proc/out.json")).startswith("cannot write in /proc: ")
+    missing = tmp_path / "a" / "b" / "out.json"
+    if make_parents:
+        assert check(missing) is None and check(blocker / "d" / "out.json") == (
+            f"{blocker} is a file, not a directory"
+        )
+    else:
+        assert check(missing) == f"there is no directory {missing.parent}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # nothing made or left
+
+
+def test_an_output_dir_problem_is_said_before_anything_is_made(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    assert output_dir_problem(tmp_path / "a" / "b") is None
+    assert output_dir_problem(blocker) == "is a file, not a directory"
+    assert output_dir_problem(blocker / "d") == f"{blocker} is a file, not a directory"
+    assert output_dir_problem(tmp_path / ("d" * 300)) == (
+        "cannot make the directory: File name too long"
+    )
+    assert output_dir_problem(Path("/proc/plots")).startswith("cannot write in /proc: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]

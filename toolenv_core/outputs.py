@@ -1,0 +1,64 @@
+"""Output paths a command will write, checked before the work that makes them.
+
+Every CLI that writes a report, a profile or a plot checks its paths here first: a path found bad
+after minutes of fitting or replaying lost that work, and each command had spelled its own check
+(one made missing directories, one refused them, one never tried to write there). A problem reads
+as the tail of a `--option PATH: ...` message.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def nearest_existing_parent(path: Path) -> Path:
+    """The deepest ancestor of `path` that exists (the directories below it would be made)."""
+    return next(d for d in path.absolute().parents if d.exists())
+
+
+def output_file_problem(
+    path: Path, *, make_parents: bool = False, kind: str = "a file"
+) -> str | None:
+    """What stops a file being written at `path` (None: nothing).
+
+    `make_parents`: the missing directories will be made, so the deepest existing one must be a
+    writable directory; otherwise the parent must be one. `kind` says what to name instead of a
+    directory ("a profile file (YAML or .json)").
+    """
+    try:  # is_dir() raises for a name too long for the file system
+        if path.is_dir():
+            return f"is a directory; name {kind}"
+    except OSError as exc:
+        return f"cannot write: {exc.strerror or exc}"
+    folder = nearest_existing_parent(path) if make_parents else path.parent
+    if not folder.exists():
+        return f"there is no directory {folder}"
+    if not folder.is_dir():
+        return f"{folder} is a file, not a directory"
+    try:
+        if len(os.fsencode(path.name)) > os.pathconf(folder, "PC_NAME_MAX"):
+            return "cannot write: File name too long"
+        if not path.exists():  # the file is made (and removed) where it would go
+            tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        return f"cannot write in {folder}: {exc.strerror or exc}"
+    return None
+
+
+def output_dir_problem(path: Path) -> str | None:
+    """What stops files being written in the directory `path`, made if missing (None: nothing)."""
+    try:
+        if path.exists() and not path.is_dir():
+            return "is a file, not a directory"
+        folder = path if path.exists() else nearest_existing_parent(path)
+    except OSError as exc:
+        return f"cannot make the directory: {exc.strerror or exc}"
+    if not folder.is_dir():
+        return f"{folder} is a file, not a directory"
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        return f"cannot write in {folder}: {exc.strerror or exc}"
+    return None
