@@ -15,9 +15,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
-from compose_support import REPO, Stack
+from compose_support import IMAGE, REPO, Stack
+from testkit import free_port
 
 PROGRAMS = {
     "python": "print(6 * 7)",
@@ -148,6 +150,39 @@ def test_api_keys_from_the_host_environment_reach_the_gateway(stack: Stack) -> N
         up = stack.compose("up", "-d", "--wait", "--wait-timeout", "120", "gateway")
     assert up.returncode == 0, up.stderr
     assert run_code(stack, "print(1)").status_code == 200
+
+
+def test_a_missing_model_dir_fails_up_naming_it(stack: Stack, tmp_path: Path) -> None:
+    """A mistyped TOOLENV_MODEL_DIR (or no `make model` yet) stops `--profile cpu up` with the path;
+    Docker made it, empty and root-owned, on the host before, and vLLM crash-looped on it."""
+    missing = tmp_path / "no-such-model"
+    env = {
+        **stack.env,
+        "TOOLENV_MODEL_DIR": str(missing),
+        "TOOLENV_VLLM_CPU_IMAGE": IMAGE,  # any local image: the mount is refused before it runs
+        "TOOLENV_VLLM_PORT": str(free_port()),
+    }
+    argv = ["docker", "compose", "--profile", "cpu"]
+    try:
+        up = subprocess.run(
+            [*argv, "up", "-d", "--no-build", "vllm-cpu"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert up.returncode != 0, up.stderr
+        assert f"bind source path does not exist: {missing}" in up.stderr, up.stderr
+        assert not missing.exists()
+    finally:
+        subprocess.run(
+            [*argv, "rm", "--stop", "--force", "-v", "vllm-cpu"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def _crash(stack: Stack, service: str) -> None:
