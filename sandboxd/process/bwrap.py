@@ -94,7 +94,9 @@ def probe(prefix: list[str]) -> None:
         raise SandboxUnavailable(
             f"bwrap at {prefix[0]} cannot create a sandbox here: "
             f"{result.stderr.decode(errors='replace').strip()} (it needs user/PID/network "
-            "namespaces; in a container run it privileged, or use the docker backend)"
+            "namespaces; in a container also CAP_SETFCAP, bwrap's seccomp rule and "
+            "systempaths=unconfined, not privileged mode: see the sandbox service of "
+            "compose/docker-compose.yml and docs/compose.md; or use the docker backend)"
         )
 
 
