@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from toolenv_core.console import counted
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.latency import load_profile
 from toolenv_core.polytrace import write_multiturn
@@ -143,6 +144,26 @@ def sim_time_scale(settings: RolloutSettings) -> float:
     return settings.time_scale
 
 
+SYNTHETIC_MAX_DRAWS = 1_000_000
+"""Trajectories `--synthetic` draws at most without `--limit` (490 steps of 2,048)."""
+
+
+def synthetic_draws(settings: RolloutSettings) -> int:
+    """How many trajectories `--synthetic` draws without `--limit`: what the steps launch at most
+    (an over-sampling policy launches N*(1+ratio) a step; twice --batch a step had run a ratio
+    above 1 short, with a note blaming the trace size). ValueError past `SYNTHETIC_MAX_DRAWS`."""
+    launch = build_policy(settings.policy, over=settings.overlap_ratio).launch_count(settings.batch)
+    n = launch * settings.steps
+    if n > SYNTHETIC_MAX_DRAWS:
+        raise ValueError(
+            f"--synthetic would draw {n:,} trajectories ({counted(settings.steps, 'step')} launching "
+            f"{launch:,} each: --batch {settings.batch}, --policy {settings.policy}"
+            + (f", --overlap-ratio {settings.overlap_ratio:g}" if launch > settings.batch else "")
+            + f"); it draws at most {SYNTHETIC_MAX_DRAWS:,} without --limit N"
+        )
+    return n
+
+
 def build_plans(
     settings: RolloutSettings, traces: list[Path], synthetic: Path | None = None
 ) -> Iterator[TrajectoryPlan]:
@@ -150,7 +171,7 @@ def build_plans(
         settings.length_scale, settings.max_prompt, settings.max_output, settings.max_append
     )
     if synthetic is not None:
-        n = settings.limit or settings.batch * settings.steps * 2
+        n = settings.limit or synthetic_draws(settings)
         [params] = files_of_kind([synthetic], "fitted_parameters")
         return synthetic_plans(params, n, scale=scale, seed=settings.seed)
     return replay_plans(

@@ -16,6 +16,8 @@ from rollout_client.engines import (
     EventSimEngine,
     load_cost_model,
 )
+from rollout_client.session import build_plans
+from rollout_client.settings import RolloutSettings
 from rollout_client.workloads.live import load_prompts
 from rollout_client.workloads.plan import TokenSynth
 from rollout_client.workloads.replay import LengthScale, replay_plans
@@ -122,6 +124,20 @@ def test_synthetic_plans_follow_the_fitted_call_counts(polytrace_dir: Path) -> N
     assert 0.3 < counts.count(3) / len(counts) < 0.56  # 43% of sessions make 3 calls
     assert all(len(p.turns[-1].calls) == 0 for p in plans)
     assert all(t.output_tokens >= 1 for p in plans for t in p.turns)
+
+
+def test_synthetic_draws_what_an_over_sampling_policy_launches(polytrace_dir: Path) -> None:
+    """`--synthetic` drew 2 x --batch a step: `--overlap-ratio 2` (3 x --batch a step) launched 8
+    of 12, with a note blaming the trace size. It draws what the steps launch, bounded."""
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    over = RolloutSettings(batch=4, steps=2, policy="async+overlap", overlap_ratio=2)
+    assert len(list(build_plans(over, [], synthetic=params))) == 24
+    assert len(list(build_plans(RolloutSettings(batch=4), [], synthetic=params))) == 4
+    huge = over.model_copy(update={"overlap_ratio": 1e9})
+    with pytest.raises(ValueError, match=r"draw 8,000,000,008 trajectories .*--limit N"):
+        build_plans(huge, [], synthetic=params)
+    limited = huge.model_copy(update={"limit": 5})
+    assert len(list(build_plans(limited, [], synthetic=params))) == 5
 
 
 def test_a_malformed_trace_names_file_line_and_field(tmp_path: Path, polytrace_dir: Path) -> None:
