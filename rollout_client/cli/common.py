@@ -78,15 +78,33 @@ _PART_OPTIONS = {
 }
 
 
-def idle_option_notes(settings: RolloutSettings, given: set[str]) -> list[str]:
+# An option that shapes some workloads (chosen by --trace, --synthetic or --live), and those.
+_WORKLOAD_OPTIONS = {
+    "sample": ("--sample", ("--trace",)),
+    "length_scale": ("--length-scale", ("--trace", "--synthetic")),
+    "max_prompt": ("--max-prompt", ("--trace", "--synthetic")),
+    "max_output": ("--max-output", ("--trace", "--synthetic")),
+    "max_append": ("--max-append", ("--trace", "--synthetic")),
+    "live_max_turns": ("--max-turns", ("--live",)),
+    "live_max_tokens": ("--max-tokens", ("--live",)),
+}
+
+
+def idle_option_notes(settings: RolloutSettings, given: set[str], workload: str) -> list[str]:
     """Notes on options given on the command line that this run ignores (`--tool-timeout 0.5`
-    under the default `async` policy ran with no deadline, silently)."""
+    under the default `async` policy ran with no deadline, `--sample 0.1 --synthetic` drew every
+    trajectory, both silently). `workload` is the option that chose it (`--trace`...)."""
     parts = {p.strip() for p in settings.policy.split("+")}
     notes = [
         f"note: {flag} has no effect: --policy {settings.policy} has no {part} part "
         f"(e.g. --policy {settings.policy}+{part})"
         for key, (flag, part) in _PART_OPTIONS.items()
         if key in given and part not in parts
+    ]
+    notes += [
+        f"note: {flag} has no effect with {workload}: it shapes {' and '.join(shaped)}"
+        for key, (flag, shaped) in _WORKLOAD_OPTIONS.items()
+        if key in given and workload not in shaped
     ]
     if "time_scale" in given and (settings.engine != "sim" or settings.clock == "virtual"):
         where = "--clock virtual never sleeps" if settings.engine == "sim" else "a real engine"

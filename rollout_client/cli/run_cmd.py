@@ -338,8 +338,9 @@ def run(
             settings = settings.model_copy(update={"vocab_size": model_vocab_size(settings.model)})
         except ValueError as exc:
             fail(str(exc))
+    workload = given[0]
     given = {k for k, v in overrides.items() if v is not None}
-    for note in idle_option_notes(settings, given):
+    for note in idle_option_notes(settings, given, workload):
         typer.echo(note, err=True)
     out_dir = Path(settings.out_dir)
     with out_dir_for_run(out_dir):

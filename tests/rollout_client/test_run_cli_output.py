@@ -145,3 +145,21 @@ def test_an_option_the_run_ignores_is_noted(polytrace_dir: Path, tmp_path: Path)
     done = rollout_run(polytrace_dir, tmp_path / "b", *small, *ignored, *policy)
     assert done.returncode == 0, done.stderr
     assert "has no effect" not in done.stderr
+
+
+def test_an_option_of_another_workload_is_noted(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--sample 0.1 --synthetic` drew every trajectory and `--max-turns 1 --trace` replayed
+    every turn, silently: each shapes one workload only."""
+    params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
+    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--synthetic", str(params)]
+    args += ["--tool-profile", f"search={profile}", "--batch", "2", "--no-plots", "--json"]
+    args += ["--out", str(tmp_path), "--sample", "0.1", "--max-turns", "1", "--length-scale", "0.5"]
+    result = CliRunner().invoke(build_app(), args)
+    assert result.exit_code == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: --sample has no effect with --synthetic: it shapes --trace",
+        "note: --max-turns has no effect with --synthetic: it shapes --live",
+    ]
+    assert json.loads(result.stdout)["steps"][0]["launched"] == 2
