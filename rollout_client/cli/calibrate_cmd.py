@@ -14,6 +14,7 @@ from rich.console import Console
 from toolenv_core.console import counted
 from toolenv_core.outputs import output_file_problem
 from toolenv_core.polytrace.kinds import files_of_kind
+from toolenv_core.sigterm import ends_by_sigterm, sigterm_cancels
 
 from ..calibrate import CalibrationPlan, calibrate_engine
 from ..enginecheck import Runs, compare, measure_and_run, simulated_runs
@@ -93,7 +94,9 @@ def calibrate(
         vocab = model_vocab_size(settings.model) if settings.model else settings.vocab_size
         rows = None
         if check is None:
-            profile = asyncio.run(calibrate_engine(eng, plan, name=name, vocab_size=vocab))
+            with ends_by_sigterm():  # SIGTERM unwinds as Ctrl-C does: the engine is closed
+                calibrated = calibrate_engine(eng, plan, name=name, vocab_size=vocab)
+                profile = asyncio.run(sigterm_cancels(calibrated))
         else:
             n_check = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
             scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
@@ -125,8 +128,8 @@ def calibrate(
                         rounds=check_rounds,
                     )
 
-            with status:
-                profile, _, real = asyncio.run(measured())
+            with ends_by_sigterm(), status:
+                profile, _, real = asyncio.run(sigterm_cancels(measured()))
             rows = compare(
                 real,
                 simulated_runs(profile, plans[:n_check], check_trajectories, check_tool_scale),

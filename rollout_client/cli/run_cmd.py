@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
+from toolenv_core.sigterm import ends_by_sigterm, sigterm_cancels
 
 from ..clock import VirtualTimeDeadlock, run_virtual
 from ..engines.openai_engine import EngineUnreachable
@@ -343,9 +344,11 @@ def run(
     for note in idle_option_notes(settings, given, workload):
         typer.echo(note, err=True)
     out_dir = Path(settings.out_dir)
-    with out_dir_for_run(out_dir):
-        try:
-            main = run_with_progress(settings, trace or [], synthetic, out_dir, live)
+    with ends_by_sigterm(), out_dir_for_run(out_dir):
+        try:  # SIGTERM unwinds as Ctrl-C does: a real engine's processes are closed
+            main = sigterm_cancels(
+                run_with_progress(settings, trace or [], synthetic, out_dir, live)
+            )
             report = run_virtual(main) if settings.clock == "virtual" else asyncio.run(main)
         except TraceFormatError as exc:
             fail(str(exc))

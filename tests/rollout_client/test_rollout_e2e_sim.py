@@ -4,10 +4,13 @@ search emulator (`toolenv serve` subprocess): reports, replayable output, bad in
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from click.testing import Result
 from rollout_support import first_records, start_gateway, write_trace
@@ -326,3 +329,34 @@ def test_synthetic_on_the_virtual_clock_needs_a_tool_profile(polytrace_dir, tmp_
         "error: --synthetic trajectories record no tool latencies for --exact to replay"
     )
     assert done.stderr.count("\n") == 1
+
+
+def test_sigterm_unwinds_a_run_as_ctrl_c_does(gateway, polytrace_dir, tmp_path) -> None:
+    """SIGTERM (`timeout`, `kill PID`) ended `rollout run` where it stood: with `--engine vllm`
+    its engine-core and worker processes ran on (2.6 GB, busy), and a fresh --out stayed behind
+    empty. Now it unwinds as Ctrl-C does (the engine closed, the fresh --out removed), then ends
+    by SIGTERM. Here the run is held in a tool call the emulator makes last 25 s."""
+    [record] = first_records(polytrace_dir, 1)
+    record["tool_calls"][0]["latency_s"] = 25.0
+    trace = write_trace([record], tmp_path / "held.jsonl")
+    out = tmp_path / "out"
+    argv = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--cost-profile",
+        "vllm-cpu-tiny", "--gateway", gateway.url, "--trace", str(trace), "--exact",
+        "--length-scale", "0.1", "--batch", "1", "--no-plots", "--out", str(out),
+    ]  # fmt: skip
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        in_call = 'toolenv_gateway_in_flight{tool="search"} 1.0'
+        deadline = time.monotonic() + 60
+        while in_call not in httpx.get(f"{gateway.url}/metrics").text:
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the run never reached its tool call"
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert run.returncode == -signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
+    assert not out.exists()
