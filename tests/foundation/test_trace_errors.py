@@ -81,6 +81,34 @@ def test_wrong_kind_says_what_it_looks_like_and_which_option_reads_it(polytrace_
     assert "no calls of tool 'search'" in line and "--tool reward" in line
 
 
+def test_another_json_document_is_not_taken_for_fitted_parameters(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Any indented JSON (a rollout's report.json, a study's study.json) was said to be fitted
+    intern_s1 parameters that `rollout run --synthetic` reads, which then refused it ("field
+    'version': Field required"); a folder of them said it held such parameters."""
+    report = tmp_path / "out" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"policy": "async", "steps": [{"step": 0}]}, indent=2))
+    said = f"{report}:1: a JSON document, not a PolyTrace file this project reads (one of: "
+    for command in (
+        ["rollout", "run", "--trace", str(report)],
+        ["rollout", "validate", "--trace", str(report)],
+        [
+            "rollout",
+            "study",
+            "--trace",
+            str(polytrace_dir / "search_r1"),
+            "--reward-trace",
+            str(report),
+        ],
+    ):
+        line = one_line_error(cli(*command))
+        assert line.startswith(f"error: {said}") and "intern_s1" not in line, command
+    line = one_line_error(cli("rollout", "run", "--trace", str(report.parent)))
+    assert line.endswith("1 file(s) like report.json: no PolyTrace kind this project reads")
+
+
 def test_a_broken_first_record_of_the_right_kind_names_its_field(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:

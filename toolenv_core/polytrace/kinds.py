@@ -86,22 +86,43 @@ def kind_of_record(raw: object) -> str | None:
     return None
 
 
+class JsonDocument(TraceFormatError):
+    """An indented JSON document of no PolyTrace kind (a rollout's report.json, a study.json):
+    said as such, where a JSONL reader would call its first line, `{`, not valid JSON."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(
+            path, 1, "", "a JSON document, not a PolyTrace file this project reads "
+            f"(one of: {', '.join(FORMATS)})",
+        )  # fmt: skip
+
+
+FITTED_KEYS = ("math_task", "tool_calling_task")
+"""The fitted parameters' task keys (`kind_of_record`), found by line in an indented document."""
+
+
 def detect_format(path: str | Path) -> str:
     """Look at the first record of the file and name the PolyTrace kind it holds."""
     p = Path(path)
     empty = True
+    document = False  # an indented JSON document: its keys come one a line
     with open_trace(p) as handle:
         for lineno, line in numbered_lines(handle, p):
             text = line.strip()
             empty = empty and not text
-            if CALL_LOG_MARKER in text:
+            if CALL_LOG_MARKER in text and not document:
                 return "call_log"
             if lineno > 1000:
                 break
             if not text:
                 continue
+            if document:  # any indented JSON began so (a rollout's report.json, a study.json)
+                if text.startswith(tuple(f'"{key}":' for key in FITTED_KEYS)):
+                    return "fitted_parameters"
+                continue
             if text == "{":
-                return "fitted_parameters"
+                document = True
+                continue
             if not text.startswith("{"):
                 continue  # other log output before the first call record
             try:
@@ -116,6 +137,8 @@ def detect_format(path: str | Path) -> str:
             break
     if empty:
         raise TraceFormatError(p, 0, "", "the file is empty")
+    if document:
+        raise JsonDocument(p)
     raise TraceFormatError(
         p, 1, "", f"not a PolyTrace file this project reads (one of: {', '.join(FORMATS)})"
     )
@@ -127,7 +150,7 @@ def kind_error(path: str | Path, expected: str) -> TraceFormatError | None:
     or of no kind we know (the caller's own error then says what is wrong)."""
     try:
         found = detect_format(path)
-    except CaptureNotTrace as exc:  # a capture for a trace: say how to make one of it
+    except (CaptureNotTrace, JsonDocument) as exc:  # a capture: say how to make a trace of it
         return exc
     except TraceFormatError:
         return None
