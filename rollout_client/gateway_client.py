@@ -169,10 +169,28 @@ class GatewayClient:
                 "ok" if body.get("status") == "ok" else "error",
                 elapsed,
                 result=body.get("result"),
-                error=body.get("error"),
+                error=_error_with_reason(body),
                 http_status=200,
                 retries_429=retries,
             )
+
+
+def _error_with_reason(body: dict[str, Any]) -> str | None:
+    """The gateway's error for a tool's failed answer, with the tool's own reason when it gave
+    one (a 422's `detail`): "tool 'search' answered HTTP 422" alone did not say what to fix."""
+    error = body.get("error")
+    result = body.get("result")
+    detail = result.get("detail") if isinstance(result, dict) else None
+    if not error or not detail:
+        return error
+    if isinstance(detail, list):  # pydantic's [{"loc": ["body", field], "msg": ...}, ...]
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}"
+            if isinstance(d, dict)
+            else str(d)
+            for d in detail
+        )
+    return f"{error}: {str(detail)[:300]}"
 
 
 def _json_object(response: httpx.Response) -> dict[str, Any]:

@@ -359,8 +359,8 @@ def run(
         except ValueError as exc:
             fail(one_line(exc))
     timelines = report.pop("_timelines", [])
-    report.pop("_records", None)
-    for note in report["notes"]:
+    records = report.pop("_records", None) or []
+    for note in [*report["notes"], *tool_error_note(report["summary"], records)]:
         typer.echo(note, err=True)
     written = plot(report, timelines, out_dir) if not no_plots and report["steps"] else []
     drop_plots_not_written(out_dir, PLOTS, written)
@@ -382,3 +382,18 @@ def run(
         failed = counted(summary["failed"], "trajectory")
         typer.echo(f"error: {failed} failed, e.g. {first}", err=True)
         raise typer.Exit(1)
+
+
+def tool_error_note(summary: dict, records: list) -> list[str]:
+    """A note when tool calls failed, with the first reason: the report counted them alone
+    (`tool errors 6`), and a run whose own arguments a tool refuses (`--max-append 10` under
+    what the search emulator returns for its documents) looked like a failing tool."""
+    failed = summary.get("tool_errors", 0)
+    if not failed:
+        return []
+    errors = (c.error for r in records for c in r.tool_calls if c.status == "error" and c.error)
+    first = next(errors, None)
+    return [
+        f"note: {counted(failed, 'tool call')} failed (each trajectory went on with an error "
+        "observation)" + (f", e.g. {first}" if first else "")
+    ]

@@ -360,3 +360,30 @@ def test_sigterm_unwinds_a_run_as_ctrl_c_does(gateway, polytrace_dir, tmp_path) 
     assert run.returncode == -signal.SIGTERM, stderr
     assert "Traceback" not in stderr
     assert not out.exists()
+
+
+def test_failed_tool_calls_are_noted_with_the_tools_reason(
+    gateway, polytrace_dir, tmp_path
+) -> None:
+    """`--max-append 10` asks the search emulator for fewer tokens than its documents need: each
+    such call failed as "tool 'search' answered HTTP 422", counted as `tool errors` alone, so the
+    run looked like a failing tool. A note now gives the count and the tool's own reason."""
+    [record] = first_records(polytrace_dir, 1)
+    assert record["tool_calls"][0]["query_count"] == 2  # 2 queries x topk 3: 12 tokens at least
+    trace = write_trace([record], tmp_path / "t.jsonl")
+    out = tmp_path / "o"
+    done = rollout_inproc(
+        "--engine", "sim", "--cost-profile", "vllm-cpu-tiny", "--gateway", gateway.url,
+        "--trace", str(trace), "--exact", "--length-scale", "0.1", "--max-append", "10",
+        "--batch", "1", "--no-plots", "--json", "--out", str(out),
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    failed = json.loads(done.stdout)["summary"]["tool_errors"]
+    reason = "tool 'search' answered HTTP 422: response_tokens: at least 12 (2 per document)"
+    said = "1 tool call" if failed == 1 else f"{failed} tool calls"
+    assert failed >= 1 and (
+        f"note: {said} failed (each trajectory went on with an error observation), e.g. {reason}"
+        in done.stderr.splitlines()
+    )
+    [written] = read_multiturn(out / "trajectories.jsonl")
+    assert written.tool_calls[0].error == reason
