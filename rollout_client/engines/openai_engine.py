@@ -22,6 +22,17 @@ class EngineUnreachable(RuntimeError):
     """The OpenAI-compatible server does not answer (one line, for the CLI)."""
 
 
+def _served_model(response: httpx.Response) -> str | None:
+    """The first model id a `/v1/models` answer lists; None when it lists none (or is not JSON):
+    such an answer (another web server on the port) had raised a KeyError, a traceback."""
+    try:
+        data = response.json().get("data")
+        model = data[0]["id"]
+    except (ValueError, AttributeError, LookupError, TypeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
 class OpenAIEngine(Engine):
     name = "openai"
 
@@ -48,14 +59,22 @@ class OpenAIEngine(Engine):
         for url in self.base_urls:
             try:
                 r = await self._client.get(url + "/v1/models")
-                r.raise_for_status()
             except httpx.HTTPError as exc:
                 await self.close()
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise EngineUnreachable(
-                    f"OpenAI-compatible server {url} does not answer: {exc!s}"
+                    f"OpenAI-compatible server {url} does not answer: {why}"
                 ) from exc
+            served = _served_model(r)
+            if r.status_code != 200 or (self.model is None and served is None):
+                await self.close()
+                said = f"HTTP {r.status_code}" if r.status_code != 200 else "no model (data[0].id)"
+                raise EngineUnreachable(
+                    f"{url} answered GET /v1/models with {said}: not an OpenAI-compatible server "
+                    "(--openai-url)"
+                )
             if self.model is None:
-                self.model = r.json()["data"][0]["id"]
+                self.model = served
 
     async def close(self) -> None:
         if self._client is not None:

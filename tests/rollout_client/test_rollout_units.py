@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ from rollout_client.engines import (
     CostModel,
     EngineMonitor,
     EventSimEngine,
+    OpenAIEngine,
     load_cost_model,
 )
+from rollout_client.engines.openai_engine import EngineUnreachable
 from rollout_client.session import build_plans
 from rollout_client.settings import RolloutSettings
 from rollout_client.workloads.live import load_prompts
@@ -334,3 +338,44 @@ def test_fitted_parameters_that_cannot_be_drawn_from_name_the_field(
     with pytest.raises(TraceFormatError) as info:
         list(synthetic_plans(path, 8))
     assert info.value.field == field and said in str(info.value)
+
+
+class _NotOpenAI(http.server.BaseHTTPRequestHandler):
+    """Another web server on the port: `/v1/models` answers 404, or 200 with other content."""
+
+    answers = {"/404/v1/models": (404, b"no"), "/text/v1/models": (200, b"hello")}
+    answers["/json/v1/models"] = (200, b'{"object": "list"}')
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        status, body = self.answers.get(self.path, (404, b""))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("prefix", "said"), [("404", "HTTP 404"), ("text", "no model"), ("json", "no model")]
+)
+async def test_a_server_that_is_not_openai_compatible_is_one_line(prefix: str, said: str) -> None:
+    """A 404 from /v1/models came out as two lines (httpx's "For more information check: ..."),
+    saying the server "does not answer"; a 200 that listed no model was a KeyError traceback (or
+    a bare "Expecting value" naming no server). Each is one line naming the URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOpenAI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{prefix}"
+    try:
+        with pytest.raises(EngineUnreachable) as info:
+            await OpenAIEngine([url]).start()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(info.value) == (
+        f"{url} answered GET /v1/models with {said}"
+        + (" (data[0].id)" if said == "no model" else "")
+        + ": not an OpenAI-compatible server (--openai-url)"
+    )
