@@ -65,6 +65,10 @@ def tool_pairs(values: list[str], option: str) -> dict[str, str]:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:
             raise typer.BadParameter(f"{option} takes TOOL=FILE, got {value!r}")
+        if name in pairs:  # the last one silently replaced the first
+            raise typer.BadParameter(
+                f"{option} names {name!r} twice ({pairs[name]} and {path}): one file per tool"
+            )
         pairs[name] = path
     return pairs
 

@@ -163,3 +163,17 @@ def test_an_option_of_another_workload_is_noted(polytrace_dir: Path, tmp_path: P
         "note: --max-turns has no effect with --synthetic: it shapes --live",
     ]
     assert json.loads(result.stdout)["steps"][0]["launched"] == 2
+
+
+def test_a_tool_profile_given_twice_for_one_tool_is_refused(tmp_path: Path) -> None:
+    """`--tool-profile search=A --tool-profile search=B` ran with B alone, saying nothing of A."""
+    a, b = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml", tmp_path / "b.yaml"
+    b.write_text(a.read_text())
+    args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--trace", str(tmp_path)]
+    args += ["--tool-profile", f"search={a}", "--tool-profile", f"search={b}"]
+    result = CliRunner().invoke(build_app(), [*args, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    said = "".join(result.stderr.replace("│", "").split())  # typer's box, unwrapped
+    expected = f"--tool-profile names 'search' twice ({a} and {b}): one file per tool"
+    assert "".join(expected.split()) in said
+    assert not (tmp_path / "o").exists()
