@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import tempfile
@@ -138,7 +139,9 @@ def fetch_command(
 ) -> None:
     """Download the published PolyTrace files, verify size and sha256, keep them in the cache."""
     entries = _select(names)
-    if timeout is not None and not timeout > 0:
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        # inf passed here and failed as "invalid traces settings: timeout_s: ...", not naming
+        # the option
         raise _fail(f"--timeout {timeout:g}: give a number of seconds above 0")
     settings = _settings(dest, source, timeout)
     where = settings.source

@@ -409,3 +409,6 @@ def test_a_mirror_that_hangs_is_given_up_on_after_the_timeout(tmp_path: Path) ->
     zero = traces("fetch", "intern_s1", "--timeout", "0", cache=tmp_path)
     assert zero.exit_code == 2
     assert zero.stderr == "error: --timeout 0: give a number of seconds above 0\n"
+    endless = traces("fetch", "intern_s1", "--timeout", "inf", cache=tmp_path)
+    assert endless.exit_code == 2  # was "invalid traces settings: timeout_s: ..."
+    assert endless.stderr == "error: --timeout inf: give a number of seconds above 0\n"
