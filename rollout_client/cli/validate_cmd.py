@@ -76,12 +76,16 @@ def validate(
             if save_profile is not None:
                 cost.save(save_profile)
         results = []
-        for path in trace:
-            with console.status(f"replaying {path.name} in virtual time"):
+        labels = step_labels(trace)
+        for path, label in zip(trace, labels, strict=True):
+            with console.status(f"replaying {label} in virtual time"):
                 records = load_step(path)
                 if plot_dir is not None:
-                    png = plot_dir / f"validation-{path.stem}.png"
-                    result = plot_step(records, cost, png, f"{path.name} replayed in virtual time")
+                    png = (
+                        plot_dir
+                        / f"validation-{label.removesuffix(path.suffix).replace('/', '-')}.png"
+                    )
+                    result = plot_step(records, cost, png, f"{label} replayed in virtual time")
                 else:
                     result = validate_step(records, cost)
                 results.append({"trace": str(path), **result})
@@ -109,10 +113,10 @@ def validate(
         "turn p90 rec/sim (s)",
     ):
         table.add_column(col, justify="right")
-    for r in results:
+    for r, label in zip(results, labels, strict=True):
         rec, sim = r["turn_latency_recorded_s"], r["turn_latency_simulated_s"]
         table.add_row(
-            Path(r["trace"]).name,
+            label,
             f"{r['makespan_recorded_s']:.1f} / {r['makespan_simulated_s']:.1f}",
             f"{r['makespan_accuracy']:.1%}",
             f"{r['completion_ks']:.3f}",
@@ -120,6 +124,21 @@ def validate(
             f"{rec['p90']:.1f} / {sim['p90']:.1f}",
         )
     report_console().print(table)
+
+
+def step_labels(paths: list[Path]) -> list[str]:
+    """Each step's name in the table and in its plot's file name: the file name, with as many of
+    its directories as tell it from another file of that name. Two runs' `trajectories.jsonl`
+    were two rows named alike and one plot, the second written over the first."""
+    labels = []
+    for path in paths:
+        depth = 1
+        while depth < len(path.parts) and any(
+            other != path and other.parts[-depth:] == path.parts[-depth:] for other in paths
+        ):
+            depth += 1
+        labels.append("/".join(path.parts[-depth:]))
+    return labels
 
 
 def _check_outputs(save_profile: Path | None, plot_dir: Path | None, *, fitting: bool) -> None:

@@ -154,6 +154,25 @@ def test_validate_table_names_each_step_in_full(polytrace_dir: Path, tmp_path: P
     assert "".join(rows) == "".join(names)  # each name whole, folded over lines if need be
 
 
+def test_steps_of_one_file_name_get_a_row_and_a_plot_each(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Two runs' `trajectories.jsonl` were two rows both named `trajectories.jsonl`, and one
+    `validation-trajectories.png`: the second step's plot written over the first's."""
+    source = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
+    steps = [tmp_path / run / "trajectories.jsonl" for run in ("run1", "run2")]
+    for step in steps:
+        step.parent.mkdir()
+        step.write_text("".join(itertools.islice(source, 4)))
+    args = ["validate", "--trace", str(steps[0]), "--trace", str(steps[1])]
+    result = CliRunner().invoke(app, [*args, "--plot-dir", str(tmp_path / "plots")])
+    assert result.exit_code == 0, result.output
+    rows = [line.split("│")[1].strip() for line in result.stdout.splitlines() if "│" in line]
+    assert "".join(rows) == "run1/trajectories.jsonlrun2/trajectories.jsonl"  # folded or not
+    plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert plots == ["validation-run1-trajectories.png", "validation-run2-trajectories.png"]
+
+
 def test_validate_a_step_without_timings_says_so(polytrace_dir: Path, tmp_path: Path) -> None:
 
     good = json.loads(
