@@ -15,6 +15,8 @@ from toolenv_core.fields import Integer, Number
 # enough to move a policy's accuracy by 10-20 points (docs/rollout.md, "Against a real engine").
 CHECK_ROUNDS = 9
 
+MAX_OVERLAP_RATIO = 100.0  # over-sampling launches N * (1 + ratio) a step: 101 N at most
+
 
 class RolloutSettings(ServiceSettings):
     model_config = SettingsConfigDict(
@@ -66,8 +68,11 @@ class RolloutSettings(ServiceSettings):
     )
     tool_timeout_s: Number = Field(default=1.0, gt=0)
     overlap_ratio: Number = Field(
-        default=0.25, gt=0, description="overlap launches N * (1 + ratio)"
-    )
+        default=0.25,
+        gt=0,
+        le=MAX_OVERLAP_RATIO,
+        description="overlap launches N * (1 + ratio), 101 N at most",
+    )  # 1e308 overflowed the launch count: an OverflowError traceback
     overlap_unfinished: Literal["carry", "abort"] = "carry"
     batch: Integer = Field(default=64, ge=1, description="trajectories that complete a step (N)")
     steps: Integer = Field(default=1, ge=1)

@@ -177,3 +177,22 @@ def test_a_tool_profile_given_twice_for_one_tool_is_refused(tmp_path: Path) -> N
     expected = f"--tool-profile names 'search' twice ({a} and {b}): one file per tool"
     assert "".join(expected.split()) in said
     assert not (tmp_path / "o").exists()
+
+
+def test_an_overlap_ratio_past_its_bound_is_bad_input(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--overlap-ratio 1e308` overflowed the launch count, N * (1 + ratio): an OverflowError
+    traceback, exit 1. 100 (101 N launched a step) is the most, and still runs."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--exact", "--trace"]
+    args += [str(trace), "--limit", "2", "--batch", "1", "--policy", "async+overlap"]
+    for ratio, code in (("1e308", 2), ("100.5", 2), ("100", 0)):
+        out = tmp_path / ratio
+        result = CliRunner().invoke(
+            build_app(), [*args, "--overlap-ratio", ratio, "--no-plots", "--out", str(out)]
+        )
+        assert result.exit_code == code, (ratio, result.output, result.exception)
+        if code:
+            assert result.stderr == (
+                "error: overlap_ratio: Input should be less than or equal to 100\n"
+            )
+            assert not out.exists()
