@@ -38,7 +38,9 @@ class LengthScale:
     max_append: int | None = None
 
     def _apply(self, n: int, cap: int | None, floor: int) -> int:
-        scaled = max(floor, math.ceil(n * self.factor)) if n > 0 else floor
+        # at most 2^62: a factor of 1e308 made an infinite length, an OverflowError traceback
+        # where a trajectory too long to hold is refused (`plan.MAX_CONTEXT_TOKENS`)
+        scaled = max(floor, math.ceil(min(n * self.factor, 2.0**62))) if n > 0 else floor
         return min(scaled, cap) if cap is not None else scaled
 
     def prompt(self, n: int) -> int:

@@ -196,3 +196,21 @@ def test_an_overlap_ratio_past_its_bound_is_bad_input(polytrace_dir: Path, tmp_p
                 "error: overlap_ratio: Input should be less than or equal to 100\n"
             )
             assert not out.exists()
+
+
+def test_a_length_scale_past_the_float_range_is_refused_as_too_long(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """--length-scale 1e308 (and `calibrate --check-length-scale 1e308`) made infinite lengths:
+    an OverflowError traceback where 1e9 was refused as a trajectory too long to hold."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    run = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--exact", "--trace"]
+    run += [str(trace), "--limit", "2", "--length-scale", "1e308", "--out", str(tmp_path / "o")]
+    calibrate = ["rollout", "calibrate", "--engine", "openai", "--openai-url"]
+    calibrate += ["http://127.0.0.1:1", "--check", str(trace), "--check-length-scale", "1e308"]
+    for args, lower in ((run, "lower --length-scale"), (calibrate, "lower --check-length-scale")):
+        result = CliRunner().invoke(build_app(), args)
+        assert result.exit_code == 2, (result.output, result.exception)
+        [line] = result.stderr.splitlines()
+        assert line.startswith("error: trajectory ") and lower in line
+        assert f"a trajectory holds at most {MAX_CONTEXT_TOKENS:,}" in line
