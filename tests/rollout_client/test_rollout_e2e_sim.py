@@ -387,3 +387,28 @@ def test_failed_tool_calls_are_noted_with_the_tools_reason(
     )
     [written] = read_multiturn(out / "trajectories.jsonl")
     assert written.tool_calls[0].error == reason
+
+
+def test_a_time_scale_that_inflates_the_tool_calls_is_noted(
+    gateway, polytrace_dir, tmp_path
+) -> None:
+    """At --time-scale 20 each call's few ms through the gateway became 20 times that, modelled:
+    a 64-trajectory step's tool waits doubled and the step came out 12% longer, unsaid. At 1000x
+    a 10 ms call cannot stay within 10% of its recorded latency, so the note must come."""
+    [record] = first_records(polytrace_dir, 1)
+    record["tool_calls"][0]["latency_s"] = 0.01
+    trace = write_trace([record], tmp_path / "t.jsonl")
+    done = rollout_inproc(
+        "--engine", "sim", "--cost-profile", "vllm-cpu-tiny", "--gateway", gateway.url,
+        "--trace", str(trace), "--exact", "--length-scale", "0.1", "--time-scale", "1000",
+        "--batch", "1", "--no-plots", "--json", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    [note] = [n for n in json.loads(done.stdout)["notes"] if "tool calls took" in n]
+    assert (
+        note.startswith("note: the tool calls took ") and "where the trace recorded 0.01 s" in note
+    )
+    assert note.endswith(
+        "multiplied by --time-scale 1000 too; lower --time-scale for faithful tool timings"
+    )
+    assert note in done.stderr.splitlines()
