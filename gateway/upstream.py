@@ -288,6 +288,13 @@ class RemoteBackend:
             error = None if ok else f"health check answered {resp.status}"
         except (ConnectFailed, ConnectionBroken, TimeoutError, OSError) as exc:
             ok, error = False, _describe(exc)
+        self._mark(endpoint, ok, error)
+        endpoint.checked = True
+
+    def _mark(self, endpoint: Endpoint, ok: bool, error: str | None) -> None:
+        """Set an endpoint's health, logging each change once, whoever saw it first (a call's
+        refused connection, or the health check: "healthy again" had no "unhealthy" before it
+        when a call saw the upstream go)."""
         if ok and not endpoint.healthy:
             log.info(
                 "upstream healthy again", extra={"tool": self.tool.name, "upstream": endpoint.label}
@@ -297,7 +304,7 @@ class RemoteBackend:
                 "upstream unhealthy",
                 extra={"tool": self.tool.name, "upstream": endpoint.label, "error": error},
             )
-        endpoint.healthy, endpoint.last_error, endpoint.checked = ok, error, True
+        endpoint.healthy, endpoint.last_error = ok, error
 
     async def send(
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
@@ -305,7 +312,7 @@ class RemoteBackend:
         try:
             resp = await _pool(endpoint).request(method, path, headers, body, self._resend)
         except ConnectFailed as exc:
-            endpoint.healthy, endpoint.last_error = False, str(exc)
+            self._mark(endpoint, False, str(exc))
             raise UpstreamConnectError(f"{endpoint.label}: {exc}") from exc
         except ResponseTooLarge as exc:
             raise UpstreamTooLarge(

@@ -4,6 +4,7 @@ unused one is up."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import httpx
@@ -128,3 +129,19 @@ def test_a_backoff_the_deadline_cuts_short_ends_the_retries(gateway) -> None:
     # backoffs of 0.1, 0.2 and 0.4 s fit in 0.8 s, 0.8 s does not: at most 4 retries, not 7
     assert 1 <= retried <= 4, (retried, r.text)
     assert f"; {int(retried) + 1} attempts made" in r.json()["error"], (retried, r.text)
+
+
+def test_an_upstream_a_call_finds_down_is_logged_unhealthy_once(upstream, gateway, caplog) -> None:
+    """Before: a call's refused connection marked the upstream down without a word, so the health
+    check that came next saw no change either: the log said "upstream healthy again" when it came
+    back, never that it had gone."""
+    caplog.set_level(logging.INFO, logger="toolenv.gateway")
+    up = upstream("gone")
+    gw = gateway([proxy_tool("t", up.url, health_interval_s=60)])  # no health check runs now
+    up.kill()
+    for _ in range(2):
+        r = httpx.post(f"{gw.url}/v1/tools/t/call", json={"arguments": {}}, timeout=30)
+        assert r.status_code == 503, r.text
+    said = [rec for rec in caplog.records if rec.getMessage() == "upstream unhealthy"]
+    assert len(said) == 1 and vars(said[0])["upstream"] == up.url, caplog.records
+    assert "cannot connect" in vars(said[0])["error"]
