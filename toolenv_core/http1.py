@@ -77,7 +77,7 @@ class Endpoint:
                     f"URL {shown!r} carries credentials (user:password@), which are not sent: "
                     "name it without them (and send an Authorization header where one is needed)"
                 )
-            port = parts.port or 80
+            port = 80 if parts.port is None else parts.port
         except TargetURLError:
             raise
         except ValueError as exc:
@@ -86,6 +86,8 @@ class Endpoint:
             raise TargetURLError(f"only plain http:// URLs are supported, got {url!r}")
         if not parts.hostname:
             raise TargetURLError(f"URL {url!r} has no host")
+        if port == 0:  # `parts.port or 80` read it as 80: requests went to another server
+            raise TargetURLError(f"URL {url!r} names port 0, which no server listens on")
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query

@@ -163,6 +163,8 @@ def test_tools_table_from_a_config_file_and_clear_errors(tmp_path) -> None:
         ("http://", "upstream URL 'http://' has no host"),
         ("http://a:b", "upstream URL 'http://a:b': Port could not be cast to integer value"),
         ("http://a:99999", "upstream URL 'http://a:99999': Port out of range 0-65535"),
+        # it was read as port 80: calls went to whatever listened there
+        ("http://a:0", "upstream URL 'http://a:0' names port 0, which no server listens on"),
         ("http://[::1", "upstream URL 'http://[::1': Invalid IPv6 URL"),
         ("http://a :1", "upstream URL 'http://a :1' contains whitespace"),
         ("http://a/x?y=1", "upstream URL 'http://a/x?y=1' is a base URL: no ?query or #fragment"),

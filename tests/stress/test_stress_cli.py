@@ -362,6 +362,8 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "http://127.0.0.1:9/\u65e5"], "percent-encode"),
         (["--url", "http://127.0.0.1:9/x y"], "percent-encode"),
         (["--url", "http://127.0.0.1:99999/x"], "'http://127.0.0.1:99999/x': Port out of range"),
+        # read as port 80: the load went to whatever listened there
+        (["--url", "http://127.0.0.1:0/x"], "'http://127.0.0.1:0/x' names port 0"),
         # they were not sent (no Authorization), and the report's title showed the password
         (["--url", "http://u:pw@127.0.0.1:9/x"], "'http://***@127.0.0.1:9/x' carries credentials"),
         # the records went nowhere, without a word
