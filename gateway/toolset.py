@@ -73,7 +73,13 @@ class ToolSet:
         if ref not in self.embedded:
             app = self.mounts.get(ref)
             if app is None and tool.app is not None:
-                app = custom_app(tool.app)
+                try:
+                    app = custom_app(tool.app)
+                except Exception as exc:
+                    # As an app whose start-up failed: the tool answers 503 naming why and the
+                    # others serve (it was a 40-line traceback that stopped the gateway, exit 3).
+                    self.embedded[ref] = EmbeddedApp.failed(ref, f"{type(exc).__name__}: {exc}")
+                    return LocalBackend(tool, self.embedded[ref])
             if app is None:
                 # Built-in apps come from the wiring (`toolenv serve`): serve the other tools.
                 self.skipped[tool.name] = (

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from toolenv_core import headers as h
 from toolenv_core.http1 import (
@@ -136,6 +136,11 @@ def _least_busy(endpoints: list[Endpoint], turn: int) -> Endpoint:
 # ------------------------------------------------------------------ embedded
 
 
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    """Stands for an app whose factory failed (`EmbeddedApp.failed`): never started, never called."""
+    raise RuntimeError("this in-process app failed to start")
+
+
 class EmbeddedApp:
     """One in-process application (shared by tools that mount the same one) and its lifespan.
 
@@ -150,7 +155,17 @@ class EmbeddedApp:
         self.started = False
         self.error: str | None = None
 
+    @classmethod
+    def failed(cls, ref: str, error: str) -> EmbeddedApp:
+        """An app whose factory failed: never started, its tools unavailable naming `error`."""
+        failed = cls(ref, _no_app)
+        failed.error = error
+        log.error("embedded app failed to start", extra={"app": ref, "error": error})
+        return failed
+
     async def start(self) -> None:
+        if self.error is not None:
+            return  # its factory failed: there is no app to start
         try:
             await self.lifespan.start()
             self.started = True

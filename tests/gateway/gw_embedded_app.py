@@ -70,3 +70,8 @@ def create_failing_app() -> FastAPI:
 
 def no_app() -> None:
     """A factory that forgot its `return app`."""
+
+
+def raising_factory() -> FastAPI:
+    """A factory that fails before it has an app (its config is missing, say)."""
+    raise RuntimeError("the tool's config file is missing")

@@ -160,9 +160,40 @@ def test_a_custom_app_that_does_not_load_is_a_settings_error(ref: str, problem: 
     assert "\n" not in str(caught.value)
 
 
-def test_a_custom_factory_that_returns_no_app_stops_the_start_up_naming_it() -> None:
+def test_a_custom_factory_that_returns_no_app_is_refused_naming_it() -> None:
     """Before: a factory returning something else (here None: no `return app`) started a gateway
     whose readyz said ready and whose every call to the tool was a 502 TypeError."""
     with pytest.raises(TypeError, match=r"^tool app 'gw_embedded_app:no_app' returned NoneType, "):
         custom_app("gw_embedded_app:no_app")
     assert callable(custom_app("gw_embedded_app:create_app"))
+
+
+@pytest.mark.parametrize(
+    ("factory", "why"),
+    [
+        ("raising_factory", "RuntimeError: the tool's config file is missing"),
+        ("no_app", "TypeError: tool app 'gw_embedded_app:no_app' returned NoneType, not an ASGI"),
+    ],
+)
+def test_a_custom_factory_that_fails_leaves_its_tool_unavailable_naming_why(
+    gateway, factory, why
+) -> None:
+    """Before: the factory's exception went up through the gateway's start-up, a 40-line
+    traceback and exit 3, the other tools never served; an app whose own start-up fails is a
+    503 naming why (docs/gateway.md), and so now is one whose factory fails."""
+    ref = f"gw_embedded_app:{factory}"
+    gw = gateway(
+        [
+            ToolConfig(name="broken", kind="http", mode="embedded", app=ref),
+            ToolConfig(name="fine", kind="http", mode="embedded", app="gw_embedded_app:create_app"),
+        ]
+    )
+    ready = httpx.get(gw.url + "/readyz", timeout=5)
+    assert ready.status_code == 503, ready.text
+    detail = ready.json()["detail"]
+    assert detail.startswith(f"tool 'broken': in-process app {ref} failed to start: {why}"), detail
+    r = httpx.post(gw.url + "/v1/tools/broken/call", json={"arguments": {}}, timeout=10)
+    assert r.status_code == 503 and r.json()["status"] == "unavailable", r.text
+    assert why in r.json()["error"]
+    r = httpx.post(gw.url + "/v1/tools/fine/call", json={"arguments": {"x": 1}}, timeout=10)
+    assert r.status_code == 200 and r.json()["result"]["echo"] == {"x": 1}, r.text
