@@ -264,6 +264,27 @@ class _EnvSource(EnvSettingsSource):
     or a table, such as `TOOLENV_GATEWAY_TOOLS`) that does not parse is an `EnvValueError`. The
     value is never echoed: it may hold a key."""
 
+    def __call__(self) -> dict[str, Any]:
+        self._refuse_list_entries()
+        return super().__call__()
+
+    def _refuse_list_entries(self) -> None:
+        """`TOOLENV_GATEWAY_TOOLS__0__CONCURRENCY=5`: a list is set whole. It was "tools: Input
+        should be a valid list" (no variable named), or ignored without a word beside
+        `TOOLENV_GATEWAY_TOOLS`."""
+        for field_name, field in self.settings_cls.model_fields.items():
+            if _json_kind(field.annotation) != "a JSON list" or not _flat(field.annotation):
+                continue
+            for _, env_name, _ in self._extract_field_info(field, field_name):
+                prefix = f"{env_name}{self.env_nested_delimiter}"
+                for name, value in self.env_vars.items():
+                    if name.startswith(prefix) and value:
+                        whole = env_name.upper()
+                        raise EnvValueError(
+                            f"{name.upper()} cannot set one entry of {field_name} (a list): "
+                            f"give the whole list as JSON in {whole}, or in the config file"
+                        )
+
     def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
         try:
             return super().decode_complex_value(field_name, field, value)

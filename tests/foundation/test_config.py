@@ -86,6 +86,24 @@ def test_malformed_json_in_an_env_var_is_one_line_naming_it(
     assert result.stderr == f"error: {expected}\n"
 
 
+@pytest.mark.parametrize("beside", [None, '[{"name": "search", "kind": "search"}]'])
+def test_an_env_var_for_one_entry_of_a_list_is_one_line_naming_it(beside: str | None) -> None:
+    """Before: `TOOLENV_GATEWAY_TOOLS__0__CONCURRENCY=5` was "invalid gateway settings: tools:
+    Input should be a valid list" (no variable named), and beside TOOLENV_GATEWAY_TOOLS it was
+    ignored without a word (the tool kept 64)."""
+    env = {
+        "TOOLENV_GATEWAY_TOOLS__0__CONCURRENCY": "5",
+        "TOOLENV_GATEWAY_TOOLS": beside,
+        "TOOLENV_CONFIG": None,
+    }
+    result = CliRunner().invoke(build_app(), ["config", "show"], env=env)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == (
+        "error: TOOLENV_GATEWAY_TOOLS__0__CONCURRENCY cannot set one entry of tools (a list): "
+        "give the whole list as JSON in TOOLENV_GATEWAY_TOOLS, or in the config file\n"
+    )
+
+
 def test_a_config_file_that_does_not_parse_or_is_a_directory_is_one_line(tmp_path) -> None:
     # PyYAML's text spanned four lines, with a caret under `<unicode string>`
     bad = tmp_path / "c.yaml"
