@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
@@ -113,15 +115,25 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette's names one route of the path: /healthz's HEAD
+            headers = {**(headers or {}), "Allow": _allowed(request)}
         return JSONResponse(
-            {"detail": exc.detail, "request_id": _rid(request)},
-            exc.status_code,
-            headers=exc.headers,
+            {"detail": exc.detail, "request_id": _rid(request)}, exc.status_code, headers=headers
         )
 
     app.add_middleware(PassThrough, state=state)  # inside the guard: keys and limits apply
     app.add_middleware(Guard, door=door)
     return app
+
+
+def _allowed(request: Request) -> str:
+    """Every method the request's path takes, for a 405's Allow (RFC 9110: all of them)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 def _rid(request: Request) -> str | None:

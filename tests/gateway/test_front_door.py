@@ -192,6 +192,17 @@ def test_a_declared_body_is_no_413_where_no_body_is_read(gateway, upstream, line
     assert data.startswith(f"HTTP/1.1 {status} ".encode()), data[:200]
 
 
+def test_a_405_allows_every_method_the_path_takes(gateway) -> None:
+    """Before: `DELETE /healthz` answered `Allow: HEAD`, the one route Starlette had matched
+    first, where GET is the probe every orchestrator sends."""
+    gw = gateway([])
+    for method, path, allowed in [("DELETE", "/healthz", "GET, HEAD"),
+                                  ("POST", "/readyz", "GET, HEAD"), ("POST", "/metrics", "GET"),
+                                  ("GET", "/v1/tools/x/call", "POST")]:  # fmt: skip
+        r = httpx.request(method, gw.url + path, timeout=5)
+        assert r.status_code == 405 and r.headers["allow"] == allowed, (path, r.headers)
+
+
 def test_docs_work_without_a_cdn(gateway) -> None:
     gw = gateway([])
     page = httpx.get(gw.url + "/docs", timeout=10)
