@@ -63,6 +63,7 @@ def create_app(
         settings.body_timeout_s,
     )
     state = GatewayState(settings, GatewayMetrics(), door, dict(mounts or {}), dict(backends or {}))
+    state.metrics.track_refusals(door.refused)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

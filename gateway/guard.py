@@ -29,6 +29,7 @@ from toolenv_core.bodylimit import (
 )
 
 from .asgi import ASGIApp, Message
+from .metrics import REFUSALS
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # no API key needed
 # Not rate limited (the limit is a caller's budget of calls): the probes, the Prometheus scrape
@@ -82,6 +83,8 @@ class Door:
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s  # the whole body must arrive within this (else 408)
         self.rate_limits = rate_limits
+        # what the door refused before any tool, by reason (`/metrics`: refused_total)
+        self.refused = {reason: 0 for reason in REFUSALS}
         # Request ids: a random per-process prefix and a counter (unique, and no system call per
         # request as uuid4 makes); a caller's own well-formed X-Request-Id wins.
         self._id_prefix = os.urandom(8).hex()
@@ -116,6 +119,7 @@ class Door:
         if self.keys and path not in OPEN_PATHS:
             key = _bearer(auth)
             if key is None or not any(hmac.compare_digest(key, k) for k in self.keys):
+                self.refused["unauthorized"] += 1
                 return _refuse(
                     verdict, 401, "missing or invalid API key: send `Authorization: Bearer <key>`",
                     ((b"www-authenticate", b"Bearer"),),
@@ -125,6 +129,7 @@ class Door:
             try:
                 self.rate_limits.check(verdict.caller)
             except Rejected as exc:
+                self.refused["rate_limited"] += 1
                 return _refuse(
                     verdict, 429, str(exc), ((b"retry-after", exc.retry_after_header.encode()),)
                 )

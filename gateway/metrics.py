@@ -29,6 +29,15 @@ OUTCOMES = (
     "cut_by_shutdown",
 )  # fmt: skip
 
+# Requests the front door refused before any tool saw them (`guard.Door`), by reason: not calls
+# of a tool, so not in calls_total, yet a caller got its 401 or 429 (a rate-limit 429 was seen
+# nowhere in /metrics)
+REFUSALS = ("unauthorized", "rate_limited")
+REFUSED_HELP = (
+    "Requests refused at the front door before reaching a tool: unauthorized (401, a missing or "
+    "wrong API key), rate_limited (429, rate_limit_per_s)."
+)
+
 # (name, help) of each per-tool histogram, in `ToolMetrics.histograms()` order
 HISTOGRAMS = (
     ("toolenv_gateway_queue_wait_seconds", "Time a call waited for a concurrency slot."),
@@ -104,6 +113,10 @@ class GatewayMetrics:
         """
         self.registry.register(_AdmissionCollector(snapshot))
 
+    def track_refusals(self, counts: dict[str, int]) -> None:
+        """The front door's refusals (`Door.refused`, counted where it refuses), read at scrape."""
+        self.registry.register(_RefusalsCollector(counts))
+
     def for_tool(self, tool: str) -> ToolMetrics:
         metrics = self.tools.get(tool)
         if metrics is None:
@@ -163,3 +176,14 @@ class _AdmissionCollector(Collector):
             queued.add_metric([tool], waiting)
         yield in_flight
         yield queued
+
+
+class _RefusalsCollector(Collector):
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        refused = CounterMetricFamily("toolenv_gateway_refused", REFUSED_HELP, labels=["reason"])
+        for reason, count in self.counts.items():
+            refused.add_metric([reason], count)
+        yield refused

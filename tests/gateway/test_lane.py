@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from gw_support import GatewayServer, proxy_tool
+from gw_support import GatewayServer, metric_value, proxy_tool
 
 from gateway.dispatch import Expiry
 from gateway.settings import GatewaySettings
@@ -185,6 +185,12 @@ def test_front_door_refusals_are_json_whichever_path(upstream, gateway, framing)
         assert headers["content-type"] == "application/json", headers
         assert json.loads(body)
     sock.close()
+    # counted where an operator looks (before, a refused request was in no metric at all)
+    gw.auth = {"authorization": f"Bearer {KEY}"}
+    text = gw.metrics_text()
+    for reason in ("unauthorized", "rate_limited"):
+        assert metric_value(text, "toolenv_gateway_refused_total", reason=reason) == 1, text
+    assert metric_value(text, "toolenv_gateway_calls_total", tool="echo", outcome="ok") == 1
 
 
 def test_shutdown_answers_the_call_in_flight_then_closes(upstream, gateway) -> None:
