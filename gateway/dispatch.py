@@ -25,6 +25,7 @@ from .policies import LatencyWindow, RetryBudget
 from .settings import ToolConfig
 from .upstream import (
     DEADLINE_EXPIRED_HEADER,
+    AppNotStarted,
     Backend,
     Endpoint,
     RemoteBackend,
@@ -225,9 +226,11 @@ class ToolRuntime:
         except Rejected as exc:
             return Outcome("rejected", error=str(exc), retry_after=exc.retry_after_header)
         except UpstreamConnectError as exc:
+            # an in-process app that did not start says so ("no upstream reachable" was wrong)
+            why = str(exc) if isinstance(exc, AppNotStarted) else f"no upstream reachable ({exc})"
             return Outcome(
                 "unavailable",
-                error=f"tool {self.name!r} is unavailable: no upstream reachable ({exc})",
+                error=f"tool {self.name!r} is unavailable: {why}",
                 queue_wait_s=queue_wait,
             )
         except UpstreamTooLarge as exc:

@@ -42,6 +42,10 @@ class UpstreamConnectError(Exception):
     """The request never reached the upstream (refused, unreachable): safe to retry anywhere."""
 
 
+class AppNotStarted(UpstreamConnectError):
+    """An in-process tool's app did not start: the call reached no app, as no upstream."""
+
+
 class UpstreamBroken(Exception):
     """The upstream took the request and then failed it at the transport level (e.g. died)."""
 
@@ -208,7 +212,8 @@ class LocalBackend:
         self, endpoint: Endpoint, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> UpstreamReply:
         if not self.app.started:  # as an upstream nobody can reach: 503 naming why, not a 502
-            raise UpstreamConnectError(self.not_ready() or "")
+            why = f"failed to start: {self.app.error}" if self.app.error else "has not started"
+            raise AppNotStarted(f"its in-process app {self.app.ref} {why}")
         raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         try:
             status, out, payload = await call_asgi(
