@@ -12,10 +12,19 @@ import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings, LogLevel
+from toolenv_core.errors import problems
 from toolenv_core.fields import Integer, Number
 from toolenv_core.http1 import Endpoint, TargetURLError
 
@@ -296,7 +305,18 @@ class GatewaySettings(FrontDoorSettings):
 
     @model_validator(mode="after")
     def _mode_override_fits(self) -> GatewaySettings:
-        self.tool_table()  # a forced mode must still make sense for every tool: say which not
+        try:
+            self.tool_table()  # a forced mode must still make sense for every tool: say which not
+        except ValidationError as exc:
+            # said as the forced mode's doing: "tool 'sandbox': proxy mode needs ..." named a
+            # mode and a tool (the default table) the caller never wrote
+            said = "; ".join(message for _, message in problems(exc))
+            if "tools" not in self.model_fields_set:
+                said += " (with no tools table, the tools are sandbox, search and reward)"
+            raise ValueError(
+                f"mode {self.mode!r} (--mode, TOOLENV_GATEWAY_MODE or gateway.mode) forces every "
+                f"tool into {self.mode} mode, and {said}"
+            ) from None
         return self
 
     def tool_table(self) -> list[ToolConfig]:

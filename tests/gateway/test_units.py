@@ -240,3 +240,29 @@ def test_tools_table_from_the_environment_and_forced_modes(monkeypatch) -> None:
     monkeypatch.delenv("TOOLENV_GATEWAY_TOOLS")
     with pytest.raises(ValidationError, match="proxy mode needs at least one upstream"):
         GatewaySettings(mode="proxy")  # the default tools are embedded and name no upstreams
+
+
+def test_a_forced_mode_that_does_not_fit_says_it_was_forced(tmp_path) -> None:
+    """Before: `--mode embedded` over a proxy table said "tool 'dead': an embedded 'http' tool
+    needs `app`" of a tool the file says is proxy, and `TOOLENV_GATEWAY_MODE=proxy` with no table
+    named a tool 'sandbox' the caller never wrote."""
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(
+        "gateway:\n  tools:\n    - {name: dead, mode: proxy, upstreams: ['http://127.0.0.1:9']}\n"
+    )
+    forced = "(--mode, TOOLENV_GATEWAY_MODE or gateway.mode) forces every tool into"
+    for args, env, said in [
+        (["--config", str(config), "--mode", "embedded"], {},
+         f"mode 'embedded' {forced} embedded mode, and tool 'dead': an embedded 'http' tool "
+         'needs `app` ("module:factory" of its ASGI app)'),
+        ([], {"TOOLENV_GATEWAY_MODE": "proxy"},
+         f"mode 'proxy' {forced} proxy mode, and tool 'sandbox': proxy mode needs at least one "
+         "upstream URL (with no tools table, the tools are sandbox, search and reward)"),
+    ]:  # fmt: skip
+        result = CliRunner().invoke(
+            build_app(),
+            ["gateway", "serve", "--port", "1", *args],
+            env={"TOOLENV_CONFIG": None, **env},
+        )
+        assert result.exit_code == 2, (result.output, result.exception)
+        assert result.stderr == f"error: invalid gateway settings: {said}\n"
