@@ -83,7 +83,11 @@ class TraceWriter:
                 if not stop:
                     await asyncio.sleep(self.flush_interval_s)
         finally:
-            await anyio.to_thread.run_sync(handle.close)
+            try:
+                await anyio.to_thread.run_sync(handle.close)
+            except OSError as exc:  # its buffer flushed once more: said once, not twice
+                if self.failed is None:
+                    self._stop_writing(exc)
 
     def _stop_writing(self, exc: OSError) -> None:
         """A write failed: the capture stops (a retried batch could land after half a line) and

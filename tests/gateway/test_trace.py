@@ -131,6 +131,10 @@ def test_a_capture_whose_writes_fail_says_so_at_once_and_still_shuts_down(caplog
     writer = asyncio.run(main())
     assert len(stopped()) == 1 and vars(stopped()[0])["trace_path"] == "/dev/full"
     assert writer.written == 0 and writer.dropped == 11
+    # one error line, as the docs say: closing the file (its buffer flushed once more, failing
+    # again) added "trace writer did not finish: [Errno 28] No space left on device"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["trace capture stopped: calls from now on are not recorded"], errors
 
 
 @pytest.mark.parametrize(
