@@ -25,6 +25,7 @@ from .dispatch import ToolRuntime
 from .state import state_of
 from .upstream import (
     EXECUTOR_HEADERS,
+    Endpoint,
     UpstreamBroken,
     UpstreamConnectError,
     UpstreamReply,
@@ -61,16 +62,19 @@ async def _send(
     A PUT some upstreams took and others missed says which did what (the replicas now differ)."""
     headers = {"content-type": "application/json", h.REQUEST_ID: _request_id(request)}
     endpoints = runtime.backend.endpoints if method == "PUT" else [pick(runtime.backend.endpoints)]
-    try:
-        async with asyncio.timeout(CONTROL_TIMEOUT_S):
-            results = await asyncio.gather(
-                *(runtime.backend.send(e, method, path, body, headers) for e in endpoints),
-                return_exceptions=True,
-            )
-    except TimeoutError:
-        raise HTTPException(
-            504, f"tool {runtime.name!r} did not answer within {CONTROL_TIMEOUT_S:.0f} s"
-        ) from None
+
+    async def bounded(endpoint: Endpoint) -> UpstreamReply:
+        """Each upstream bounded on its own: one that hangs is named beside those that took the
+        change (one timer over them all answered a bare 504, the replicas apart, unsaid)."""
+        try:
+            send = runtime.backend.send(endpoint, method, path, body, headers)
+            return await asyncio.wait_for(send, CONTROL_TIMEOUT_S)
+        except TimeoutError:
+            raise _Silent(
+                f"{endpoint.label}: did not answer within {CONTROL_TIMEOUT_S:g} s"
+            ) from None
+
+    results = await asyncio.gather(*(bounded(e) for e in endpoints), return_exceptions=True)
     replies = [r for r in results if isinstance(r, UpstreamReply)]
     failures = [r for r in results if isinstance(r, BaseException)]
     if not failures:
@@ -78,11 +82,19 @@ async def _send(
     if replies:  # some took it
         raise _answered_apart(runtime, results)
     exc = failures[0]
+    if isinstance(exc, _Silent):
+        raise HTTPException(
+            504, f"tool {runtime.name!r} did not answer within {CONTROL_TIMEOUT_S:g} s"
+        ) from None
     if isinstance(exc, UpstreamConnectError):
         raise HTTPException(503, f"tool {runtime.name!r} is unavailable: {exc}") from None
     if isinstance(exc, UpstreamBroken):
         raise HTTPException(502, f"tool {runtime.name!r} failed mid-request: {exc}") from None
     raise exc
+
+
+class _Silent(Exception):
+    """An upstream did not answer a control call within `CONTROL_TIMEOUT_S`."""
 
 
 def _answered_apart(

@@ -91,6 +91,23 @@ def test_a_profile_change_one_upstream_missed_says_which_took_it(
     assert direct["model"] == SLOW["model"]  # what the answer says: this one took it
 
 
+def test_a_profile_change_one_upstream_never_answers_says_which_took_it(
+    gateway, upstream, monkeypatch
+) -> None:
+    """Before: one timer over every upstream answered `504 tool 'search' did not answer within
+    10 s` while the other upstream had taken the change (the replicas apart, unsaid)."""
+    monkeypatch.setattr("gateway.control.CONTROL_TIMEOUT_S", 0.5)
+    quick, stuck = upstream("quick"), upstream("stuck")
+    gw = gateway([proxy_tool("search", quick.url, stuck.url, kind="search")])
+    body = {**SLOW, "sleep_s": 3, "sleep_on": "stuck"}  # steers the test upstreams: one hangs
+    put = httpx.put(gw.url + "/v1/emulators/search/profile", json=body, timeout=10)
+    assert put.status_code == 502, put.text
+    detail = put.json()["detail"]
+    assert detail.startswith("tool 'search': its upstreams answered apart ("), detail
+    assert f"{quick.url}: HTTP 200" in detail, detail
+    assert f"{stuck.url}: did not answer within 0.5 s" in detail, detail
+
+
 def test_control_routes_sit_behind_the_api_key(gateway, upstream) -> None:
     up = upstream("sbx")
     gw = gateway([proxy_tool("sandbox", up.url, kind="sandbox")], api_keys=["k1"])
