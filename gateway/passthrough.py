@@ -26,7 +26,15 @@ from . import wirejson
 from .asgi import ASGIApp
 from .calls import CallContext, failure_answer, run_call
 from .dispatch import Outcome, ToolRuntime
-from .sandboxfusion import SANDBOX_ROUTES, request_budget_ms, reserve_s, timeout_answer
+from .sandboxfusion import (
+    CALLERS,
+    DEFAULT,
+    OWN,
+    SANDBOX_ROUTES,
+    request_budget_ms,
+    reserve_s,
+    timeout_answer,
+)
 from .state import GatewayState
 from .upstream import EXECUTOR_HEADERS
 
@@ -142,7 +150,8 @@ async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: 
     reply = outcome.reply
     if reply is None:
         if sandbox and outcome.kind == "timeout":
-            return _json(200, timeout_answer(path, parsed, outcome))
+            whose = CALLERS if ctx.sent_deadline else OWN if own_budget is not None else DEFAULT
+            return _json(200, timeout_answer(path, parsed, outcome, whose))
         return _failure(runtime, outcome, ctx)
     out = [(b"content-type", reply.headers.get("content-type", "application/json").encode())]
     if _DELAY in reply.headers:

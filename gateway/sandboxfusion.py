@@ -75,12 +75,20 @@ def reserve_s(budget_ms: float) -> float:
     return min(0.25, 0.1 * budget_ms / 1000.0)
 
 
-def timeout_answer(path: str, body: Any, outcome: Outcome) -> dict[str, Any]:
+# Whose deadline a pass-through call had (`timeout_answer`): one without a deadline header was
+# said to have run out "the caller's deadline", which it never sent
+CALLERS, OWN, DEFAULT = (
+    "the caller's deadline ({ms} ms)",
+    "the request's own bound ({ms} ms: its compile_timeout + run_timeout + the tool's "
+    "timeout_margin_ms)",
+    "the tool's default deadline ({ms} ms, its default_deadline_ms)",
+)
+
+
+def timeout_answer(path: str, body: Any, outcome: Outcome, whose: str = CALLERS) -> dict[str, Any]:
     """The route's own answer for a call whose deadline expired in the gateway (HTTP 200)."""
-    message = (
-        f"the caller's deadline ({outcome.deadline_ms:.15g} ms) expired at the gateway: "
-        f"{outcome.error}"
-    )
+    said = whose.format(ms=f"{outcome.deadline_ms:.15g}")
+    message = f"{said} expired at the gateway: {outcome.error}"
     if path == "/run_code":
         return {
             "status": "Failed",

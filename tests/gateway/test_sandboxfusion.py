@@ -101,18 +101,25 @@ def test_a_callers_deadline_answers_in_sandboxfusions_shape_with_the_output(
 
 
 def test_a_deadline_spent_in_the_gateways_queue_keeps_the_shape(sandbox_gateway) -> None:
-    gw = sandbox_gateway(concurrency=1, queue=8)
+    gw = sandbox_gateway(concurrency=1, queue=8, timeout_margin_ms=0)
     with ThreadPoolExecutor(2) as pool:
         busy = pool.submit(_run_code, gw.url, PRINT_SLEEP_PRINT.format(s=2), run_timeout=5)
         time.sleep(0.5)  # the slot is taken
         started = time.monotonic()
         r = _run_code(gw.url, "print(1)", {h.DEADLINE: "500"})
         waited = time.monotonic() - started
+        # no deadline header: it was said to be "the caller's deadline (300 ms)", never sent
+        own = _run_code(gw.url, "print(1)", run_timeout=0.2, compile_timeout=0.1)
+        assert own.json()["message"].startswith(
+            "the request's own bound (300 ms: its compile_timeout + run_timeout + the tool's "
+            "timeout_margin_ms) expired at the gateway: "
+        ), own.text
         queued = httpx.post(gw.url + "/v1/tools/sandbox/call", headers={h.DEADLINE: "300"},
                             json={"arguments": {"code": "print(1)"}}, timeout=30)  # fmt: skip
         assert busy.result().json()["status"] == "Success"
     _assert_time_limit(r, "")
-    assert "deadline" in r.json()["message"] and waited < 1.5
+    assert r.json()["message"].startswith("the caller's deadline (500 ms) expired"), r.text
+    assert waited < 1.5
     assert queued.status_code == 504 and queued.json()["status"] == "timeout"
 
 
