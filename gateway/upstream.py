@@ -228,6 +228,8 @@ def asgi_reply(
     status: int, headers: list[tuple[bytes, bytes]], body: bytes, label: str
 ) -> UpstreamReply:
     """An in-process (or in-replica) ASGI answer as a reply, keeping only the headers we use."""
+    if not 100 <= status <= 599:  # as the proxy client reads one (`http1`): a broken answer
+        raise UpstreamBroken(f"{label}: unparsable answer (status {status} is outside 100-599)")
     kept = {}
     for k, v in headers:
         key = k.decode("latin-1").lower()

@@ -196,6 +196,10 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        if not 100 <= self.status <= 599:
+            # RFC 9110 15: not a status (httptools reads "099" as 99): an unparsable answer, as
+            # any other broken one (the gateway passed 600 on and its own server failed: a 500)
+            raise ValueError(f"status {self.status} is outside 100-599")
         self.headers_done = True
         if self.status == 204 or self.status == 304 or 100 <= self.status < 200:
             self.framed = True

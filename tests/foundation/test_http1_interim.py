@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from stress import LoadSpec, run_load
-from toolenv_core.http1 import Pool
+from toolenv_core.http1 import ConnectionBroken, Pool
 
 # RFC 9110 15.2: a client must parse any number of 1xx answers before the final one, even
 # unasked. Each request gets two interim answers, then its final answer numbered by request.
@@ -106,3 +106,29 @@ def test_an_upstream_call_returns_the_final_answer(interim_server: str) -> None:
             pool.close()
 
     assert asyncio.run(calls()) == [(200, b"1"), (200, b"2"), (200, b"3")]
+
+
+@pytest.mark.parametrize("status", [b"600", b"999", b"099"])
+def test_a_status_outside_100_to_599_is_an_unparsable_answer(status: bytes) -> None:
+    """RFC 9110 15: such a line is no HTTP status. Before, it was taken as one: the gateway
+    passed 600 on and its server failed on it (a 500 and a traceback), and "099" (read as 99)
+    counted as a success."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 %s Odd\r\ncontent-length: 2\r\n\r\n{}" % status)
+        await writer.drain()
+
+    async def call() -> BaseException:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = Pool(f"http://127.0.0.1:{port}", connect_timeout_s=2, keepalive_s=30)
+        try:
+            with pytest.raises(ConnectionBroken) as caught:
+                await asyncio.wait_for(pool.request("GET", "/x", {}, b""), 5)
+            return caught.value
+        finally:
+            pool.close()
+            server.close()
+
+    assert str(asyncio.run(call())) == "unparsable answer"

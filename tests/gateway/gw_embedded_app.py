@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 EVENTS: list[str] = []  # what the test inspects (this module lives only inside the test process)
 
@@ -27,10 +27,13 @@ def create_app() -> FastAPI:
     app = FastAPI(lifespan=lifespan)
 
     @app.post("/call")
-    async def call(request: Request) -> dict[str, Any]:
+    @app.post("/retrieve")  # as a search tool's pass-through route reaches it
+    async def call(request: Request) -> Any:
         body = await request.json()
         if body.get("raise"):
             raise RuntimeError("a bug inside the tool")
+        if "status" in body:  # answers that status, whatever it is
+            return Response(b"{}", status_code=body["status"], media_type="application/json")
         try:
             await asyncio.sleep(float(body.get("sleep_s", 0)))
         except asyncio.CancelledError:

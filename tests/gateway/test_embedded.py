@@ -48,6 +48,20 @@ def test_embedded_tool_lifespan_deadline_and_cancellation(gateway) -> None:
     assert gw_embedded_app.EVENTS[-1] == "shutdown"
 
 
+def test_an_in_process_status_outside_100_to_599_is_a_502(gateway) -> None:
+    """As the same answer from an upstream (`toolenv_core.http1`: unparsable). Before, a
+    pass-through route passed it on and the gateway's own server failed on it (a 500 and a
+    traceback), and the generic call said the tool "answered HTTP 600"."""
+    app = "gw_embedded_app:create_app"
+    tool = ToolConfig(name="search", kind="search", mode="embedded", app=app, call_path="/call")
+    gw = gateway([tool])
+    for path, body in [("/retrieve", {"status": 600}),
+                       ("/v1/tools/search/call", {"arguments": {"status": 600}})]:  # fmt: skip
+        r = httpx.post(gw.url + path, json=body, timeout=10)
+        assert r.status_code == 502 and r.json()["status"] == "upstream_failed", r.text
+        assert "unparsable answer (status 600 is outside 100-599)" in r.json()["error"], r.text
+
+
 def test_a_tool_whose_start_up_failed_is_unavailable_naming_why(gateway) -> None:
     """Before: calls still went to the app that never started (a 502 "failed mid-request ...
     without a complete response"), and readyz said "failed to start" twice over."""
