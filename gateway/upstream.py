@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,11 +65,16 @@ class UpstreamReply:
 
     @property
     def injected_delay_s(self) -> float | None:
+        """The delay the tool says it injected; None unless a finite, non-negative number (one
+        `nan` made the histogram's sum NaN for good)."""
         raw = self.headers.get(INJECTED_DELAY_HEADER)
+        if raw is None:
+            return None
         try:
-            return float(raw) / 1000.0 if raw is not None else None
+            ms = float(raw)
         except ValueError:
             return None
+        return ms / 1000.0 if 0 <= ms < math.inf else None
 
 
 @dataclass(eq=False, slots=True)

@@ -6,7 +6,8 @@ Raw ASGI under uvicorn. Any POST echoes what it got; the JSON body steers the be
 `"retry_after": 7`, that Retry-After too; `{"busy_first": 2}` answers 429 to this upstream's
 first two calls, then as asked), `{"die": true}` kills the whole process mid-request,
 `{"answer_bytes": N}` adds N bytes to the answer, as its `pad` (`"chunked": true` sends the
-answer without a Content-Length).
+answer without a Content-Length); `{"injected_ms": X}` sends X as its X-Toolenv-Injected-Delay-Ms
+(else the time it slept).
 `GET /stats` says how many requests started, finished, and were abandoned by the caller (the
 connection closed while the upstream was still working: what a gateway deadline must cause).
 
@@ -100,7 +101,8 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
         }
         if body.get("answer_bytes"):
             payload["pad"] = "x" * int(body["answer_bytes"])
-        extra = [(b"x-toolenv-injected-delay-ms", str(sleep_s * 1000).encode())]
+        injected = body.get("injected_ms", sleep_s * 1000)  # a header it may get wrong
+        extra = [(b"x-toolenv-injected-delay-ms", str(injected).encode())]
         if body.get("retry_after") is not None:  # with {"status": 429}: a tool's own backpressure
             extra.append((b"retry-after", str(body["retry_after"]).encode()))
         if body.get("chunked"):  # no content-length, several body messages: chunked encoding

@@ -63,3 +63,17 @@ def test_the_default_cap_leaves_room_for_sandboxds_largest_answer() -> None:
     largest_stream = SandboxSettings().max_output_bytes
     # compile and run, stdout and stderr each at the largest cap, with room for JSON escaping
     assert GatewaySettings().upstream_max_body_bytes >= 4 * 4 * largest_stream
+
+
+def test_an_injected_delay_that_is_no_delay_is_left_out_of_its_histogram(upstream, gateway) -> None:
+    """Before: `X-Toolenv-Injected-Delay-Ms: nan` from one answer made the histogram's sum NaN
+    for good (and `-5` or `inf` bent it): only a finite, non-negative delay is one."""
+    gw = gateway([proxy_tool("t", upstream("a").url)])
+    for injected in ("nan", "-5", "inf", "abc", "20"):
+        r = httpx.post(
+            gw.url + "/v1/tools/t/call", json={"arguments": {"injected_ms": injected}}, timeout=10
+        )
+        assert r.status_code == 200, r.text
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_injected_delay_seconds_count", tool="t") == 1
+    assert metric_value(text, "toolenv_gateway_injected_delay_seconds_sum", tool="t") == 0.02
