@@ -294,6 +294,26 @@ class GatewaySettings(FrontDoorSettings):
             return [k.strip() for k in text.split(",") if k.strip()]
         return value
 
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        """An empty key let in `Authorization: Bearer ` (nothing after it) and, being a key,
+        allowed a non-loopback bind: `api_keys: ["${KEY}"]` with KEY unset opened the gateway.
+        A key is never echoed: said by its position."""
+        for i, key in enumerate(keys):
+            value = key.get_secret_value()
+            if not value.strip():
+                raise ValueError(
+                    f"key {i} is empty, which would let in any `Authorization: Bearer ` with "
+                    "nothing after it (an unset variable in the list?): remove it or set it"
+                )
+            if value != value.strip():  # the bearer a caller sends is read without them
+                raise ValueError(
+                    f"key {i} starts or ends with whitespace, so no caller could send it: "
+                    "remove the whitespace"
+                )
+        return keys
+
     @field_validator("tools")
     @classmethod
     def _unique(cls, tools: list[ToolConfig]) -> list[ToolConfig]:

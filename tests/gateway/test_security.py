@@ -7,6 +7,7 @@ import logging
 import httpx
 import pytest
 from gw_support import proxy_tool
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from gateway.control import EMULATED_KINDS
@@ -15,6 +16,7 @@ from gateway.guard import UNMETERED_PATHS
 from gateway.routes import router
 from gateway.settings import GatewaySettings
 from toolenv.cli import build_app
+from toolenv_core.config import config_error
 
 toolenv_app = build_app()
 
@@ -69,6 +71,23 @@ def test_keys_come_from_the_environment_comma_separated(monkeypatch) -> None:
     assert [k.get_secret_value() for k in GatewaySettings().api_keys] == ["k1", "k2"]
     monkeypatch.setenv("TOOLENV_GATEWAY_API_KEYS", '["k3"]')
     assert [k.get_secret_value() for k in GatewaySettings().api_keys] == ["k3"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "said"),
+    [('[""]', "key 0 is empty, which would let in any `Authorization: Bearer `"),
+     ('["  "]', "key 0 is empty"), ('[k1, " k2"]', "key 1 starts or ends with whitespace")],
+)  # fmt: skip
+def test_an_empty_or_unsendable_key_is_refused(tmp_path, keys: str, said: str) -> None:
+    """Before: `api_keys: [""]` (say `["${KEY}"]` with KEY unset) let the gateway bind 0.0.0.0,
+    a key being set, and `Authorization: Bearer ` with nothing after it passed as that key."""
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(f"gateway:\n  api_keys: {keys}\n")
+    with pytest.raises(ValidationError) as caught:
+        GatewaySettings.load(config, host="0.0.0.0")
+    message = config_error(caught.value)
+    assert message.startswith(f"invalid gateway settings: api_keys: {said}"), message
+    assert "k2" not in message  # a key is never echoed
 
 
 def test_request_body_limit_is_413_with_or_without_content_length(upstream, gateway) -> None:
