@@ -8,6 +8,7 @@ in use (or not ours to bind) is one line saying which and what to do, before any
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
 
@@ -73,6 +74,22 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=sockets)
         if self.started and sockets:
             typer.echo(self.announce.format(url=listen_url(sockets[0])), err=True)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """A second Ctrl-C (uvicorn's force exit) stops at once, but uvicorn then leaves the
+        calls running and skips the app's shutdown: asyncio cancelled both together as the
+        process ended, the tools closing under runs still going (two tracebacks, and a run's
+        caller got a 200 `sandbox backend error: OSError ...`). Here the calls are cut first
+        (each caller gets its 503), then the tools close as on a graceful stop."""
+        await super().shutdown(sockets=sockets)
+        lifespan_done = getattr(self.lifespan, "shutdown_event", None)
+        if not self.force_exit or lifespan_done is None or lifespan_done.is_set():
+            return
+        calls = list(self.server_state.tasks)
+        for call in calls:
+            call.cancel(msg="stopped at once by a second Ctrl-C")
+        await asyncio.gather(*calls, return_exceptions=True)
+        await self.lifespan.shutdown()
 
 
 def serve(config: uvicorn.Config, announce: str) -> None:

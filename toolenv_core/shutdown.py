@@ -18,7 +18,8 @@ def cut_detail(service: str, grace: str) -> str:
     calls in flight get, as the service sets it)."""
     return (
         f"{service} stopped before this call finished: calls in flight get {grace} after "
-        "SIGTERM/SIGINT, then are cut; send it again when the service is back (or to another one)"
+        "SIGTERM/SIGINT (none after a second Ctrl-C), then are cut; send it again when the "
+        "service is back (or to another one)"
     )
 
 

@@ -6,6 +6,7 @@ the run was cut, and the caller (and a gateway, which passed the 500 on) could n
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -44,3 +45,36 @@ def test_a_run_cut_by_the_shutdown_grace_is_a_503_that_says_so(
     # the cut is said in uvicorn's one line, not a traceback per call cut
     log = server.proc.stdout.read().decode(errors="replace") if server.proc.stdout else ""
     assert "Cancel 1 running task(s)" in log and "Traceback" not in log, log
+
+
+def test_a_second_ctrl_c_cuts_the_run_with_a_503_then_closes_the_backend(
+    sandboxd_factory: Callable[..., SandboxdServer],
+) -> None:
+    """A second Ctrl-C (uvicorn's force exit) left the runs going and skipped the app's shutdown:
+    asyncio cancelled both at once as the process ended, the backend closing under the run. Its
+    caller got a 200 `sandbox backend error: OSError: [Errno 19] No such device`, and stderr two
+    tracebacks (the run's, the lifespan's)."""
+    server = sandboxd_factory("--backend", "process")
+    root = server.client.get("/v1/sandbox/status").json()["workdir_root"]
+    answers: list[httpx.Response] = []
+    code = "import time\nprint('start', flush=True)\ntime.sleep(10)\nprint('done')"
+
+    def call() -> None:
+        body = {"code": code, "language": "python", "run_timeout": 20}
+        answers.append(httpx.post(server.url + "/run_code", json=body, timeout=30))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1.0)  # the run is under way
+    server.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # the graceful stop waits for the run
+    server.proc.send_signal(signal.SIGINT)
+    caller.join(30)
+    assert server.proc.wait(30) == 0
+    assert answers, "no answer"
+    r = answers[0]
+    assert r.status_code == 503, (r.status_code, r.text)
+    assert "a second Ctrl-C" in r.json()["detail"], r.text
+    log = server.proc.stdout.read().decode(errors="replace") if server.proc.stdout else ""
+    assert "Traceback" not in log, log
+    assert not os.path.exists(root), f"{root} left behind"  # the backend was closed
