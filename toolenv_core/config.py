@@ -186,8 +186,11 @@ def read_sections(config_file: str | os.PathLike[str] | None = None) -> dict[str
 
 
 def section_of(sections: Mapping[str, Any], section: str) -> dict[str, Any]:
-    """One section's settings (empty if the file has none), refused unless it is a mapping."""
-    values = sections.get(section) or {}
+    """One section's settings (empty if the file has none, or `section:` with nothing under it),
+    refused unless it is a mapping: `sandbox: 0`, `false` or `[]` was an empty section."""
+    values = sections.get(section)
+    if values is None:
+        return {}
     if not isinstance(values, dict):
         raise ConfigFileError(f"config section {section!r} must be a mapping")
     return values

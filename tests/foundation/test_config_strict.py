@@ -34,6 +34,7 @@ def _never_started(*args: object, **kwargs: object) -> NoReturn:
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every `serve` command stops before its server: a test fails rather than hangs."""
     monkeypatch.setattr("uvicorn.run", _never_started)
+    monkeypatch.setattr("toolenv_core.serving.serve", _never_started)  # sandboxd, emulators
     monkeypatch.setattr("toolenv.wiring.run_gateway", _never_started)
 
 
@@ -139,11 +140,13 @@ def test_an_unknown_section_is_one_line_naming_the_known_ones(
 
 
 @pytest.mark.parametrize("command", [["config", "show"], ["sandboxd", "serve"]])
+# a falsy one (`0`, `false`, `[]`, `""`) was read as an empty section: its defaults, not a word
+@pytest.mark.parametrize("body", ["\n  - max_concurrency", " 0", " false", " []", ' ""'])
 def test_a_section_that_is_not_a_mapping_is_one_line(
-    tmp_path: Path, command: list[str], no_server: None
+    tmp_path: Path, command: list[str], body: str, no_server: None
 ) -> None:
     cfg = tmp_path / "toolenv.yaml"
-    cfg.write_text("sandbox:\n  - max_concurrency\n")
+    cfg.write_text(f"sandbox:{body}\n")
     result = _invoke([*command, "--config", str(cfg)])
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr == "error: config section 'sandbox' must be a mapping\n"
@@ -272,3 +275,11 @@ def test_a_log_level_is_checked_with_the_settings(section: str, variable: str) -
     )
     shown = _invoke(["config", "show", "--json"], **{variable: "DEBUG"})
     assert shown.exit_code == 0 and '"log_level": "debug"' in shown.stdout
+
+
+def test_a_section_with_nothing_under_it_is_an_empty_section(tmp_path: Path) -> None:
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("sandbox:\ngateway:\n  port: 9000\n")
+    result = _invoke(["config", "show", "--json", "--config", str(cfg)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert '"port": 9000' in result.stdout
