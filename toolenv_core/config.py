@@ -113,6 +113,41 @@ def parse_error(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: it kept the last, so a
+    second `sandbox:` section dropped every setting of the first without a word."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+            continue
+        key = loader.construct_object(key_node)
+        if not isinstance(key, str | int | float | bool):
+            continue  # an unhashable key: construct_mapping says so
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                problem=f"{key!r} is given twice (also on line {seen[key]}): merge them into one",
+                problem_mark=key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when it names a key twice (`json` kept the last, as PyYAML did)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"{key!r} is given twice in one object: merge them into one")
+        data[key] = value
+    return data
+
+
 def _subclasses(cls: type) -> list[type]:
     return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
@@ -142,9 +177,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if kind == "TOML":
             data = tomllib.loads(text)
         elif kind == "JSON":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_object)
         else:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # a SafeLoader
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigFileError(
             f"config file {p} does not parse as {kind}: {parse_error(exc)}"

@@ -122,6 +122,37 @@ def test_a_config_file_that_does_not_parse_or_is_a_directory_is_one_line(tmp_pat
         read_config_file("/dev/null")
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("c.yaml", "sandbox:\n  max_concurrency: 3\ngateway:\n  port: 9000\nsandbox:\n  queue_size: 9\n",
+         "does not parse as YAML: 'sandbox' is given twice (also on line 1): merge them into one "
+         "(line 5, column 1)"),
+        ("c.yaml", "sandbox:\n  max_concurrency: 3\n  max_concurrency: 5\n",
+         "does not parse as YAML: 'max_concurrency' is given twice (also on line 2): merge them "
+         "into one (line 3, column 3)"),
+        ("c.json", '{"sandbox": {"max_concurrency": 3}, "sandbox": {"queue_size": 9}}',
+         "does not parse as JSON: 'sandbox' is given twice in one object: merge them into one"),
+    ],
+)  # fmt: skip
+def test_a_key_given_twice_in_a_config_file_is_one_line_naming_it(
+    tmp_path: Path, name: str, text: str, said: str
+) -> None:
+    """PyYAML and json keep the last of a repeated key: a second `sandbox:` section dropped the
+    first one's settings (max_concurrency 3 ran as the default) without a word."""
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    result = CliRunner().invoke(build_app(), ["sandboxd", "settings", "--config", str(cfg)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == f"error: config file {cfg} {said}\n"
+
+
+def test_a_yaml_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gateway: &g\n  port: 9000\nemulators:\n  <<: *g\n  port: 9001\n")
+    assert read_config_file(cfg) == {"gateway": {"port": 9000}, "emulators": {"port": 9001}}
+
+
 BOOL_SAID = "must be a number, not true (a JSON boolean is not read as 0 or 1)"
 
 
