@@ -29,6 +29,22 @@ class LifespanError(RuntimeError):
     """The application's start-up or shut-down failed."""
 
 
+def failure_said(message: str) -> str:
+    """Why a lifespan failed, from its `lifespan.*.failed` message: Starlette sends the whole
+    traceback (`traceback.format_exc()`), which went as is into /readyz, every 503 and the log
+    (40 lines of the server's files for `bwrap not found`). Said: the exception's own lines, its
+    class without the module (`SandboxUnavailable: bwrap not found. ...`)."""
+    lines = message.rstrip().splitlines()
+    if not lines or not lines[0].startswith("Traceback (most recent call last):"):
+        return message
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=0)
+    said = "\n".join(lines[last_frame + 1 :]).strip()
+    name, sep, rest = said.partition(": ")
+    if sep and " " not in name:  # `package.module.Error: text` -> `Error: text`
+        said = f"{name.rsplit('.', 1)[-1]}: {rest}"
+    return said or message
+
+
 class Lifespan:
     """Drives an ASGI app's lifespan protocol the way a server would (start-up, then shut-down)."""
 
@@ -56,7 +72,8 @@ class Lifespan:
         await self._to_app.put({"type": "lifespan.startup"})
         message = await asyncio.wait_for(self._from_app.get(), timeout)
         if message["type"] == "lifespan.startup.failed":
-            raise LifespanError(f"{self.name} failed to start: {message.get('message', '')}")
+            why = failure_said(message.get("message", ""))
+            raise LifespanError(f"{self.name} failed to start: {why}")
         if message["type"] == "lifespan.error":
             self._task = None  # no lifespan support: nothing to shut down
 
@@ -70,7 +87,8 @@ class Lifespan:
             self._task.cancel()
             raise LifespanError(f"{self.name} did not shut down within {timeout} s") from None
         if message["type"] == "lifespan.shutdown.failed":
-            raise LifespanError(f"{self.name} failed to shut down: {message.get('message', '')}")
+            why = failure_said(message.get("message", ""))
+            raise LifespanError(f"{self.name} failed to shut down: {why}")
 
 
 async def call_asgi(
