@@ -8,6 +8,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from emulators.cli import app as emulators_app
@@ -58,13 +59,14 @@ def config_show(
         return
     console = report_console()
     for section, values in effective.items():
-        table = Table(
-            title=f"[{section}]  env prefix TOOLENV_{section.upper()}_", title_justify="left"
-        )
+        # escaped: rich read `[gateway]` as a markup tag and printed the title without it; as
+        # wide as the title at least, which a narrow table wrapped
+        title = f"[{section}]  env prefix TOOLENV_{section.upper()}_"
+        table = Table(title=escape(title), title_justify="left", min_width=len(title))
         table.add_column("setting")
         table.add_column("value")
         for key, value in values.items():
-            table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+            table.add_row(key, escape(value if isinstance(value, str) else json.dumps(value)))
         console.print(table)
 
 

@@ -113,6 +113,18 @@ def test_config_show_layers_file_and_env(tmp_path: Path, monkeypatch) -> None:
     assert set(shown) >= {"gateway", "sandbox", "emulators", "rollout"}
 
 
+def test_config_show_names_each_section_and_prints_values_as_given(tmp_path: Path) -> None:
+    """rich read each title's `[gateway]` as a markup tag: the tables said only `env prefix
+    TOOLENV_GATEWAY_`, no section; a value in brackets (`[bold]`) was swallowed the same way."""
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("sandbox:\n  workdir_root: /tmp/[bold]runs\n")
+    result = CliRunner().invoke(app, ["config", "show", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    for section in ("gateway", "sandbox", "emulators", "rollout", "traces", "ray"):
+        assert f"[{section}]  env prefix TOOLENV_{section.upper()}_" in result.output
+    assert "/tmp/[bold]runs" in result.output
+
+
 def test_config_show_reports_a_bad_file_clearly(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["config", "show", "--config", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
