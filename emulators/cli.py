@@ -9,6 +9,7 @@ from typing import Annotated
 import numpy as np
 import typer
 import uvicorn
+from rich.markup import escape
 from rich.table import Table
 
 from toolenv_core import serving
@@ -148,7 +149,7 @@ def fit_command(
     if split.carried or split.left_out:
         console.print(split.describe())
     if out is not None:
-        console.print(f"profile written to {out}")
+        console.print(f"profile written to {escape(str(out))}")  # `[v2]` is no markup tag
 
 
 @app.command("describe")
@@ -213,7 +214,7 @@ def describe_command(
     if "ks_model_vs_data" in report:
         console.print(f"KS distance model vs data: {report['ks_model_vs_data']:.4f}")
     if "plot" in report:
-        console.print(f"plot written to {report['plot']}")
+        console.print(f"plot written to {escape(str(report['plot']))}")
 
 
 @app.command("serve")

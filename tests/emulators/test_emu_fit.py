@@ -180,6 +180,11 @@ def test_describe_plot_writes_the_file_it_names(tmp_path: Path) -> None:
     result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(plain)])
     assert result.exit_code == 0, result.output
     assert plain.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "cdf.png").exists()
+    # rich read `[v2]` as a markup tag: it wrote cdf[v2].png and said `plot written to cdf.png`
+    tagged = tmp_path / "cdf[v2].png"
+    result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(tagged)])
+    assert result.exit_code == 0 and tagged.exists(), result.output
+    assert f"plot written to {tagged}\n" in result.stdout, result.stdout
     folder = tmp_path / "plots"
     folder.mkdir()
     result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(folder)])
