@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from toolenv_core.console import report_console
 from toolenv_core.http1 import Endpoint, TargetURLError
@@ -97,7 +98,7 @@ def _headers(values: list[str]) -> dict[str, str]:
 
 
 def _usage_error(console: Console, message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {escape(message)}")  # a path's `[v2]` is no markup tag
     return typer.Exit(EXIT_USAGE)
 
 

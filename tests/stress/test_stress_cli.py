@@ -390,6 +390,17 @@ def test_an_output_that_is_a_directory_is_refused_before_the_run(
     assert not tmp_path.with_suffix(".png").exists()
 
 
+def test_an_error_names_a_path_with_brackets_as_given(tmp_path) -> None:
+    """rich read the message's `[v2]` as a markup tag (`.../res/o.json` said), and a `[/b]` was
+    a MarkupError traceback instead of the one line."""
+    args = ["--url", "http://127.0.0.1:1/x", "--rate", "1", "--duration", "0.1s", "--quiet"]
+    for name in ("res[v2]", "res[/b]"):
+        out = tmp_path / name / "o.json"
+        result = invoke(*args, "--out", str(out))
+        assert result.exit_code == EXIT_USAGE, (result.output, result.exception)
+        assert f"error: --out {out}: " in result.output.replace("\n", ""), result.output
+
+
 def test_plot_writes_the_file_it_names(fast_server: str, tmp_path) -> None:
     plot = tmp_path / "spectrum"  # no suffix: matplotlib wrote spectrum.png instead
     args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "0.1s", "--quiet"]
