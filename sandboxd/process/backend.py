@@ -463,12 +463,15 @@ class ProcessBackend:
                 )
             except OSError as exc:
                 return ExecResult(status=ExecStatus.ERROR, message=f"cgroup set-up failed: {exc}")
-        stdin_fd = self._devnull if warm is not None or not stdin else stdin_file(stdin)
+        own_stdin = None if warm is not None or not stdin else stdin_file(stdin)
+        stdin_fd = self._devnull if own_stdin is None else own_stdin
         step = Step(argv, workdir, lim, slot, stdin_fd, stdin, warm, runner, batch, as_init)
         execution = Execution(ctx, step)
         try:
             return await execution.run()
         finally:
-            if stdin_fd != self._devnull:
-                os.close(stdin_fd)
+            # only the fd opened here: after close() reset `_devnull` to -1, a comparison with it
+            # closed the shared /dev/null's old number, by then perhaps another file's
+            if own_stdin is not None:
+                os.close(own_stdin)
             execution.cleanup()
