@@ -45,7 +45,9 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
          "invalid emulators settings: corpus: Path does not point to a file"),
         (["config", "show"], {"TOOLENV_GATEWAY_PORT": "abc"}, "invalid gateway settings: port: "),
         (["gateway", "serve", "--mode", "proxy"], {},
-         "invalid gateway settings: tool 'sandbox': proxy mode needs at least one upstream URL\n"),
+         "invalid gateway settings: mode 'proxy' (--mode, TOOLENV_GATEWAY_MODE or gateway.mode) "
+         "forces every tool into proxy mode, and tool 'sandbox': proxy mode needs at least one "
+         "upstream URL (with no tools table, the tools are sandbox, search and reward)\n"),
         (["gateway", "serve"],
          {"TOOLENV_GATEWAY_TOOLS": '[{"name": "custom", "app": "nomodule:factory"}]'},
          "invalid gateway settings: tool 'custom': app 'nomodule:factory' cannot be loaded: "
