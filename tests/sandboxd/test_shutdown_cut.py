@@ -19,22 +19,28 @@ from sbx_support import SandboxdServer
 pytestmark = pytest.mark.bwrap
 
 
+def _run_under_way(server: SandboxdServer, sleep_s: int) -> tuple[threading.Thread, list]:
+    """A /run_code of a program that sleeps `sleep_s`, called on a thread; back once it runs."""
+    answers: list[httpx.Response] = []
+    code = f"import time\nprint('start', flush=True)\ntime.sleep({sleep_s})\nprint('done')"
+
+    def call() -> None:
+        body = {"code": code, "language": "python", "run_timeout": 2 * sleep_s}
+        answers.append(httpx.post(server.url + "/run_code", json=body, timeout=30))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(1.0)  # the run is under way
+    return caller, answers
+
+
 def test_a_run_cut_by_the_shutdown_grace_is_a_503_that_says_so(
     sandboxd_factory: Callable[..., SandboxdServer],
 ) -> None:
     server = sandboxd_factory(
         "--backend", "process", env={"TOOLENV_SANDBOX_SHUTDOWN_GRACE_S": "0.3"}
     )
-    answers: list[httpx.Response] = []
-    code = "import time\nprint('start', flush=True)\ntime.sleep(5)\nprint('done')"
-
-    def call() -> None:
-        body = {"code": code, "language": "python", "run_timeout": 10}
-        answers.append(httpx.post(server.url + "/run_code", json=body, timeout=30))
-
-    caller = threading.Thread(target=call)
-    caller.start()
-    time.sleep(1.0)  # the run is under way
+    caller, answers = _run_under_way(server, 5)
     server.proc.send_signal(signal.SIGTERM)
     caller.join(30)
     server.proc.wait(30)
@@ -56,16 +62,7 @@ def test_a_second_ctrl_c_cuts_the_run_with_a_503_then_closes_the_backend(
     tracebacks (the run's, the lifespan's)."""
     server = sandboxd_factory("--backend", "process")
     root = server.client.get("/v1/sandbox/status").json()["workdir_root"]
-    answers: list[httpx.Response] = []
-    code = "import time\nprint('start', flush=True)\ntime.sleep(10)\nprint('done')"
-
-    def call() -> None:
-        body = {"code": code, "language": "python", "run_timeout": 20}
-        answers.append(httpx.post(server.url + "/run_code", json=body, timeout=30))
-
-    caller = threading.Thread(target=call)
-    caller.start()
-    time.sleep(1.0)  # the run is under way
+    caller, answers = _run_under_way(server, 10)
     server.proc.send_signal(signal.SIGINT)
     time.sleep(0.5)  # the graceful stop waits for the run
     server.proc.send_signal(signal.SIGINT)
