@@ -12,7 +12,6 @@ disk.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -185,22 +184,19 @@ def read_captured_calls(path: str | Path) -> Iterator[ToolCallRecord]:
     line without its newline that is not JSON."""
     with open_trace(path) as handle:
         for lineno, line in numbered_lines(handle, path):
-            if not line.endswith("\n") and line.strip() and not _is_json(line):
-                raise TruncatedCapture(path, lineno, "", "stops mid-record (no newline, not JSON)")
-            if line.strip():
-                yield _captured_call(path, lineno, line)
+            if not line.strip():
+                continue
+            try:
+                raw = json_line(path, lineno, line)
+            except TraceFormatError:
+                if line.endswith("\n"):
+                    raise
+                problem = "stops mid-record (no newline, not JSON)"
+                raise TruncatedCapture(path, lineno, "", problem) from None
+            yield _captured_call(path, lineno, raw)
 
 
-def _is_json(line: str) -> bool:
-    try:
-        json.loads(line)
-    except ValueError:
-        return False
-    return True
-
-
-def _captured_call(path: str | Path, lineno: int, line: str) -> ToolCallRecord:
-    raw = json_line(path, lineno, line)
+def _captured_call(path: str | Path, lineno: int, raw: object) -> ToolCallRecord:
     if isinstance(raw, dict) and "turns" in raw:  # it said "field 'turn': Field required"
         raise TraceFormatError(path, lineno, "", _CONVERTED)
     try:
