@@ -12,7 +12,6 @@ import json
 import math
 import os
 import signal
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from rich.table import Table
 
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
+from toolenv_core.outputs import output_dir_problem
 from toolenv_core.polytrace.cache import TracesSettings, cache_dir_problem
 from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached, source_problem
 from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
@@ -149,11 +149,13 @@ def fetch_command(
     if problem:
         raise _fail(f"--from {where}: {problem}")
     cache_dir = _cache_dir(settings)
+    problem = output_dir_problem(cache_dir)  # else every file would fail alike
+    if problem:
+        raise _fail(f"the trace cache {cache_dir}: {problem} (--dest or TOOLENV_TRACES_CACHE_DIR)")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=cache_dir).close()  # writable: else every file fails alike
-    except OSError as exc:
-        raise _fail(f"cannot write to the cache directory {cache_dir}: {exc}") from exc
+    except OSError as exc:  # checked a moment ago: only a race gets here, said in one line
+        raise _fail(f"the trace cache {cache_dir}: cannot make it: {exc.strerror or exc}") from exc
     manifest = load_manifest()
     console = Console(stderr=True)
     progress = Progress(

@@ -266,7 +266,7 @@ def test_fetch_into_a_cache_it_cannot_write_is_one_line_per_cause(
     # nothing can be written there at all (as root, only /proc refuses): bad input, exit 2
     done = traces("fetch", *SMALL, *source, "--dest", "/proc")
     assert done.exit_code == 2, (done.output, done.exception)
-    assert done.stderr.startswith("error: cannot write to the cache directory /proc: ")
+    assert done.stderr.startswith("error: the trace cache /proc: cannot write in /proc: ")
     assert done.stderr.count("\n") == 1
     # a file where the cache wants a directory: that file fails, named, the others are fetched
     (tmp_path / "intern_s1").write_text("not a directory")
