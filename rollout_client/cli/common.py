@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from toolenv_core.config import config_error
 from toolenv_core.errors import first_problem
+from toolenv_core.outputs import output_dir_problem
 
 from ..settings import RolloutSettings
 
@@ -42,13 +43,16 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 @contextlib.contextmanager
 def out_dir_for_run(out_dir: Path) -> Iterator[None]:
-    """The output directory, made before the run: one that cannot be made is a bad option, found
-    before minutes of work rather than after them. A run that fails leaves no empty one behind."""
-    try:  # exists() too: a name too long for the file system raised there, a traceback
+    """The output directory, made before the run: one that cannot be made or written in is a bad
+    option, found before minutes of work rather than after them (an existing read-only one failed
+    only at the first report). A run that fails leaves no empty one behind."""
+    if (problem := output_dir_problem(out_dir)) is not None:
+        fail(f"--out {out_dir}: {problem}")
+    try:
         fresh = not out_dir.exists()
         out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"cannot make the output directory {out_dir} (--out): {exc.strerror or exc}")
+    except OSError as exc:  # checked a moment ago: only a race gets here, said in one line
+        fail(f"--out {out_dir}: cannot make the directory: {exc.strerror or exc}")
     try:
         yield
     except BaseException:

@@ -405,13 +405,14 @@ def test_an_output_directory_that_cannot_be_made_is_refused_before_the_run(
             ],
             ["study", "--quick"],
         ),
-        (blocker / "out", long_name),  # under a file: it cannot be made
+        # under a file, or too long a name: it cannot be made; /proc: no file can be written there
+        (blocker / "out", long_name, Path("/proc")),
     ):
         cmd = [sys.executable, "-m", "toolenv", "rollout", *command, "--trace", str(trace),
                "--out", str(out)]  # fmt: skip
         done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
-        assert f"error: cannot make the output directory {out} (--out): " in done.stderr
+        assert f"error: --out {out}: " in done.stderr
         assert "Traceback" not in done.stderr and "study" not in done.stderr.split("error:")[0]
 
 
