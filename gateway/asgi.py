@@ -29,22 +29,6 @@ class LifespanError(RuntimeError):
     """The application's start-up or shut-down failed."""
 
 
-def failure_said(message: str) -> str:
-    """Why a lifespan failed, from its `lifespan.*.failed` message: Starlette sends the whole
-    traceback (`traceback.format_exc()`), which went as is into /readyz, every 503 and the log
-    (40 lines of the server's files for `bwrap not found`). Said: the exception's own lines, its
-    class without the module (`SandboxUnavailable: bwrap not found. ...`)."""
-    lines = message.rstrip().splitlines()
-    if not lines or not lines[0].startswith("Traceback (most recent call last):"):
-        return message
-    last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=0)
-    said = "\n".join(lines[last_frame + 1 :]).strip()
-    name, sep, rest = said.partition(": ")
-    if sep and " " not in name:  # `package.module.Error: text` -> `Error: text`
-        said = f"{name.rsplit('.', 1)[-1]}: {rest}"
-    return said or message
-
-
 class Lifespan:
     """Drives an ASGI app's lifespan protocol the way a server would (start-up, then shut-down)."""
 
@@ -55,6 +39,21 @@ class Lifespan:
         self._to_app: asyncio.Queue[Message] = asyncio.Queue()
         self._from_app: asyncio.Queue[Message] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._raised: Exception | None = None
+
+    def _why(self, message: Message) -> str:
+        """Why the start-up or shut-down failed: the exception the app raised after saying so
+        (Starlette's `message` is the whole traceback, the server's files, 40 lines for `bwrap not
+        found`), as its class and text; the message itself from an app that raised nothing."""
+        if self._raised is not None:
+            text = str(self._raised)
+            return f"{type(self._raised).__name__}: {text}" if text else type(self._raised).__name__
+        return message.get("message") or "(the app gave no reason)"
+
+    async def _failed(self) -> None:
+        """Starlette raises right after its `*.failed` message: let the task end to keep that."""
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=5.0)
 
     async def _run(self) -> None:
         scope = {
@@ -65,6 +64,7 @@ class Lifespan:
         try:
             await self.app(scope, self._to_app.get, self._from_app.put)
         except Exception as exc:  # an app without lifespan support raises here: that is fine
+            self._raised = exc
             await self._from_app.put({"type": "lifespan.error", "message": repr(exc)})
 
     async def start(self, timeout: float = 120.0) -> None:
@@ -72,8 +72,8 @@ class Lifespan:
         await self._to_app.put({"type": "lifespan.startup"})
         message = await asyncio.wait_for(self._from_app.get(), timeout)
         if message["type"] == "lifespan.startup.failed":
-            why = failure_said(message.get("message", ""))
-            raise LifespanError(f"{self.name} failed to start: {why}")
+            await self._failed()
+            raise LifespanError(f"{self.name} failed to start: {self._why(message)}")
         if message["type"] == "lifespan.error":
             self._task = None  # no lifespan support: nothing to shut down
 
@@ -87,8 +87,8 @@ class Lifespan:
             self._task.cancel()
             raise LifespanError(f"{self.name} did not shut down within {timeout} s") from None
         if message["type"] == "lifespan.shutdown.failed":
-            why = failure_said(message.get("message", ""))
-            raise LifespanError(f"{self.name} failed to shut down: {why}")
+            await self._failed()
+            raise LifespanError(f"{self.name} failed to shut down: {self._why(message)}")
 
 
 async def call_asgi(
