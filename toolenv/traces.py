@@ -7,13 +7,8 @@ name in the cache (`toolenv_core.polytrace.cache`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import signal
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -35,6 +30,7 @@ from toolenv_core.outputs import output_dir_problem
 from toolenv_core.polytrace.cache import TracesSettings, cache_dir_problem
 from toolenv_core.polytrace.fetch import Fetcher, FetchResult, is_cached, source_problem
 from toolenv_core.polytrace.manifest import ManifestEntry, load_manifest
+from toolenv_core.sigterm import sigterm_unwinds
 
 CacheDirOption = Annotated[
     Path | None,
@@ -48,32 +44,6 @@ app = typer.Typer(
     help="The published PolyTrace files: fetch them into the cache, list them.",
     no_args_is_help=True,
 )
-
-
-class _Terminated(BaseException):
-    """SIGTERM, raised where the fetch is so that it unwinds like Ctrl-C does."""
-
-
-@contextlib.contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM (`timeout`, a CI cancel, `kill`) ended the process where it stood and left the
-    download's `.part` file in the cache; now it unwinds the fetch (the part file removed, as on
-    Ctrl-C), then ends the process by SIGTERM all the same."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread
-        return
-
-    def terminated(_signum: int, _frame: object) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -178,7 +148,7 @@ def fetch_command(
     results: list[FetchResult] = []
     settled = 0  # bytes of the files already handled (a failed file's partial bytes drop out)
     try:
-        with _sigterm_unwinds(), progress:
+        with sigterm_unwinds(), progress:
             for entry in entries:
                 result = fetcher.fetch(entry, force=force)
                 results.append(result)

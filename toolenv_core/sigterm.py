@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Awaitable, Iterator
 from typing import TypeVar
 
@@ -60,3 +61,24 @@ def ends_by_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         raise SystemExit(128 + signal.SIGTERM) from None  # if the signal is blocked meanwhile
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Around a command without an event loop: SIGTERM raises `Terminated` where the main thread
+    stands, so the blocks inside unwind as on Ctrl-C (a download's part file, a fresh output
+    directory removed), then the process ends by SIGTERM all the same. Outside the main thread
+    SIGTERM is left to its owner."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def terminated(_signum: int, _frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with ends_by_sigterm():
+            yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -15,6 +15,7 @@ from toolenv_core.cli_options import RAY_ADDRESS_HELP, ray_address
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
 from toolenv_core.polytrace.kinds import files_of_kind, repeat_notes
+from toolenv_core.sigterm import sigterm_unwinds
 
 from ..clock import VirtualTimeDeadlock
 from ..study import JobRunner, StudyPlan, load_inputs, run_here, run_study
@@ -95,8 +96,9 @@ def study(
         TimeElapsedColumn(),
         console=Console(stderr=True),
     )
-    # the report is written inside: one interrupted while written leaves no empty --out either
-    with out_dir_for_run(out):
+    # the report is written inside: one interrupted while written leaves no empty --out either;
+    # SIGTERM (`timeout`, a CI cancel) unwinds as Ctrl-C does (it left an empty --out)
+    with sigterm_unwinds(), out_dir_for_run(out):
         try:  # before the bar: an error written while it is live went into its line
             inputs = load_inputs(plan)
             notes = repeat_notes(

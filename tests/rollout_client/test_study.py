@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -277,3 +279,28 @@ def test_latencies_of_0_s_at_the_deadline_quantile_are_bad_input_before_any_cell
         "cannot set one; give timings whose p99 is above 0 s\n"
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_sigterm_unwinds_a_study_as_ctrl_c_does(polytrace_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM (`timeout`, a CI cancel) ended the study where it stood and left its fresh --out
+    behind, empty; now it unwinds as Ctrl-C does (the fresh --out removed), then ends by SIGTERM."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "study", "--quick", "--no-plots",
+        "--trace", str(polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"),
+        "--out", str(out),
+    ]  # fmt: skip
+    run = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists():  # made before the inputs are read and the cells run
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the study never made its --out"
+            time.sleep(0.01)
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert run.returncode == -signal.SIGTERM, stderr.decode()
+    assert b"Traceback" not in stderr
+    assert not out.exists()
