@@ -7,6 +7,7 @@ crash and restart its services.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import re
@@ -274,7 +275,10 @@ def test_a_burst_beyond_the_retry_budget_says_so(stack: Stack) -> None:
                         client.post(
                             "/retrieve",
                             json={"queries": [f"q{i}"], "topk": 2},
-                            headers={"X-Toolenv-Deadline-Ms": "3000"},
+                            # generous: on a loaded machine, the first attempts' failures
+                            # (a name lookup, a connect) once outlasted a 3 s deadline, every
+                            # call a 504 that never reached its retries
+                            headers={"X-Toolenv-Deadline-Ms": "10000"},
                         )
                         for i in range(64)
                     )
@@ -286,7 +290,8 @@ def test_a_burst_beyond_the_retry_budget_says_so(stack: Stack) -> None:
     assert started.returncode == 0, started.stderr
     assert all(r.status_code in (503, 504) and "search" in r.text for r in answers)
     refused = [r for r in answers if "retry budget is spent" in r.text]
-    assert refused, answers[0].text
+    said = collections.Counter(f"{r.status_code} {r.json()['error'][:160]}" for r in answers)
+    assert refused, said.most_common(5)
     assert "retry.budget_ratio" in refused[0].json()["error"], refused[0].text
     stack.wait_healthy("search")
 
