@@ -25,11 +25,10 @@ FAILURE_STATUS = {"timeout": 504, "rejected": 429, "unavailable": 503, "upstream
 _DEADLINE = h.DEADLINE.lower()
 _TRAJECTORY, _STEP, _TURN = h.TRAJECTORY.lower(), h.STEP.lower(), h.TURN.lower()
 _FORWARDED = tuple((name, name.lower()) for name in h.FORWARDED_CALL_HEADERS)
+_READ = ("Content-Type", h.DEADLINE, *h.FORWARDED_CALL_HEADERS)
 # raw lower-cased name -> the key it is kept under (no name decoded per request)
-_WANTED = {
-    name.lower().encode(): name.lower()
-    for name in ("content-type", h.DEADLINE, *h.FORWARDED_CALL_HEADERS)
-}
+_WANTED = {name.lower().encode(): name.lower() for name in _READ}
+_SPELLED = {name.lower(): name for name in _READ}
 
 
 @dataclass(slots=True)
@@ -44,6 +43,8 @@ class CallContext:
     trajectory: str | None = None
     step: int | None = None
     turn: int | None = None
+    # a header read here sent twice with different values (which one counted was a guess)
+    sent_twice: str | None = None
 
     @classmethod
     def from_scope(cls, scope: dict[str, Any], trace: TraceWriter | None) -> CallContext:
@@ -61,12 +62,15 @@ class CallContext:
         trace: TraceWriter | None,
     ) -> CallContext:
         """From raw (lower-cased name, value) header pairs, as ASGI and the lane hold them."""
-        headers = {}
+        headers: dict[str, str] = {}
+        sent_twice = None
         for name, value in raw:
             key = _WANTED.get(name)
             if key is not None:
-                headers[key] = value.decode("latin-1")
-        return cls(request_id, caller, headers, trace)
+                text = value.decode("latin-1")
+                if headers.setdefault(key, text) != text:
+                    sent_twice = sent_twice or key
+        return cls(request_id, caller, headers, trace, sent_twice=sent_twice)
 
     @property
     def sent_deadline(self) -> bool:
@@ -75,6 +79,10 @@ class CallContext:
     def check_headers(self) -> None:
         """Parse the call-context headers the gateway reads (before the tool is called): one it
         would record wrongly is the caller's mistake, a 400; raises HeaderError naming it."""
+        if self.sent_twice is not None:  # the last one counted: a proxy's and the caller's, say
+            raise h.HeaderError(
+                f"{_SPELLED[self.sent_twice]} was sent twice with different values: send it once"
+            )
         self.trajectory = h.trajectory_header(self.headers.get(_TRAJECTORY))
         self.step = h.count_header(h.STEP, self.headers.get(_STEP))
         self.turn = h.count_header(h.TURN, self.headers.get(_TURN))

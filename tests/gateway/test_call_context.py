@@ -163,3 +163,19 @@ async def test_the_rollout_client_reads_a_timeout_from_the_status_and_body(
     assert late.elapsed_s < 2.0
     # a tool's own error (its 422) stays an error, not a timeout
     assert error.status == "error" and error.http_status == 200, error
+
+
+def test_a_header_sent_twice_with_different_values_is_a_400_naming_it(gateway) -> None:
+    """The last one counted: two deadlines (a proxy's and the caller's, say) ran to the later,
+    two trajectory ids recorded the call under one of them."""
+    gw = gateway([ToolConfig(name="local", kind="http", mode="embedded", app=CUSTOM)])
+    url = gw.url + "/v1/tools/local/call"
+    for name, values in ((h.DEADLINE, ("100", "5000")), (h.TRAJECTORY, ("traj-1", "traj-2"))):
+        sent = [(name, value) for value in values]
+        r = httpx.post(url, json={"arguments": {}}, headers=sent, timeout=10)
+        assert r.status_code == 400, r.text
+        assert r.json()["detail"] == f"{name} was sent twice with different values: send it once"
+    same = [(h.TRAJECTORY, "traj-1"), (h.TRAJECTORY, "traj-1")]  # a repeat says one thing
+    r = httpx.post(url, json={"arguments": {}}, headers=same, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.json()["result"]["call_context"]["x-trajectory-id"] == "traj-1"
