@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from testkit import ServerProcess, free_port
@@ -92,3 +95,20 @@ def endless_cost_profile(path: Path) -> Path:
     costs = {"prefill_per_token_s": 1e308, "decode_base_s": 1, "decode_per_seq_s": 1}
     path.write_text(json.dumps(costs))
     return path
+
+
+def sigterm_once(argv: list[str], ready: Callable[[], bool], what: str) -> tuple[int, str]:
+    """Start `argv`, send it SIGTERM once `ready()` holds (60 s at most: `what` did not happen),
+    and return its exit status and stderr."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, f"{what} never happened"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    return proc.returncode, stderr

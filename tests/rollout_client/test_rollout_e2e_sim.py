@@ -7,13 +7,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from click.testing import Result
-from rollout_support import first_records, start_gateway, write_trace
+from rollout_support import first_records, sigterm_once, start_gateway, write_trace
 from testkit import ServerProcess, free_port
 from typer.testing import CliRunner
 
@@ -359,19 +358,11 @@ def test_sigterm_unwinds_a_run_as_ctrl_c_does(gateway, polytrace_dir, tmp_path) 
         "vllm-cpu-tiny", "--gateway", gateway.url, "--trace", str(trace), "--exact",
         "--length-scale", "0.1", "--batch", "1", "--no-plots", "--out", str(out),
     ]  # fmt: skip
-    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        in_call = 'toolenv_gateway_in_flight{tool="search"} 1.0'
-        deadline = time.monotonic() + 60
-        while in_call not in httpx.get(f"{gateway.url}/metrics").text:
-            assert run.poll() is None, run.communicate()
-            assert time.monotonic() < deadline, "the run never reached its tool call"
-            time.sleep(0.05)
-        run.send_signal(signal.SIGTERM)
-        _, stderr = run.communicate(timeout=30)
-    finally:
-        run.kill()
-    assert run.returncode == -signal.SIGTERM, stderr
+    in_call = 'toolenv_gateway_in_flight{tool="search"} 1.0'
+    status, stderr = sigterm_once(
+        argv, lambda: in_call in httpx.get(f"{gateway.url}/metrics").text, "the run's tool call"
+    )
+    assert status == -signal.SIGTERM, stderr
     assert "Traceback" not in stderr
     assert not out.exists()
 

@@ -6,12 +6,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from rollout_support import endless_cost_profile, first_records, write_trace
+from rollout_support import endless_cost_profile, first_records, sigterm_once, write_trace
 from typer.testing import CliRunner
 
 from rollout_client import study, study_report
@@ -290,17 +289,8 @@ def test_sigterm_unwinds_a_study_as_ctrl_c_does(polytrace_dir: Path, tmp_path: P
         "--trace", str(polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"),
         "--out", str(out),
     ]  # fmt: skip
-    run = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while not out.exists():  # made before the inputs are read and the cells run
-            assert run.poll() is None, run.communicate()
-            assert time.monotonic() < deadline, "the study never made its --out"
-            time.sleep(0.01)
-        run.send_signal(signal.SIGTERM)
-        _, stderr = run.communicate(timeout=30)
-    finally:
-        run.kill()
-    assert run.returncode == -signal.SIGTERM, stderr.decode()
-    assert b"Traceback" not in stderr
+    # --out is made before the inputs are read and the cells run
+    status, stderr = sigterm_once(cmd, out.exists, "the study's --out")
+    assert status == -signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
     assert not out.exists()
