@@ -70,6 +70,13 @@ class ExecResult(BaseModel):
     def truncated(self) -> bool:
         return self.stdout_truncated or self.stderr_truncated
 
+    def compile_failure(self) -> str:
+        """Why a compile gave no program, for the answer's `message`: the words of the limit that
+        ended it (its compile_timeout, the request's deadline, memory, an output cap), else
+        "compilation failed" (the compiler's own error). A time limit read "compilation failed"
+        on /run_code, for a program a 150 ms deadline cut while g++ was still at work."""
+        return self.message or "compilation failed"
+
     @classmethod
     def expired_before_start(
         cls, message: str = "the request deadline expired before start"

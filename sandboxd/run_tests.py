@@ -243,7 +243,7 @@ async def run_tests(
                 pass_fraction=0.0,
                 compile_result=compile_result,
                 cases=[CaseResult(index=i, verdict=verdict) for i in range(len(specs))],
-                message=compiled.message or "compilation failed",
+                message=compiled.compile_failure(),
                 executor_pod_name=pod_name,
             )
         specs = [spec.model_copy(update={"prebuilt": artifact}) for spec in specs]

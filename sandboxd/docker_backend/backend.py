@@ -330,7 +330,7 @@ class DockerBackend:
         if _compiles_here(spec, lang) and steps:
             result.compile = self._exec_result(steps.pop(0), spec.compile_limits)
             if result.compile.status != ExecStatus.FINISHED or result.compile.exit_code != 0:
-                result.message = result.message or "compilation failed"
+                result.message = result.message or result.compile.compile_failure()
         if steps:
             result.run = self._exec_result(steps.pop(0), spec.run_limits)
         result.files = {k: base64.b64decode(v) for k, v in reply.get("files", {}).items()}

@@ -305,7 +305,7 @@ class ProcessBackend:
                 as_init=COMPILER_AS_INIT,
             )  # fmt: skip
             if result.compile.status != ExecStatus.FINISHED or result.compile.exit_code != 0:
-                result.message = "compilation failed"
+                result.message = result.compile.compile_failure()
                 return result
             if slot is not None:
                 slot.reset()

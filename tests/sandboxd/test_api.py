@@ -82,6 +82,9 @@ def test_compile_timeout_is_separate_from_run_timeout(api: SandboxdServer) -> No
     assert res["status"] == "Failed"
     assert res["compile_result"]["status"] == "TimeLimitExceeded"
     assert res["run_result"] is None
+    # the limit's words, as /v1/run_tests says them: it read "compilation failed" (the code's)
+    assert res["message"] == res["compile_result"]["message"]
+    assert res["message"] == "wall-clock limit of 0.05 s exceeded", res
     code = "int main(){volatile unsigned long i=0; for(;;) i++;}"
     res = api.run_code(code=code, language="c", compile_timeout=30, run_timeout=0.5)
     assert res["compile_result"]["status"] == "Finished"
