@@ -21,6 +21,14 @@ class ExecStatus(StrEnum):
     OUTPUT_LIMIT = "OutputLimitExceeded"
 
 
+def output_limit_message(stream: str, cap: int, signal: int | None) -> str:
+    """Why a step whose `stream` passed `cap` bytes ended. It is killed at once, unless it had
+    exited by itself before that output was read (no signal: it said "the program was killed"
+    beside a return_code of 0)."""
+    end = "the program was killed" if signal is not None else "it had already exited by itself"
+    return f"{stream} exceeded {cap} bytes; {end}"
+
+
 class Limits(BaseModel):
     """Hard limits for one step. None means the backend's configured default."""
 

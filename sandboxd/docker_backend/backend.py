@@ -29,7 +29,7 @@ from toolenv_core.deadline import Deadline
 
 from ..backend import SandboxUnavailable
 from ..languages import CHILD_ENV, Language, UnknownLanguage, get_language
-from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
+from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec, output_limit_message
 from ..settings import SandboxSettings
 from .agent_client import AgentError
 from .container import SandboxContainer
@@ -360,7 +360,7 @@ class DockerBackend:
                 else "stdout"
             )
             # the process backend's words: which stream (it said "output limit of N bytes")
-            message = f"{stream} exceeded {cap} bytes; the program was killed"
+            message = output_limit_message(stream, cap, step.get("signal"))
         # The agent reports a signal death as the shell does (128 + N); the wire's return_code
         # is -N then, as on the process backend (a program's own exit(137) stays 137).
         sig = step.get("signal")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..languages import CHILD_ENV
-from ..models import ExecResult, ExecStatus
+from ..models import ExecResult, ExecStatus, output_limit_message
 from .batch import CaseBatch
 from .bwrap import Blocked, spawn_blocked
 from .cgroups import JOIN_FILE, CgroupSlot
@@ -87,6 +87,7 @@ class Execution:
         self.fds: list[int] = []
         self.buffers = {"stdout": bytearray(), "stderr": bytearray()}
         self.truncated = {"stdout": False, "stderr": False}
+        self.over_cap: str | None = None  # the stream whose cap ended the step
         self.readers: dict[int, str] = {}
         self.exited = False
         self.kill_reason: ExecStatus | None = None
@@ -261,9 +262,9 @@ class Execution:
             buf.extend(chunk[: max(room, 0)])
             self.truncated[stream] = True
             if self.kill_reason is None:
+                self.over_cap = stream
                 self.kill(
-                    ExecStatus.OUTPUT_LIMIT,
-                    f"{stream} exceeded {self.lim.output_bytes} bytes; the program was killed",
+                    ExecStatus.OUTPUT_LIMIT, f"{stream} exceeded {self.lim.output_bytes} bytes"
                 )
             return
         buf.extend(chunk)
@@ -407,6 +408,9 @@ class Execution:
             cpu_time_s=self.cpu_time_s,
             wall_s=wall_s,
         )
+        message = ending.message
+        if self.over_cap is not None and ending.status == ExecStatus.OUTPUT_LIMIT:
+            message = output_limit_message(self.over_cap, self.lim.output_bytes, ending.signal)
         return ExecResult(
             status=ending.status,
             exit_code=ending.exit_code,
@@ -418,7 +422,7 @@ class Execution:
             wall_time_s=round(wall_s, 6),
             cpu_time_s=round(self.cpu_time_s, 6) if self.cpu_time_s is not None else None,
             peak_memory_kb=stats.peak_memory_kb if stats else None,
-            message=ending.message,
+            message=message,
         )
 
     def cleanup(self) -> None:
