@@ -6,6 +6,7 @@ wire; backends never see HTTP. Limits are plain numbers so both backends enforce
 
 from __future__ import annotations
 
+import codecs
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
@@ -19,6 +20,14 @@ class ExecStatus(StrEnum):
     TIME_LIMIT = "TimeLimitExceeded"
     MEMORY_LIMIT = "MemoryLimitExceeded"
     OUTPUT_LIMIT = "OutputLimitExceeded"
+
+
+def decode_output(data: bytes, truncated: bool) -> str:
+    """A stream's bytes as text (invalid UTF-8 replaced). Output cut at its cap drops the
+    character the cut split: it ended in U+FFFD, which made the text longer than the cap."""
+    if not truncated:
+        return data.decode(errors="replace")
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=False)
 
 
 def output_limit_message(stream: str, cap: int, signal: int | None) -> str:

@@ -29,7 +29,15 @@ from toolenv_core.deadline import Deadline
 
 from ..backend import SandboxUnavailable
 from ..languages import CHILD_ENV, Language, UnknownLanguage, get_language
-from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec, output_limit_message
+from ..models import (
+    ExecResult,
+    ExecStatus,
+    Limits,
+    RunResult,
+    RunSpec,
+    decode_output,
+    output_limit_message,
+)
 from ..settings import SandboxSettings
 from .agent_client import AgentError
 from .container import SandboxContainer
@@ -337,7 +345,9 @@ class DockerBackend:
         return result
 
     def _exec_result(self, step: dict[str, Any], limits: Limits) -> ExecResult:
-        stderr = base64.b64decode(step["stderr"]).decode(errors="replace")
+        stderr = decode_output(
+            base64.b64decode(step["stderr"]), step.get("stderr_truncated", False)
+        )
         status = ExecStatus(step["status"])
         asked_mb = limits.memory_mb or self.settings.default_memory_mb
         # the container's limit bounds a run that asked for more (it said "memory limit of
@@ -368,7 +378,9 @@ class DockerBackend:
             status=status,
             exit_code=-sig if sig else step.get("exit_code"),
             signal=sig,
-            stdout=base64.b64decode(step["stdout"]).decode(errors="replace"),
+            stdout=decode_output(
+                base64.b64decode(step["stdout"]), step.get("stdout_truncated", False)
+            ),
             stderr=stderr,
             stdout_truncated=step.get("stdout_truncated", False),
             stderr_truncated=step.get("stderr_truncated", False),

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..languages import CHILD_ENV
-from ..models import ExecResult, ExecStatus, output_limit_message
+from ..models import ExecResult, ExecStatus, decode_output, output_limit_message
 from .batch import CaseBatch
 from .bwrap import Blocked, spawn_blocked
 from .cgroups import JOIN_FILE, CgroupSlot
@@ -415,8 +415,8 @@ class Execution:
             status=ending.status,
             exit_code=ending.exit_code,
             signal=ending.signal,
-            stdout=self.buffers["stdout"].decode(errors="replace"),
-            stderr=self.buffers["stderr"].decode(errors="replace"),
+            stdout=decode_output(self.buffers["stdout"], self.truncated["stdout"]),
+            stderr=decode_output(self.buffers["stderr"], self.truncated["stderr"]),
             stdout_truncated=self.truncated["stdout"],
             stderr_truncated=self.truncated["stderr"],
             wall_time_s=round(wall_s, 6),

@@ -109,6 +109,15 @@ def test_an_output_cap_says_whether_it_killed_the_program(api: SandboxdServer) -
     assert rr["execution_time"] < 5
 
 
+def test_output_cut_at_its_cap_drops_the_character_the_cut_split(api: SandboxdServer) -> None:
+    """'é' is two bytes: a cap of 1001 keeps 500 of them, not 500 and a U+FFFD (1003 bytes)."""
+    code = "import sys; sys.stdout.write('\u00e9' * 1000)"
+    rr = api.run_code(code=code, max_output_bytes=1001)["run_result"]
+    assert rr["stdout_truncated"] and rr["stdout"] == "\u00e9" * 500, rr["stdout"][-3:]
+    res = api.run_code(code="import sys; sys.stdout.buffer.write(b'ok\\xff\\xfe')")
+    assert res["run_result"]["stdout"] == "ok\ufffd\ufffd"  # invalid bytes: still replaced
+
+
 def test_compile_error_and_runtime_signal(api: SandboxdServer) -> None:
     res = api.run_code(code="int main( { return 0; }", language="c")
     assert res["status"] == "Failed" and res["run_result"] is None
