@@ -170,6 +170,21 @@ def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
     assert res["files"] == {"out.txt": base64.b64encode(b"ABC").decode()}
 
 
+def test_fetch_files_share_one_cap_in_the_order_asked(api: SandboxdServer) -> None:
+    """`max_output_bytes` bounds the fetched files together, as on Docker: it was per file, so an
+    answer grew with the number of files (250 of 16 MiB from a run with 4 GB of memory)."""
+    code = "for name, n in (('a', 3000), ('b', 3000), ('c', 3000), ('d', 1000)):\n"
+    code += "    open(name, 'wb').write(name.encode() * n)"
+    res = api.run_code(code=code, fetch_files=["a", "b", "c", "d"], max_output_bytes=8000)
+    assert res["status"] == "Success", res
+    # c is larger than the 2000 bytes left: left out; d still fits
+    assert {k: len(base64.b64decode(v)) for k, v in res["files"].items()} == {
+        "a": 3000,
+        "b": 3000,
+        "d": 1000,
+    }
+
+
 def test_files_in_base64_wrapped_in_lines(api: SandboxdServer) -> None:
     """`base64` and `base64.encodebytes` wrap at 76 characters; SandboxFusion reads that (it
     was a 422 here: "Excess data after padding" / "Only base64 data is allowed")."""
