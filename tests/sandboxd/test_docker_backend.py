@@ -113,6 +113,8 @@ def test_compile_and_run_timeouts_are_separate(portal, backend) -> None:
     )
     r = run(portal, backend, slow_compile)
     assert r.compile.status == ExecStatus.TIME_LIMIT and r.run is None
+    # the limit's words, not "compilation failed" (the code's fault), as on the process backend
+    assert r.message == r.compile.message == "wall-clock limit of 0.05 s exceeded", r
     slow_run = RunSpec(
         language="c",
         code="int main(){for(;;);}",
