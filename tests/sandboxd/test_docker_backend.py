@@ -126,6 +126,18 @@ def test_compile_and_run_timeouts_are_separate(portal, backend) -> None:
     assert r.run.status == ExecStatus.TIME_LIMIT and r.run.wall_time_s < 2.0
 
 
+def test_output_cut_at_its_cap_drops_the_character_the_cut_split(portal, backend) -> None:
+    """As on the process backend: 500 two-byte characters under a 1001-byte cap, no U+FFFD."""
+    code = "import sys; sys.stdout.write('\u00e9' * 1000)"
+    r = run(
+        portal,
+        backend,
+        RunSpec(code=code, language="python", run_limits=Limits(max_output_bytes=1001)),
+    )
+    assert r.run.status == ExecStatus.OUTPUT_LIMIT and r.run.stdout_truncated, r.run
+    assert r.run.stdout == "\u00e9" * 500, r.run.stdout[-3:]
+
+
 def test_files_in_and_fetch_files_out(portal, backend) -> None:
     code = (
         "import os\n"
