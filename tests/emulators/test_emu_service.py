@@ -476,6 +476,11 @@ def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
         ('{"id": "d1"}\n', "corpus.jsonl:1: field 'contents': each line needs `contents` or"),
         ("[1]\n", "corpus.jsonl:1: expected a JSON object"),
         ("\n", "corpus.jsonl: the corpus is empty"),
+        # nothing for BM25 to index: it failed inside bm25s at start-up (a traceback, exit 3)
+        (
+            '{"id": "d1", "title": "", "text": "the of a"}\n',
+            "corpus.jsonl: none of its 1 document(s) has a word BM25 indexes",
+        ),
     ],
 )
 def test_a_bad_corpus_is_one_line_and_exit_2(tmp_path: Path, lines: str, problem: str) -> None:
