@@ -25,7 +25,7 @@ from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
 from .app import create_app
 from .describe import describe, faults_line, json_ready, plot_cdf, stage_label
-from .fit import build_profile, fit, split_by_status, successful_latencies
+from .fit import build_profile, fit, per_step_note, split_by_status, successful_latencies
 from .settings import EmulatorSettings
 from .timing import StampingHttpToolsProtocol
 
@@ -113,6 +113,7 @@ def fit_command(
     read = {o.source for o in observations if o.source is not None}
     source = "PolyTrace " + ", ".join(sorted(f"{p.resolve().parent.name}/{p.name}" for p in read))
     summary = report.as_dict()
+    written = None
     if out is not None:
         profile = build_profile(
             report, source=source, observations=split.ok, per_step=per_step, faults=split.faults()
@@ -122,6 +123,11 @@ def fit_command(
         except OSError as exc:
             raise _fail(f"cannot write the profile to {out}: {exc.strerror or exc}") from exc
         summary["profile"] = str(out)
+        summary["profile_kind"] = profile.model.kind
+        written = f"profile written to {escape(str(out))}"  # `[v2]` is no markup tag
+        drift = per_step_note(profile.model)  # not the candidate "chosen:" names
+        if drift is not None:
+            written += f": {drift}"
     if as_json:  # a failed candidate's KS is inf: null, not `Infinity` (not JSON)
         typer.echo(json.dumps(json_ready(summary), indent=2, allow_nan=False))
         return
@@ -148,8 +154,8 @@ def fit_command(
     console.print(f"chosen: [bold]{report.best.name}[/bold]: {report.reason}")
     if split.carried or split.left_out:
         console.print(split.describe())
-    if out is not None:
-        console.print(f"profile written to {escape(str(out))}")  # `[v2]` is no markup tag
+    if written is not None:
+        console.print(written)
 
 
 @app.command("describe")

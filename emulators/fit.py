@@ -342,6 +342,18 @@ def per_step_drift(steps: np.ndarray, data: np.ndarray) -> Drift:
     )
 
 
+def per_step_note(model: Any) -> str | None:
+    """What a fit wrote instead of the candidate its report chose, when it wrote a `--per-step`
+    drift (faults or not); None when it wrote that candidate."""
+    inner = model.model if isinstance(model, Faulty) else model
+    if not isinstance(inner, Drift):
+        return None
+    return (
+        f"a drift of {len(inner.schedule)} empirical stage(s), one per recorded step, not the "
+        "candidate the fit of all steps together chose"
+    )
+
+
 def token_table(tokens: np.ndarray) -> Empirical:
     """Per-query response tokens as a 1%-step quantile table."""
     ps = np.round(np.arange(0, 101) / 100, 2)
@@ -393,12 +405,17 @@ def build_profile(
     ]
     if faults:
         model = Faulty(model=model, faults=faults)
+    # a `--per-step` drift's notes said "chose truncnormal", the candidate it was not
+    drift = per_step_note(model)
+    notes = f"written by `toolenv emulators fit`; chose {report.best.name}: {report.reason}"
+    if drift is not None:
+        notes = f"written by `toolenv emulators fit --per-step`: {drift}"
     return Profile(
         tool=report.tool,
         model=model,
         response_tokens=response_tokens,
         reference=reference,
         source=source,
-        notes=f"written by `toolenv emulators fit`; chose {report.best.name}: {report.reason}",
+        notes=notes,
         fit=summary,
     )

@@ -445,3 +445,29 @@ def test_a_profile_names_only_the_files_that_held_its_calls(
     assert result.exit_code == 0, result.output
     source = load_profile(out).source or ""
     assert "rllm_deepcoder/reward_timings_step_0.jsonl" in source and "search_r1" not in source
+
+
+def test_a_per_step_fit_says_it_wrote_a_drift_not_the_chosen_candidate(tmp_path: Path) -> None:
+    """`--per-step` writes one empirical stage per step, but its notes said "chose truncnormal"
+    (the candidate of all steps pooled) and the report said nothing of the drift."""
+    log = tmp_path / "calls.log"
+    log.write_text(
+        "".join(
+            f"Step{i // 10}, Request ID: {i}, Tool: search, Latency: {0.1 + i / 100} seconds\n"
+            for i in range(20)
+        )
+    )
+    out = tmp_path / "drift.yaml"
+    result = runner.invoke(app, ["emulators", "fit", str(log), "--per-step", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out)
+    assert profile.model.kind == "drift" and len(profile.model.schedule) == 2
+    written = " ".join(result.output.split())  # rich wraps the long line
+    assert "drift of 2 empirical stage(s), one per recorded step" in written
+    as_json = runner.invoke(
+        app, ["emulators", "fit", str(log), "--per-step", "--out", str(out), "--json"]
+    )
+    report = json.loads(as_json.stdout)
+    assert report["profile_kind"] == "drift" and report["best"] != "empirical_quantiles"
+    notes = profile.notes or ""
+    assert f"chose {report['best']}" not in notes and "drift of 2 empirical stage(s)" in notes
