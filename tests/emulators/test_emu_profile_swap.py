@@ -16,6 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
+from emulators import profiles_router
 from emulators.app import create_app
 from emulators.settings import EmulatorSettings
 from toolenv_core.net import free_port
@@ -88,3 +89,43 @@ def test_calls_are_answered_while_a_profile_is_parsed(
     assert answers["put"].status_code == 200, answers["put"].text
     assert answers["put"].json() == {"tool": "search", "kind": "constant", "active": True}
     assert search.profile.model.kind == "constant"  # swapped in once built
+
+
+def test_calls_are_answered_while_a_get_writes_the_profile(
+    served: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GET wrote the profile on the event loop: for a million samples about 0.6 s, during
+    which every call waited. It is written in a worker thread now, once per profile."""
+    search = served.app.state.emulators["search"]
+    writing, release = threading.Event(), threading.Event()
+    write = profiles_router.profile_json
+    writes: list[object] = []
+
+    def held_write(profile: Any) -> bytes:
+        writes.append(profile)
+        writing.set()
+        release.wait(timeout=30)  # on the event loop, this held every other call too
+        return write(profile)
+
+    monkeypatch.setattr(profiles_router, "profile_json", held_write)
+    answers: dict[str, httpx.Response] = {}
+
+    def get() -> None:
+        answers["get"] = httpx.get(served.url + "/v1/emulators/search/profile", timeout=60)
+
+    getter = threading.Thread(target=get)
+    getter.start()
+    try:
+        assert writing.wait(timeout=30), "the GET never reached its write"
+        with httpx.Client(timeout=10) as client:  # a failure bound only: it is answered at once
+            call = client.post(served.url + "/retrieve", json={"queries": ["q"], "topk": 1})
+        assert call.status_code == 200, call.text
+        assert "get" not in answers  # answered while the profile was being written
+    finally:
+        release.set()
+        getter.join(timeout=60)
+    assert answers["get"].status_code == 200, answers["get"].text
+    assert answers["get"].headers["content-type"] == "application/json"
+    assert answers["get"].json() == search.profile.model_dump(mode="json", exclude_none=True)
+    again = httpx.get(served.url + "/v1/emulators/search/profile", timeout=10)
+    assert again.content == answers["get"].content and writes == [search.profile]  # kept
