@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import anyio
 import numpy as np
@@ -15,6 +16,13 @@ from ..base import ToolEmulator
 from ..settings import EmulatorSettings
 from .corpus import Bm25Corpus, read_corpus
 from .documents import TOKENS_PER_DOC_FALLBACK, DocumentCache, query_rng
+
+
+class _Sizing(NamedTuple):
+    """A profile and the response sizes drawn under it, swapped together (`activate`)."""
+
+    profile: Profile
+    drawn: dict[tuple[str, int], int]  # tokens per (query, topk)
 
 
 class SearchEmulator(ToolEmulator):
@@ -33,7 +41,7 @@ class SearchEmulator(ToolEmulator):
             except (TraceFormatError, OSError, UnicodeDecodeError) as exc:
                 where = "" if isinstance(exc, TraceFormatError) else f"{settings.corpus}: "
                 raise ValueError(f"invalid emulators settings: corpus: {where}{exc}") from exc
-        self._tokens: dict[tuple[str, int], int] = {}  # per (query, topk) under the active profile
+        self._sizing = _Sizing(profile, {})
 
     async def start(self) -> None:
         if self.corpus_docs is not None:
@@ -44,32 +52,37 @@ class SearchEmulator(ToolEmulator):
 
     def activate(self, profile: Profile, sampler: Sampler) -> None:
         super().activate(profile, sampler)
-        self._tokens.clear()
+        self._sizing = _Sizing(profile, {})
 
-    def tokens_for(self, query: str, topk: int) -> int:
+    def tokens_for(self, query: str, topk: int, sizing: _Sizing | None = None) -> int:
         """Response tokens of one query's top-k list: drawn per (seed, query) from the profile,
         at most `max_response_tokens` (a profile's draw is bounded like a caller's request: a
         huge one was a 500 or a response of gigabytes)."""
+        profile, drawn = sizing or self._sizing
         key = (query, topk)
-        cached = self._tokens.get(key)
+        cached = drawn.get(key)
         if cached is not None:
             return cached
-        model = self.profile.response_tokens
-        ref_topk = self.profile.reference.get("topk", 3.0)
+        model = profile.response_tokens
+        ref_topk = profile.reference.get("topk", 3.0)
         if model is None:
             n = TOKENS_PER_DOC_FALLBACK * topk
         else:
             per_ref = model.build().sample(query_rng(self.settings.seed, query, "tokens"))
             scaled = min(per_ref * topk / ref_topk, self.settings.max_response_tokens)
             n = max(2 * topk, round(scaled))
-        if len(self._tokens) >= max(1, self.settings.document_cache_size):
-            self._tokens.clear()
-        self._tokens[key] = n
+        if len(drawn) >= max(1, self.settings.document_cache_size):
+            drawn.clear()
+        drawn[key] = n
         return n
 
     def split_budget(self, queries: list[str], topk: int, response_tokens: int | None) -> list[int]:
+        """Each query's response tokens. A heavy reply's are drawn on the worker thread that
+        renders it (256 new queries took 15-35 ms on the event loop), under the profile active
+        when they are drawn: read once, so a swap meanwhile cannot mix two profiles' sizes."""
         if response_tokens is None:
-            return [self.tokens_for(q, topk) for q in queries]
+            sizing = self._sizing
+            return [self.tokens_for(q, topk, sizing) for q in queries]
         base, extra = divmod(response_tokens, len(queries))
         return [max(2 * topk, base + (1 if i < extra else 0)) for i in range(len(queries))]
 

@@ -97,20 +97,18 @@ def build_router(emulator: SearchEmulator) -> APIRouter:
         # the answers with a body: a slow one is the same answer trickled (with a corpus, it
         # was made of synthetic documents); an error, hang or throttle sends none
         with_body = draw.fault is None or isinstance(draw.fault, SlowBodyFault)
+        results = None
         if emulator.corpus is not None and with_body:
             results = await emulator.retrieve_real(queries, topk, scores)
             min_delay = time.monotonic() - arrival  # delay = max(real, sampled)
-            budgets = None
-        else:
-            budgets = emulator.split_budget(queries, topk, response_tokens)
-            results = None
 
-        def body() -> bytes:
-            payload = (
-                results
-                if results is not None
-                else emulator.synthetic(queries, topk, budgets, scores)
-            )
+        def body() -> bytes:  # a heavy one on a worker thread, its sizes drawn there too
+            budgets = None
+            if results is not None:
+                payload = results
+            else:
+                budgets = emulator.split_budget(queries, topk, response_tokens)
+                payload = emulator.synthetic(queries, topk, budgets, scores)
             if not native:
                 return b'{"result":' + payload + b"}"
             # the meta fields written straight (json.dumps was a tenth of a native call's CPU)

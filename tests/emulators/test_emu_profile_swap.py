@@ -129,3 +129,40 @@ def test_calls_are_answered_while_a_get_writes_the_profile(
     assert answers["get"].json() == search.profile.model_dump(mode="json", exclude_none=True)
     again = httpx.get(served.url + "/v1/emulators/search/profile", timeout=10)
     assert again.content == answers["get"].content and writes == [search.profile]  # kept
+
+
+def test_calls_are_answered_while_a_heavy_reply_draws_its_sizes(
+    served: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply of more than 64 documents is rendered on a worker thread, but its queries'
+    sizes were drawn on the event loop first: 256 new queries held every call 15-35 ms."""
+    search = served.app.state.emulators["search"]
+    sizing, release = threading.Event(), threading.Event()
+    tokens_for = search.tokens_for
+
+    def held_tokens_for(*args: Any) -> int:
+        sizing.set()
+        release.wait(timeout=30)  # on the event loop, this held every other call too
+        return tokens_for(*args)
+
+    monkeypatch.setattr(search, "tokens_for", held_tokens_for)
+    heavy = {"queries": [f"heavy {i}" for i in range(65)], "topk": 1}
+    answers: dict[str, httpx.Response] = {}
+
+    def post() -> None:
+        answers["heavy"] = httpx.post(served.url + "/retrieve", json=heavy, timeout=60)
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    try:
+        assert sizing.wait(timeout=30), "the heavy reply never drew its sizes"
+        light = {"query": "light", "response_tokens": 10, "delay_s": 0}  # sized by the caller
+        with httpx.Client(timeout=10) as client:  # a failure bound only: it is answered at once
+            call = client.post(served.url + "/v1/emulators/search/call", json=light)
+        assert call.status_code == 200, call.text
+        assert "heavy" not in answers  # answered while the heavy reply was being sized
+    finally:
+        release.set()
+        poster.join(timeout=60)
+    assert answers["heavy"].status_code == 200, answers["heavy"].text
+    assert len(answers["heavy"].json()["result"]) == 65
