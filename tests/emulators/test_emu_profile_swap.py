@@ -1,8 +1,10 @@
-"""A profile PUT is parsed, checked and built off the event loop: the emulator keeps answering.
+"""What takes long runs off the event loop: the emulators keep answering meanwhile.
 
-Before, a large profile (1.4M samples) was parsed on the event loop for about 1.3 s, and every
-other call of the emulator waited. Here the parse is held open by an event (instead of a huge
-body, whose duration would be a timing), and a GET must be answered while it is held.
+A profile PUT is parsed, checked and built, a profile GET is written, and a heavy reply's sizes
+are drawn on worker threads. Before, a large profile (1.4M samples) was parsed on the event loop
+for about 1.3 s, and every other call of the emulator waited. Here each piece of work is held
+open by an event (instead of a huge body, whose duration would be a timing), and other calls
+must be answered while it is held.
 """
 
 from __future__ import annotations
