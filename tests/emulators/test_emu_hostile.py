@@ -191,3 +191,38 @@ async def test_the_biggest_retrieve_does_not_hold_up_other_calls(client: httpx.C
             timed(heavy, 0.0), timed({"queries": ["light"], "topk": 1}, 0.1)
         )
     assert light_s < heavy_s / 3, (light_s, heavy_s)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"kind": "trace", "values_s": [100, 200, 300]},
+        {"kind": "faulty", "model": {"kind": "constant", "value_s": 90}, "faults": []},
+        {
+            "kind": "mixture",
+            "components": [
+                {"weight": 1, "model": {"kind": "constant", "value_s": 90}},
+                {
+                    "weight": 1,
+                    "model": {
+                        "kind": "drift",
+                        "schedule": [{"start": 0, "model": {"kind": "constant", "value_s": 9}}],
+                    },
+                },
+            ],
+        },
+    ],
+)
+def test_response_sizes_that_depend_on_call_order_are_refused(
+    client: httpx.Client, sizes: dict
+) -> None:
+    # each query's size is drawn from a sampler made for it: a `trace` of sizes was accepted and
+    # answered its first value (100) to every query, a drift its first stage
+    r = client.put("/v1/emulators/search/profile", json={**FAST, "response_tokens": sizes})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "response_tokens"]
+    kind = "drift" if sizes["kind"] == "mixture" else sizes["kind"]  # the one inside it
+    assert f"a {kind!r} model cannot size responses" in r.json()["detail"][0]["msg"]
+    table = {"kind": "empirical", "samples": [100, 200, 300]}
+    ok = client.put("/v1/emulators/search/profile", json={**FAST, "response_tokens": table})
+    assert ok.status_code == 200, ok.text

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from toolenv_core.fields import Number
 
 from ..config import parse_error
 from ..errors import first_problem
 from ..polytrace.kinds import CAPTURE, CAPTURE_KEYS, describe, kind_of_file, kind_of_record
-from .specs import LatencyModel
+from .specs import Drift, Faulty, LatencyModel, Mixture, TraceReplay
 
 
 class ProfileError(ValueError):
@@ -41,6 +41,21 @@ class Profile(BaseModel):
         default=None, description="the fit report that chose the model"
     )
 
+    @field_validator("response_tokens")
+    @classmethod
+    def _drawn_per_query(cls, value: Any) -> Any:
+        """A size is drawn per (seed, query), from a sampler made for that query: a model that
+        replays or drifts in call order gave every query its first value (a `trace` of sizes
+        answered its first size to every query), and a fault has no meaning for a size."""
+        kind = _order_bound_kind(value)
+        if kind is not None:
+            raise ValueError(
+                f"a {kind!r} model cannot size responses: each query's size is drawn on its own "
+                "(the same seed and query give the same size), never in call order or with "
+                "faults; give its sizes as an 'empirical' model (samples or quantiles)"
+            )
+        return value
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(
             self.model_dump(mode="json", exclude_none=True),
@@ -51,6 +66,19 @@ class Profile(BaseModel):
 
 
 LATENCY_MODEL = TypeAdapter(LatencyModel)
+
+
+def _order_bound_kind(model: Any) -> str | None:
+    """The kind of the first model in `model` (itself, a mixture's components) that depends on
+    call order or carries faults: `trace`, `drift` or `faulty`; None when there is none."""
+    if isinstance(model, TraceReplay | Drift | Faulty):
+        return model.kind
+    if isinstance(model, Mixture):
+        for component in model.components:
+            kind = _order_bound_kind(component.model)
+            if kind is not None:
+                return kind
+    return None
 
 
 def parse_profile(data: Any, where: str = "profile") -> Profile:
