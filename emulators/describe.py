@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from scipy import stats
 
 from toolenv_core.latency.faults import ErrorFault
 from toolenv_core.latency.profile import Profile
-from toolenv_core.latency.specs import Drift, Faulty
+from toolenv_core.latency.specs import Drift, Faulty, Mixture
 from toolenv_core.plotting import pyplot
 
 from .fit import REPORT_QUANTILES, qname
@@ -59,12 +60,9 @@ def describe(
         "seed": seed,
         "model": summarize(samples),
     }
-    if isinstance(profile.model, Faulty) and profile.model.faults:  # what `fit` carries over
-        report["faults"] = [
-            {"type": f.type, "rate": f.rate}
-            | ({"status": f.status} if isinstance(f, ErrorFault) else {})
-            for f in profile.model.faults
-        ]
+    faults = list(_faults(profile.model, None))  # what `fit` carries over, and hand-written ones
+    if faults:
+        report["faults"] = faults
     drift = profile.model.model if isinstance(profile.model, Faulty) else profile.model
     if isinstance(drift, Drift):  # one sample of a drift is mostly its first stage (by time,
         # or by step without calls_per_step: all of it): each stage is described on its own
@@ -91,6 +89,33 @@ def describe(
     return report
 
 
+def _faults(model: Any, where: str | None) -> Iterator[dict[str, Any]]:
+    """Every fault in `model` with its rate as the profile gives it; `where` names the part of
+    the model whose calls that rate is of (None: all calls). Only a top-level `faulty` model's
+    were reported: a drift stage's 50% of errors went unsaid."""
+    if isinstance(model, Faulty):
+        for f in model.faults:
+            yield (
+                {"type": f.type, "rate": f.rate}
+                | ({"status": f.status} if isinstance(f, ErrorFault) else {})
+                | ({"where": where} if where else {})
+            )
+        yield from _faults(model.model, where)
+    elif isinstance(model, Drift):
+        for stage in model.schedule:
+            start = stage_label({"start": stage.start, "by": model.by}).removesuffix(" (s)")
+            yield from _faults(stage.model, _within(where, f"the drift stage {start}"))
+    elif isinstance(model, Mixture):
+        total = sum(c.weight for c in model.components)
+        for i, c in enumerate(model.components, start=1):
+            part = f"mixture component {i} (weight {c.weight / total:.3g})"
+            yield from _faults(c.model, _within(where, part))
+
+
+def _within(outer: str | None, inner: str) -> str:
+    return inner if outer is None else f"{outer}, {inner}"
+
+
 def stage_label(stage: dict[str, Any]) -> str:
     """`from step 2 (s)` / `from 30 s (s)`: a drift stage's row in the human report."""
     start = f"step {stage['start']:g}" if stage["by"] == "step" else f"{stage['start']:g} s"
@@ -98,14 +123,21 @@ def stage_label(stage: dict[str, Any]) -> str:
 
 
 def faults_line(faults: list[dict[str, Any]]) -> str:
-    """`faults: error (HTTP 503) on 5.556% of calls, hang on 11.11%`, for the human report."""
-    parts = [
-        f"{f['type']}"
-        + (f" (HTTP {f['status']})" if "status" in f else "")
-        + f" on {f['rate'] * 100:.4g}%"
-        for f in faults
-    ]
-    return "faults: " + parts[0] + " of calls" + "".join(", " + p for p in parts[1:])
+    """`faults: error (HTTP 503) on 5.556% of calls, hang on 11.11%`, for the human report; a
+    fault within a part of the model says whose calls: `; in the drift stage from step 0: ...`."""
+    groups: dict[str | None, list[str]] = {}
+    for f in faults:
+        groups.setdefault(f.get("where"), []).append(
+            f"{f['type']}"
+            + (f" (HTTP {f['status']})" if "status" in f else "")
+            + f" on {f['rate'] * 100:.4g}%"
+        )
+    said = []
+    for where, parts in groups.items():
+        calls = " of calls" if where is None else " of its calls"
+        said.append(("" if where is None else f"in {where}: ") + parts[0] + calls)
+        said[-1] += "".join(", " + p for p in parts[1:])
+    return "faults: " + "; ".join(said)
 
 
 def plot_cdf(

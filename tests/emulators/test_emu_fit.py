@@ -471,3 +471,46 @@ def test_a_per_step_fit_says_it_wrote_a_drift_not_the_chosen_candidate(tmp_path:
     assert report["profile_kind"] == "drift" and report["best"] != "empirical_quantiles"
     notes = profile.notes or ""
     assert f"chose {report['best']}" not in notes and "drift of 2 empirical stage(s)" in notes
+
+
+def test_describe_names_the_faults_within_a_drift_stage_or_a_mixture(tmp_path: Path) -> None:
+    """Only a top-level `faulty` model's faults were reported: a drift stage that fails half of
+    its calls was described as if nothing failed."""
+    out = tmp_path / "nested.yaml"
+    out.write_text(
+        "tool: search\n"
+        "model:\n"
+        "  kind: drift\n"
+        "  schedule:\n"
+        "  - start: 0\n"
+        "    model:\n"
+        "      kind: faulty\n"
+        "      model: {kind: constant, value_s: 0.1}\n"
+        "      faults: [{type: error, rate: 0.5, status: 500}]\n"
+        "  - start: 2\n"
+        "    model:\n"
+        "      kind: mixture\n"
+        "      components:\n"
+        "      - {weight: 3, model: {kind: constant, value_s: 0.2}}\n"
+        "      - weight: 1\n"
+        "        model:\n"
+        "          kind: faulty\n"
+        "          model: {kind: constant, value_s: 0.3}\n"
+        "          faults: [{type: hang, rate: 0.2}]\n"
+    )
+    described = runner.invoke(app, ["emulators", "describe", str(out), "--json"])
+    assert described.exit_code == 0, described.output
+    assert json.loads(described.stdout)["faults"] == [
+        {"type": "error", "rate": 0.5, "status": 500, "where": "the drift stage from step 0"},
+        {
+            "type": "hang",
+            "rate": 0.2,
+            "where": "the drift stage from step 2, mixture component 2 (weight 0.25)",
+        },
+    ]
+    human = runner.invoke(app, ["emulators", "describe", str(out)])
+    said = " ".join(human.output.split())
+    assert (
+        "faults: in the drift stage from step 0: error (HTTP 500) on 50% of its calls; in the "
+        "drift stage from step 2, mixture component 2 (weight 0.25): hang on 20% of its calls"
+    ) in said, said
