@@ -330,13 +330,17 @@ def fit(data: np.ndarray, tool: str = "search") -> FitReport:
     return FitReport(tool, int(data.size), quantiles, candidates, best, reason, critical)
 
 
-def per_step_drift(steps: np.ndarray, data: np.ndarray) -> Drift:
-    """One empirical stage per recorded step, switched by step (or by call count without one)."""
+def per_step_drift(steps: np.ndarray, data: np.ndarray, fault_rate: float = 0.0) -> Drift:
+    """One empirical stage per recorded step, switched by step (or by call count without one).
+
+    `data` are the successful calls; the served profile counts every call, faults included
+    (`fault_rate` of them), so a step's calls are its successes / (1 - fault_rate): counted
+    without them, a trace with 15% errors moved on to the next stage 15% early."""
     stages = []
     unique = np.unique(steps)
     for i, step in enumerate(unique):
         stages.append(DriftStage(start=float(i), model=empirical_table(data[steps == step])))
-    calls_per_step = max(1, round(data.size / len(unique)))
+    calls_per_step = max(1, round(data.size / (1.0 - fault_rate) / len(unique)))
     return Drift(
         by="step", schedule=stages, calls_per_step=calls_per_step, period=float(len(unique))
     )
@@ -378,7 +382,7 @@ def build_profile(
     if per_step and obs:
         steps = np.asarray([o.step for o in obs])
         data = np.asarray([o.latency_s for o in obs])
-        model = per_step_drift(steps, data)
+        model = per_step_drift(steps, data, sum(f.rate for f in faults or []))
     per_query = [
         o.response_tokens / o.query_count
         for o in obs

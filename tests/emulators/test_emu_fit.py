@@ -11,11 +11,13 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
-from emulators.fit import fit
+from emulators.fit import build_profile, fit
 from emulators.profiles import packaged_profile_path
 from toolenv.cli import build_app
 from toolenv_core.latency import load_profile
+from toolenv_core.latency.faults import ErrorFault
 from toolenv_core.polytrace import tool_latencies
+from toolenv_core.polytrace.latencies import LatencyObservation
 
 app = build_app()
 
@@ -514,3 +516,20 @@ def test_describe_names_the_faults_within_a_drift_stage_or_a_mixture(tmp_path: P
         "faults: in the drift stage from step 0: error (HTTP 500) on 50% of its calls; in the "
         "drift stage from step 2, mixture component 2 (weight 0.25): hang on 20% of its calls"
     ) in said, said
+
+
+def test_a_per_step_drift_counts_the_calls_its_faults_take_in_a_step() -> None:
+    """The served drift counts every call, a fault too, but `calls_per_step` was the successful
+    calls per step alone: with a quarter of the calls carried as errors, the emulator moved on
+    to the next step's stage after three quarters of a recorded step."""
+    rng = np.random.default_rng(5)
+    ok = [
+        LatencyObservation(step=s, trajectory=i, turn=0, latency_s=float(rng.uniform(0.1, 0.2)))
+        for s in (0, 1)
+        for i in range(300)
+    ]
+    report = fit(np.asarray([o.latency_s for o in ok]))
+    faults = [ErrorFault(rate=0.25)]  # 200 errors among the 800 calls of the two steps
+    profile = build_profile(report, source="t", observations=ok, per_step=True, faults=faults)
+    assert profile.model.kind == "faulty" and profile.model.model.kind == "drift"
+    assert profile.model.model.calls_per_step == 400
