@@ -14,6 +14,7 @@ from .slo import SLO, SLOVerdict, check_all
 from .spec import HARD_MAX_RATE, LoadSpec
 
 DEFAULT_RAMP_SLOS = ("p99=1s", "errors=1%", "rate=95%")
+MAX_RAMP_STEPS = 100  # each a whole run of --step-duration
 
 
 @dataclass
@@ -93,7 +94,13 @@ def ramp_rates(start: float, *, factor: float, step: float, max_rate: float) -> 
     if factor <= 1.0 and step <= 0:
         raise ValueError("ramp needs --ramp-factor > 1 or --ramp-step > 0")
     rates, rate = [], start
-    while rate <= max_rate * (1 + 1e-9) and len(rates) < 100:
+    while rate <= max_rate * (1 + 1e-9):
+        if len(rates) == MAX_RAMP_STEPS:  # cut there, it read "never broke" below --ramp-max
+            how = f"--ramp-step {step:g}" if step > 0 else f"--ramp-factor {factor:g}"
+            raise ValueError(
+                f"the ramp from --rate {start:g} to --ramp-max {max_rate:g} rps by {how} takes "
+                f"more than {MAX_RAMP_STEPS} steps: take larger steps or a narrower range"
+            )
         rates.append(round(rate, 3))
         rate = rate + step if step > 0 else rate * factor
     return rates

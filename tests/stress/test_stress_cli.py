@@ -335,6 +335,17 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             "--ramp-max must be below 1,000,000 rps, got 2e+06",
         ),
         (["--url", "http://127.0.0.1:9/x", "--out", "/nonexistent/r.json"], "no directory"),
+        # cut at 100 steps without a word: "knee: 100 rps; never broke" (exit 0) of a ramp
+        # asked to go to 1,000
+        (
+            ["--url", "http://127.0.0.1:9/x", "--ramp", "--rate", "1", "--ramp-step", "1"]
+            + ["--ramp-max", "1000"],
+            "by --ramp-step 1 takes more than 100 steps",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--ramp", "--ramp-factor", "1.01"],
+            "--rate 100 to --ramp-max 10000 rps by --ramp-factor 1.01 takes more than 100",
+        ),
         # a closed loop has no target rate: --ramp was a traceback (exit 1) after the checks,
         # and a rate SLO was always BROKEN (exit 1)
         (["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--ramp"], "--arrival constant"),
