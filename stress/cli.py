@@ -261,6 +261,11 @@ def stress(
             raise ValueError(
                 "--records adds every request to the JSON report: give --json or --out FILE too"
             )
+        if capture_header and not records:  # kept per request, then shown nowhere
+            raise ValueError(
+                "--capture-header keeps a header's value in each request's record: "
+                "give --records (with --json or --out FILE) too"
+            )
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
         _check_open_loop(spec, slos, ramp=ramp)
         if ramp:

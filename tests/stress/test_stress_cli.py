@@ -379,6 +379,11 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
         (["--url", "http://u:pw@127.0.0.1:9/x"], "'http://***@127.0.0.1:9/x' carries credentials"),
         # the records went nowhere, without a word
         (["--url", "http://127.0.0.1:9/x", "--records"], "give --json or --out FILE"),
+        # the values were kept per request and shown nowhere
+        (
+            ["--url", "http://127.0.0.1:9/x", "--capture-header", "X-A", "--json"],
+            "--capture-header keeps a header's value in each request's record: give --records",
+        ),
     ],
 )
 def test_bad_options_exit_2_with_a_message(args: list[str], message: str) -> None:
