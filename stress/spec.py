@@ -154,6 +154,16 @@ class LoadSpec:
                 n=self.workers,
                 cap=self.max_requests,
             )
+        if self.arrival == "constant" and self.workers > self.planned_requests():
+            raise LoadSpecError(
+                "{workers} ({n}) is more than the requests scheduled at {rate} ({r:g}) over "
+                "{duration_s} ({d:g} s), {planned}: each generator process sends at least one "
+                "request; lower {workers}",
+                n=self.workers,
+                r=self.rate,
+                d=self.duration_s,
+                planned=self.planned_requests(),
+            )
         if self.workers > 1 and self.arrival == "closed":
             raise LoadSpecError("{workers} > 1 is for open-loop runs (constant or poisson)")
         self._check_head()
@@ -210,11 +220,15 @@ class LoadSpec:
         return math.ceil(mean)
 
     def worker_cap(self, index: int = 0) -> int:
-        """Generator process `index`'s share of `max_requests`. The first `max_requests % workers`
-        send one more, so the shares add up to the cap (each took `max_requests // workers`, at
-        least 1: 4 workers sent 4 requests under a cap of 3, 2 workers 2 under a cap of 3);
-        their schedules interleave, so these are the schedule's first requests."""
-        share, extra = divmod(self.max_requests, self.workers)
+        """Generator process `index`'s share of the run's requests. The first `total % workers`
+        send one more, so the shares add up (each took `max_requests // workers`, at least 1: 4
+        workers sent 4 requests under a cap of 3, 2 workers 2 under a cap of 3); their schedules
+        interleave, so these are the schedule's first requests. At a constant rate the total is
+        the planned count, as one process sends it: each worker's own ceil(rate / k x duration)
+        added up past it (10,002 requests at 1,000 rps for 10 s on 3 workers, the last ones due
+        after the duration)."""
+        total = self.planned_requests() if self.arrival == "constant" else self.max_requests
+        share, extra = divmod(total, self.workers)
         return share + (index < extra)
 
     def request_cap(self) -> int | None:

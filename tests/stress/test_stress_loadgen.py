@@ -370,6 +370,17 @@ def test_workers_send_exactly_the_request_cap(zero_server: str) -> None:
         run_load(LoadSpec(**{**spec, "max_requests": 3, "workers": 4}))
 
 
+def test_workers_at_a_constant_rate_send_the_schedule_of_one_process(zero_server: str) -> None:
+    """Each worker planned its own ceil(rate / k x duration): 3 requests due in 10 ms at 300 rps
+    were 4 on 2 workers, the last one due at 10 ms, after the duration (10,002 requests at
+    1,000 rps for 10 s on 3 workers). A schedule of fewer requests than workers is refused."""
+    spec = dict(url=zero_server + "/x", rate=300, duration_s=0.01, workers=2)
+    result = run_load(LoadSpec(**spec))
+    assert result.n == 3 and np.allclose(result.scheduled, np.arange(3) / 300, atol=1e-6)
+    with pytest.raises(LoadSpecError, match="more than the requests scheduled at rate"):
+        run_load(LoadSpec(**{**spec, "workers": 4}))
+
+
 def test_precise_sends_leave_on_schedule_not_a_loop_tick_late(zero_server: str) -> None:
     """Open loop at 500 rps, Poisson: sends woken by the loop's millisecond timers lag their
     schedule by a fraction of a millisecond at the median; woken by a timerfd 0.1 ms early and
