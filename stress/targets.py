@@ -83,6 +83,12 @@ def _read_json(path: Path) -> Any:
         raise TargetError(f"{path} is not JSON: {exc}") from exc
 
 
+def _json_body(value: Any) -> Any:
+    """A JSON value as the load generator sends it: a string would go as its raw text (`"q"`
+    sent `q`) and null as no body at all, so those two go as their JSON text."""
+    return json.dumps(value).encode() if value is None or isinstance(value, str) else value
+
+
 def resolve_target(
     *,
     url: str | None = None,
@@ -103,10 +109,10 @@ def resolve_target(
         if payload or arguments:
             raise TargetError("--payload and --arguments go with --tool, not --url")
         if body_file is not None:
-            return Target(url, _read_json(body_file), method)
+            return Target(url, _json_body(_read_json(body_file)), method)
         if body is not None:
             try:
-                return Target(url, json.loads(body), method)
+                return Target(url, _json_body(json.loads(body)), method)
             except ValueError as exc:
                 raise TargetError(f"--body is not JSON: {exc}") from exc
         return Target(url, None if method.upper() == "GET" else {}, method)

@@ -24,6 +24,7 @@ from stress.cli import (
     build_app,
     parse_duration,
 )
+from stress.http import encode_body
 from stress.report import LiveView, rates_line
 from stress.slo import SLO, SLOError
 from stress.spec import Progress
@@ -453,6 +454,17 @@ def test_gateway_tool_targets() -> None:
         assert set(RUN_CODE_PAYLOADS[name]) >= {"code", "language", "run_timeout"}
     with pytest.raises(TargetError):
         resolve_target(url="http://x/", gateway="http://y/", tool="search")
+
+
+@pytest.mark.parametrize("text", ['"who wrote hamlet"', "null", '{"topk": 3}', "[1, 2]", "7"])
+def test_a_url_body_goes_as_the_json_it_was_given(text: str, tmp_path: Path) -> None:
+    """A JSON string body went as its raw text (`"q"` sent `q`, not JSON, under a JSON
+    content type) and `null` as no body at all."""
+    path = tmp_path / "body.json"
+    path.write_text(text)
+    for given in ({"body": text}, {"body_file": path}):
+        sent = encode_body(resolve_target(url="http://127.0.0.1:9/x", **given).body)
+        assert json.loads(sent) == json.loads(text)
 
 
 def test_gateway_tool_call_reaches_the_tool_path(fast_server: str) -> None:
