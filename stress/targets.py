@@ -39,6 +39,10 @@ def check_loopback(host: str, *, allow_remote: bool) -> None:
         )
 
 
+# The methods whose request body has a meaning (RFC 9110): a `--url` without one sends `{}`.
+BODY_METHODS = ("POST", "PUT", "PATCH")
+
+
 # Built-in SandboxFusion `/run_code` bodies, from harmless to hostile.
 RUN_CODE_PAYLOADS: dict[str, dict[str, Any]] = {
     "trivial": {"code": "print(1)", "language": "python", "run_timeout": 5},
@@ -115,7 +119,8 @@ def resolve_target(
                 return Target(url, _json_body(json.loads(body)), method)
             except ValueError as exc:
                 raise TargetError(f"--body is not JSON: {exc}") from exc
-        return Target(url, None if method.upper() == "GET" else {}, method)
+        # `{}` only where a body means something: a HEAD went out with a JSON `{}` beside it
+        return Target(url, {} if method.upper() in BODY_METHODS else None, method)
     if not gateway or not tool:
         raise TargetError("--gateway and --tool go together")
     given = [

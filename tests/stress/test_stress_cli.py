@@ -467,6 +467,16 @@ def test_a_url_body_goes_as_the_json_it_was_given(text: str, tmp_path: Path) -> 
         assert json.loads(sent) == json.loads(text)
 
 
+@pytest.mark.parametrize(
+    ("method", "sent"), [("HEAD", b""), ("get", b""), ("DELETE", b""), ("post", b"{}")]
+)
+def test_a_url_without_a_body_sends_one_only_where_it_means_something(
+    method: str, sent: bytes
+) -> None:
+    """A HEAD (or DELETE, OPTIONS) went out with a JSON `{}` body: only GET sent none."""
+    assert encode_body(resolve_target(url="http://127.0.0.1:9/x", method=method).body) == sent
+
+
 def test_gateway_tool_call_reaches_the_tool_path(fast_server: str) -> None:
     result = invoke(
         "--gateway", fast_server, "--tool", "search", "--rate", "50", "--duration", "0.2s", "--json"
