@@ -123,6 +123,8 @@ def resolve_target(
         return Target(url, {} if method.upper() in BODY_METHODS else None, method)
     if not gateway or not tool:
         raise TargetError("--gateway and --tool go together")
+    if method.upper() != "POST":  # it was sent as a POST all the same, without a word
+        raise TargetError(f"--method {method} goes with --url: a gateway tool call is a POST")
     given = [
         option
         for option, value in (

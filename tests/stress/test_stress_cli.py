@@ -314,6 +314,11 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             ],
             "give one of --payload, --body",
         ),
+        # sent as a POST all the same, without a word
+        (
+            ["--gateway", "http://127.0.0.1:9", "--tool", "search", "--method", "GET"],
+            "--method GET goes with --url: a gateway tool call is a POST",
+        ),
         (["--url", "http://127.0.0.1:9/x", "--workers", "0"], "--workers must be at least 1"),
         # 1,000 spawned interpreters were started (0.2 s apart) before the first request
         (["--url", "http://127.0.0.1:9/x", "--workers", "1000"], "at most 64"),
