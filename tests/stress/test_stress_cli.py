@@ -14,6 +14,7 @@ from hdrh.log import HistogramLogReader
 from rich.console import Console
 from typer.testing import CliRunner
 
+from stress import LoadSpec, run_load
 from stress.cli import (
     EXIT_ALL_FAILED,
     EXIT_INTERRUPTED,
@@ -480,6 +481,17 @@ def test_a_url_without_a_body_sends_one_only_where_it_means_something(
 ) -> None:
     """A HEAD (or DELETE, OPTIONS) went out with a JSON `{}` body: only GET sent none."""
     assert encode_body(resolve_target(url="http://127.0.0.1:9/x", method=method).body) == sent
+
+
+def test_a_closed_loop_sends_no_faster_than_its_callers_can(fast_server: str) -> None:
+    """16 callers sending once (2-4 ms each) read thousands of rps above what they could send
+    (the rate was over the last send's time, before the round's answers): at most callers over
+    the quickest answer, and the whole run's sends over its length."""
+    spec = LoadSpec(url=fast_server + "/x", arrival="closed", concurrency=16, max_requests=16)
+    result = run_load(spec)
+    assert result.n == 16 and len(result.latencies_ms()) == 16
+    assert result.achieved_rate <= 16 / (result.latencies_ms().min() / 1000)
+    assert result.achieved_rate == pytest.approx(16 / result.wall_s)
 
 
 def test_gateway_tool_call_reaches_the_tool_path(fast_server: str) -> None:
