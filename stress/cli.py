@@ -289,6 +289,8 @@ def stress(
             "slos": [v.as_dict() for v in last.verdicts],
             "last_step": _json_ready(last.summary),
         }
+        if records:  # the last step's, as its --plot and --hdr are (they went nowhere)
+            report["records"] = _records(last.result)
         if not as_json:
             out_console.print(ramp_table(ramp_result))
         _write(err, report, as_json, out, last.result, plot, hdr)
@@ -303,17 +305,7 @@ def stress(
     verdicts = check_all(slos, summary)
     report = {**_json_ready(summary), "slos": [v.as_dict() for v in verdicts]}
     if records:
-        report["records"] = [
-            {
-                "scheduled_s": r.scheduled_s,
-                "sent_s": None if math.isnan(r.sent_s) else r.sent_s,
-                "done_s": None if math.isnan(r.done_s) else r.done_s,
-                "status": r.status,
-                "error": r.error,
-                "headers": dict(r.headers),
-            }
-            for r in result.records
-        ]
+        report["records"] = _records(result)
     if not as_json:
         print_report(out_console, summary, verdicts)
     _write(err, report, as_json, out, result, plot, hdr)
@@ -328,6 +320,21 @@ def stress(
         err.print(f"[red]not one request succeeded[/red] ({failed})")
         raise typer.Exit(EXIT_ALL_FAILED)
     raise typer.Exit(EXIT_OK)
+
+
+def _records(result: LoadResult) -> list[dict[str, Any]]:
+    """Every request of a run, for the JSON report (`--records`)."""
+    return [
+        {
+            "scheduled_s": r.scheduled_s,
+            "sent_s": None if math.isnan(r.sent_s) else r.sent_s,
+            "done_s": None if math.isnan(r.done_s) else r.done_s,
+            "status": r.status,
+            "error": r.error,
+            "headers": dict(r.headers),
+        }
+        for r in result.records
+    ]
 
 
 def _exit_if_interrupted(err: Console, result: LoadResult) -> None:

@@ -438,13 +438,17 @@ def test_ramp_reports_the_knee(tmp_path: Path) -> None:
         result = invoke(
             "--url", url + "/x", "--ramp", "--rate", "100", "--ramp-factor", "1.5", "--ramp-max", "400",
             "--step-duration", "1s", "--connections", "4", "--slo", "p99=200ms", "--json",
+            "--records",
         )  # fmt: skip
     assert result.exit_code == EXIT_OK, result.stdout
-    ramp = json.loads(result.stdout)["ramp"]
+    report = json.loads(result.stdout)
+    ramp = report["ramp"]
     rates = [s["rate"] for s in ramp["steps"]]
     assert rates[:2] == [100, 150]
     assert ramp["knee_rate"] in (150, 225) and ramp["broke_at"] in (225, 337.5)
     assert ramp["steps"][-1]["ok"] is False
+    # --records are the last step's, as its --plot and --hdr (they went nowhere)
+    assert len(report["records"]) == report["last_step"]["requests"] > 0
 
 
 def test_gateway_tool_targets() -> None:
