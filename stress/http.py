@@ -324,7 +324,9 @@ class LoadClient:
             )
         except (OSError, TimeoutError) as exc:
             self.opening -= 1
-            message = f"{type(exc).__name__}: {exc}"
+            # a connect that timed out has no words of its own ("TimeoutError: " was the line)
+            said = str(exc) or f"no connection within the {self.timeout_s:g} s timeout"
+            message = f"{type(exc).__name__}: {said}"
             if len(self.connect_errors) < 5 and message not in self.connect_errors:
                 self.connect_errors.append(message)  # the first five kinds, each once
             if self.waiting:  # fail one queued request per failed connect, then try again

@@ -138,6 +138,18 @@ def test_server_that_resets_mid_request_counts_connection_closed() -> None:
     assert set(result.summary()["outcomes"]) == {"connection_closed"}
 
 
+def test_a_connect_that_times_out_says_so() -> None:
+    """A listener whose accept queue is full drops the SYNs: the connect timed out and the
+    report's line read "connect errors: TimeoutError: " with nothing after it."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # one queued connection, never accepted; the rest time out
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/x"
+        result = run_load(LoadSpec(url=url, rate=20, duration_s=0.2, timeout_s=0.3, preconnect=0))
+    assert "connect_error" in result.summary()["outcomes"]
+    assert result.connect_errors == ["TimeoutError: no connection within the 0.3 s timeout"]
+
+
 def test_head_requests_end_with_the_answers_head(zero_server: str) -> None:
     """A HEAD answer declares its GET's Content-Length and sends no body: every request waited
     for that body and timed out ("the target never answered", exit 3)."""
