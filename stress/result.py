@@ -16,6 +16,10 @@ from toolenv_core.http1 import ERROR_KINDS
 from .spec import LoadSpec
 from .stats import differs, lag_figures, latency_figures, make_histogram, over_time
 
+# Request headers whose values are credentials: the report names them, never shows their
+# values (a gateway's `Authorization: Bearer <key>` was written into every --out file).
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
@@ -180,7 +184,10 @@ def _spec_dict(result: LoadResult) -> dict[str, Any]:
     spec = asdict(result.spec)
     for key in ("body", "bodies", "progress", "start_at", "interruptible"):
         spec.pop(key, None)
-    spec["headers"] = dict(spec.get("headers") or {})
+    spec["headers"] = {
+        name: "***" if name.lower() in SECRET_HEADERS else value
+        for name, value in (spec.get("headers") or {}).items()
+    }
     spec["capture_headers"] = list(spec.get("capture_headers") or ())
     return spec
 

@@ -498,6 +498,18 @@ def test_a_closed_loop_sends_no_faster_than_its_callers_can(fast_server: str) ->
     assert result.achieved_rate == pytest.approx(16 / result.wall_s)
 
 
+def test_the_report_names_a_credential_header_without_its_value(fast_server: str) -> None:
+    """`-H 'Authorization: Bearer <key>'` (a gateway with API keys) was written out whole in the
+    JSON report's spec, into every --out file."""
+    result = invoke(
+        "--url", fast_server + "/x", "--rate", "20", "--duration", "0.1s", "--json",
+        "-H", "Authorization: Bearer s3cret", "-H", "X-Trace: t1",
+    )  # fmt: skip
+    assert result.exit_code == EXIT_OK, result.output
+    assert "s3cret" not in result.stdout
+    assert json.loads(result.stdout)["spec"]["headers"] == {"Authorization": "***", "X-Trace": "t1"}
+
+
 def test_gateway_tool_call_reaches_the_tool_path(fast_server: str) -> None:
     result = invoke(
         "--gateway", fast_server, "--tool", "search", "--rate", "50", "--duration", "0.2s", "--json"
