@@ -57,7 +57,8 @@ RUN_CODE_PAYLOADS: dict[str, dict[str, Any]] = {
         "run_timeout": 10,
         "memory_limit_MB": 512,
     },
-    # Never ends on its own and floods stdout: the sandbox must kill it at run_timeout and cap output.
+    # Never ends on its own and floods stdout: the sandbox must kill it, at its output cap (1 MiB
+    # by default: within milliseconds, `OutputLimitExceeded`), else at run_timeout.
     "hostile": {
         "code": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
         "language": "python",
