@@ -4,7 +4,8 @@ Exit codes (for CI):
   0  the run finished and every `--slo` was met (or none was given)
   1  at least one `--slo` was broken (for `--ramp`: the first step already broke them)
   2  bad options: unparsable values, an unbounded run, an off-loopback target without
-     `--allow-remote`, an unreadable payload file, `--ramp` or `--slo rate=` in a closed loop
+     `--allow-remote`, an unreadable payload file, `--ramp`, `--rate` or `--slo rate=` in a
+     closed loop, `--concurrency` in an open one
   3  the target never answered: not one request got an HTTP response (connection refused, ...)
   4  the target answered, but not one request succeeded (every response an error status such as
      404, or every request failed), and no `--slo` was broken
@@ -103,6 +104,7 @@ def _usage_error(console: Console, message: str) -> typer.Exit:
 
 
 def stress(
+    ctx: typer.Context,
     url: Annotated[
         str | None, typer.Option(help="Raw target URL (http://), sent the JSON --body.")
     ] = None,
@@ -268,6 +270,7 @@ def stress(
             )
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
         _check_open_loop(spec, slos, ramp=ramp)
+        _check_loop_options(ctx, spec)
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
             step_s = step_duration
@@ -414,6 +417,26 @@ def _check_open_loop(spec: LoadSpec, slos: list[SLO], *, ramp: bool) -> None:
                 f"--slo {s.text}: a closed loop has no target rate to reach; "
                 "use --arrival constant or poisson, or drop this SLO"
             )
+
+
+def _check_loop_options(ctx: typer.Context, spec: LoadSpec) -> None:
+    """An option of the other loop, given: refused (`--concurrency 32` ran an open loop at the
+    default 100 rps, and `--rate` in a closed loop was dropped, each without a word)."""
+
+    def given(name: str) -> bool:  # by name: typer carries its own copy of click's enum
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name != "DEFAULT"
+
+    if spec.arrival != "closed" and given("concurrency"):
+        raise ValueError(
+            f"--concurrency sets a closed loop's callers, and --arrival {spec.arrival} is an "
+            "open loop at --rate: add --arrival closed, or drop --concurrency"
+        )
+    if spec.arrival == "closed" and given("rate"):
+        raise ValueError(
+            "--rate sets an open loop's rate, and a closed loop's callers send back to back: "
+            "drop --rate, or use --arrival constant or poisson"
+        )
 
 
 def _check_outputs(**paths: Path | None) -> None:

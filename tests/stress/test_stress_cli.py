@@ -360,6 +360,16 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             ["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--slo", "rate=95%"],
             "--slo rate=95%: a closed loop has no target rate",
         ),
+        # the other loop's option was dropped without a word: --concurrency 32 ran an open loop
+        # at the default 100 rps
+        (
+            ["--url", "http://127.0.0.1:9/x", "--concurrency", "32"],
+            "--concurrency sets a closed loop's callers, and --arrival constant is an open loop",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--rate", "50"],
+            "--rate sets an open loop's rate",
+        ),
         # the message named neither option nor value ("ramp needs 0 < start rate <= ramp max")
         (
             ["--url", "http://127.0.0.1:9/x", "--ramp", "--rate", "200", "--ramp-max", "100"],
