@@ -5,7 +5,7 @@ Exit codes (for CI):
   1  at least one `--slo` was broken (for `--ramp`: the first step already broke them)
   2  bad options: unparsable values, an unbounded run, an off-loopback target without
      `--allow-remote`, an unreadable payload file, `--ramp`, `--rate` or `--slo rate=` in a
-     closed loop, `--concurrency` in an open one
+     closed loop, `--concurrency` in an open one, a ramp's options without `--ramp`
   3  the target never answered: not one request got an HTTP response (connection refused, ...)
   4  the target answered, but not one request succeeded (every response an error status such as
      404, or every request failed), and no `--slo` was broken
@@ -271,6 +271,7 @@ def stress(
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
         _check_open_loop(spec, slos, ramp=ramp)
         _check_loop_options(ctx, spec)
+        _check_ramp_options(ctx, ramp=ramp)
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
             step_s = step_duration
@@ -419,20 +420,34 @@ def _check_open_loop(spec: LoadSpec, slos: list[SLO], *, ramp: bool) -> None:
             )
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option `name` (by name: typer carries its own copy of click's enum)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def _check_ramp_options(ctx: typer.Context, *, ramp: bool) -> None:
+    """A ramp's option without `--ramp` ran one plain run, and `--duration` with it was dropped
+    (each step is `--step-duration` long), each without a word: refused."""
+    if ramp and _given(ctx, "duration"):
+        raise ValueError("--duration is one run's length: a ramp's steps are --step-duration long")
+    if not ramp:
+        for name in ("ramp_max", "ramp_factor", "ramp_step", "step_duration"):
+            if _given(ctx, name):
+                option = "--" + name.replace("_", "-")
+                raise ValueError(f"{option} shapes a ramp: add --ramp, or drop {option}")
+
+
 def _check_loop_options(ctx: typer.Context, spec: LoadSpec) -> None:
     """An option of the other loop, given: refused (`--concurrency 32` ran an open loop at the
     default 100 rps, and `--rate` in a closed loop was dropped, each without a word)."""
 
-    def given(name: str) -> bool:  # by name: typer carries its own copy of click's enum
-        source = ctx.get_parameter_source(name)
-        return source is not None and source.name != "DEFAULT"
-
-    if spec.arrival != "closed" and given("concurrency"):
+    if spec.arrival != "closed" and _given(ctx, "concurrency"):
         raise ValueError(
             f"--concurrency sets a closed loop's callers, and --arrival {spec.arrival} is an "
             "open loop at --rate: add --arrival closed, or drop --concurrency"
         )
-    if spec.arrival == "closed" and given("rate"):
+    if spec.arrival == "closed" and _given(ctx, "rate"):
         raise ValueError(
             "--rate sets an open loop's rate, and a closed loop's callers send back to back: "
             "drop --rate, or use --arrival constant or poisson"
