@@ -53,37 +53,72 @@ async def until(awaitable: Awaitable[Any], timeout_s: float | None, stop: Stop) 
 
 @contextmanager
 def on_sigint(loop: asyncio.AbstractEventLoop, stop: Stop) -> Iterator[None]:
-    """SIGINT presses `stop` while the block runs (when this is the main thread)."""
+    """SIGINT presses `stop` while the block runs (when this is the main thread); in a worker,
+    so does one it was sent before (`hold_sigint`)."""
     try:
         loop.add_signal_handler(signal.SIGINT, stop.press)
     except (ValueError, RuntimeError):  # not the main thread: SIGINT stays its owner's
         yield
         return
+    if _held:
+        stop.press()
     try:
         yield
     finally:
         loop.remove_signal_handler(signal.SIGINT)
 
 
-@contextmanager
-def forward_sigint(pids: list[int]) -> Iterator[None]:
-    """SIGINT to this process is passed on to the worker processes, which each stop and report
-    (a `kill -INT` reaches only this one; Ctrl-C reaches them all, and a second press is a no-op)."""
+def send_sigint(pids: list[int]) -> None:
+    """SIGINT to each of these processes (those already gone are skipped)."""
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
 
-    def forward(_sig: int, _frame: object) -> None:
-        for pid in pids:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
+
+@contextmanager
+def forward_sigint(pids: list[int]) -> Iterator[list[int]]:
+    """SIGINT to this process is passed on to the worker processes, which each stop and report
+    (a `kill -INT` reaches only this one; Ctrl-C reaches them all, and a second press is a no-op).
+    Yields the presses so far (one item each): a worker that was still starting ignored it."""
+    presses: list[int] = []
+
+    def forward(sig: int, _frame: object) -> None:
+        presses.append(sig)
+        send_sigint(pids)
 
     try:
         previous = signal.signal(signal.SIGINT, forward)
     except ValueError:  # not the main thread
-        yield
+        yield presses
         return
+    try:
+        yield presses
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def sigint_ignored_by_children() -> Iterator[None]:
+    """Processes spawned in the block start with SIGINT ignored (an ignored signal survives
+    exec): a Ctrl-C during their imports was a KeyboardInterrupt traceback in each, a broken
+    pipe in the parent, exit 1. This process holds it pending meanwhile (delivered after the
+    block), so it loses none; it sends the workers one again once they are ready."""
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+
+_held: list[int] = []  # SIGINTs a worker got before its run's handler (`hold_sigint`)
+
+
+def hold_sigint() -> None:
+    """In a worker, once started: a SIGINT is kept for `on_sigint`, which presses its stop (a
+    blocked signal would not do: any of numpy's threads took it, a KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, lambda sig, _frame: _held.append(sig))
 
 
 def die_with_parent(parent: int) -> None:

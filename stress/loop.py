@@ -46,7 +46,17 @@ from toolenv_core.http1 import ERR_DROPPED, Endpoint
 from toolenv_core.timer import sleep_until
 
 from .http import LoadClient, Recorder, encode_body, encode_request
-from .interrupt import GRACE_S, Stop, die_with_parent, forward_sigint, on_sigint, until
+from .interrupt import (
+    GRACE_S,
+    Stop,
+    die_with_parent,
+    forward_sigint,
+    hold_sigint,
+    on_sigint,
+    send_sigint,
+    sigint_ignored_by_children,
+    until,
+)
 from .result import LoadResult
 from .spec import LoadSpec, Progress, schedule_offsets
 from .targets import check_loopback
@@ -339,6 +349,9 @@ def _worker_main(
     if parent:
         die_with_parent(parent)
     try:
+        if spec.interruptible:
+            hold_sigint()
+        conn.send("ready")
         start_at = conn.recv()
         spec.start_at = start_at
         if forward_progress:
@@ -387,11 +400,23 @@ def _gather(pipes: list[Any], spec: LoadSpec) -> list[Any]:
 
 def _run_workers(spec: LoadSpec) -> LoadResult:
     """Split an open-loop rate over `spec.workers` processes, interleaved, and merge."""
-    k = spec.workers
     endpoint = Endpoint.parse(spec.url)
     check_loopback(endpoint.host, allow_remote=spec.allow_remote)
     ctx = mp.get_context("spawn")
-    procs, pipes = [], []
+    procs: list[Any] = []
+    pipes: list[Any] = []
+    pids: list[int] = []  # the workers a Ctrl-C is passed on to, each as it starts
+    if not spec.interruptible:  # Ctrl-C is the caller's: a KeyboardInterrupt everywhere
+        _spawn(spec, ctx, procs, pipes, pids)
+        return _start_and_merge(spec, procs, pipes, [])
+    with forward_sigint(pids) as presses:
+        with sigint_ignored_by_children():
+            _spawn(spec, ctx, procs, pipes, pids)
+        return _start_and_merge(spec, procs, pipes, presses)
+
+
+def _spawn(spec: LoadSpec, ctx: Any, procs: list[Any], pipes: list[Any], pids: list[int]) -> None:
+    k = spec.workers
     for w in range(k):
         sub = LoadSpec(
             **{
@@ -413,15 +438,27 @@ def _run_workers(spec: LoadSpec) -> LoadResult:
         p.start()
         procs.append(p)
         pipes.append(parent)
+        if p.pid is not None:
+            pids.append(p.pid)
+
+
+def _start_and_merge(
+    spec: LoadSpec, procs: list[Any], pipes: list[Any], presses: list[int]
+) -> LoadResult:
+    """Wait until every worker is ready, give them one start instant, merge what they send."""
+    k = spec.workers
     try:
-        start = time.monotonic() + 1.5 + 0.2 * k  # spawned interpreters need time to import
+        for pipe in pipes:  # imported, SIGINT held for its run's handler (`hold_sigint`)
+            if not isinstance(got := pipe.recv(), str):
+                raise got
+        start = time.monotonic() + 0.3 + 0.01 * k  # their preconnects before the clock
         for w, pipe in enumerate(pipes):
             # constant rate: shift worker w by w/rate so the merged stream is evenly spaced
             shift = w / spec.rate if spec.arrival == "constant" else 0.0
             pipe.send(start + shift)
-        pids = [p.pid for p in procs if p.pid is not None and spec.interruptible]
-        with forward_sigint(pids) if pids else contextlib.nullcontext():
-            parts = _gather(pipes, spec)
+        if presses:  # Ctrl-C while they started, which they ignored: theirs now, before a send
+            send_sigint([p.pid for p in procs])
+        parts = _gather(pipes, spec)
     finally:
         for p in procs:
             p.join(timeout=spec.duration_s + spec.timeout_s + 10)

@@ -370,6 +370,37 @@ def test_workers_end_with_the_process_that_started_them(zero_server: str, sig: i
                 os.kill(p, signal.SIGKILL)
 
 
+def test_ctrl_c_while_workers_start_is_a_report_not_a_traceback(zero_server: str) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) while the `--workers` were still
+    importing was a KeyboardInterrupt traceback in each, a broken pipe in the parent, exit 1 and
+    no report. Now each worker holds it for its run: nothing sent, exit 130, the report."""
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "stress", "--url", zero_server + "/x", "--rate", "20",
+            "--workers", "2", "--duration", "60s", "--quiet"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and proc.poll() is None:
+            spawned = [
+                p for p in _children(proc.pid)
+                if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
+            ]  # fmt: skip
+            if len(spawned) == 2:
+                break
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does: the parent and its workers
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err and b"stopped by Ctrl-C: " in out
+
+
 def test_workers_send_exactly_the_request_cap(zero_server: str) -> None:
     """Each worker took max_requests // workers (at least 1): a cap of 5 over 2 workers sent 4,
     and a cap of 3 over 4 workers sent 4, past the cap. The shares now add up to the cap, the
