@@ -5,7 +5,8 @@ Exit codes (for CI):
   1  at least one `--slo` was broken (for `--ramp`: the first step already broke them)
   2  bad options: unparsable values, an unbounded run, an off-loopback target without
      `--allow-remote`, an unreadable payload file, `--ramp`, `--rate` or `--slo rate=` in a
-     closed loop, `--concurrency` in an open one, a ramp's options without `--ramp`
+     closed loop (and `--max-in-flight`), `--concurrency` in an open one, a ramp's options
+     without `--ramp`
   3  the target never answered: not one request got an HTTP response (connection refused, ...)
   4  the target answered, but not one request succeeded (every response an error status such as
      404, or every request failed), and no `--slo` was broken
@@ -451,6 +452,11 @@ def _check_loop_options(ctx: typer.Context, spec: LoadSpec) -> None:
         raise ValueError(
             "--rate sets an open loop's rate, and a closed loop's callers send back to back: "
             "drop --rate, or use --arrival constant or poisson"
+        )
+    if spec.arrival == "closed" and _given(ctx, "max_in_flight"):
+        raise ValueError(
+            "--max-in-flight bounds an open loop's outstanding requests; a closed loop has "
+            "--concurrency of them: drop --max-in-flight"
         )
 
 

@@ -370,6 +370,10 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             ["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--rate", "50"],
             "--rate sets an open loop's rate",
         ),
+        (
+            ["--url", "http://127.0.0.1:9/x", "--arrival", "closed", "--max-in-flight", "5"],
+            "--max-in-flight bounds an open loop's outstanding requests",
+        ),
         # a ramp's option without --ramp ran one plain run, and --duration with it was dropped
         (["--url", "http://127.0.0.1:9/x", "--ramp-max", "500"], "--ramp-max shapes a ramp"),
         (["--url", "http://127.0.0.1:9/x", "--step-duration", "1s"], "add --ramp, or drop"),
