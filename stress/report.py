@@ -277,7 +277,8 @@ def write_plot(result: LoadResult, path: Path, title: str | None = None) -> None
     ax1.set_ylabel("latency (ms)")
     ax1.set_title("percentile spectrum")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    if ax1.get_legend_handles_labels()[0]:  # none sent, or none answered: no empty legend
+        ax1.legend(fontsize=8)  # (matplotlib warned "No artists with labels" on stderr)
 
     lat = (result.done - result.scheduled) * 1000.0
     ok = (result.outcomes == "ok") & ~np.isnan(lat)

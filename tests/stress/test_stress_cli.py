@@ -7,8 +7,10 @@ import json
 import math
 import signal
 import threading
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hdrh.log import HistogramLogReader
 from rich.console import Console
@@ -26,7 +28,8 @@ from stress.cli import (
     parse_duration,
 )
 from stress.http import encode_body
-from stress.report import LiveView, rates_line
+from stress.report import LiveView, rates_line, write_plot
+from stress.result import LoadResult
 from stress.slo import SLO, SLOError
 from stress.spec import Progress
 from stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
@@ -440,6 +443,21 @@ def test_an_error_names_a_path_with_brackets_as_given(tmp_path) -> None:
         result = invoke(*args, "--out", str(out))
         assert result.exit_code == EXIT_USAGE, (result.output, result.exception)
         assert f"error: --out {out}: " in result.output.replace("\n", ""), result.output
+
+
+def test_a_plot_of_no_request_warns_nothing(tmp_path: Path) -> None:
+    """A run Ctrl-C ended before its first send drew its plot with matplotlib's "No artists
+    with labels found to put in legend" warning on stderr."""
+    empty = np.empty(0)
+    result = LoadResult(
+        spec=LoadSpec(url="http://127.0.0.1:9/x"), start=0.0, scheduled=empty, sent=empty,
+        done=empty, status=np.empty(0, np.int16), error=np.empty(0, np.int8), captured={},
+        wall_s=0.0, interrupted=True,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # what matplotlib warned
+        write_plot(result, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_plot_writes_the_file_it_names(fast_server: str, tmp_path) -> None:
