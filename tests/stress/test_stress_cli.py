@@ -546,6 +546,18 @@ def test_the_report_names_a_credential_header_without_its_value(fast_server: str
     assert json.loads(result.stdout)["spec"]["headers"] == {"Authorization": "***", "X-Trace": "t1"}
 
 
+def test_dropped_requests_show_no_latency(fast_server: str) -> None:
+    """A request dropped past --max-in-flight was never sent, yet the table gave it a latency
+    (the generator's own lag until it dropped it: "dropped ... p50 0.30 ms")."""
+    result = invoke(
+        "--url", fast_server + "/x", "--rate", "2000", "--duration", "0.05s",
+        "--max-in-flight", "1", "--json",
+    )  # fmt: skip
+    dropped = json.loads(result.stdout)["outcomes"]["dropped"]
+    assert dropped["count"] > 0
+    assert set(dropped["corrected_ms"].values()) == {None}
+
+
 def test_gateway_tool_call_reaches_the_tool_path(fast_server: str) -> None:
     result = invoke(
         "--gateway", fast_server, "--tool", "search", "--rate", "50", "--duration", "0.2s", "--json"
