@@ -166,6 +166,13 @@ class LoadSpec:
             )
         if self.workers > 1 and self.arrival == "closed":
             raise LoadSpecError("{workers} > 1 is for open-loop runs (constant or poisson)")
+        if self.workers > min(self.max_in_flight, self.max_connections()):
+            # each took at least one: 2 workers under --max-in-flight 1 had 2 requests out
+            raise LoadSpecError(
+                "{workers} ({n}) is more than {max_in_flight} or {connections} allow: each "
+                "generator process has at least one of them; lower {workers}",
+                n=self.workers,
+            )
         self._check_head()
 
     def _check_head(self) -> None:

@@ -324,6 +324,11 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
             "--method GET goes with --url: a gateway tool call is a POST",
         ),
         (["--url", "http://127.0.0.1:9/x", "--workers", "0"], "--workers must be at least 1"),
+        # each worker took at least one: 2 workers had 2 requests out under --max-in-flight 1
+        (
+            ["--url", "http://127.0.0.1:9/x", "--workers", "2", "--max-in-flight", "1"],
+            "--workers (2) is more than --max-in-flight or --connections allow",
+        ),
         # 1,000 spawned interpreters were started (0.2 s apart) before the first request
         (["--url", "http://127.0.0.1:9/x", "--workers", "1000"], "at most 64"),
         (["--url", "http://127.0.0.1:9/x", "--preconnect", "-1"], "--preconnect must be >= 0"),
