@@ -389,12 +389,14 @@ async def test_fidelity_at_a_small_rate_matches_the_profile(server: ServerProces
 
 async def test_replies_reach_the_client_on_time_at_the_median(client: httpx.Client) -> None:
     """Bounded open loop (400 requests at 200/s, sends on a timerfd) at a constant 20 ms: the
-    service wakes early by its response path and its loop's intake latency (the lead it reports),
-    so the reply reaches the client within 0.2 ms of the delay at the median (in one of up to
-    three runs), counted from when the request left the client; never before it was sent plus
-    the delay minus that lead. A sign
-    error or a double count in the correction makes replies early by the lead (~0.2 ms); no
-    correction makes them late by the path (~0.3 ms)."""
+    service wakes early by its response path and its loop's intake latency (the lead it reports,
+    0.6-0.7 ms here), so the reply reaches the client, at the median, late by less than 0.6 of
+    that lead (and 0.45 ms) and early by less than half of it (in one of up to three runs),
+    counted from when the request left the client; never before it was sent plus the delay
+    minus that lead. No correction makes replies late by the whole lead and more; a double
+    count early by about the lead. What is left is the client's own side, which the service
+    cannot see (0.2-0.33 ms on a quiet 2-core machine: a fixed 0.2 ms bound failed there, on
+    every version)."""
     client.put(
         "/v1/emulators/search/profile",
         json={"tool": "search", "model": {"kind": "constant", "value_s": 0.02}, "source": "t"},
@@ -407,13 +409,13 @@ async def test_replies_reach_the_client_on_time_at_the_median(client: httpx.Clie
     )  # fmt: skip
     await arun_load(LoadSpec(**spec))  # the pacer learns the path and the intake
 
-    def on_time(median_error: float) -> bool:
-        return -0.00015 < median_error < 0.0002
+    def on_time(median_error: float, median_lead: float) -> bool:
+        return -0.5 * median_lead < median_error < min(0.6 * median_lead, 0.00045)
 
     # A wrong correction shows in every run; a loaded machine delays a whole run (a fresh-clone
     # CI run measured +0.22 ms once), so up to three runs are measured and one must be on time.
-    medians: list[float] = []
-    while len(medians) < 3 and not (medians and on_time(medians[-1])):
+    medians: list[tuple[float, float]] = []  # (error, lead) of each run
+    while len(medians) < 3 and not (medians and on_time(*medians[-1])):
         result = await arun_load(LoadSpec(**spec))
         assert list(result.outcomes) == ["ok"] * result.n and result.n == 400
         injected = np.array([float(v) for v in result.captured_values(INJECTED)]) / 1000
@@ -423,8 +425,8 @@ async def test_replies_reach_the_client_on_time_at_the_median(client: httpx.Clie
         assert np.median(woke) < 0  # the handler woke early on purpose
         error = result.done - result.sent - injected
         assert (error + lead).min() >= 0
-        medians.append(float(np.median(error)))
-    assert on_time(medians[-1]), medians
+        medians.append((float(np.median(error)), float(np.median(lead))))
+    assert on_time(*medians[-1]), medians
 
 
 def test_real_bm25_retrieval_over_a_corpus(tmp_path: Path) -> None:
