@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -111,3 +112,34 @@ def test_wheelhouse_without_a_venv_says_what_to_run(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "make venv" in done.stderr and "make compose-up" in done.stderr
     assert not cache.exists()
+
+
+def ensure_bwrap(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """scripts/ensure_bwrap.sh (what `make run` runs first) on a machine without bwrap, as a user
+    who is not root: PATH holds only a fake `id` and `tr`, so neither the host's bwrap nor its
+    apt-get is found."""
+    bin_dir = tmp_path / "nobwrap"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        (bin_dir / "id").write_text("#!/bin/sh\necho 1000\n")
+        (bin_dir / "id").chmod(0o755)
+        (bin_dir / "tr").symlink_to(shutil.which("tr") or "/usr/bin/tr")
+    base = {k: v for k, v in os.environ.items() if k != "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION"}
+    return subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(SCRIPT.parent / "ensure_bwrap.sh")],
+        capture_output=True, text=True, env={**base, "PATH": str(bin_dir), **env},
+    )  # fmt: skip
+
+
+def test_make_run_without_bwrap_says_how_and_honours_its_own_hint(tmp_path: Path) -> None:
+    """The hint names TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=true: a user who sets it gets the
+    service (which then runs code unisolated), not the same refusal again."""
+    refused = ensure_bwrap(tmp_path)
+    assert refused.returncode == 1
+    assert "apt-get install bubblewrap" in refused.stderr
+    assert "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=true" in refused.stderr
+    for value in ("true", "1", "YES"):
+        allowed = ensure_bwrap(tmp_path, TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=value)
+        assert allowed.returncode == 0, allowed.stderr
+        assert "unisolated" in allowed.stderr
+    assert ensure_bwrap(tmp_path, TOOLENV_SANDBOX_INSECURE_NO_ISOLATION="false").returncode == 1
