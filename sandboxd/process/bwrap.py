@@ -34,7 +34,8 @@ BWRAP_INSTALL_HINT = (
     "bubblewrap (bwrap) is required by the process backend for isolation: install it with "
     "`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` (Fedora), or run "
     "`make run`, which installs it. To run programs WITHOUT any isolation (trusted code only), "
-    "pass --insecure-no-isolation or set TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=1."
+    "set TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=1 (or `toolenv sandboxd serve "
+    "--insecure-no-isolation`: `toolenv serve` has no such flag)."
 )
 SANDBOX_DIR = "/sandbox"  # where the run's working dir appears inside the sandbox
 SANDBOX_UID = 65534

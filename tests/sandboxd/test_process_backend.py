@@ -31,7 +31,10 @@ async def test_refuses_to_start_without_bwrap_and_says_how_to_install() -> None:
     backend = ProcessBackend(settings(bwrap_path="/nonexistent/bwrap"))
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap") as err:
         await backend.start()
-    assert "--insecure-no-isolation" in str(err.value)
+    # The same words reach `toolenv serve`'s 503s and /readyz: the flag is only sandboxd's own,
+    # the variable works for both.
+    assert "`toolenv sandboxd serve --insecure-no-isolation`" in str(err.value)
+    assert "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION=1" in str(err.value)
 
 
 def test_serve_exits_with_the_install_hint_without_bwrap() -> None:
