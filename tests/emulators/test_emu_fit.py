@@ -533,3 +533,16 @@ def test_a_per_step_drift_counts_the_calls_its_faults_take_in_a_step() -> None:
     profile = build_profile(report, source="t", observations=ok, per_step=True, faults=faults)
     assert profile.model.kind == "faulty" and profile.model.model.kind == "drift"
     assert profile.model.model.calls_per_step == 400
+
+
+def test_the_shipped_reward_profile_is_what_the_documented_fit_writes(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/cli.md: `reward_default.yaml` is `fit rllm_deepcoder --tool reward`'s output, its
+    `fit` block (with the `statuses` every fit now records) included."""
+    monkeypatch.setenv("TOOLENV_TRACES_CACHE_DIR", str(polytrace_dir))
+    out = tmp_path / "reward.yaml"
+    argv = ["emulators", "fit", "rllm_deepcoder", "--tool", "reward", "--out", str(out)]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == packaged_profile_path("reward_default").read_text()
