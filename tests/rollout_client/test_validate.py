@@ -61,6 +61,21 @@ def test_fit_recovers_the_engine_that_made_a_trace(polytrace_dir: Path) -> None:
     assert fitted.decode_per_seq_s == pytest.approx(0.0008, rel=0.5)
 
 
+def test_a_step_the_model_itself_recorded_replays_with_a_ks_of_0(polytrace_dir: Path) -> None:
+    """The simulated completion times come from the report at 0.1 ms, the recorded ones at full
+    precision: 4 trajectories equal to 2 us read KS 0.25 (one of four 'different'), over the
+    0.1 target, for a step that replays exactly."""
+    cost = BUILTIN_PROFILES["searchr1-qwen7b"]
+    plans = [plan_from_record(r, i, exact=True) for i, r in enumerate(_step(polytrace_dir, 0, 4))]
+    settings = RolloutSettings(engine="sim", clock="virtual", batch=len(plans), exact=True)
+    report = run_virtual(run_rollout(settings, iter(plans), engine=EventSimEngine(cost)))
+    order = {p.trajectory_id: i for i, p in enumerate(plans)}
+    made = sorted(report["_records"], key=lambda r: order[r.trajectory_id])
+    result = validate_step(made, cost)
+    assert result["makespan_accuracy"] == 1.0
+    assert result["completion_ks"] == 0.0 and result["completion_w1_rel"] == 0.0
+
+
 def test_builtin_profile_matches_a_step_it_was_not_fitted_on(polytrace_dir: Path) -> None:
     step2 = polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl"
     cmd = [sys.executable, "-m", "toolenv", "rollout", "validate", "--trace", str(step2), "--json"]
