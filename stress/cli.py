@@ -100,7 +100,8 @@ def _headers(values: list[str]) -> dict[str, str]:
 
 
 def _usage_error(console: Console, message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {escape(message)}")  # a path's `[v2]` is no markup tag
+    # a path's `[v2]` is no markup tag; one line however narrow (piped: 80 columns), for grep
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(EXIT_USAGE)
 
 
@@ -322,7 +323,7 @@ def stress(
         raise typer.Exit(EXIT_SLO_BROKEN)
     if "ok" not in summary["outcomes"]:
         failed = ", ".join(f"{name} {e['count']}" for name, e in summary["outcomes"].items())
-        err.print(f"[red]not one request succeeded[/red] ({failed})")
+        err.print(f"[red]not one request succeeded[/red] ({failed})", soft_wrap=True)
         raise typer.Exit(EXIT_ALL_FAILED)
     raise typer.Exit(EXIT_OK)
 

@@ -247,6 +247,16 @@ def test_the_table_keeps_every_figure_when_piped(fast_server: str, tmp_path: Pat
     assert abs(float(row.split("│")[-2]) - ok["max"]) < 0.1  # the max column, whole
 
 
+def test_a_long_error_stays_one_line_when_piped() -> None:
+    """Piped (a CI log, `2> err.txt`) rich assumes 80 columns and broke a longer error over two
+    lines ("... give --json or --out" / "FILE too"): a grep for the line got half of it."""
+    args = ["--url", "http://127.0.0.1:9/x", "--records", "--quiet"]
+    result = runner.invoke(app, args, catch_exceptions=False, env={"COLUMNS": None})
+    assert result.exit_code == EXIT_USAGE
+    said = "error: --records adds every request to the JSON report: give --json or --out FILE too"
+    assert said in result.output.splitlines(), result.output
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
