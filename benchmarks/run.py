@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
     only = set(args.only)
+    names = [m.split(".")[-1] for m in BENCHMARK_MODULES]
+    unmatched = sorted(w for w in only if not any(n.startswith(w) for n in names))
+    if unmatched:  # a typo ran nothing and said `{}`, exit 0
+        parser.error(f"no benchmark starts with {', '.join(unmatched)}; known: {', '.join(names)}")
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, object] = {}
