@@ -427,12 +427,16 @@ def test_workers_at_a_constant_rate_send_the_schedule_of_one_process(zero_server
 def test_precise_sends_leave_on_schedule_not_a_loop_tick_late(zero_server: str) -> None:
     """Open loop at 500 rps, Poisson: sends woken by the loop's millisecond timers lag their
     schedule by a fraction of a millisecond at the median; woken by a timerfd 0.1 ms early and
-    polled for the rest, they leave within microseconds of it, and never before."""
+    polled for the rest, they leave within microseconds of it (a quarter of them at least, and
+    the median well below the loop's), and never before. The median alone read 0.05-0.09 ms on
+    a machine whose process was often descheduled, against 0.30-0.43 ms for the loop's timers:
+    a fixed 0.05 ms bound on it failed there."""
     spec = dict(url=zero_server + "/x", rate=500, duration_s=1.0, arrival="poisson", seed=3)
     loop_timers = run_load(LoadSpec(**spec)).scheduling_error_ms
     precise = run_load(LoadSpec(**spec, precise_sends=True, spin_s=0.0001)).scheduling_error_ms
     assert precise.min() >= 0
-    assert np.median(precise) < 0.05 and np.median(precise) < 0.5 * np.median(loop_timers)
+    assert np.percentile(precise, 25) < 0.01, np.percentile(precise, [25, 50])
+    assert np.median(precise) < 0.5 * np.median(loop_timers), (precise, loop_timers)
 
 
 def test_unbounded_or_bad_specs_are_refused() -> None:
