@@ -31,9 +31,9 @@ from rich.markup import escape
 
 from toolenv_core.console import report_console
 from toolenv_core.http1 import Endpoint, TargetURLError
-from toolenv_core.outputs import output_file_problem
 
 from .loop import run_load
+from .options import check_loop_options, check_open_loop, check_outputs, check_ramp_options
 from .ramp import DEFAULT_RAMP_SLOS, RampResult, RampStep, ramp_rates, run_ramp
 from .report import (
     LiveView,
@@ -260,7 +260,7 @@ def stress(
             interruptible=True,  # Ctrl-C: the report of what was sent before it, exit 130
         )
         spec.validate()
-        _check_outputs(out=out, plot=plot, hdr=hdr)
+        check_outputs(out=out, plot=plot, hdr=hdr)
         if records and not (as_json or out):  # they went nowhere, without a word
             raise ValueError(
                 "--records adds every request to the JSON report: give --json or --out FILE too"
@@ -271,9 +271,9 @@ def stress(
                 "give --records (with --json or --out FILE) too"
             )
         check_loopback(Endpoint.parse(spec.url).host, allow_remote=allow_remote)
-        _check_open_loop(spec, slos, ramp=ramp)
-        _check_loop_options(ctx, spec)
-        _check_ramp_options(ctx, ramp=ramp)
+        check_open_loop(spec, slos, ramp=ramp)
+        check_loop_options(ctx, spec)
+        check_ramp_options(ctx, ramp=ramp)
         if ramp:
             rates = ramp_rates(rate, factor=ramp_factor, step=ramp_step, max_rate=ramp_max)
             step_s = step_duration
@@ -405,67 +405,6 @@ def _json_ready(value: Any) -> Any:
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
     return value
-
-
-def _check_open_loop(spec: LoadSpec, slos: list[SLO], *, ramp: bool) -> None:
-    """What only an open loop has (a target rate) asked of a closed loop: refused before the run
-    (`--ramp` was a traceback after it; `--slo rate=` always BROKEN, exit 1)."""
-    if spec.arrival != "closed":
-        return
-    if ramp:
-        raise ValueError("--ramp steps an open-loop rate: use --arrival constant or poisson")
-    for s in slos:
-        if s.metric == "rate":
-            raise ValueError(
-                f"--slo {s.text}: a closed loop has no target rate to reach; "
-                "use --arrival constant or poisson, or drop this SLO"
-            )
-
-
-def _given(ctx: typer.Context, name: str) -> bool:
-    """Whether the user gave option `name` (by name: typer carries its own copy of click's enum)."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name != "DEFAULT"
-
-
-def _check_ramp_options(ctx: typer.Context, *, ramp: bool) -> None:
-    """A ramp's option without `--ramp` ran one plain run, and `--duration` with it was dropped
-    (each step is `--step-duration` long), each without a word: refused."""
-    if ramp and _given(ctx, "duration"):
-        raise ValueError("--duration is one run's length: a ramp's steps are --step-duration long")
-    if not ramp:
-        for name in ("ramp_max", "ramp_factor", "ramp_step", "step_duration"):
-            if _given(ctx, name):
-                option = "--" + name.replace("_", "-")
-                raise ValueError(f"{option} shapes a ramp: add --ramp, or drop {option}")
-
-
-def _check_loop_options(ctx: typer.Context, spec: LoadSpec) -> None:
-    """An option of the other loop, given: refused (`--concurrency 32` ran an open loop at the
-    default 100 rps, and `--rate` in a closed loop was dropped, each without a word)."""
-
-    if spec.arrival != "closed" and _given(ctx, "concurrency"):
-        raise ValueError(
-            f"--concurrency sets a closed loop's callers, and --arrival {spec.arrival} is an "
-            "open loop at --rate: add --arrival closed, or drop --concurrency"
-        )
-    if spec.arrival == "closed" and _given(ctx, "rate"):
-        raise ValueError(
-            "--rate sets an open loop's rate, and a closed loop's callers send back to back: "
-            "drop --rate, or use --arrival constant or poisson"
-        )
-    if spec.arrival == "closed" and _given(ctx, "max_in_flight"):
-        raise ValueError(
-            "--max-in-flight bounds an open loop's outstanding requests; a closed loop has "
-            "--concurrency of them: drop --max-in-flight"
-        )
-
-
-def _check_outputs(**paths: Path | None) -> None:
-    """Each output is a file in a folder that exists: found before the run, not after it."""
-    for option, path in paths.items():
-        if path is not None and (problem := output_file_problem(path)):
-            raise ValueError(f"--{option} {path}: {problem}")
 
 
 def _write(

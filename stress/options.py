@@ -1,0 +1,75 @@
+"""`toolenv stress` options checked against each other before a run: an option the run would
+drop without a word (one of the other loop's, a ramp's without `--ramp`) or an output it could
+not write is bad input (exit 2), found before the load rather than after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from toolenv_core.outputs import output_file_problem
+
+from .slo import SLO
+from .spec import LoadSpec
+
+
+def check_open_loop(spec: LoadSpec, slos: list[SLO], *, ramp: bool) -> None:
+    """What only an open loop has (a target rate) asked of a closed loop: refused before the run
+    (`--ramp` was a traceback after it; `--slo rate=` always BROKEN, exit 1)."""
+    if spec.arrival != "closed":
+        return
+    if ramp:
+        raise ValueError("--ramp steps an open-loop rate: use --arrival constant or poisson")
+    for s in slos:
+        if s.metric == "rate":
+            raise ValueError(
+                f"--slo {s.text}: a closed loop has no target rate to reach; "
+                "use --arrival constant or poisson, or drop this SLO"
+            )
+
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option `name` (by name: typer carries its own copy of click's enum)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def check_ramp_options(ctx: typer.Context, *, ramp: bool) -> None:
+    """A ramp's option without `--ramp` ran one plain run, and `--duration` with it was dropped
+    (each step is `--step-duration` long), each without a word: refused."""
+    if ramp and given(ctx, "duration"):
+        raise ValueError("--duration is one run's length: a ramp's steps are --step-duration long")
+    if not ramp:
+        for name in ("ramp_max", "ramp_factor", "ramp_step", "step_duration"):
+            if given(ctx, name):
+                option = "--" + name.replace("_", "-")
+                raise ValueError(f"{option} shapes a ramp: add --ramp, or drop {option}")
+
+
+def check_loop_options(ctx: typer.Context, spec: LoadSpec) -> None:
+    """An option of the other loop, given: refused (`--concurrency 32` ran an open loop at the
+    default 100 rps, and `--rate` in a closed loop was dropped, each without a word)."""
+
+    if spec.arrival != "closed" and given(ctx, "concurrency"):
+        raise ValueError(
+            f"--concurrency sets a closed loop's callers, and --arrival {spec.arrival} is an "
+            "open loop at --rate: add --arrival closed, or drop --concurrency"
+        )
+    if spec.arrival == "closed" and given(ctx, "rate"):
+        raise ValueError(
+            "--rate sets an open loop's rate, and a closed loop's callers send back to back: "
+            "drop --rate, or use --arrival constant or poisson"
+        )
+    if spec.arrival == "closed" and given(ctx, "max_in_flight"):
+        raise ValueError(
+            "--max-in-flight bounds an open loop's outstanding requests; a closed loop has "
+            "--concurrency of them: drop --max-in-flight"
+        )
+
+
+def check_outputs(**paths: Path | None) -> None:
+    """Each output is a file in a folder that exists: found before the run, not after it."""
+    for option, path in paths.items():
+        if path is not None and (problem := output_file_problem(path)):
+            raise ValueError(f"--{option} {path}: {problem}")
