@@ -300,19 +300,15 @@ def run(
         )
         if settings.clock == "virtual" and settings.engine != "sim":
             raise ValueError("--clock virtual needs --engine sim (a real engine runs in real time)")
-        unrecorded = {"--synthetic trajectories": synthetic, "--live prompts": live}
-        unrecorded_kind = next((kind for kind, given in unrecorded.items() if given), "")
-        if settings.clock == "virtual" and unrecorded_kind and not settings.tool_profiles:
-            # --exact let a synthetic run start, and every trajectory with a call failed; a live
-            # run was told to add --exact, which has nothing to replay there
-            raise ValueError(
-                f"{unrecorded_kind} record no tool latencies for --exact to replay: on "
-                f"--clock virtual draw them from {TOOL_PROFILE_HINT}"
-            )
         if settings.clock == "virtual" and not settings.exact and not settings.tool_profiles:
             raise ValueError(
                 "--clock virtual answers tools in process: replay recorded latencies with --exact "
                 f"or draw them from {TOOL_PROFILE_HINT}"
+            )
+        if settings.clock == "virtual" and synthetic is not None and not settings.tool_profiles:
+            raise ValueError(  # --exact let it start, and every trajectory with a call failed
+                "--synthetic trajectories record no tool latencies for --exact to replay: on "
+                f"--clock virtual draw them from {TOOL_PROFILE_HINT}"
             )
         build_policy(
             settings.policy, tool_timeout_s=settings.tool_timeout_s, over=settings.overlap_ratio

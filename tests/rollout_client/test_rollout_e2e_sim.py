@@ -330,20 +330,6 @@ def test_synthetic_on_the_virtual_clock_needs_a_tool_profile(polytrace_dir, tmp_
     assert done.stderr.count("\n") == 1
 
 
-def test_live_prompts_on_the_virtual_clock_need_a_tool_profile(tmp_path) -> None:
-    """It said to add --exact, which has no recorded latency to replay for a live prompt."""
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "What is the capital of France?"}\n')
-    common = ["--engine", "sim", "--clock", "virtual", "--live", str(prompts)]
-    for exact in ([], ["--exact"]):
-        done = rollout_inproc(*common, *exact, "--out", str(tmp_path / "o"))
-        assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
-        assert done.stderr.startswith(
-            "error: --live prompts record no tool latencies for --exact to replay: on "
-            "--clock virtual draw them from --tool-profile"
-        ), done.stderr
-
-
 def test_sigterm_unwinds_a_run_as_ctrl_c_does(gateway, polytrace_dir, tmp_path) -> None:
     """SIGTERM (`timeout`, `kill PID`) ended `rollout run` where it stood: with `--engine vllm`
     its engine-core and worker processes ran on (2.6 GB, busy), and a fresh --out stayed behind
