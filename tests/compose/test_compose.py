@@ -311,7 +311,10 @@ def _answer_across_restart(
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(1)
+    # the restart waits for the call to be in flight: sent 1 s before it, it once reached the
+    # service only after the restart had begun (a busy machine), and a search call was retried
+    _wait_for(lambda: _in_flight(stack) > 0, timeout=10)
+    time.sleep(0.5)  # from the gateway's slot to the service
     restart = stack.compose("restart", service)
     caller.join(60)
     assert restart.returncode == 0, restart.stderr
@@ -332,6 +335,12 @@ def test_a_search_restart_answers_the_call_it_cuts(stack: Stack) -> None:
     assert r.json()["error"] == "tool 'search' answered HTTP 503", r.text
     assert "emulators stopped before this call finished" in r.json()["result"]["detail"], r.text
     stack.wait_healthy("search")
+
+
+def _in_flight(stack: Stack) -> float:
+    """Calls holding a gateway concurrency slot, over every tool."""
+    lines = stack.client.get("/metrics").text.splitlines()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("toolenv_gateway_in_flight{"))
 
 
 def _metric(stack: Stack, name: str, label: str) -> float:
