@@ -340,7 +340,9 @@ def test_a_search_restart_answers_the_call_it_cuts(stack: Stack) -> None:
 def _in_flight(stack: Stack) -> float:
     """Calls holding a gateway concurrency slot, over every tool."""
     lines = stack.client.get("/metrics").text.splitlines()
-    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("toolenv_gateway_in_flight{"))
+    return sum(
+        float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("toolenv_gateway_in_flight{")
+    )
 
 
 def _metric(stack: Stack, name: str, label: str) -> float:
