@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
+import scipy
 
 from toolenv_core.latency.faults import ErrorFault
 from toolenv_core.latency.profile import Profile
@@ -80,7 +80,7 @@ def describe(
     if data is not None:
         report["data"] = summarize(data)
         report["data"]["n"] = int(data.size)
-        report["ks_model_vs_data"] = float(stats.ks_2samp(samples, data).statistic)
+        report["ks_model_vs_data"] = float(scipy.stats.ks_2samp(samples, data).statistic)
         report["relative_error"] = {
             k: (report["model"][k] - v) / v if v else 0.0
             for k, v in report["data"].items()

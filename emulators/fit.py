@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
+import scipy
 
 from toolenv_core.console import counted
 from toolenv_core.latency.faults import ErrorFault, Fault, HangFault
@@ -199,7 +199,7 @@ def _lognormal_mixture(
     mu = qs.astype(float)
     sd = np.full(k, max(logx.std() / k, 1e-3))
     for _ in range(iters):
-        dens = w * stats.norm.pdf(logx[:, None], mu, sd) + 1e-300
+        dens = w * scipy.stats.norm.pdf(logx[:, None], mu, sd) + 1e-300
         r = dens / dens.sum(axis=1, keepdims=True)
         nk = r.sum(axis=0)
         w_new = nk / nk.sum()
@@ -225,15 +225,15 @@ def _candidates(data: np.ndarray) -> list[tuple[str, Any, bool]]:
             out.append((name, exc, True))
 
     def lognormal():
-        s, _, scale = stats.lognorm.fit(safe, floc=0)
+        s, _, scale = scipy.stats.lognorm.fit(safe, floc=0)
         return LogNormal(median_s=float(scale), sigma=float(s))
 
     def gamma():
-        a, _, scale = stats.gamma.fit(safe, floc=0)
+        a, _, scale = scipy.stats.gamma.fit(safe, floc=0)
         return Gamma(shape=float(a), scale_s=float(scale))
 
     def lomax():
-        c, _, scale = stats.lomax.fit(data, floc=0)
+        c, _, scale = scipy.stats.lomax.fit(data, floc=0)
         return Lomax(shape=float(c), scale_s=float(scale))
 
     def truncnormal():

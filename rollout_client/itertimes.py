@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import optimize
+import scipy
 
 from toolenv_core.console import counted
 
@@ -145,7 +145,7 @@ def _design(rows: np.ndarray) -> np.ndarray:
 
 def _least_squares(design: np.ndarray, durations: np.ndarray) -> np.ndarray:
     scale = np.maximum(design.max(axis=0), 1e-12)  # comparable columns for the solver
-    return optimize.lsq_linear(design / scale, durations, bounds=(0, np.inf)).x / scale
+    return scipy.optimize.lsq_linear(design / scale, durations, bounds=(0, np.inf)).x / scale
 
 
 def fit_iterations(runs: Sequence[np.ndarray], start: CostModel) -> CostModel:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import optimize, stats
+import scipy
 
 from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import TraceFormatError, TrajectoryRecord, read_multiturn
@@ -84,11 +84,14 @@ def compare(
         "makespan_recorded_s": round(rec_makespan, 2),
         "makespan_simulated_s": round(sim_makespan, 2),
         "makespan_accuracy": round(1 - abs(sim_makespan - rec_makespan) / rec_makespan, 4),
-        "completion_ks": round(float(stats.ks_2samp(rec_done, sim_done).statistic), 4),
+        "completion_ks": round(float(scipy.stats.ks_2samp(rec_done, sim_done).statistic), 4),
         # the mean distance between the two sorted samples, over the recorded mean (Wasserstein-1):
         # smoother than KS for small steps
         "completion_w1_rel": round(
-            float(stats.wasserstein_distance(rec_done, sim_done) / max(rec_done.mean(), 1e-9)), 4
+            float(
+                scipy.stats.wasserstein_distance(rec_done, sim_done) / max(rec_done.mean(), 1e-9)
+            ),
+            4,
         ),
         "turn_latency_mean_recorded_s": round(float(rec_turns.mean()), 4),
         "turn_latency_mean_simulated_s": round(float(sim_turns.mean()), 4),
@@ -236,7 +239,7 @@ def fit_cost_model(
             on_trial(cost, value)
         return value
 
-    result = optimize.minimize(
+    result = scipy.optimize.minimize(
         loss,
         x0,
         method="Nelder-Mead",

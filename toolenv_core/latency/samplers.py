@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
+import scipy
 
 from .faults import Fault
 
@@ -66,13 +66,13 @@ def truncnormal_fn(
     alpha, beta = (low - mean) / std, (high - mean) / std
     sign = -1.0 if alpha > 0 else 1.0  # an upper tail: sample its mirror, a lower one
     lo, hi = (-beta, -alpha) if sign < 0 else (alpha, beta)
-    log_hi = float(special.log_ndtr(hi))
-    ratio = math.exp(float(special.log_ndtr(lo)) - log_hi)  # P(Z <= lo) / P(Z <= hi)
+    log_hi = float(scipy.special.log_ndtr(hi))
+    ratio = math.exp(float(scipy.special.log_ndtr(lo)) - log_hi)  # P(Z <= lo) / P(Z <= hi)
 
     def fn(rng: np.random.Generator) -> float:
         r = rng.random()  # u = P(Z <= lo) + r * (P(Z <= hi) - P(Z <= lo)), as a log
         log_u = log_hi + math.log(max(r + (1.0 - r) * ratio, 1e-300))
-        return float(np.clip(mean + sign * std * special.ndtri_exp(log_u), low, high))
+        return float(np.clip(mean + sign * std * scipy.special.ndtri_exp(log_u), low, high))
 
     return fn
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
+import scipy  # its submodules load on first use: scipy.stats costs about 0.9 s
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ..errors import first_problem
@@ -36,8 +37,6 @@ class FittedDistribution(_Doc):
 
     def frozen(self) -> Any:
         """The scipy frozen distribution these parameters describe."""
-        import scipy.stats  # about 0.9 s: loaded only by what samples (the gateway never does)
-
         dist = getattr(scipy.stats, self.type, None)
         if dist is None:
             raise ValueError(f"scipy.stats has no distribution named {self.type!r}")
