@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -54,3 +56,15 @@ def test_every_stress_option_says_its_default() -> None:
         if not _is_option(p) or p.is_flag or p.multiple or p.opts[0] in no_default:
             continue
         assert p.default is not None or "default" in (p.help or ""), p.opts
+
+
+def test_the_cli_starts_without_loading_scipy_stats() -> None:
+    """scipy.stats takes about 0.9 s to import: every `toolenv` command paid it at start, `--help`
+    too, though most never sample a distribution. It loads on first use instead."""
+    code = (
+        "import sys, toolenv.cli; print(sorted(m for m in sys.modules if m.startswith('scipy.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout
+    assert "scipy.stats" not in loaded and "scipy.optimize" not in loaded, loaded
