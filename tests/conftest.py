@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,15 @@ POLYTRACE_DIR = Path(
 )
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 BASE_IMAGE = os.environ.get("TOOLENV_BASE_IMAGE", "toolenv/debian-base:bookworm")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background (`make test &`, a CI runner's shell) ignores SIGINT, and
+    an ignored signal survives exec: every server a test stopped with SIGINT ignored it, and its
+    stop waited 15 s for the SIGKILL. The suite's children get the default disposition back
+    (a test that needs SIGINT ignored sets it in that child)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(hookwrapper=True)
