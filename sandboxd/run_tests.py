@@ -12,6 +12,7 @@ import asyncio
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from toolenv_core.admission import Rejected
 from toolenv_core.deadline import Deadline
 
 from .models import ExecResult, ExecStatus, RunResult, RunSpec
@@ -37,7 +38,7 @@ class CaseRunner(Protocol):
     """What run_tests needs from the service: admitted runs and an admitted compile."""
 
     async def run_admitted(
-        self, spec: RunSpec, deadline: Deadline, batch: Any = None
+        self, spec: RunSpec, deadline: Deadline, batch: Any = None, *, committed: bool = False
     ) -> RunResult: ...
 
     def case_batch(self, spec: RunSpec, deadline: Deadline) -> AbstractAsyncContextManager[Any]: ...
@@ -131,6 +132,20 @@ class _Cases:
             return Verdict.WRONG_ANSWER
         return Verdict.ACCEPTED
 
+    async def run_case(
+        self, runner: CaseRunner, spec: RunSpec, deadline: Deadline, batch: Any
+    ) -> RunResult:
+        """A case is refused a slot (a full queue, or `queue_timeout_s`) only while the request
+        has no verdict yet: later, a 429 threw away the verdicts of the cases that had run, and
+        the caller ran them all again. Its deadline still bounds the wait."""
+        has_verdicts = any(r is not None for r in self.results)
+        try:
+            return await runner.run_admitted(spec, deadline, batch, committed=has_verdicts)
+        except Rejected:
+            if not any(r is not None for r in self.results):
+                raise  # the caller's 429: nothing ran that a retry would repeat
+            return await runner.run_admitted(spec, deadline, batch, committed=True)
+
     async def run_all(
         self, runner: CaseRunner, deadline: Deadline, workers: int, batch: Any = None
     ) -> None:
@@ -140,7 +155,7 @@ class _Cases:
             for i in next_index:
                 if self.stop.is_set():
                     return
-                r = await runner.run_admitted(self.specs[i], deadline, batch)
+                r = await self.run_case(runner, self.specs[i], deadline, batch)
                 v = self.verdict_of(i, r)
                 wire = exec_to_wire(r.run)
                 self.keep_within_budget(wire)

@@ -113,13 +113,15 @@ class SandboxService:
         """For run_tests: what the request's cases share (see `SandboxBackend.case_batch`)."""
         return self._require_started().case_batch(spec, deadline)
 
-    async def run_admitted(self, spec: RunSpec, deadline: Deadline, batch: Any = None) -> RunResult:
-        """Run under an admission slot; a backend failure becomes a result with a message, and a
-        deadline that ran out waiting (for a slot, for a Docker container) a TimeLimitExceeded
-        one, as a deadline that ends the run does."""
+    async def run_admitted(
+        self, spec: RunSpec, deadline: Deadline, batch: Any = None, *, committed: bool = False
+    ) -> RunResult:
+        """Run under an admission slot (`committed`: see `Admission.acquire`); a backend failure
+        becomes a result with a message, and a deadline that ran out waiting (for a slot, for a
+        Docker container) a TimeLimitExceeded one, as a deadline that ends the run does."""
         backend = self._require_started()
         try:
-            async with self.admission.slot(deadline):
+            async with self.admission.slot(deadline, committed=committed):
                 return await self._run_on(backend, spec, deadline, batch)
         except ExpiredInQueue as exc:
             return RunResult(

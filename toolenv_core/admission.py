@@ -79,18 +79,22 @@ class Admission:
         self.rejected_total += 1
         return Rejected(why, self.retry_after_estimate())
 
-    async def acquire(self, deadline: Deadline | None = None) -> None:
+    async def acquire(self, deadline: Deadline | None = None, *, committed: bool = False) -> None:
         """Take a slot, waiting in the queue if needed; `Rejected` when full or the queue timeout
-        ran out, `ExpiredInQueue` when the caller's deadline did."""
+        ran out, `ExpiredInQueue` when the caller's deadline did. A `committed` caller (one that
+        already holds finished work a refusal would throw away) is never refused: only its
+        deadline bounds its wait."""
         if self.try_acquire():
             return
-        if len(self._waiters) >= self.queue_bound:
+        if len(self._waiters) >= self.queue_bound and not committed:
             raise self._reject(
                 f"{self.name} is saturated: {self.in_flight} in flight and "
                 f"{len(self._waiters)} queued (limits {self.limit} and {self.queue_bound}); "
                 "retry later"
             )
-        wait = self.queue_timeout_s if self.queue_timeout_s is not None else math.inf
+        wait = (
+            self.queue_timeout_s if self.queue_timeout_s is not None and not committed else math.inf
+        )
         by_deadline = deadline is not None and deadline.remaining() <= wait
         if deadline is not None:
             wait = min(wait, deadline.remaining())
@@ -142,8 +146,10 @@ class Admission:
         self.in_flight -= 1
 
     @asynccontextmanager
-    async def slot(self, deadline: Deadline | None = None) -> AsyncIterator[None]:
-        await self.acquire(deadline)
+    async def slot(
+        self, deadline: Deadline | None = None, *, committed: bool = False
+    ) -> AsyncIterator[None]:
+        await self.acquire(deadline, committed=committed)
         try:
             yield
         finally:

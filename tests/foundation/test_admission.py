@@ -57,3 +57,24 @@ async def test_admission_cancelled_waiter_passes_its_slot_on() -> None:
     adm.release()
     await asyncio.wait_for(other, 1)
     assert adm.in_flight == 1 and adm.waiting == 0
+
+
+async def test_a_committed_caller_is_never_refused_only_its_deadline_ends_its_wait() -> None:
+    """A caller holding finished work a refusal would throw away (a run_tests request past its
+    first verdict) waits past the queue bound and the queue timeout, in FIFO order."""
+    adm = Admission("sandbox", 1, 1, queue_timeout_s=0.05, retry_after_s=1)
+    await adm.acquire()
+    queued = asyncio.create_task(adm.acquire())
+    await asyncio.sleep(0)
+    with pytest.raises(Rejected):  # the queue is full
+        await adm.acquire()
+    committed = asyncio.create_task(adm.acquire(committed=True))
+    await asyncio.sleep(0.15)  # three queue timeouts
+    assert not committed.done() and adm.waiting == 1  # the uncommitted one timed out
+    with pytest.raises(Rejected):
+        await queued
+    adm.release()
+    await committed
+    with pytest.raises(ExpiredInQueue):
+        await adm.acquire(Deadline.after(0.05), committed=True)
+    assert (adm.rejected_total, adm.expired_total, adm.in_flight) == (2, 1, 1)

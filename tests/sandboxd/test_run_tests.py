@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
 from sbx_support import SandboxdServer
 
@@ -217,3 +219,49 @@ def test_the_answer_carries_a_bounded_amount_of_output(
     assert [r["stdout_truncated"] for r in runs] == [False] * 3 + [True] * 3
     assert [len(r["stdout"]) for r in runs[3:]] == [100_000 - 3 * len(out), 0, 0]
     assert "stdout cut: the answer carries 100000 bytes of output" in runs[3]["message"]
+
+
+def test_a_case_kept_waiting_past_the_queue_timeout_keeps_the_verdicts_of_the_others(
+    sandboxd_factory: Callable[..., SandboxdServer],
+) -> None:
+    """One slot, `queue_timeout_s` 2 s: while the request's first case runs (1 s), another
+    caller's 4 s run queues and takes the slot next, so the second case waits 4 s. That was a 429
+    for the whole request: the first case's verdict thrown away, and the caller ran it again.
+    A request that has a verdict waits on, bounded by its deadline only."""
+    server = sandboxd_factory(
+        "--max-concurrency", "1", env={"TOOLENV_SANDBOX_QUEUE_TIMEOUT_S": "2"}
+    )  # fmt: skip
+    answers: dict[str, httpx.Response] = {}
+
+    def send(name: str, path: str, body: dict) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            answers[name] = client.post(path, json=body)
+
+    def admission() -> dict:
+        return server.client.get("/v1/sandbox/status").json()["admission"]
+
+    program = "import time\ntime.sleep(float(input()))\nprint('ok')"
+    cases = [{"stdin": s, "expected_stdout": "ok\n"} for s in ("1\n", "0\n")]
+    body = {"code": program, "language": "python", "cases": cases, "concurrency": 1}
+    tests = threading.Thread(target=send, args=("tests", "/v1/run_tests", body))
+    tests.start()
+    _until(lambda: admission()["running"] == 1)  # the first case holds the only slot
+    other = {"code": "import time; time.sleep(4); print('done')"}
+    run = threading.Thread(target=send, args=("run", "/run_code", other))
+    run.start()
+    _until(lambda: admission()["waiting"] == 1)  # queued before the second case
+    tests.join(30)
+    run.join(30)
+    r = answers["tests"]
+    assert r.status_code == 200, r.text
+    assert [c["verdict"] for c in r.json()["cases"]] == ["accepted", "accepted"], r.text
+    assert answers["run"].status_code == 200, answers["run"].text
+    assert answers["run"].json()["run_result"]["stdout"] == "done\n", answers["run"].text
+    assert admission()["rejected_total"] == 0
+
+
+def _until(condition: Callable[[], bool], timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "the condition did not hold in time"
+        time.sleep(0.02)
