@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -55,41 +56,54 @@ def served() -> Iterator[InProcess]:
     s.stop()
 
 
+class Held:
+    """One piece of the emulators' work, held open until released (what the event loop would
+    wait for, were the work done on it)."""
+
+    def __init__(self) -> None:
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def wrap(self, work: Callable[..., Any]) -> Callable[..., Any]:
+        def held(*args: Any) -> Any:
+            self.reached.set()
+            self.release.wait(timeout=30)  # on the event loop, this held every other call too
+            return work(*args)
+
+        return held
+
+
+@contextmanager
+def sent_and_held(held: Held, send: Callable[[], httpx.Response]) -> Iterator[list[httpx.Response]]:
+    """`send` from a thread until its work is held; the block makes other calls meanwhile. The
+    list gets its answer once the work is released (it is still empty in the block)."""
+    answers: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: answers.append(send()))
+    sender.start()
+    try:
+        assert held.reached.wait(timeout=30), "the request never reached the held work"
+        yield answers
+    finally:
+        held.release.set()
+        sender.join(timeout=60)
+    assert answers, "the held request got no answer"
+
+
 def test_calls_are_answered_while_a_profile_is_parsed(
     served: InProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     search = served.app.state.emulators["search"]
-    parsing, release = threading.Event(), threading.Event()
-    parse = search.parse_profile
-
-    def held_parse(data: Any):
-        parsing.set()
-        release.wait(timeout=30)  # on the event loop, this held every other call too
-        return parse(data)
-
-    monkeypatch.setattr(search, "parse_profile", held_parse)
-    answers: dict[str, httpx.Response] = {}
-
-    def put() -> None:
-        answers["put"] = httpx.put(
-            served.url + "/v1/emulators/search/profile", json=PROFILE, timeout=60
-        )
-
-    putter = threading.Thread(target=put)
-    putter.start()
-    try:
-        assert parsing.wait(timeout=30), "the PUT never reached its parse"
+    held = Held()
+    monkeypatch.setattr(search, "parse_profile", held.wrap(search.parse_profile))
+    url = served.url + "/v1/emulators/search/profile"
+    with sent_and_held(held, lambda: httpx.put(url, json=PROFILE, timeout=60)) as put:
         with httpx.Client(timeout=10) as client:  # a failure bound only: it is answered at once
             listed = client.get(served.url + "/v1/emulators")
             call = client.post(served.url + "/retrieve", json={"queries": ["q"], "topk": 1})
         assert listed.status_code == 200 and call.status_code == 200, (listed.text, call.text)
-        assert "put" not in answers and not release.is_set()  # answered during the parse
+        assert not put  # answered during the parse
         assert {t["tool"]: t["kind"] for t in listed.json()["tools"]}["search"] == "empirical"
-    finally:
-        release.set()
-        putter.join(timeout=60)
-    assert answers["put"].status_code == 200, answers["put"].text
-    assert answers["put"].json() == {"tool": "search", "kind": "constant", "active": True}
+    assert put[0].status_code == 200, put[0].text
+    assert put[0].json() == {"tool": "search", "kind": "constant", "active": True}
     assert search.profile.model.kind == "constant"  # swapped in once built
 
 
@@ -99,38 +113,25 @@ def test_calls_are_answered_while_a_get_writes_the_profile(
     """A GET wrote the profile on the event loop: for a million samples about 0.6 s, during
     which every call waited. It is written in a worker thread now, once per profile."""
     search = served.app.state.emulators["search"]
-    writing, release = threading.Event(), threading.Event()
-    write = profiles_router.profile_json
-    writes: list[object] = []
+    held, writes = Held(), []
+    write = held.wrap(profiles_router.profile_json)
 
-    def held_write(profile: Any) -> bytes:
+    def counted_write(profile: Any) -> bytes:
         writes.append(profile)
-        writing.set()
-        release.wait(timeout=30)  # on the event loop, this held every other call too
         return write(profile)
 
-    monkeypatch.setattr(profiles_router, "profile_json", held_write)
-    answers: dict[str, httpx.Response] = {}
-
-    def get() -> None:
-        answers["get"] = httpx.get(served.url + "/v1/emulators/search/profile", timeout=60)
-
-    getter = threading.Thread(target=get)
-    getter.start()
-    try:
-        assert writing.wait(timeout=30), "the GET never reached its write"
+    monkeypatch.setattr(profiles_router, "profile_json", counted_write)
+    url = served.url + "/v1/emulators/search/profile"
+    with sent_and_held(held, lambda: httpx.get(url, timeout=60)) as got:
         with httpx.Client(timeout=10) as client:  # a failure bound only: it is answered at once
             call = client.post(served.url + "/retrieve", json={"queries": ["q"], "topk": 1})
         assert call.status_code == 200, call.text
-        assert "get" not in answers  # answered while the profile was being written
-    finally:
-        release.set()
-        getter.join(timeout=60)
-    assert answers["get"].status_code == 200, answers["get"].text
-    assert answers["get"].headers["content-type"] == "application/json"
-    assert answers["get"].json() == search.profile.model_dump(mode="json", exclude_none=True)
-    again = httpx.get(served.url + "/v1/emulators/search/profile", timeout=10)
-    assert again.content == answers["get"].content and writes == [search.profile]  # kept
+        assert not got  # answered while the profile was being written
+    assert got[0].status_code == 200, got[0].text
+    assert got[0].headers["content-type"] == "application/json"
+    assert got[0].json() == search.profile.model_dump(mode="json", exclude_none=True)
+    again = httpx.get(url, timeout=10)
+    assert again.content == got[0].content and writes == [search.profile]  # kept
 
 
 def test_calls_are_answered_while_a_heavy_reply_draws_its_sizes(
@@ -139,32 +140,15 @@ def test_calls_are_answered_while_a_heavy_reply_draws_its_sizes(
     """A reply of more than 64 documents is rendered on a worker thread, but its queries'
     sizes were drawn on the event loop first: 256 new queries held every call 15-35 ms."""
     search = served.app.state.emulators["search"]
-    sizing, release = threading.Event(), threading.Event()
-    tokens_for = search.tokens_for
-
-    def held_tokens_for(*args: Any) -> int:
-        sizing.set()
-        release.wait(timeout=30)  # on the event loop, this held every other call too
-        return tokens_for(*args)
-
-    monkeypatch.setattr(search, "tokens_for", held_tokens_for)
+    held = Held()
+    monkeypatch.setattr(search, "tokens_for", held.wrap(search.tokens_for))
     heavy = {"queries": [f"heavy {i}" for i in range(65)], "topk": 1}
-    answers: dict[str, httpx.Response] = {}
-
-    def post() -> None:
-        answers["heavy"] = httpx.post(served.url + "/retrieve", json=heavy, timeout=60)
-
-    poster = threading.Thread(target=post)
-    poster.start()
-    try:
-        assert sizing.wait(timeout=30), "the heavy reply never drew its sizes"
+    send = lambda: httpx.post(served.url + "/retrieve", json=heavy, timeout=60)  # noqa: E731
+    with sent_and_held(held, send) as answered:
         light = {"query": "light", "response_tokens": 10, "delay_s": 0}  # sized by the caller
         with httpx.Client(timeout=10) as client:  # a failure bound only: it is answered at once
             call = client.post(served.url + "/v1/emulators/search/call", json=light)
         assert call.status_code == 200, call.text
-        assert "heavy" not in answers  # answered while the heavy reply was being sized
-    finally:
-        release.set()
-        poster.join(timeout=60)
-    assert answers["heavy"].status_code == 200, answers["heavy"].text
-    assert len(answers["heavy"].json()["result"]) == 65
+        assert not answered  # answered while the heavy reply was being sized
+    assert answered[0].status_code == 200, answered[0].text
+    assert len(answered[0].json()["result"]) == 65
