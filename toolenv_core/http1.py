@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .connect import connect
 from .headers import INJECTED_DELAY
 
 # How a request failed (at the transport level, or as a gateway tool's error), as small
@@ -383,8 +384,8 @@ class Pool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(
-                    lambda: _PoolConnection(self, loop), self.host, self.port
+                conn = await connect(
+                    loop, lambda: _PoolConnection(self, loop), self.host, self.port
                 )
         except TimeoutError as exc:
             raise ConnectFailed("connect timed out") from exc
