@@ -327,6 +327,11 @@ def test_a_search_restart_answers_the_call_it_cuts(stack: Stack) -> None:
     then cuts it: before, the caller got uvicorn's plain-text 500 through the gateway, which
     read as a failing service; now a 503 saying the service stopped and what to do."""
     stack.wait_healthy("search")
+    # and healthy to the gateway, whose view lags Docker's: after the burst test stopped search,
+    # the long call went out before it, and reached the emulator only after the restart
+    _wait_for(lambda: stack.client.get("/readyz").status_code == 200, timeout=30)
+    quick = stack.client.post("/retrieve", json={"queries": ["hamlet"], "topk": 1})
+    assert quick.status_code == 200, quick.text
     body = {"arguments": {"query": "hamlet", "topk": 1, "delay_s": 20}, "deadline_ms": 40000}
     r = _answer_across_restart(
         stack, "search", lambda: stack.client.post("/v1/tools/search/call", json=body)
