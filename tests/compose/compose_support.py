@@ -66,6 +66,7 @@ class Stack:
     env: dict[str, str]
     started_s: float = 0.0
     client: httpx.Client = field(init=False)
+    is_down: bool = False
 
     def __post_init__(self) -> None:
         self.client = httpx.Client(base_url=self.url, timeout=60)
@@ -81,6 +82,21 @@ class Stack:
             text=True,
             timeout=timeout,
         )
+
+    def down(self) -> None:
+        """Take the project down (every profile: a service a test started under one, vllm-cpu,
+        goes too) and check that it left nothing: no container, network, volume or cgroup."""
+        if self.is_down:
+            return
+        self.is_down = True
+        self.client.close()
+        down = self.compose("--profile", "*", "down", "-v", "--timeout", "10")
+        for d in delegated_cgroups(self.project):
+            if d.is_dir():
+                d.rmdir()  # fails (and fails the run) if sandboxd left a cgroup in it
+        remove_dangling_test_images()
+        assert down.returncode == 0, down.stderr
+        assert project_leftovers(self.project) == {"container": [], "network": [], "volume": []}
 
     def container(self, service: str) -> str:
         out = self.compose("ps", "-q", service)

@@ -13,9 +13,6 @@ from compose_support import (
     IMAGE,
     REPO,
     Stack,
-    delegated_cgroups,
-    project_leftovers,
-    remove_dangling_test_images,
 )
 from testkit import free_port
 
@@ -49,12 +46,17 @@ def stack(compose_v2: str, base_image: str) -> Iterator[Stack]:
         s.started_s = time.monotonic() - started
         yield s
     finally:
-        s.client.close()
-        # Every profile: a service a test started under one (vllm-cpu) goes down too.
-        down = s.compose("--profile", "*", "down", "-v", "--timeout", "10")
-        for d in delegated_cgroups(project):
-            if d.is_dir():
-                d.rmdir()  # fails (and fails the run) if sandboxd left a cgroup in it
-        remove_dangling_test_images()
-    assert down.returncode == 0, down.stderr
-    assert project_leftovers(project) == {"container": [], "network": [], "volume": []}
+        s.down()  # a no-op when the last test that used it took it down
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The stack goes down after the last test that uses it, not at the end of the session: its
+    healthchecks (a python process every 2 s in each container) took CPU from every later test,
+    the timed ones among them."""
+    stack = item.funcargs.get("stack")  # type: ignore[attr-defined]
+    if not isinstance(stack, Stack) or stack.is_down:
+        return
+    later = item.session.items[item.session.items.index(item) + 1 :]
+    if not any("stack" in getattr(other, "fixturenames", ()) for other in later):
+        stack.down()
