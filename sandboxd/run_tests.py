@@ -138,13 +138,16 @@ class _Cases:
         """A case is refused a slot (a full queue, or `queue_timeout_s`) only while the request
         has no verdict yet: later, a 429 threw away the verdicts of the cases that had run, and
         the caller ran them all again. Its deadline still bounds the wait."""
-        has_verdicts = any(r is not None for r in self.results)
         try:
-            return await runner.run_admitted(spec, deadline, batch, committed=has_verdicts)
-        except Rejected:
-            if not any(r is not None for r in self.results):
+            return await runner.run_admitted(spec, deadline, batch, committed=self.has_verdicts)
+        except Rejected:  # refused while no case had a verdict: has one come in meanwhile?
+            if not self.has_verdicts:
                 raise  # the caller's 429: nothing ran that a retry would repeat
             return await runner.run_admitted(spec, deadline, batch, committed=True)
+
+    @property
+    def has_verdicts(self) -> bool:
+        return any(r is not None for r in self.results)
 
     async def run_all(
         self, runner: CaseRunner, deadline: Deadline, workers: int, batch: Any = None

@@ -18,7 +18,7 @@ from typing import TypeVar
 P = TypeVar("P", bound=asyncio.Protocol)
 
 
-def is_address(host: str) -> bool:
+def _is_address(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -32,7 +32,7 @@ async def connect(
     """The protocol of a connection to `host:port`, each resolved address tried in turn (as
     `create_connection` does); an OSError (`socket.gaierror` for a name that does not resolve)
     when none answers."""
-    if is_address(host):
+    if _is_address(host):
         return (await loop.create_connection(factory, host, port))[1]
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError = OSError(f"{host}: no address")

@@ -68,11 +68,12 @@ def truncnormal_fn(
     lo, hi = (-beta, -alpha) if sign < 0 else (alpha, beta)
     log_hi = float(scipy.special.log_ndtr(hi))
     ratio = math.exp(float(scipy.special.log_ndtr(lo)) - log_hi)  # P(Z <= lo) / P(Z <= hi)
+    ndtri_exp = scipy.special.ndtri_exp  # looked up once, not per draw
 
     def fn(rng: np.random.Generator) -> float:
         r = rng.random()  # u = P(Z <= lo) + r * (P(Z <= hi) - P(Z <= lo)), as a log
         log_u = log_hi + math.log(max(r + (1.0 - r) * ratio, 1e-300))
-        return float(np.clip(mean + sign * std * scipy.special.ndtri_exp(log_u), low, high))
+        return float(np.clip(mean + sign * std * ndtri_exp(log_u), low, high))
 
     return fn
 
