@@ -1,4 +1,4 @@
-"""`toolenv emulators fit` / `describe` on the real search trace, and the shipped default profile."""
+"""`toolenv emulators fit` on the real search trace and on gateway captures; shipped profiles."""
 
 from __future__ import annotations
 
@@ -146,59 +146,6 @@ def test_fit_to_a_profile_that_cannot_be_written_is_one_line_exit_2(tmp_path: Pa
     assert blocker.read_text() == "" and sorted(tmp_path.iterdir()) == [blocker, calls]
 
 
-def test_describe_prints_quantiles_and_writes_a_png(polytrace_dir: Path, tmp_path: Path) -> None:
-    png = tmp_path / "cdf.png"
-    shipped = packaged_profile_path("search_default")
-    result = runner.invoke(
-        app,
-        [
-            "emulators",
-            "describe",
-            str(shipped),
-            "--data",
-            str(polytrace_dir / "search_r1"),
-            "--plot",
-            str(png),
-            "--samples",
-            "20000",
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert report["ks_model_vs_data"] < 0.02
-    assert all(abs(report["relative_error"][q]) < 0.03 for q in ("p50", "p90", "p99"))
-    human = runner.invoke(app, ["emulators", "describe", str(shipped), "--samples", "5000"])
-    assert human.exit_code == 0 and "p99" in human.output
-    missing = runner.invoke(app, ["emulators", "describe", str(tmp_path / "nope.yaml")])
-    assert missing.exit_code == 2 and "nope.yaml" in missing.output
-
-
-def test_describe_plot_writes_the_file_it_names(tmp_path: Path) -> None:
-    """`--plot cdf` wrote `cdf.png` and reported `cdf`; `--plot DIR` wrote `DIR.png`, exit 0."""
-    shipped = str(packaged_profile_path("search_default"))
-    plain = tmp_path / "cdf"
-    result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(plain)])
-    assert result.exit_code == 0, result.output
-    assert plain.read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "cdf.png").exists()
-    # rich read `[v2]` as a markup tag: it wrote cdf[v2].png and said `plot written to cdf.png`
-    tagged = tmp_path / "cdf[v2].png"
-    result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(tagged)])
-    assert result.exit_code == 0 and tagged.exists(), result.output
-    assert f"plot written to {tagged}\n" in result.stdout, result.stdout
-    folder = tmp_path / "plots"
-    folder.mkdir()
-    result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(folder)])
-    assert result.exit_code == 2 and not (tmp_path / "plots.png").exists()
-    said = f"error: cannot write the plot to {folder}: is a directory; name a PNG file\n"
-    assert result.stderr == said  # said before the sampling
-    negative = runner.invoke(app, ["emulators", "describe", shipped, "--seed", "-1"])
-    assert (
-        negative.exit_code == 2 and "--seed" in negative.output
-    )  # "expected non-negative integer"
-
-
 def test_shipped_profiles_name_their_source_and_match_the_published_facts() -> None:
     search = load_profile(packaged_profile_path("search_default"))
     assert (
@@ -291,31 +238,6 @@ def test_fit_on_a_gateway_capture_fits_successful_calls_and_carries_the_rest(
     assert json.loads(described.stdout)["data"]["n"] == 300
 
 
-def test_describe_says_what_share_of_calls_a_profiles_faults_take(tmp_path: Path) -> None:
-    """Before: `describe` of a profile `fit` wrote from a capture with errors and timeouts showed
-    its latency only: nothing said that one call in nine hangs."""
-    out = tmp_path / "faulty.yaml"
-    out.write_text(
-        "tool: search\n"
-        "model:\n"
-        "  kind: faulty\n"
-        "  model: {kind: lognormal, median_s: 0.1, sigma: 0.3}\n"
-        "  faults:\n"
-        "  - {type: error, rate: 0.055556, status: 503}\n"
-        "  - {type: hang, rate: 0.111111}\n"
-    )
-    described = runner.invoke(app, ["emulators", "describe", str(out), "--json"])
-    assert described.exit_code == 0, described.output
-    assert json.loads(described.stdout)["faults"] == [
-        {"type": "error", "rate": 0.055556, "status": 503},
-        {"type": "hang", "rate": 0.111111},
-    ]
-    human = runner.invoke(app, ["emulators", "describe", str(out)])
-    assert human.exit_code == 0, human.output
-    said = " ".join(human.output.split())
-    assert "faults: error (HTTP 503) on 5.556% of calls, hang on 11.11%" in said, said
-
-
 def test_fit_on_a_gateway_capture_itself_says_to_convert_it_first(tmp_path: Path) -> None:
     """Before: a trace capture given to `fit` as is was 'not a PolyTrace file this project
     reads', with no word of the command that makes one of it."""
@@ -346,21 +268,6 @@ def test_degenerate_latencies_fit_without_scipy_warnings() -> None:
         assert next(c for c in report.candidates if c.name == "gamma").error  # in its row
 
 
-def test_describe_plot_under_a_file_says_so(tmp_path: Path) -> None:
-    """`--plot FILE/cdf.png` said "cannot write the plot to ...: File exists" (the directories
-    it makes for the plot met the file)."""
-    shipped = str(packaged_profile_path("search_default"))
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    for plot in (blocker / "cdf.png", blocker / "d" / "cdf.png"):
-        result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(plot)])
-        assert result.exit_code == 2, (result.output, result.exception)
-        assert result.stderr == (
-            f"error: cannot write the plot to {plot}: {blocker} is a file, not a directory\n"
-        )
-    assert blocker.read_text() == "" and sorted(tmp_path.iterdir()) == [blocker]
-
-
 def test_the_ks_distance_counts_ties_and_the_tables_own_steps_right() -> None:
     """scipy's kstest assumes a continuous CDF: on latencies logged to 10 ms the empirical
     table, within 0.001 of the data, was reported at KS 0.12 (worse than every lognormal
@@ -375,46 +282,6 @@ def test_the_ks_distance_counts_ties_and_the_tables_own_steps_right() -> None:
     data = np.random.default_rng(4).gamma(0.8, 0.5, 2000)
     lognormal = next(c for c in fit(data).candidates if c.name == "lognormal")
     assert lognormal.ks == pytest.approx(stats.kstest(data, lognormal.spec.cdf).statistic)
-
-
-def test_describe_shows_each_stage_of_a_drift(tmp_path: Path) -> None:
-    """A sample of a drift by time (drawn at once) or by step without calls_per_step is all
-    its first stage: describe printed that stage's quantiles as the profile's, and the later
-    stages appeared nowhere."""
-    stages = [
-        {"start": 0, "model": {"kind": "constant", "value_s": 0.1}},
-        {"start": 30, "model": {"kind": "constant", "value_s": 2.0}},
-    ]
-    path = tmp_path / "drift.json"
-    path.write_text(json.dumps({"model": {"kind": "drift", "by": "time", "schedule": stages}}))
-    result = runner.invoke(app, ["emulators", "describe", str(path), "--json"])
-    assert result.exit_code == 0, result.output
-    got = json.loads(result.stdout)["stages"]
-    assert [(s["start"], s["by"], s["p50"], s["max"]) for s in got] == [
-        (0, "time", 0.1, 0.1),
-        (30, "time", 2.0, 2.0),
-    ]
-    human = runner.invoke(app, ["emulators", "describe", str(path)])
-    assert human.exit_code == 0, human.output
-    assert "from 0 s (s)" in human.stdout and "from 30 s (s)" in human.stdout
-
-
-def test_describe_of_draws_past_the_float_range_says_inf_and_stays_json(tmp_path: Path) -> None:
-    """A lognormal with sigma 1000 draws inf: its quantiles were numpy's nan (inf - inf) with
-    a RuntimeWarning on stderr, and `--json` printed NaN and Infinity, which are not JSON."""
-    path = tmp_path / "wide.json"
-    path.write_text(json.dumps({"model": {"kind": "lognormal", "median_s": 0.1, "sigma": 1000}}))
-    result = runner.invoke(app, ["emulators", "describe", str(path), "--json"])
-    assert result.exit_code == 0, result.output
-
-    def refuse(name: str) -> None:
-        raise AssertionError(f"{name} is not JSON")
-
-    model = json.loads(result.stdout, parse_constant=refuse)["model"]
-    assert model["p50"] < 1 and model["p99"] is None and model["max"] is None
-    human = runner.invoke(app, ["emulators", "describe", str(path)])
-    assert human.exit_code == 0 and "nan" not in human.stdout and "inf" in human.stdout
-    assert "RuntimeWarning" not in human.stderr, human.stderr
 
 
 def test_fit_json_stays_json_when_a_candidate_fails(tmp_path: Path) -> None:
@@ -473,49 +340,6 @@ def test_a_per_step_fit_says_it_wrote_a_drift_not_the_chosen_candidate(tmp_path:
     assert report["profile_kind"] == "drift" and report["best"] != "empirical_quantiles"
     notes = profile.notes or ""
     assert f"chose {report['best']}" not in notes and "drift of 2 empirical stage(s)" in notes
-
-
-def test_describe_names_the_faults_within_a_drift_stage_or_a_mixture(tmp_path: Path) -> None:
-    """Only a top-level `faulty` model's faults were reported: a drift stage that fails half of
-    its calls was described as if nothing failed."""
-    out = tmp_path / "nested.yaml"
-    out.write_text(
-        "tool: search\n"
-        "model:\n"
-        "  kind: drift\n"
-        "  schedule:\n"
-        "  - start: 0\n"
-        "    model:\n"
-        "      kind: faulty\n"
-        "      model: {kind: constant, value_s: 0.1}\n"
-        "      faults: [{type: error, rate: 0.5, status: 500}]\n"
-        "  - start: 2\n"
-        "    model:\n"
-        "      kind: mixture\n"
-        "      components:\n"
-        "      - {weight: 3, model: {kind: constant, value_s: 0.2}}\n"
-        "      - weight: 1\n"
-        "        model:\n"
-        "          kind: faulty\n"
-        "          model: {kind: constant, value_s: 0.3}\n"
-        "          faults: [{type: hang, rate: 0.2}]\n"
-    )
-    described = runner.invoke(app, ["emulators", "describe", str(out), "--json"])
-    assert described.exit_code == 0, described.output
-    assert json.loads(described.stdout)["faults"] == [
-        {"type": "error", "rate": 0.5, "status": 500, "where": "the drift stage from step 0"},
-        {
-            "type": "hang",
-            "rate": 0.2,
-            "where": "the drift stage from step 2, mixture component 2 (weight 0.25)",
-        },
-    ]
-    human = runner.invoke(app, ["emulators", "describe", str(out)])
-    said = " ".join(human.output.split())
-    assert (
-        "faults: in the drift stage from step 0: error (HTTP 500) on 50% of its calls; in the "
-        "drift stage from step 2, mixture component 2 (weight 0.25): hang on 20% of its calls"
-    ) in said, said
 
 
 def test_a_per_step_drift_counts_the_calls_its_faults_take_in_a_step() -> None:
