@@ -169,3 +169,10 @@ def describe(pids: set[int]) -> dict[int, str]:
         except OSError:
             out[pid] = "<gone>"
     return out
+
+
+def call(gw: GatewayServer, tool: str, arguments: dict, **kw: Any) -> httpx.Response:
+    """The generic call `POST /v1/tools/{tool}/call` with these arguments."""
+    return httpx.post(
+        f"{gw.url}/v1/tools/{tool}/call", json={"arguments": arguments}, timeout=30, **kw
+    )
