@@ -48,6 +48,7 @@ from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import tool_latencies
 
 from .harness import ServerProcess, toolenv_server
+from .ks_breakdown import BREAKDOWN_STEPS, ks_breakdown, quantile
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "polytrace" / "search_r1"
@@ -55,12 +56,6 @@ QUANTILES = (0.5, 0.9, 0.99, 0.999)
 TARGETS_1000 = {"ks": 0.01, "quantile_rel_error": 0.02, "timer_error_p99_ms": 5.0, "dropped": 0}
 WARMUP_S = 2.0
 SEND_SPIN_S = 0.0001
-BREAKDOWN_STEPS = (
-    "d_scheduled",
-    "a_plus_server_wake",
-    "b_plus_path_from_send",
-    "c_plus_send_lag_realized",
-)
 
 
 def emulator(profile_path: Path, pacing: bool = True) -> ServerProcess:
@@ -140,49 +135,6 @@ def run_rate(url: str, rate: float, seconds: float, max_in_flight: int) -> dict[
 # ------------------------------------------------------------------ statistics
 
 
-def _q(values: np.ndarray, p: float) -> float:
-    return float(np.quantile(values, p)) if values.size else math.nan
-
-
-def ks_gap(sample: np.ndarray, target: np.ndarray) -> dict[str, float]:
-    """KS distance of `sample` to `target`, its sign (+: the sample's CDF above, i.e. too fast),
-    and where it is: the target's quantile and value at the largest gap."""
-    a, t = np.sort(sample), np.sort(target)
-    grid = np.concatenate([a, t])
-    gap = np.searchsorted(a, grid, "right") / a.size - np.searchsorted(t, grid, "right") / t.size
-    i = int(np.argmax(np.abs(gap)))
-    return {
-        "ks": float(abs(gap[i])),
-        "signed": float(gap[i]),
-        "at_target_quantile": float(np.searchsorted(t, grid[i], "right") / t.size),
-        "at_s": float(grid[i]),
-    }
-
-
-def ks_breakdown(
-    scheduled: np.ndarray,
-    server_wake: np.ndarray,
-    from_send: np.ndarray,
-    realized: np.ndarray,
-    target: np.ndarray,
-) -> dict[str, dict[str, float]]:
-    """How the KS distance builds up, one part of the error at a time (cumulative).
-
-    (d) the delays the service scheduled: which trace values this window replayed (the floor no
-    timer can beat); (a) + the server's wake-up error (`X-Toolenv-Timer-Error-Ms`, the pacing lead
-    included); (b) + the rest from the client's send to its receipt (kernel both ways, the
-    server's loop before it parses the request, building and writing the reply, the client's
-    parse); (c) + the load generator's send lag behind its plan = the realized latency."""
-    return {
-        "d_scheduled": ks_gap(scheduled, target),
-        "a_plus_server_wake": ks_gap(scheduled + server_wake, target),
-        "b_plus_path_from_send": ks_gap(scheduled + from_send, target),
-        "c_plus_send_lag_realized": ks_gap(realized, target),
-        "b_alone": ks_gap(scheduled + from_send - server_wake, target),
-        "c_alone": ks_gap(realized - from_send, target),  # scheduled + send lag
-    }
-
-
 def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dict[str, Any]:
 
     ok = raw["ok"]
@@ -228,7 +180,7 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
             scheduled, server_timer, timer_from_send, realized, target
         )
         out["error_parts_ms"] = {
-            part: {"p50": _q(v, 0.5) * 1000, "mean": float(np.mean(v)) * 1000}
+            part: {"p50": quantile(v, 0.5) * 1000, "mean": float(np.mean(v)) * 1000}
             for part, v in (
                 ("a_server_wake", server_timer),
                 ("b_path_from_send", timer_from_send - server_timer),
@@ -237,32 +189,32 @@ def summarize(raw: dict, target: np.ndarray, rate: float, seconds: float) -> dic
         }
         out["quantiles"] = {
             f"p{p * 100:g}": {
-                "target_s": _q(target, p),
-                "realized_s": _q(realized, p),
-                "ratio": _q(realized, p) / _q(target, p),
-                "rel_error": _q(realized, p) / _q(target, p) - 1,
+                "target_s": quantile(target, p),
+                "realized_s": quantile(realized, p),
+                "ratio": quantile(realized, p) / quantile(target, p),
+                "rel_error": quantile(realized, p) / quantile(target, p) - 1,
             }
             for p in QUANTILES
         }
         # Against the delays actually scheduled in this run (a short run replays only part of the
         # shuffled trace, whose own quantiles differ from the whole trace's by a few percent).
         out["quantile_ratio_realized_vs_scheduled"] = {
-            f"p{p * 100:g}": _q(realized, p) / _q(scheduled, p) for p in QUANTILES
+            f"p{p * 100:g}": quantile(realized, p) / quantile(scheduled, p) for p in QUANTILES
         }
         out["timer_error_ms"] = {
-            "client_p50": _q(timer, 0.5) * 1000,
-            "client_p99": _q(timer, 0.99) * 1000,
-            "client_p99.9": _q(timer, 0.999) * 1000,
-            "from_send_p50": _q(timer_from_send, 0.5) * 1000,
-            "from_send_p99": _q(timer_from_send, 0.99) * 1000,
-            "load_side_send_lag_p50": _q(send_lag, 0.5) * 1000,
-            "load_side_send_lag_p99": _q(send_lag, 0.99) * 1000,
-            "server_p50": _q(server_timer, 0.5) * 1000,
-            "server_p99": _q(server_timer, 0.99) * 1000,
-            "server_p99.9": _q(server_timer, 0.999) * 1000,
+            "client_p50": quantile(timer, 0.5) * 1000,
+            "client_p99": quantile(timer, 0.99) * 1000,
+            "client_p99.9": quantile(timer, 0.999) * 1000,
+            "from_send_p50": quantile(timer_from_send, 0.5) * 1000,
+            "from_send_p99": quantile(timer_from_send, 0.99) * 1000,
+            "load_side_send_lag_p50": quantile(send_lag, 0.5) * 1000,
+            "load_side_send_lag_p99": quantile(send_lag, 0.99) * 1000,
+            "server_p50": quantile(server_timer, 0.5) * 1000,
+            "server_p99": quantile(server_timer, 0.99) * 1000,
+            "server_p99.9": quantile(server_timer, 0.999) * 1000,
             # how early the service woke on purpose (its measured response path; timing.Pacer)
-            "server_lead_p50": _q(lead, 0.5) * 1000,
-            "server_lead_p99": _q(lead, 0.99) * 1000,
+            "server_lead_p50": quantile(lead, 0.5) * 1000,
+            "server_lead_p99": quantile(lead, 0.99) * 1000,
         }
     return out
 
@@ -409,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         sel = base["ok"] & (base["planned"] >= WARMUP_S)
         floor = base["done"][sel] - base["planned"][sel]
         report["baseline_zero_delay_1000rps_ms"] = {
-            "p50": _q(floor, 0.5) * 1000,
-            "p99": _q(floor, 0.99) * 1000,
+            "p50": quantile(floor, 0.5) * 1000,
+            "p99": quantile(floor, 0.99) * 1000,
             "dropped": int((~base["ok"]).sum()),
         }
         print(
