@@ -19,6 +19,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "toolenv/toolenv:test"
 CGROUP_CONTROLLERS = ("pids", "memory", "cpu")
+# a program per language that prints 42
+PROGRAMS = {
+    "python": "print(6 * 7)",
+    "bash": "echo $((6 * 7))",
+    "c": '#include <stdio.h>\nint main(void) { printf("%d\\n", 6 * 7); return 0; }\n',
+    "cpp": "#include <iostream>\nint main() { std::cout << 6 * 7 << std::endl; }\n",
+}
 
 # Run inside the sandbox container: what sandboxd has started beyond its idle warm sandboxes.
 LEAK_PROBE = r"""
@@ -173,3 +180,8 @@ def remove_dangling_test_images() -> None:
 
 def delegated_cgroups(project: str) -> list[Path]:
     return [Path("/sys/fs/cgroup") / c / "toolenv" / project for c in CGROUP_CONTROLLERS]
+
+
+def run_code(stack: Stack, code: str, language: str = "python", **kw: object) -> httpx.Response:
+    """`POST /run_code` through the stack's gateway."""
+    return stack.client.post("/run_code", json={"code": code, "language": language, **kw})
