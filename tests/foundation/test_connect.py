@@ -10,7 +10,7 @@ import pytest
 import uvloop
 
 from toolenv_core.connect import connect
-from toolenv_core.http1 import Pool
+from toolenv_core.http1_pool import Pool
 
 
 async def _served_once(reply: bytes) -> tuple[asyncio.Server, int]:
