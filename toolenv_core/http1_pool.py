@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections import deque
 
-from .connect import connect
+from .connect import Connector
 from .headers import INJECTED_DELAY
 from .http1 import (
     ERR_CLOSED,
@@ -115,6 +115,7 @@ class Pool:
         self.capture = {h.encode("latin-1"): h for h in kept_headers}
         self.body_limit = max_body_bytes
         self._idle: deque[_PoolConnection] = deque()
+        self._connector = Connector(self.host, self.port)  # the name looked up once, kept
 
     async def request(
         self, method: str, path: str, headers: dict[str, str], body: bytes, resend: bool = True
@@ -148,6 +149,7 @@ class Pool:
                     raise exc from None
 
     def close(self) -> None:
+        self._connector.close()
         while self._idle:
             self._idle.pop().abort()
 
@@ -156,9 +158,7 @@ class Pool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                conn = await connect(
-                    loop, lambda: _PoolConnection(self, loop), self.host, self.port
-                )
+                conn = await self._connector.open(loop, lambda: _PoolConnection(self, loop))
         except TimeoutError as exc:
             raise ConnectFailed("connect timed out") from exc
         except OSError as exc:
