@@ -44,7 +44,7 @@ def _is_address(host: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class _Addresses:
+class Resolved:
     """One lookup's answer: (family, sockaddr) in the resolver's order, and when it expires."""
 
     addresses: list[tuple[int, Any]]
@@ -52,7 +52,7 @@ class _Addresses:
 
 
 async def _first_answering(
-    loop: asyncio.AbstractEventLoop, factory: Callable[[], P], host: str, found: _Addresses
+    loop: asyncio.AbstractEventLoop, factory: Callable[[], P], host: str, found: Resolved
 ) -> P:
     """Each address tried in turn, as `create_connection` does with a name."""
     error: OSError = OSError(f"{host}: no address")
@@ -80,18 +80,27 @@ class Connector:
         self.ttl_s = ttl_s
         self._clock = clock
         self._literal = _is_address(host)
-        self._kept: _Addresses | None = None
-        self._lookup: asyncio.Task[_Addresses] | None = None
+        self._kept: Resolved | None = None
+        self._lookup: asyncio.Task[Resolved] | None = None
 
-    async def open(self, loop: asyncio.AbstractEventLoop, factory: Callable[[], P]) -> P:
-        """The protocol of a new connection; an OSError (`socket.gaierror` for a name that does
-        not resolve) when none of the addresses answers."""
+    async def addresses(self, loop: asyncio.AbstractEventLoop) -> Resolved | None:
+        """The kept addresses, or a lookup's (`socket.gaierror` when the name does not resolve);
+        None for an address literal."""
         if self._literal:
-            return (await loop.create_connection(factory, self.host, self.port))[1]
+            return None
         found = self._kept
         if found is None or self._clock() >= found.expires:
             # shielded: a waiter cancelled (its connect timeout) does not cancel the others' lookup
             found = await asyncio.shield(self._looking_up(loop))
+        return found
+
+    async def connect(
+        self, loop: asyncio.AbstractEventLoop, factory: Callable[[], P], found: Resolved | None
+    ) -> P:
+        """The protocol of a new connection to one of `found` (from `addresses`); an OSError when
+        none answers, and the addresses are then dropped."""
+        if found is None:
+            return (await loop.create_connection(factory, self.host, self.port))[1]
         try:
             return await _first_answering(loop, factory, self.host, found)
         except (OSError, asyncio.CancelledError):
@@ -100,24 +109,24 @@ class Connector:
             raise
 
     def close(self) -> None:
-        """Stop a lookup in flight (the pool is closing; a later `open` starts another)."""
+        """Stop a lookup in flight (the pool is closing; a later `addresses` starts another)."""
         lookup = self._lookup
         if lookup is not None and not lookup.get_loop().is_closed():
             lookup.cancel()
 
-    def _looking_up(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[_Addresses]:
+    def _looking_up(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Resolved]:
         if self._lookup is None:
             self._lookup = loop.create_task(self._look_up(loop))
             self._lookup.add_done_callback(self._looked_up)
         return self._lookup
 
-    async def _look_up(self, loop: asyncio.AbstractEventLoop) -> _Addresses:
+    async def _look_up(self, loop: asyncio.AbstractEventLoop) -> Resolved:
         infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        found = _Addresses([(i[0], i[4]) for i in infos], self._clock() + self.ttl_s)
+        found = Resolved([(i[0], i[4]) for i in infos], self._clock() + self.ttl_s)
         self._kept = found
         return found
 
-    def _looked_up(self, lookup: asyncio.Task[_Addresses]) -> None:
+    def _looked_up(self, lookup: asyncio.Task[Resolved]) -> None:
         self._lookup = None
         if not lookup.cancelled():
             lookup.exception()  # retrieved: one every waiter left logs nothing ("never retrieved")

@@ -156,10 +156,20 @@ class Pool:
     # -- internals
     async def _open(self) -> _PoolConnection:
         loop = asyncio.get_running_loop()
+        looking_up = True
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                conn = await self._connector.open(loop, lambda: _PoolConnection(self, loop))
+                found = await self._connector.addresses(loop)
+                looking_up = False
+                conn = await self._connector.connect(
+                    loop, lambda: _PoolConnection(self, loop), found
+                )
         except TimeoutError as exc:
+            if looking_up:  # no connect began: the name is what is slow (a stopped container's)
+                raise ConnectFailed(
+                    f"connect timed out: the lookup of {self.host!r} took over "
+                    f"{self.connect_timeout_s:g} s"
+                ) from exc
             raise ConnectFailed("connect timed out") from exc
         except OSError as exc:
             raise ConnectFailed(f"cannot connect ({exc.strerror or exc})") from exc

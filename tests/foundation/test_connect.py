@@ -60,7 +60,8 @@ async def test_a_name_goes_to_create_connection_as_its_address() -> None:
     server, port = await _served_once(b"")
     try:
         loop.create_connection = spy  # type: ignore[method-assign]
-        protocol = await Connector("localhost", port).open(loop, asyncio.Protocol)
+        connector = Connector("localhost", port)
+        protocol = await connector.connect(loop, asyncio.Protocol, await connector.addresses(loop))
     finally:
         del loop.create_connection
         server.close()
@@ -72,8 +73,9 @@ async def test_a_closed_port_is_an_os_error() -> None:
     server, port = await _served_once(b"")
     server.close()
     await server.wait_closed()
+    loop, connector = asyncio.get_running_loop(), Connector("localhost", port)
     with pytest.raises(OSError):
-        await Connector("localhost", port).open(asyncio.get_running_loop(), asyncio.Protocol)
+        await connector.connect(loop, asyncio.Protocol, await connector.addresses(loop))
 
 
 # -- a pool's name, resolved once (a dead upstream's slow lookups filled the resolver's threads,
@@ -195,7 +197,7 @@ async def test_a_lookup_outlives_the_connect_timeouts_of_its_waiters(
         with Lookups(asyncio.get_running_loop(), fail=True) as lookups:
             lookups.gate.clear()
             for _ in range(3):
-                with pytest.raises(ConnectFailed, match="timed out"):
+                with pytest.raises(ConnectFailed, match="lookup of 'upstream.invalid' took over"):
                     await pool.request("GET", "/", {}, b"")
             assert lookups.calls == 1
             lookups.gate.set()
@@ -216,7 +218,8 @@ async def test_the_kept_addresses_expire_after_the_ttl() -> None:
         with Lookups(loop) as lookups:
             for step in (0.0, 4.9, 0.2):
                 now[0] += step
-                protocol = await connector.open(loop, asyncio.Protocol)
+                found = await connector.addresses(loop)
+                protocol = await connector.connect(loop, asyncio.Protocol, found)
                 seen.append(lookups.calls)
                 assert isinstance(protocol, asyncio.Protocol)
     finally:
@@ -266,3 +269,31 @@ async def test_a_dead_upstreams_calls_leave_the_resolver_to_a_live_one() -> None
         live.close()
         server.close()
     assert all(isinstance(f, ConnectFailed) for f in failures)
+
+
+async def test_a_connect_cut_by_its_timeout_says_so_and_drops_the_addresses() -> None:
+    """The addresses answer nothing (a connect that hangs, as to a stopped container's old
+    address): the call fails as a connect timeout, not a lookup's, and the next looks up again."""
+    loop = asyncio.get_running_loop()
+    server, port = await _served_once(CLOSE_OK)
+    pool = Pool(f"http://localhost:{port}", 0.05, 5.0)
+
+    async def hangs(*args: Any, **kw: Any) -> Any:
+        await asyncio.Event().wait()
+
+    try:
+        with Lookups(loop) as lookups:
+            assert (await pool.request("GET", "/", {}, b"")).body == b"ok"
+            loop.create_connection = hangs  # type: ignore[method-assign]
+            try:
+                with pytest.raises(ConnectFailed) as failed:
+                    await pool.request("GET", "/", {}, b"")
+            finally:
+                del loop.create_connection
+            assert str(failed.value) == "connect timed out"
+            assert lookups.calls == 1
+            assert (await pool.request("GET", "/", {}, b"")).body == b"ok"
+            assert lookups.calls == 2
+    finally:
+        pool.close()
+        server.close()
