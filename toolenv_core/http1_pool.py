@@ -108,7 +108,9 @@ class Pool:
         self.prefix = endpoint.path.rstrip("/")
         self.host = endpoint.host
         self.port = endpoint.port
-        self.host_header = f"{self.host}:{self.port}"
+        # an IPv6 address in brackets (RFC 9110 7.2): `::1:8080` is malformed to a strict server
+        named = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = f"{named}:{self.port}"
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle

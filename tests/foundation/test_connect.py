@@ -297,3 +297,27 @@ async def test_a_connect_cut_by_its_timeout_says_so_and_drops_the_addresses() ->
     finally:
         pool.close()
         server.close()
+
+
+async def test_an_ipv6_upstream_gets_a_well_formed_host_header() -> None:
+    """`Host: ::1:8080` (the address unbracketed) is a 400 to a strict server (Go's net/http)."""
+    heads: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(CLOSE_OK)
+        await writer.drain()
+        writer.close()
+
+    try:
+        server = await asyncio.start_server(answer, "::1", 0)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = server.sockets[0].getsockname()[1]
+    pool = Pool(f"http://[::1]:{port}", 5.0, 5.0)
+    try:
+        assert (await pool.request("GET", "/", {}, b"")).body == b"ok"
+    finally:
+        pool.close()
+        server.close()
+    assert f"host: [::1]:{port}\r\n".encode() in heads[0], heads
