@@ -108,12 +108,6 @@ class Connector:
                 self._kept = None
             raise
 
-    def close(self) -> None:
-        """Stop a lookup in flight (the pool is closing; a later `addresses` starts another)."""
-        lookup = self._lookup
-        if lookup is not None and not lookup.get_loop().is_closed():
-            lookup.cancel()
-
     def _looking_up(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Resolved]:
         if self._lookup is None:
             self._lookup = loop.create_task(self._look_up(loop))

@@ -151,7 +151,6 @@ class Pool:
                     raise exc from None
 
     def close(self) -> None:
-        self._connector.close()
         while self._idle:
             self._idle.pop().abort()
 

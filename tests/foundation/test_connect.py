@@ -4,6 +4,7 @@ around is in its module doc) and once for all of a pool's connections while they
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import threading
@@ -19,10 +20,14 @@ from toolenv_core.http1_pool import ConnectFailed, Pool
 
 async def _served_once(reply: bytes) -> tuple[asyncio.Server, int]:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(reply)
-        await writer.drain()
-        writer.close()
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1]
@@ -321,3 +326,20 @@ async def test_an_ipv6_upstream_gets_a_well_formed_host_header() -> None:
         pool.close()
         server.close()
     assert f"host: [::1]:{port}\r\n".encode() in heads[0], heads
+
+
+async def test_closing_a_pool_leaves_a_call_waiting_on_the_lookup_to_finish() -> None:
+    """`close` drops the idle connections only: a call waiting on the lookup was never
+    cancelled, and must not end in a CancelledError (its caller would take it for its own)."""
+    server, port = await _served_once(CLOSE_OK)
+    pool = Pool(f"http://localhost:{port}", 5.0, 5.0)
+    try:
+        with Lookups(asyncio.get_running_loop()) as lookups:
+            lookups.gate.clear()
+            call = asyncio.create_task(pool.request("GET", "/", {}, b""))
+            await _settle()
+            pool.close()
+            lookups.gate.set()
+            assert (await call).body == b"ok"
+    finally:
+        server.close()
