@@ -2,7 +2,7 @@
 
     python benchmarks/floor_proxy.py UPSTREAM_URL PORT
 
-uvloop, httptools parsing the request, the gateway's own upstream client (`toolenv_core.http1`,
+uvloop, httptools parsing the request, the gateway's own upstream client (`toolenv_core.http1_pool`,
 one keep-alive pool) and one socket write per answer: no admission, deadline, metrics, trace,
 keys or logs. `gateway_bench` runs it beside the gateway on the same CPU, so the gateway's CPU
 per call reads against what any Python proxy pays on this machine at that moment (the kernel's
@@ -17,7 +17,7 @@ import sys
 import httptools
 import uvloop
 
-from toolenv_core.http1 import Pool
+from toolenv_core.http1_pool import Pool
 
 READY = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 

@@ -31,7 +31,8 @@ from gateway.lane import LaneProtocol
 from gateway.settings import GatewaySettings
 from gateway.state import state_of_app
 from toolenv_core import headers as h
-from toolenv_core.http1 import _PoolConnection, encode_request
+from toolenv_core.http1 import encode_request
+from toolenv_core.http1_pool import _PoolConnection
 
 from .gateway_bench import BODY, PATHS
 

@@ -4,7 +4,7 @@ Embedded tools run the in-process apps handed to the gateway (`mounts`, built by
 tools that mount the same application (search and reward both live in the emulators) share one
 app and one lifespan. A custom tool's `app: "module:factory"` is the one documented extension
 point: its factory is imported and called with no arguments. In proxy mode each upstream has its
-own keep-alive pool in the lean HTTP/1.1 client (`toolenv_core.http1`).
+own keep-alive pool in the lean HTTP/1.1 client (`toolenv_core.http1_pool`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Both expose the same small surface (`pick`, `send`, `not_ready`), so admission, 
 hedging, retries and metrics wrap either the same way. Proxy mode balances by least outstanding
 requests and keeps an active health check per upstream; a refused connection also marks an
 upstream down at once (a passive check), so callers stop paying connect errors. Upstream HTTP
-goes through the lean client in `http1` (one keep-alive pool per upstream).
+goes through the lean client's `http1_pool.Pool` (one keep-alive pool per upstream).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from toolenv_core import headers as h
-from toolenv_core.http1 import (
+from toolenv_core.http1_pool import (
     KEPT_HEADERS,
     NO_LIMIT,
     ConnectFailed,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from stress import LoadSpec, run_load
-from toolenv_core.http1 import ConnectionBroken, Pool
+from toolenv_core.http1_pool import ConnectionBroken, Pool
 
 # RFC 9110 15.2: a client must parse any number of 1xx answers before the final one, even
 # unasked. Each request gets two interim answers, then its final answer numbered by request.
