@@ -37,7 +37,8 @@ from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
 from ..settings import SandboxSettings
 from . import bwrap
 from .batch import CaseBatch
-from .cgroups import PREFIX, CgroupPool, CgroupSlot
+from .cgroup_slot import CgroupSlot
+from .cgroups import PREFIX, CgroupPool
 from .execution import ExecContext, Execution, Step
 from .forkserver import ForkFailed, ForkServer, Runner
 from .limits import StepLimits

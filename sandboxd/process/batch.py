@@ -19,7 +19,8 @@ import signal
 import socket
 from typing import Any
 
-from .cgroups import CgroupPool, CgroupSlot
+from .cgroup_slot import CgroupSlot
+from .cgroups import CgroupPool
 from .forkserver import (
     REPLY_TIMEOUT_S,
     ForkedRun,

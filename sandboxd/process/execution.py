@@ -29,7 +29,7 @@ from ..languages import CHILD_ENV
 from ..models import ExecResult, ExecStatus, decode_output, output_limit_message
 from .batch import CaseBatch
 from .bwrap import Blocked, spawn_blocked
-from .cgroups import JOIN_FILE, CgroupSlot
+from .cgroup_slot import JOIN_FILE, CgroupSlot
 from .ending import classify
 from .forkserver import ForkedRun, ForkFailed, ForkServer, Runner
 from .limits import StepLimits, confine, has_memory_cgroup
@@ -280,7 +280,7 @@ class Execution:
         # every descendant it (or, at namespace teardown, the kernel) reaped. Not so under
         # bwrap's own init: bwrap reports the exit status init read and exits without reaping
         # init (the kernel kills it), so its rusage is bwrap's alone (2 ms for a C program that
-        # spun 0.6 s): the CPU time is then unknown, not that.
+        # spun 0.6 s): the CPU time is then the run's cgroup's (unknown without one).
         try:
             _, status, usage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -288,6 +288,8 @@ class Execution:
                 self.cpu_time_s = usage.ru_utime + usage.ru_stime
         except ChildProcessError:  # reaped elsewhere: keep what Popen knows
             self.proc.poll()
+        if self.sandbox is not None and not self.step.as_init and self.slot is not None:
+            self.cpu_time_s = self.slot.cpu_time_s()
         self._exited(self.proc.returncode)
 
     def _on_fork_ended(self, ended: asyncio.Future[tuple[int, float] | str]) -> None:
