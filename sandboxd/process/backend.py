@@ -17,8 +17,9 @@ import contextlib
 import itertools
 import os
 import shutil
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ from ..languages import (
 from ..models import ExecResult, ExecStatus, Limits, RunResult, RunSpec
 from ..settings import SandboxSettings
 from . import bwrap
-from .batch import CaseBatch
-from .cgroups import PREFIX, CgroupPool, CgroupSlot
+from .batch import Batches, CaseBatch
+from .cgroup_slot import CgroupSlot
+from .cgroups import PREFIX, CgroupPool
 from .execution import ExecContext, Execution, Step
 from .forkserver import ForkFailed, ForkServer, Runner
 from .limits import StepLimits
@@ -91,13 +93,10 @@ class ProcessBackend:
         self._running = 0
         self._runs = 0
         self._compiles = 0
-        self._batches = 0  # run_tests requests holding a runner of their own
-        self._batches_total = 0
-        self._batch_fallbacks = 0  # run_tests requests that took the per-case path instead
-        self._last_fallback = ""
         self._started = False
         self._reaping: set[asyncio.Task[None]] = set()
         self._cgroup_writer = ThreadPoolExecutor(1, thread_name_prefix="sandboxd-cgroup")
+        self.batches = Batches(settings, self.cgroups, self._track)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -184,12 +183,7 @@ class ProcessBackend:
             "workdir_root": str(self.root) if self.root else None,
             **self._warm_status(),
             "python_mode": self._python_mode(),
-            "run_tests_batches": {
-                "open": self._batches,
-                "total": self._batches_total,
-                "fallbacks": self._batch_fallbacks,
-                "last_fallback": self._last_fallback or None,
-            },
+            "run_tests_batches": self.batches.status(),
             "fork_server": self.fork_server.status() if self.fork_server is not None else None,
         }
 
@@ -324,67 +318,15 @@ class ProcessBackend:
         result.files = fetch_files(workdir, spec.fetch_files, cap)
         return result
 
-    @contextlib.asynccontextmanager
-    async def case_batch(
+    def case_batch(
         self, spec: RunSpec, deadline: Deadline
-    ) -> AsyncIterator[CaseBatch | None]:
+    ) -> AbstractAsyncContextManager[CaseBatch | None]:
         """For run_tests: one fork-server runner for every case of the request (None: cases take
         the per-case path: not python, no fork server, or as many batches open as programs)."""
         root, _ = self._require_started()
         lang = self._language(spec.language)
-        server = self.fork_server
-        if not (self.settings.fork_server_batch and self._forks(lang) and server is not None):
-            yield None
-            return
-        if self._batches >= self.settings.concurrency:
-            self._fall_back(f"{self._batches} requests hold a runner (the limit)")
-            yield None
-            return
-        self._batches += 1  # counted before the await: concurrent requests see it
-        batch = None
-        try:
-            batch = await self._open_batch(server, root, spec, lang)
-            if batch is None:
-                yield None
-                return
-            self._batches_total += 1
-            yield batch
-        finally:
-            self._batches -= 1
-            if batch is not None:  # the answer need not wait for the runner's reaping
-                self._track(batch.close())
-
-    def _fall_back(self, reason: str) -> None:
-        """Count a run_tests request sent to the per-case path, with why (shown in the status)."""
-        self._batch_fallbacks += 1
-        self._last_fallback = reason
-
-    async def _open_batch(
-        self, server: ForkServer, root: Path, spec: RunSpec, lang: Language
-    ) -> CaseBatch | None:
-        try:
-            runner = server.take()
-        except ForkFailed as exc:
-            self._fall_back(f"no runner: {exc}")
-            return None
-        if runner.slot is not None:  # the forker's own cgroup: its cases join their own
-            runner.slot.configure(
-                memory_bytes=self.settings.default_memory_mb << 20,
-                pids_max=self.settings.concurrency + 8,
-                cpu_cores=None,
-            )
-        batch = CaseBatch(server, runner, self.cgroups)
-        workdir = new_workdir(root)
-        try:
-            write_inputs(workdir, spec, lang, None if server.userns else bwrap.SANDBOX_UID)
-            await batch.open(workdir.name)
-        except (ForkFailed, InvalidPath, OSError) as exc:
-            self._fall_back(f"the request's runner did not start: {exc}")
-            await batch.close()
-            return None
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        return batch
+        server = self.fork_server if self._forks(lang) else None
+        return self.batches.batch(server, root, spec, lang)
 
     async def run_case(self, batch: CaseBatch, spec: RunSpec, deadline: Deadline) -> RunResult:
         """One case of a batch: a fresh process forked by the request's runner, in its own

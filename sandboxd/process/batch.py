@@ -5,7 +5,8 @@ The runner is taken from the fork server like any run's, but is sent the request
 `"cases": true` and a socket of its own: cases then go to it directly, each with its cgroup's
 files and its stdio, and every case is supervised by an `Execution` as a single run is. Closing
 the batch (EOF) kills whatever case is left and ends the runner; its slot is released after the
-zygote has reaped it.
+zygote has reaped it. `Batches` opens them: at most one per program in flight, each on a runner of
+its own, counted for `/v1/sandbox/status`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,19 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
-from .cgroups import CgroupPool, CgroupSlot
+from ..languages import Language
+from ..models import RunSpec
+from ..settings import SandboxSettings
+from .bwrap import SANDBOX_UID
+from .cgroup_slot import CgroupSlot
+from .cgroups import CgroupPool
 from .forkserver import (
     REPLY_TIMEOUT_S,
     ForkedRun,
@@ -28,6 +37,7 @@ from .forkserver import (
     Runner,
     read_messages,
 )
+from .paths import InvalidPath, new_workdir, write_inputs
 
 CLOSE_TIMEOUT_S = 5.0
 
@@ -143,3 +153,88 @@ class CaseBatch:
         if self.runner.slot is not None:
             self.cgroups.release(self.runner.slot)
         self.server.run_ended()
+
+
+class Batches:
+    """run_tests requests on a runner of their own: at most `concurrency` at once (each holds a
+    runner), with the counts the status shows and why the last one took the per-case path."""
+
+    def __init__(
+        self,
+        settings: SandboxSettings,
+        cgroups: CgroupPool,
+        track: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self.settings = settings
+        self.cgroups = cgroups
+        self.track = track  # background work the backend's close() waits for
+        self.open = 0  # requests holding a runner of their own
+        self.total = 0
+        self.fallbacks = 0  # requests that took the per-case path instead
+        self.last_fallback = ""
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "open": self.open,
+            "total": self.total,
+            "fallbacks": self.fallbacks,
+            "last_fallback": self.last_fallback or None,
+        }
+
+    @contextlib.asynccontextmanager
+    async def batch(
+        self, server: ForkServer | None, root: Path, spec: RunSpec, lang: Language
+    ) -> AsyncIterator[CaseBatch | None]:
+        """The request's batch, or None (`server` None: the language does not fork)."""
+        if not (self.settings.fork_server_batch and server is not None):
+            yield None
+            return
+        if self.open >= self.settings.concurrency:
+            self._fall_back(f"{self.open} requests hold a runner (the limit)")
+            yield None
+            return
+        self.open += 1  # counted before the await: concurrent requests see it
+        batch = None
+        try:
+            batch = await self._open(server, root, spec, lang)
+            if batch is None:
+                yield None
+                return
+            self.total += 1
+            yield batch
+        finally:
+            self.open -= 1
+            if batch is not None:  # the answer need not wait for the runner's reaping
+                self.track(batch.close())
+
+    def _fall_back(self, reason: str) -> None:
+        """Count a request sent to the per-case path, with why (shown in the status)."""
+        self.fallbacks += 1
+        self.last_fallback = reason
+
+    async def _open(
+        self, server: ForkServer, root: Path, spec: RunSpec, lang: Language
+    ) -> CaseBatch | None:
+        try:
+            runner = server.take()
+        except ForkFailed as exc:
+            self._fall_back(f"no runner: {exc}")
+            return None
+        if runner.slot is not None:  # the forker's own cgroup: its cases join their own
+            runner.slot.configure(
+                memory_bytes=self.settings.default_memory_mb << 20,
+                pids_max=self.settings.concurrency + 8,
+                cpu_cores=None,
+            )
+        batch = CaseBatch(server, runner, self.cgroups)
+        workdir = new_workdir(root)
+        try:
+            write_inputs(workdir, spec, lang, None if server.userns else SANDBOX_UID)
+            await batch.open(workdir.name)
+        except (ForkFailed, InvalidPath, OSError) as exc:
+            self._fall_back(f"the request's runner did not start: {exc}")
+            await batch.close()
+            return None
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return batch

@@ -7,7 +7,7 @@ import signal
 from dataclasses import dataclass
 
 from ..models import ExecStatus
-from .cgroups import CgroupStats
+from .cgroup_slot import CgroupStats
 from .limits import StepLimits
 
 CORES = os.cpu_count() or 1

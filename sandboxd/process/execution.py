@@ -6,8 +6,9 @@ in the namespace (so a setsid + double-fork daemon dies with it); bwrap reaps th
 zombie is left for anybody. A deadline,
 an output flood or a cancelled request SIGKILLs the program (the namespace follows) and, as a
 backstop, every task still in the run's cgroup. stdout and stderr are read on the event loop (no
-thread per run) up to `max_output_bytes` each; a program that writes more is killed at once
-(`OutputLimitExceeded`), so a 1 GB flood costs a few milliseconds and a bounded buffer.
+thread per run: `output.StepOutput`) up to `max_output_bytes` each; a program that writes more is
+killed at once (`OutputLimitExceeded`), so a 1 GB flood costs a few milliseconds and a bounded
+buffer.
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from ..languages import CHILD_ENV
-from ..models import ExecResult, ExecStatus, decode_output, output_limit_message
+from ..models import ExecResult, ExecStatus, output_limit_message
 from .batch import CaseBatch
 from .bwrap import Blocked, spawn_blocked
-from .cgroups import JOIN_FILE, CgroupSlot
+from .cgroup_slot import JOIN_FILE, CgroupSlot
 from .ending import classify
 from .forkserver import ForkedRun, ForkFailed, ForkServer, Runner
 from .limits import StepLimits, confine, has_memory_cgroup
+from .output import READ_CHUNK, StepOutput
 from .warm import Warm
 
-READ_CHUNK = 65536
 EXIT_GRACE_S = 2.0  # after a kill: how long bwrap may take to report before it is killed too
 
 
@@ -85,10 +86,8 @@ class Execution:
         self.child_pid: int | None = None
         self.pidfd = -1
         self.fds: list[int] = []
-        self.buffers = {"stdout": bytearray(), "stderr": bytearray()}
-        self.truncated = {"stdout": False, "stderr": False}
+        self.output = StepOutput(self.loop, self.lim.output_bytes, self._on_cap, self._maybe_done)
         self.over_cap: str | None = None  # the stream whose cap ended the step
-        self.readers: dict[int, str] = {}
         self.exited = False
         self.kill_reason: ExecStatus | None = None
         self.kill_message = ""
@@ -129,7 +128,7 @@ class Execution:
             await self._wait_exit(EXIT_GRACE_S)
             return ExecResult(
                 status=ExecStatus.ERROR,
-                stderr=self.buffers["stderr"].decode(errors="replace"),
+                stderr=self.output.buffers["stderr"].decode(errors="replace"),
                 message=self.kill_message or "the sandbox failed to start",
             )
         return await self._supervise(sandbox.out_r, sandbox.err_r)
@@ -221,10 +220,7 @@ class Execution:
     async def _supervise(self, out_r: int, err_r: int) -> ExecResult:
         if self.forked is None:
             self.started_at = time.monotonic()
-        for fd, stream in ((out_r, "stdout"), (err_r, "stderr")):
-            os.set_blocking(fd, False)
-            self.readers[fd] = stream
-            self.loop.add_reader(fd, self._on_output, fd)
+        self.output.read(out_r, err_r)
         if self.proc is not None:
             self.pidfd = os.pidfd_open(self.proc.pid)
             self.loop.add_reader(self.pidfd, self._on_exit)
@@ -238,40 +234,10 @@ class Execution:
 
     # -------------------------------------------------------------- events
 
-    def _on_output(self, fd: int) -> None:
-        stream = self.readers.get(fd)
-        if stream is None:
-            return
-        try:
-            chunk = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._close_reader(fd)
-            self._maybe_done()
-            return
-        self._take(stream, chunk)
-
-    def _take(self, stream: str, chunk: bytes) -> None:
-        """Keep output up to the cap; past it, kill the program (OutputLimitExceeded)."""
-        buf = self.buffers[stream]
-        room = self.lim.output_bytes - len(buf)
-        if len(chunk) > room:
-            buf.extend(chunk[: max(room, 0)])
-            self.truncated[stream] = True
-            if self.kill_reason is None:
-                self.over_cap = stream
-                self.kill(
-                    ExecStatus.OUTPUT_LIMIT, f"{stream} exceeded {self.lim.output_bytes} bytes"
-                )
-            return
-        buf.extend(chunk)
-
-    def _close_reader(self, fd: int) -> None:
-        if self.readers.pop(fd, None) is not None:
-            self.loop.remove_reader(fd)
+    def _on_cap(self, stream: str) -> None:
+        if self.kill_reason is None:
+            self.over_cap = stream
+            self.kill(ExecStatus.OUTPUT_LIMIT, f"{stream} exceeded {self.lim.output_bytes} bytes")
 
     def _on_exit(self) -> None:
         self.loop.remove_reader(self.pidfd)
@@ -280,7 +246,7 @@ class Execution:
         # every descendant it (or, at namespace teardown, the kernel) reaped. Not so under
         # bwrap's own init: bwrap reports the exit status init read and exits without reaping
         # init (the kernel kills it), so its rusage is bwrap's alone (2 ms for a C program that
-        # spun 0.6 s): the CPU time is then unknown, not that.
+        # spun 0.6 s): the CPU time is then the run's cgroup's (unknown without one).
         try:
             _, status, usage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
@@ -288,6 +254,8 @@ class Execution:
                 self.cpu_time_s = usage.ru_utime + usage.ru_stime
         except ChildProcessError:  # reaped elsewhere: keep what Popen knows
             self.proc.poll()
+        if self.sandbox is not None and not self.step.as_init and self.slot is not None:
+            self.cpu_time_s = self.slot.cpu_time_s()
         self._exited(self.proc.returncode)
 
     def _on_fork_ended(self, ended: asyncio.Future[tuple[int, float] | str]) -> None:
@@ -312,33 +280,16 @@ class Execution:
             self.slot.kill_all()  # backstop (insecure mode: daemons; bwrap: nothing should be left)
         if self.kill_reason is not None:
             # Everything is dead: do not wait for EOF from a pipe someone leaked.
-            for fd in list(self.readers):
-                self._drain_nonblocking(fd)
-        elif self.readers:
+            self.output.drain()
+        elif self.output.open:
             # The program is gone but a pipe is still open (without isolation, a daemon may
             # hold it): take what is there shortly, then stop waiting.
             self.loop.call_later(0.5, self._stop_reading)
         self._maybe_done()
 
     def _stop_reading(self) -> None:
-        for fd in list(self.readers):
-            self._drain_nonblocking(fd)
+        self.output.drain()
         self._maybe_done()
-
-    def _drain_nonblocking(self, fd: int) -> None:
-        """Take whatever is buffered in the pipe now, then stop reading it."""
-        stream = self.readers.get(fd)
-        while stream is not None and not self.truncated[stream]:
-            try:
-                chunk = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                break
-            except OSError:
-                break
-            if not chunk:
-                break
-            self._take(stream, chunk)
-        self._close_reader(fd)
 
     def _on_timeout(self) -> None:
         self.timer = None
@@ -347,7 +298,7 @@ class Execution:
             self.kill(ExecStatus.TIME_LIMIT, self.lim.time_limit_message(used))
 
     def _maybe_done(self) -> None:
-        if self.exited and not self.readers and not self.done.done():
+        if self.exited and not self.output.open and not self.done.done():
             self.done.set_result(None)
 
     def kill(self, reason: ExecStatus, message: str) -> None:
@@ -392,7 +343,7 @@ class Execution:
         self._exited(self.proc.returncode)
         with contextlib.suppress(OSError):
             os.set_blocking(self.sandbox.err_r, False)
-            self.buffers["stderr"].extend(os.read(self.sandbox.err_r, READ_CHUNK))
+            self.output.buffers["stderr"].extend(os.read(self.sandbox.err_r, READ_CHUNK))
 
     # -------------------------------------------------------------- results
 
@@ -415,10 +366,10 @@ class Execution:
             status=ending.status,
             exit_code=ending.exit_code,
             signal=ending.signal,
-            stdout=decode_output(self.buffers["stdout"], self.truncated["stdout"]),
-            stderr=decode_output(self.buffers["stderr"], self.truncated["stderr"]),
-            stdout_truncated=self.truncated["stdout"],
-            stderr_truncated=self.truncated["stderr"],
+            stdout=self.output.text("stdout"),
+            stderr=self.output.text("stderr"),
+            stdout_truncated=self.output.truncated["stdout"],
+            stderr_truncated=self.output.truncated["stderr"],
             wall_time_s=round(wall_s, 6),
             cpu_time_s=round(self.cpu_time_s, 6) if self.cpu_time_s is not None else None,
             peak_memory_kb=stats.peak_memory_kb if stats else None,
@@ -439,9 +390,7 @@ class Execution:
         # zygote's end report arriving after a cancel must not read it (FileNotFoundError in a
         # loop callback, the fork server's top-up skipped) nor kill what another run has in it.
         self.slot = None
-        for fd in list(self.readers):
-            self.loop.remove_reader(fd)
-        self.readers.clear()
+        self.output.stop()
         if self.pidfd >= 0 and not self.exited:
             with contextlib.suppress(Exception):
                 self.loop.remove_reader(self.pidfd)

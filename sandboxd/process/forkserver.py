@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cgroups import CgroupPool, CgroupSlot
+from .cgroup_slot import CgroupSlot
+from .cgroups import CgroupPool
 from .forkserver_argv import zygote_argv
 
 START_TIMEOUT_S = 10.0

@@ -12,7 +12,7 @@ from toolenv_core.deadline import Deadline
 
 from ..models import Limits
 from ..settings import SandboxSettings
-from .cgroups import CgroupSlot
+from .cgroup_slot import CgroupSlot
 
 
 @dataclass(frozen=True, slots=True)

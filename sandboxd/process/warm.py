@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .bwrap import Blocked, spawn_blocked
-from .cgroups import CgroupPool, CgroupSlot
+from .cgroup_slot import CgroupSlot
+from .cgroups import CgroupPool
 from .paths import new_workdir
 
 WARM_STDIN_MAX = 65536  # a warm sandbox's stdin is a pipe written in one go: at most its buffer

@@ -71,9 +71,9 @@ def test_every_language_runs_with_stdin(api: SandboxdServer, language: str) -> N
     assert res["run_result"]["stdout"] == "hello world\n"
     assert res["run_result"]["return_code"] == 0
     assert (res["compile_result"] is not None) == (language in ("c", "cpp"))
-    # bash, C and C++ run under bwrap's init, whose CPU time the service cannot read: unknown,
-    # not bwrap's own 2 ms (test_cpu_time_is_the_programs_or_unknown)
-    assert (res["run_result"]["cpu_time"] is not None) == (language == "python")
+    # bash, C and C++ run under bwrap's init: their CPU time is their cgroup's
+    # (test_cpu_time_of_c_and_bash_is_their_cgroups)
+    assert res["run_result"]["cpu_time"] is not None
     assert res["run_result"]["peak_memory_kb"] is not None
 
 
@@ -230,17 +230,24 @@ int main(void) {
 """
 
 
-def test_cpu_time_is_the_programs_or_unknown(api: SandboxdServer) -> None:
-    """A C program that spins 0.3 s of CPU reported `cpu_time` 0.002: bwrap's own, as bwrap
-    exits on its init's word without reaping it, so the program's CPU time never reaches the
-    service's wait4. Such a step says it is unknown (null), as docs/sandboxd.md says. A compiler
-    is its namespace's init, so its CPU time is read (it was bwrap's 2 ms too)."""
+def test_cpu_time_of_c_and_bash_is_their_cgroups(api: SandboxdServer) -> None:
+    """A C program that spins 0.3 s of CPU reported `cpu_time` 0.002 (bwrap's own: bwrap exits
+    on its init's word without reaping it, so the program's CPU time never reaches the service's
+    wait4), then null. It is the run's cgroup's now, for bash too. A compiler is its namespace's
+    init, so its CPU time is still wait4's."""
     res = api.run_code(code=SPIN_C, language="c", compile_timeout=30)
     assert res["status"] == "Success", res
-    assert res["run_result"]["cpu_time"] is None, res
+    run = res["run_result"]
+    assert 0.28 <= run["cpu_time"] <= run["execution_time"] + 0.05, res
     assert res["compile_result"]["cpu_time"] >= 0.01, res  # cc1 and as: 0.04 s here
-    res = api.run_code(code="i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done", language="bash")
-    assert res["status"] == "Success" and res["run_result"]["cpu_time"] is None, res
+    # bash's `times`: its own user and system time (it starts no child)
+    code = "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; times"
+    res = api.run_code(code=code, language="bash")
+    assert res["status"] == "Success", res
+    user, system = (float(t[:-1].split("m")[1]) for t in res["run_result"]["stdout"].split()[:2])
+    run = res["run_result"]
+    assert 0.5 * (user + system) <= run["cpu_time"] <= run["execution_time"] + 0.05, res
+    assert user + system >= 0.02, res  # (a loop long enough to tell)
 
 
 CPU_RLIMIT_C = r"""#include <stdio.h>
@@ -277,6 +284,34 @@ def test_a_cpu_time_limit_is_a_time_limit_on_every_language(api: SandboxdServer)
     assert api.run_code(code=code, run_timeout=5)["run_result"]["stdout"] == "6 7\n"
     res = api.run_code(code="int main(void){ return 152; }", language="c", run_timeout=5)
     assert res["run_result"]["status"] == "Finished", res
+
+
+HARD_CPU_LIMIT_C = r"""#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+static void *spin(void *arg) { for (volatile long n = 0;; n++) {} return arg; }
+int main(void) {
+  /* A program that ignores SIGXCPU meets the hard limit: SIGKILL. Brought down to 1 s of CPU
+     (two threads: about 0.5 s of wall time) so that it comes well before the 1 s timeout. */
+  struct rlimit r = {1, 1};
+  signal(SIGXCPU, SIG_IGN);
+  setrlimit(RLIMIT_CPU, &r);
+  pthread_t t;
+  pthread_create(&t, 0, spin, 0);
+  spin(0);
+}
+"""
+
+
+def test_the_hard_cpu_limits_sigkill_is_a_time_limit_for_c(api: SandboxdServer) -> None:
+    """The hard CPU limit's SIGKILL is told from any other SIGKILL by the step's CPU time: a C
+    program had none (bwrap's init reaps it), so a program that ignored SIGXCPU and spun into
+    its hard limit was `Finished`, signal 9, no message: a runtime error, not the limit."""
+    res = api.run_code(code=HARD_CPU_LIMIT_C, language="c", run_timeout=1, compile_timeout=30)
+    run = res["run_result"]
+    assert run["signal"] == 9 and run["cpu_time"] >= 0.9, res
+    assert run["status"] == "TimeLimitExceeded", res
+    assert run["message"] == "CPU-time limit of 2 s exceeded", res  # ceil(1 s) + 1
 
 
 TOUCH_MB_C = r"""#include <stdio.h>

@@ -17,6 +17,7 @@ from sandboxd.api import build_router
 from sandboxd.backend import SandboxUnavailable
 from sandboxd.models import Limits, RunResult, RunSpec
 from sandboxd.process import ProcessBackend
+from sandboxd.process.cgroup_slot import cpu_usage_file, parse_cpu_usage_us
 from sandboxd.process.cgroups import _left_by_dead_instance
 from sandboxd.service import SandboxService
 from sandboxd.settings import SandboxSettings
@@ -301,3 +302,28 @@ def test_a_cgroup_left_by_a_dead_instance_is_told_from_a_live_one(tmp_path: Path
         later.kill()
         later.wait()
     assert _left_by_dead_instance(made, later.pid)  # no such process any more
+
+
+def test_a_slots_cpu_time_is_read_from_cpuacct_or_a_v2_cpu_stat(tmp_path: Path) -> None:
+    """cpuacct.usage in its own dir, or in the cpu dir when mounted as `cpu,cpuacct`; under v2,
+    cpu.stat's usage_usec. Parsed from this host's real files where it has them."""
+    own, shared, v2 = (tmp_path / n for n in ("cpuacct", "cpu,cpuacct", "v2"))
+    for d in (own, shared, v2):
+        d.mkdir()
+    (own / "cpuacct.usage").write_text("1500000\n")
+    (shared / "cpuacct.usage").write_text("0\n")
+    (shared / "cpu.shares").write_text("1024\n")
+    (v2 / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n")
+    assert cpu_usage_file({"cpu": shared, "cpuacct": own}) == ("cpuacct", "cpuacct.usage")
+    assert cpu_usage_file({"cpu": shared}) == ("cpu", "cpuacct.usage")
+    assert cpu_usage_file({"cpu": v2}) == ("cpu", "cpu.stat")
+    assert cpu_usage_file({"pids": v2}) is None
+    assert parse_cpu_usage_us("cpuacct.usage", (own / "cpuacct.usage").read_text()) == 1500
+    assert parse_cpu_usage_us("cpu.stat", (v2 / "cpu.stat").read_text()) == 1500
+    host = {
+        "cpuacct.usage": Path("/sys/fs/cgroup/cpuacct/cpuacct.usage"),
+        "cpu.stat": Path("/sys/fs/cgroup/unified/cpu.stat"),  # a hybrid host's v2 hierarchy
+    }
+    for name, path in host.items():
+        if path.exists():
+            assert (parse_cpu_usage_us(name, path.read_text()) or 0) > 0, name
