@@ -155,13 +155,21 @@ class CgroupSlot:
         finally:
             self._done(c, name, os.O_WRONLY, fd)
 
+    @property
+    def fork_server_controllers(self) -> list[str]:
+        """The controllers a fork-server process joins: all but cpuacct. Its CPU time comes from
+        the zygote (the runner's rusage), so joining cpuacct too would be one more migration
+        per runner for a figure no one reads."""
+        return [c for c in self.dirs if c != "cpuacct"]
+
     def join_fds(self) -> list[int]:
-        """An fd open for writing on each controller's `JOIN_FILE`, through which a fork-server
-        process joins the slot by writing "0"; hand them back with `done_join_fds`."""
-        return [self._fd(c, JOIN_FILE, os.O_WRONLY) for c in self.dirs]
+        """An fd open for writing on each `fork_server_controllers`' `JOIN_FILE`, through which
+        a fork-server process joins the slot by writing "0"; hand them back with
+        `done_join_fds`."""
+        return [self._fd(c, JOIN_FILE, os.O_WRONLY) for c in self.fork_server_controllers]
 
     def done_join_fds(self, fds: list[int]) -> None:
-        for c, fd in zip(self.dirs, fds, strict=True):
+        for c, fd in zip(self.fork_server_controllers, fds, strict=True):
             self._done(c, JOIN_FILE, os.O_WRONLY, fd)
 
     def configure(
