@@ -13,8 +13,11 @@ connection filled the pool, and a live upstream's lookup (its health check's) wa
 until it timed out. A `Connector` has at most one lookup in flight, which every connection opened
 meanwhile waits on (a waiter that gives up, at its connect timeout, leaves it running for the
 next), and keeps the addresses while connects to them succeed: they are looked up again after a
-connect to them fails (refused, unreachable, cut by the connect timeout: the name may have moved)
-or `ttl_s` after the lookup. A failed lookup is not kept. An address literal is never looked up.
+connect to them fails (refused, unreachable, cut by the connect timeout: the name may have moved),
+after the upstream closes a connection itself (`forget`: a stopped container closes its
+connections, and a connect to its vanished address would hang until the host gives up on it,
+where a fresh lookup fails at once), or `ttl_s` after the lookup. A failed lookup is not kept.
+An address literal is never looked up.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from typing import Any, TypeVar
 
 P = TypeVar("P", bound=asyncio.Protocol)
 
-# How long a lookup's addresses are kept at most: a container name's moves show first as a failed
-# connect (which drops them at once), so this bounds only a name that moves while its old address
-# still answers.
-DNS_TTL_S = 5.0
+# How long a lookup's addresses are kept at most. A live name's lookup is quick, so a second's
+# reuse already spares the resolver's threads; a short keep also bounds how long calls go to the
+# address of an upstream that went away without a word (no connection of ours open to it).
+DNS_TTL_S = 1.0
 
 
 def _is_address(host: str) -> bool:
@@ -107,6 +110,10 @@ class Connector:
             if self._kept is found:  # not a newer lookup's answer: that one is still untried
                 self._kept = None
             raise
+
+    def forget(self) -> None:
+        """Drop the kept addresses: the next connection looks the name up again."""
+        self._kept = None
 
     def _looking_up(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Resolved]:
         if self._lookup is None:

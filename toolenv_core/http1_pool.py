@@ -68,6 +68,11 @@ class _PoolConnection(Connection):
         # the loop it lives on, kept: `asyncio.get_running_loop()` costs a getpid() per call
         self.loop = loop
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:  # the upstream closed it, not the pool: it may be going away (a
+            self.owner._connector.forget()  # stopped container), its address with it
+        super().connection_lost(exc)
+
     def on_body(self, body: bytes) -> None:
         # The whole body is kept, up to the pool's limit (one compare per chunk, as
         # BodyConnection's cut makes): past it the request fails and the connection is closed.

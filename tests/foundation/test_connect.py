@@ -152,6 +152,28 @@ async def test_concurrent_opens_wait_on_one_lookup() -> None:
     assert lookups.calls == 1
 
 
+async def test_an_upstream_closing_a_connection_makes_the_next_open_resolve_again() -> None:
+    """A stopped container closes its connections; its address then vanishes, and a connect to it
+    hangs until the host gives up (a call with a short deadline timed out, where a fresh lookup
+    fails at once): a connection the upstream closed drops the kept addresses."""
+    server, port = await _served_once(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    pool = Pool(f"http://localhost:{port}", 5.0, 5.0)
+    seen: list[int] = []
+    try:
+        with Lookups(asyncio.get_running_loop()) as lookups:
+            for _ in range(2):  # kept alive by the pool, then closed by the server
+                assert (await pool.request("GET", "/", {}, b"")).body == b"ok"
+                for _ in range(50):
+                    if all(c.closed for c in pool._idle):
+                        break
+                    await asyncio.sleep(0.01)
+                seen.append(lookups.calls)
+    finally:
+        pool.close()
+        server.close()
+    assert seen == [1, 2]
+
+
 async def test_a_failed_connect_makes_the_next_open_resolve_again() -> None:
     """The addresses are kept while connects to them succeed: the name may have moved."""
     server, port = await _served_once(CLOSE_OK)
