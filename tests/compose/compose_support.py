@@ -18,7 +18,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "toolenv/toolenv:test"
-CGROUP_CONTROLLERS = ("pids", "memory", "cpu")
+CGROUP_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
 # a program per language that prints 42
 PROGRAMS = {
     "python": "print(6 * 7)",
