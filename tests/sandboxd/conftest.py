@@ -31,3 +31,12 @@ def sandboxd(sandboxd_factory: Callable[..., SandboxdServer]) -> SandboxdServer:
     server.run_code(code="print(1)")  # warm the first-run paths before the baseline
     server.probe.baseline()
     return server
+
+
+@pytest.fixture(scope="module")
+def api(sandboxd_factory: Callable[..., SandboxdServer]) -> SandboxdServer:
+    """One process-backend server per module for the API tests (4 programs at once, bodies up
+    to 64 KiB: a bigger one is a 413)."""
+    return sandboxd_factory(
+        "--max-concurrency", "4", env={"TOOLENV_SANDBOX_MAX_BODY_BYTES": "65536"}
+    )

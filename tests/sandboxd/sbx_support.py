@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -196,3 +197,10 @@ def start_sandboxd(
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError("sandboxd did not become ready within 60 s")
+
+
+def post(
+    server: SandboxdServer, body: object, path: str = "/run_code", **kw: Any
+) -> httpx.Response:
+    """A JSON body POSTed to the server (default `/run_code`), its answer as it came."""
+    return server.client.post(path, json=body, **kw)
