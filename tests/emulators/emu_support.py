@@ -10,7 +10,14 @@ from contextlib import contextmanager
 import httpx
 from testkit import ServerProcess, free_port
 
+from toolenv_core import headers
+
 FAST = {"model": {"kind": "constant", "value_s": 0.0}}
+# the emulators' answer headers, lower-case as a raw answer's parsed headers are
+INJECTED = headers.INJECTED_DELAY.lower()
+FAULT = headers.FAULT.lower()
+TIMER = headers.TIMER_ERROR.lower()
+LEAD = headers.PACING_LEAD.lower()
 
 
 def start_server(*args: str) -> ServerProcess:

@@ -11,16 +11,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from emu_support import FAST, start_server
+from emu_support import FAST, FAULT, INJECTED, TIMER, start_server
 from testkit import ServerProcess, free_port
 
 from emulators.profiles import packaged_profile_path
 from toolenv_core.latency import load_profile
-
-INJECTED = "x-toolenv-injected-delay-ms"
-FAULT = "x-toolenv-fault"
-TIMER = "x-toolenv-timer-error-ms"
-LEAD = "x-toolenv-pacing-lead-ms"
 
 
 def tokens(result: list[dict]) -> int:

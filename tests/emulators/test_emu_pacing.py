@@ -22,35 +22,6 @@ from emulators.timing import (
 from toolenv_core.net import free_port
 from toolenv_core.timer import precise_timer, sleep_until
 
-SPECS = [
-    {"kind": "uniform", "low_s": 0.1, "high_s": 0.4},
-    {"kind": "truncnormal", "mean_s": 0.2, "std_s": 0.3, "low_s": 0.0},
-    {"kind": "truncnormal", "mean_s": 1.0, "std_s": 0.5, "low_s": 0.5, "high_s": 1.2},
-    {"kind": "lognormal", "median_s": 0.17, "sigma": 1.2},
-    {"kind": "gamma", "shape": 0.8, "scale_s": 0.5},
-    {"kind": "exponential", "mean_s": 0.45},
-    {"kind": "lomax", "shape": 2.5, "scale_s": 0.3},
-    {"kind": "pareto", "shape": 3.0, "scale_s": 0.05},
-    {"kind": "empirical", "quantiles": [[0, 0.02], [0.5, 0.17], [0.9, 1.4], [1, 3.8]]},
-    {"kind": "empirical", "samples": [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2]},
-    {
-        "kind": "mixture",
-        "components": [
-            {"weight": 0.7, "model": {"kind": "lognormal", "median_s": 0.08, "sigma": 0.6}},
-            {"weight": 0.3, "model": {"kind": "gamma", "shape": 4, "scale_s": 0.3}},
-        ],
-    },
-    {
-        "kind": "faulty",
-        "model": {"kind": "lognormal", "median_s": 0.5, "sigma": 0.3},
-        "faults": [{"type": "error", "rate": 0.2, "status": 500}],
-    },
-    # bounds far out in a tail: the normal CDF rounded to 0 or 1 there, and every draw was
-    # infinite (`max_delay_s` per call) or pinned to `low_s`
-    {"kind": "truncnormal", "mean_s": 0.05, "std_s": 0.005, "low_s": 0.2},
-    {"kind": "truncnormal", "mean_s": 5.0, "std_s": 0.1, "low_s": 0.0, "high_s": 1.0},
-]
-
 
 def test_the_pacer_wakes_by_the_median_response_path_and_stays_bounded() -> None:
     """Simulated replies: each leaves `path - lead` after its target, path ~ U(0.2, 0.6) ms."""

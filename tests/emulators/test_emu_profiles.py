@@ -9,15 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from emu_support import FAST, start_server
+from emu_support import FAST, INJECTED, start_server
 from testkit import free_port
 
 from emulators.profiles import packaged_profile_path
-
-INJECTED = "x-toolenv-injected-delay-ms"
-FAULT = "x-toolenv-fault"
-TIMER = "x-toolenv-timer-error-ms"
-LEAD = "x-toolenv-pacing-lead-ms"
 
 
 def test_profile_swap_list_and_validation(client: httpx.Client) -> None:

@@ -10,18 +10,13 @@ import time
 import httpx
 import numpy as np
 import pytest
-from emu_support import FAST, start_server
+from emu_support import FAST, INJECTED, LEAD, TIMER, start_server
 from scipy import stats
 from testkit import ServerProcess, free_port
 
 from emulators.profiles import packaged_profile_path
 from stress import LoadSpec, arun_load
 from toolenv_core.latency import load_profile
-
-INJECTED = "x-toolenv-injected-delay-ms"
-FAULT = "x-toolenv-fault"
-TIMER = "x-toolenv-timer-error-ms"
-LEAD = "x-toolenv-pacing-lead-ms"
 
 
 def test_exact_replay_delay_and_headers(client: httpx.Client) -> None:
