@@ -36,6 +36,7 @@ from toolenv_core.latency import HangFault
 from toolenv_core.latency.samplers import InterpolatedSampler
 from toolenv_core.polytrace.kinds import files_of_kind
 from toolenv_core.polytrace.rewards import read_reward_timings
+from toolenv_core.sigterm import sigterm_cancels
 
 from .clock import run_virtual
 from .engines.costmodel import load_cost_model
@@ -204,11 +205,20 @@ def cell_settings(plan: StudyPlan, cell: PolicyCell, tools: ScenarioTools) -> Ro
 
 
 def run_cell(
-    plan: StudyPlan, cell: PolicyCell, tools: ScenarioTools, plans: list[TrajectoryPlan]
+    plan: StudyPlan,
+    cell: PolicyCell,
+    tools: ScenarioTools,
+    plans: list[TrajectoryPlan],
+    *,
+    here: bool = False,
 ) -> dict[str, Any]:
+    """One cell's row. `here`: in the command's own process, where SIGTERM cancels the cell as
+    Ctrl-C does (raised where the main thread stood, it landed in one trajectory's task, which
+    kept it as that trajectory's error, and the study went on); a Ray worker leaves it to Ray."""
     settings = cell_settings(plan, cell, tools)
     sim_tools = tools.build(plan.seed, cell.hedge_q)
-    report = run_virtual(run_rollout(settings, iter(plans), tools=sim_tools))
+    rollout = run_rollout(settings, iter(plans), tools=sim_tools)
+    report = run_virtual(sigterm_cancels(rollout) if here else rollout)
     steps = report["steps"]
     timelines = report.pop("_timelines")
     calls = sum(s["tool_calls"] for s in steps)
@@ -313,11 +323,12 @@ JobRunner = Callable[
 ]
 
 
-def run_job(inputs: StudyInputs, job: CellJob) -> dict[str, Any]:
-    """One cell, from the shared inputs alone (deterministic: same inputs, same row)."""
+def run_job(inputs: StudyInputs, job: CellJob, *, here: bool = False) -> dict[str, Any]:
+    """One cell, from the shared inputs alone (deterministic: same inputs, same row); `here` as
+    `run_cell` takes it."""
     scenario, cell = job
     tools = ScenarioTools(scenario, inputs.recorded, inputs.reward)
-    return run_cell(inputs.plan, cell, tools, inputs.plans)
+    return run_cell(inputs.plan, cell, tools, inputs.plans, here=here)
 
 
 def run_here(
@@ -325,7 +336,7 @@ def run_here(
 ) -> list[dict[str, Any]]:
     rows = []
     for i, job in enumerate(jobs):
-        rows.append(run_job(inputs, job))
+        rows.append(run_job(inputs, job, here=True))
         on_done(i, rows[-1])
     return rows
 
