@@ -77,6 +77,10 @@ async def run_with_progress(
 
     def on_event(event) -> None:
         if state["task"] is None:
+            # begun at the first event (a no-op after it): a check as the run starts (the
+            # gateway, --tool-scale on the wall clock) failed under a bar whose end put an empty
+            # line before the error
+            progress.start()
             state["task"] = progress.add_task(
                 f"step {state['step']}",
                 total=min(settings.batch, len(plans)),
@@ -101,10 +105,13 @@ async def run_with_progress(
         state["step"] = metrics["step"] + 1
         state["task"] = None
 
-    with progress:
+    try:
         report = await run_rollout(
             settings, iter(plans), out_dir=out_dir, on_event=on_event, on_step=on_step
         )
+    finally:
+        if progress.live.is_started:  # its stop prints a line break off a terminal, begun or not
+            progress.stop()
     report["notes"] = notes + [
         note for note in (lag_note(report), scaled_tools_note(report)) if note is not None
     ]

@@ -225,3 +225,19 @@ def test_the_simulator_lag_note_says_how_far_behind_in_modelled_seconds() -> Non
         "(CPU starved); lower --time-scale for faithful timings"
     )
     assert run_driver.lag_note({**report, "sim_lag_s": 0.039}) is None
+
+
+def test_an_option_refused_when_the_run_starts_is_the_one_line_on_stderr(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Options checked as the rollout starts (here --tool-scale on the wall clock; a gateway
+    down, a tool profile that does not read alike) were refused under a progress bar already
+    begun, whose end put an empty line before the error."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    args = ["rollout", "run", "--engine", "sim", "--exact", "--trace", str(trace), "--limit", "2"]
+    result = CliRunner().invoke(
+        build_app(), [*args, "--tool-scale", "2", "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith("error: --tool-profile and --tool-scale shape the in-process")
+    assert result.stderr.count("\n") == 1
