@@ -18,6 +18,7 @@ from toolenv_core.latency import load_profile
 from toolenv_core.polytrace import write_multiturn
 from toolenv_core.polytrace.kinds import files_of_kind
 
+from .clock import now
 from .engines.base import Engine
 from .engines.costmodel import load_cost_model
 from .engines.eventsim import EventSimEngine
@@ -73,7 +74,9 @@ def build_tools(settings: RolloutSettings, hedge_quantile: float | None) -> SimT
 
     tools: dict[str, ToolModel] = {}
     for tool, path in settings.tool_profiles.items():
-        tools[tool] = ToolModel(load_profile(path).model.build(), scale=settings.tool_scale)
+        # a drift by time reads the run's clock (built in it: its seconds from the run's start)
+        sampler = load_profile(path).model.build(clock=now)
+        tools[tool] = ToolModel(sampler, scale=settings.tool_scale)
     hedge = None
     if hedge_quantile is not None:
         q = hedge_quantile
