@@ -95,9 +95,21 @@ def tool_profile_problems(
     """Before a virtual-clock run: (an error, notes) about `--tool-profile` against the tools
     the selected trajectories call. Without `--exact` a called tool with no profile would fail
     every call of it (a misspelt tool name, typically); a profile no call uses only warns, and
-    so does `+hedge` on a tool with recorded latencies alone (its hedges can never win)."""
+    so does `+hedge` on a tool with recorded latencies alone (its hedges can never win). A
+    called tool's profile written for another (its `tool:`) is refused, as an emulator refuses
+    it: `search=reward_default.yaml` gave each search call a sandbox batch's ~80 s."""
     called = {call.tool for plan in plans for turn in plan.turns for call in turn.calls}
     given = set(settings.tool_profiles)
+    for tool in sorted(called & given):
+        path = settings.tool_profiles[tool]
+        profile = load_profile(path)
+        if "tool" in profile.model_fields_set and profile.tool != tool:
+            meant = profile.tool
+            error = (
+                f"--tool-profile {tool}={path}: the profile is for {meant!r} (its `tool:`), not "
+                f"{tool!r}: give {meant}={path}, or a profile of {tool!r}"
+            )
+            return error, []
     tools = ", ".join(sorted(called)) or "none"
     unused = sorted(given - called)
     notes = []

@@ -19,6 +19,7 @@ import matplotlib.image as plt_image
 import numpy as np
 import pytest
 from testkit import free_port
+from typer.testing import CliRunner
 
 from rollout_client.clock import VirtualTimeDeadlock, now, run_virtual
 from rollout_client.engines.costmodel import CostModel
@@ -28,6 +29,7 @@ from rollout_client.session import run_rollout
 from rollout_client.settings import RolloutSettings
 from rollout_client.simtools import SimTools, ToolModel
 from rollout_client.workloads.plan import ToolCallPlan, TrajectoryPlan, TurnPlan
+from toolenv.cli import build_app
 from toolenv_core.deadline import Deadline
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.latency import HangFault, ThrottleFault
@@ -567,3 +569,19 @@ def test_a_drift_profile_moves_on_with_the_runs_step_or_clock(by: str, tmp_path:
         assert latencies == [[0.1, 0.1], [20.0, 20.0]]
     else:
         assert latencies == [[0.1, 20.0], [20.0, 20.0]]
+
+
+def test_a_tool_profile_of_another_tool_is_refused(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--tool-profile search=reward_default.yaml` ran, each search call taking a sandbox batch's
+    ~80 s, where the search emulator refuses a profile whose `tool:` is not its own."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    profile = REPO_ROOT / "emulators" / "profiles" / "reward_default.yaml"
+    args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--trace", str(trace)]
+    args += ["--limit", "2", "--no-plots", "--out", str(tmp_path / "o")]
+    done = CliRunner().invoke(build_app(), [*args, "--tool-profile", f"search={profile}"])
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert done.stderr == (
+        f"error: --tool-profile search={profile}: the profile is for 'reward' (its `tool:`), not "
+        f"'search': give reward={profile}, or a profile of 'search'\n"
+    )
+    assert not (tmp_path / "o").exists()
