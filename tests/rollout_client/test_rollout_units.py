@@ -382,6 +382,38 @@ async def test_a_server_that_is_not_openai_compatible_is_one_line(prefix: str, s
     )
 
 
+class _OneModel(http.server.BaseHTTPRequestHandler):
+    """`/v1/models` at the server's root lists one model; every other path is a 404."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b'{"object": "list", "data": [{"id": "m"}]}' if self.path == "/v1/models" else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("given", ["", "/", "/v1", "/v1/"])
+async def test_an_openai_client_base_url_ending_in_v1_is_the_servers_root(given: str) -> None:
+    """`--openai-url http://host:8000/v1`, the base URL an OpenAI client takes, asked for
+    /v1/v1/models and was refused as "not an OpenAI-compatible server"."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneModel)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    root = f"http://127.0.0.1:{server.server_address[1]}"
+    engine = OpenAIEngine([root + given])
+    try:
+        await engine.start()
+    finally:
+        await engine.close()
+        server.shutdown()
+        server.server_close()
+    assert engine.base_urls == [root] and engine.model == "m"
+
+
 class _LateLoop(VirtualEventLoop):
     """A virtual clock whose timers all fire 2 ms late: a host a little behind, every time."""
 
