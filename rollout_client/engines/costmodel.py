@@ -35,13 +35,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from toolenv_core.config import did_you_mean
 from toolenv_core.errors import first_problem
 from toolenv_core.fields import Integer, Number
 
 
 class CostModel(BaseModel):
+    # a misspelt key (`kv_capacity` for `kv_capacity_tokens`) was dropped: the run went on
+    # without the limit it named
+    model_config = ConfigDict(extra="forbid")
+
     name: str = "custom"
     source: str = ""
     prefill_per_token_s: Number = Field(ge=0)
@@ -154,4 +159,7 @@ def load_cost_model(name_or_path: str) -> CostModel:
         return CostModel.model_validate(data)
     except ValidationError as exc:
         field, msg = first_problem(exc)
+        if exc.errors()[0]["type"] == "extra_forbidden":
+            known = did_you_mean(field, CostModel.model_fields)
+            raise ValueError(f"cost profile {path}: unknown field {field!r}{known}") from exc
         raise ValueError(f"cost profile {path}: field {field!r}: {msg}") from exc

@@ -182,6 +182,19 @@ def test_a_cost_profile_that_does_not_validate_is_one_line_naming_the_field(tmp_
         load_cost_model(str(path))
 
 
+def test_a_cost_profile_with_a_misspelt_field_is_refused(tmp_path: Path) -> None:
+    """`kv_capacity` for `kv_capacity_tokens` was dropped without a word: the run went on with
+    no KV-cache limit, the one thing the profile meant to set."""
+    path = tmp_path / "p.json"
+    data = BUILTIN_PROFILES["vllm-cpu-tiny"].model_dump(mode="json")
+    path.write_text(json.dumps({**data, "kv_capacity": 4096}))
+    with pytest.raises(ValueError) as caught:
+        load_cost_model(str(path))
+    assert str(caught.value) == (
+        f"cost profile {path}: unknown field 'kv_capacity' (did you mean kv_capacity_tokens?)"
+    )
+
+
 async def test_calibrate_recovers_a_known_cost_model() -> None:
     truth = CostModel(
         prefill_per_token_s=40e-6,
