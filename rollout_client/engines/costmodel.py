@@ -155,6 +155,12 @@ def load_cost_model(name_or_path: str) -> CostModel:
         data = json.loads(path.read_text())
     except ValueError as exc:
         raise ValueError(f"cost profile {path} does not parse: {exc}") from exc
+    if not isinstance(data, dict):  # it said "field '': ... a valid dictionary or instance of"
+        held = "null" if data is None else "an array" if isinstance(data, list) else "a value"
+        raise ValueError(
+            f"cost profile {path}: holds {held}, not a JSON object of costs (as "
+            "`toolenv rollout calibrate --out` writes)"
+        )
     try:
         return CostModel.model_validate(data)
     except ValidationError as exc:

@@ -180,6 +180,14 @@ def test_a_cost_profile_that_does_not_validate_is_one_line_naming_the_field(tmp_
     path.write_text("{")
     with pytest.raises(ValueError, match=r"does not parse: Expecting property name"):
         load_cost_model(str(path))
+    for text, held in (("[1]", "an array"), ("null", "null"), ("3", "a value")):
+        path.write_text(text)  # was "field '': Input should be a valid dictionary or instance..."
+        with pytest.raises(ValueError) as caught:
+            load_cost_model(str(path))
+        assert str(caught.value) == (
+            f"cost profile {path}: holds {held}, not a JSON object of costs (as `toolenv "
+            "rollout calibrate --out` writes)"
+        )
 
 
 def test_a_cost_profile_with_a_misspelt_field_is_refused(tmp_path: Path) -> None:
