@@ -22,7 +22,6 @@ attempt draws a fresh latency from that distribution (a recorded latency belongs
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from toolenv_core.sigterm import sigterm_cancels
 from .clock import run_virtual
 from .engines.costmodel import load_cost_model
 from .metrics import time_weighted
+from .policies import OverlapPolicy
 from .session import run_rollout
 from .settings import RolloutSettings
 from .simtools import SimTools, ToolModel
@@ -278,7 +278,10 @@ def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     """Every trajectory the cells may need (exact mode), and the recorded call latencies."""
     # An over-sampling cell that aborts launches N * (1 + ratio) fresh trajectories every step:
     # with fewer, its later steps ran short and were ranked beside cells that ran in full.
-    launch = max(math.ceil(plan.batch * (1 + (p.over or 0.0))) for p in plan.policies)
+    launch = max(
+        OverlapPolicy(over=p.over).launch_count(plan.batch) if p.over else plan.batch
+        for p in plan.policies
+    )
     need = launch * plan.steps
     want = max(need, int(plan.batch * plan.steps * 1.6) + plan.batch)
     traces = files_of_kind(plan.traces, "multiturn")  # directories, names in the trace cache
