@@ -114,6 +114,15 @@ def test_replay_plan_matches_the_record_and_scales(polytrace_dir: Path) -> None:
     assert 5 < len(sampled) < 60  # about 20 of 2,048
 
 
+def test_a_length_scaled_to_a_whole_number_is_not_rounded_past_it() -> None:
+    """Lengths are rounded up, and 100 x 1.1 is 110.00000000000001 in floating point: the prompt
+    was 111 tokens. Up to 1e-6 of a token is floating-point error, not a part of a token."""
+    scale = LengthScale(1.1)
+    assert [scale.prompt(n) for n in (50, 100, 101)] == [55, 110, 112]
+    assert [scale.output(n) for n in (90, 200)] == [99, 220]
+    assert LengthScale(1.1, max_append=1000).append(110) == 121
+
+
 def test_token_synth_is_deterministic_and_inside_the_vocabulary() -> None:
     synth = TokenSynth(vocab_size=1024)
     ids = synth.ids("x", 500)
