@@ -331,3 +331,21 @@ def test_sigterm_during_a_cell_ends_the_study_not_one_trajectory(
         assert signal.getsignal(signal.SIGTERM) is handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_report_gives_the_command_as_a_shell_reads_it(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """study.md's command line joined the arguments with spaces: `--out "my study"` read as
+    `--out my study`, a command that does something else."""
+    out = tmp_path / "my study"
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    args = ["rollout", "study", "--trace", str(trace), "--batch", "4", "--steps", "1"]
+    args += ["--no-plots", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["toolenv", *args])  # what the study writes down
+    done = CliRunner().invoke(build_app(), args)
+    assert done.exit_code == 0, (done.output, done.exception)
+    said = (out / "study.md").read_text().splitlines()[2]
+    assert said == (
+        f"`toolenv rollout study --trace {trace} --batch 4 --steps 1 --no-plots --out '{out}'`"
+    )
