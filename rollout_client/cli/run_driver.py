@@ -124,9 +124,9 @@ def lag_note(report: dict) -> str | None:
     in modelled seconds too, the table's own: at 20x a 0.042 s lag (5% of a 0.8 s run, enough
     for the note) read "fell 0.0 s behind"."""
     scale = report.get("time_scale", 1.0)
-    wall_makespan = report["summary"].get("total_makespan_s", 0) / scale
+    wall_makespan = max(report["summary"].get("total_makespan_s", 0) / scale, 1e-9)
     lag = report.get("sim_lag_s", 0)
-    if lag <= 0.05 * max(wall_makespan, 1e-9):  # both wall seconds
+    if lag <= 0.05 * wall_makespan:  # both wall seconds
         return None
     return (
         f"note: the simulator fell {lag:.2g} s ({lag * scale:.3g} s modelled, "
