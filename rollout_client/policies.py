@@ -183,7 +183,9 @@ class OverlapPolicy(Policy):
             raise ValueError("overlap mode must be 'carry' or 'abort'")
 
     def launch_count(self, target: int) -> int:
-        return math.ceil(target * (1 + self.over))
+        """N * (1 + over) rounded up, to the nearest 1e-6 first: 100 * 1.1 is 110.00000000000001
+        in floating point, and 111 were launched."""
+        return math.ceil(round(target * (1 + self.over), 6))
 
     def close_when_done(self, target: int) -> int:
         return target

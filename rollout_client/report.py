@@ -17,6 +17,8 @@ from toolenv_core.plotting import pyplot
 MAKESPAN_PNG, COMPLETION_PNG, BUSY_PNG = "makespan.png", "completion_cdf.png", "engine_busy.png"
 PLOTS = (MAKESPAN_PNG, COMPLETION_PNG, BUSY_PNG)
 """Every plot `plot` draws, by file name."""
+LABELLED_STEPS = 12  # past this many steps, the plots show the steps as an axis, not by name
+MAX_WIDTH_IN = 12.0  # the per-step makespan bars' figure, at most (1,200 pixels)
 
 
 def drop_plots_not_written(out: Path, names: Iterable[str], written: Iterable[Path]) -> None:
@@ -121,9 +123,18 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     # Plots are in modelled seconds: a step's figures are already (`metrics.in_modelled_time`);
     # the engine's in-flight timelines are on the run's own clock, `time_scale` times faster.
     scale = report.get("time_scale", 1.0)
-    fig, ax = plt.subplots(figsize=(max(3.5, 1.2 * len(steps) + 2), 3.5))
-    labels = [f"step {s['step']}" for s in steps]
-    ax.bar(labels, [s["modeled_makespan_s"] for s in steps], color="tab:blue", width=0.6)
+    # Up to LABELLED_STEPS a bar and a legend entry per step; past them the figure keeps its
+    # width and the steps are an axis: 600 steps drew a 72,200-pixel-wide bar chart and a CDF
+    # under a legend of 600 entries.
+    many = len(steps) > LABELLED_STEPS
+    fig, ax = plt.subplots(figsize=(min(MAX_WIDTH_IN, max(3.5, 1.2 * len(steps) + 2)), 3.5))
+    heights = [s["modeled_makespan_s"] for s in steps]
+    if many:
+        ax.bar([s["step"] for s in steps], heights, color="tab:blue", width=0.8)
+        ax.set_xlabel("step")
+    else:
+        labels = [f"step {s['step']}" for s in steps]
+        ax.bar(labels, heights, color="tab:blue", width=0.6)
     ax.set_ylabel("makespan, modelled (s)")
     ax.set_title(f"per-step makespan: {title}")
     fig.tight_layout()
@@ -132,6 +143,11 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
+    # many steps: each curve's colour says its step (a colour bar), not a legend entry
+    by_step = plt.cm.ScalarMappable(
+        norm=plt.Normalize(steps[0]["step"], steps[-1]["step"]) if steps else None,
+        cmap="viridis",
+    )
     for s in steps:
         times = s["completion_times_s"]
         if times:  # from (0, 0): one trajectory, or all finishing together, is still a curve
@@ -140,11 +156,15 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
                 [0.0] + [(i + 1) / len(times) for i in range(len(times))],
                 where="post",
                 label=f"step {s['step']}",
+                **({"color": by_step.to_rgba(s["step"]), "lw": 0.8} if many else {}),
             )
     ax.set_xlabel("modelled seconds since step start")
     ax.set_ylabel("fraction of trajectories done")
     ax.set_title(f"trajectory completion CDF: {title}")
-    ax.legend(fontsize="small")
+    if many:
+        fig.colorbar(by_step, ax=ax, label="step")
+    else:
+        ax.legend(fontsize="small")
     fig.tight_layout()
     paths.append(out / COMPLETION_PNG)
     fig.savefig(paths[-1], dpi=100)

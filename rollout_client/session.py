@@ -18,6 +18,7 @@ from toolenv_core.latency import load_profile
 from toolenv_core.polytrace import write_multiturn
 from toolenv_core.polytrace.kinds import files_of_kind
 
+from .clock import now
 from .engines.base import Engine
 from .engines.costmodel import load_cost_model
 from .engines.eventsim import EventSimEngine
@@ -73,7 +74,9 @@ def build_tools(settings: RolloutSettings, hedge_quantile: float | None) -> SimT
 
     tools: dict[str, ToolModel] = {}
     for tool, path in settings.tool_profiles.items():
-        tools[tool] = ToolModel(load_profile(path).model.build(), scale=settings.tool_scale)
+        # a drift by time reads the run's clock (built in it: its seconds from the run's start)
+        sampler = load_profile(path).model.build(clock=now)
+        tools[tool] = ToolModel(sampler, scale=settings.tool_scale)
     hedge = None
     if hedge_quantile is not None:
         q = hedge_quantile
@@ -92,9 +95,21 @@ def tool_profile_problems(
     """Before a virtual-clock run: (an error, notes) about `--tool-profile` against the tools
     the selected trajectories call. Without `--exact` a called tool with no profile would fail
     every call of it (a misspelt tool name, typically); a profile no call uses only warns, and
-    so does `+hedge` on a tool with recorded latencies alone (its hedges can never win)."""
+    so does `+hedge` on a tool with recorded latencies alone (its hedges can never win). A
+    called tool's profile written for another (its `tool:`) is refused, as an emulator refuses
+    it: `search=reward_default.yaml` gave each search call a sandbox batch's ~80 s."""
     called = {call.tool for plan in plans for turn in plan.turns for call in turn.calls}
     given = set(settings.tool_profiles)
+    for tool in sorted(called & given):
+        path = settings.tool_profiles[tool]
+        profile = load_profile(path)
+        if "tool" in profile.model_fields_set and profile.tool != tool:
+            meant = profile.tool
+            error = (
+                f"--tool-profile {tool}={path}: the profile is for {meant!r} (its `tool:`), not "
+                f"{tool!r}: give {meant}={path}, or a profile of {tool!r}"
+            )
+            return error, []
     tools = ", ".join(sorted(called)) or "none"
     unused = sorted(given - called)
     notes = []

@@ -112,14 +112,16 @@ class SimTools:
         model: ToolModel,
         arguments: dict[str, Any],
         rng: np.random.Generator,
+        step: int,
         hedge: bool = False,
     ) -> Draw:
-        """A first attempt replays the recorded latency; a hedge draws a fresh one if it can."""
+        """A first attempt replays the recorded latency; a hedge draws a fresh one if it can.
+        The step is the call's, as the emulators take it from `X-Step` (a drift by step)."""
         recorded = arguments.get("delay_s") if model.use_recorded else None
         if recorded is not None and not (hedge and model.sampler is not None):
             draw = Draw(float(recorded))
         elif model.sampler is not None:
-            draw = model.sampler.draw(rng)
+            draw = model.sampler.draw(rng, step)
         else:
             raise ValueError(
                 f"tool {tool!r} has no latency profile and the call carries no recorded delay_s "
@@ -171,7 +173,7 @@ class SimTools:
         self.stats.calls += 1
         retries = 0
         while True:
-            draw = self._draw(tool, model, arguments, rng)
+            draw = self._draw(tool, model, arguments, rng, step)
             if draw.fault is not None:
                 self.stats.faults[draw.fault.type] = self.stats.faults.get(draw.fault.type, 0) + 1
             first = self._attempt(draw)
@@ -180,7 +182,7 @@ class SimTools:
             delay = window.hedge_delay() if window is not None else None
             if delay is not None and first.after_s > delay and now() + delay < limit:
                 self.stats.hedges += 1
-                second = self._attempt(self._draw(tool, model, arguments, rng, hedge=True))
+                second = self._attempt(self._draw(tool, model, arguments, rng, step, hedge=True))
                 if delay + second.after_s < first.after_s:
                     answer, after = second, delay + second.after_s
             if answer.status == "timeout" and deadline is None:

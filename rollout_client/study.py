@@ -22,7 +22,6 @@ attempt draws a fresh latency from that distribution (a recorded latency belongs
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +35,12 @@ from toolenv_core.latency import HangFault
 from toolenv_core.latency.samplers import InterpolatedSampler
 from toolenv_core.polytrace.kinds import files_of_kind
 from toolenv_core.polytrace.rewards import read_reward_timings
+from toolenv_core.sigterm import sigterm_cancels
 
 from .clock import run_virtual
 from .engines.costmodel import load_cost_model
 from .metrics import time_weighted
+from .policies import OverlapPolicy
 from .session import run_rollout
 from .settings import RolloutSettings
 from .simtools import SimTools, ToolModel
@@ -204,11 +205,20 @@ def cell_settings(plan: StudyPlan, cell: PolicyCell, tools: ScenarioTools) -> Ro
 
 
 def run_cell(
-    plan: StudyPlan, cell: PolicyCell, tools: ScenarioTools, plans: list[TrajectoryPlan]
+    plan: StudyPlan,
+    cell: PolicyCell,
+    tools: ScenarioTools,
+    plans: list[TrajectoryPlan],
+    *,
+    here: bool = False,
 ) -> dict[str, Any]:
+    """One cell's row. `here`: in the command's own process, where SIGTERM cancels the cell as
+    Ctrl-C does (raised where the main thread stood, it landed in one trajectory's task, which
+    kept it as that trajectory's error, and the study went on); a Ray worker leaves it to Ray."""
     settings = cell_settings(plan, cell, tools)
     sim_tools = tools.build(plan.seed, cell.hedge_q)
-    report = run_virtual(run_rollout(settings, iter(plans), tools=sim_tools))
+    rollout = run_rollout(settings, iter(plans), tools=sim_tools)
+    report = run_virtual(sigterm_cancels(rollout) if here else rollout)
     steps = report["steps"]
     timelines = report.pop("_timelines")
     calls = sum(s["tool_calls"] for s in steps)
@@ -268,7 +278,10 @@ def load_plans(plan: StudyPlan) -> tuple[list[TrajectoryPlan], np.ndarray]:
     """Every trajectory the cells may need (exact mode), and the recorded call latencies."""
     # An over-sampling cell that aborts launches N * (1 + ratio) fresh trajectories every step:
     # with fewer, its later steps ran short and were ranked beside cells that ran in full.
-    launch = max(math.ceil(plan.batch * (1 + (p.over or 0.0))) for p in plan.policies)
+    launch = max(
+        OverlapPolicy(over=p.over).launch_count(plan.batch) if p.over else plan.batch
+        for p in plan.policies
+    )
     need = launch * plan.steps
     want = max(need, int(plan.batch * plan.steps * 1.6) + plan.batch)
     traces = files_of_kind(plan.traces, "multiturn")  # directories, names in the trace cache
@@ -313,11 +326,12 @@ JobRunner = Callable[
 ]
 
 
-def run_job(inputs: StudyInputs, job: CellJob) -> dict[str, Any]:
-    """One cell, from the shared inputs alone (deterministic: same inputs, same row)."""
+def run_job(inputs: StudyInputs, job: CellJob, *, here: bool = False) -> dict[str, Any]:
+    """One cell, from the shared inputs alone (deterministic: same inputs, same row); `here` as
+    `run_cell` takes it."""
     scenario, cell = job
     tools = ScenarioTools(scenario, inputs.recorded, inputs.reward)
-    return run_cell(inputs.plan, cell, tools, inputs.plans)
+    return run_cell(inputs.plan, cell, tools, inputs.plans, here=here)
 
 
 def run_here(
@@ -325,7 +339,7 @@ def run_here(
 ) -> list[dict[str, Any]]:
     rows = []
     for i, job in enumerate(jobs):
-        rows.append(run_job(inputs, job))
+        rows.append(run_job(inputs, job, here=True))
         on_done(i, rows[-1])
     return rows
 

@@ -25,11 +25,13 @@ class Terminated(BaseException):
 
 async def sigterm_cancels(main: Awaitable[T]) -> T:
     """Await `main` in the running loop's main task; SIGTERM cancels that task (as asyncio's own
-    Ctrl-C handler does) and the cancellation comes out as `Terminated`. Outside the main thread
-    SIGTERM is left to its owner."""
+    Ctrl-C handler does) and the cancellation comes out as `Terminated`. The handler before it is
+    back afterwards (the loop's own removal set SIG_DFL: a study's second cell and its report
+    were then ended where they stood). Outside the main thread SIGTERM is left to its owner."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     terminated = False
+    previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm() -> None:
         nonlocal terminated
@@ -49,6 +51,8 @@ async def sigterm_cancels(main: Awaitable[T]) -> T:
         raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        if previous is not None:  # None: set outside Python, nothing to put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

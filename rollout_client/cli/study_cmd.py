@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -129,7 +130,8 @@ def study(
                 result = run_study(inputs, on_cell, runner)
             except (TraceFormatError, ValueError, VirtualTimeDeadlock) as exc:
                 fail(one_line(exc))
-        command = "toolenv rollout study " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else [])
+        # quoted as a shell reads it: `--out "my study"` was written `--out my study`
+        command = "toolenv rollout study " + shlex.join(sys.argv[3:])
         write(result, out, command.strip(), plots=not no_plots)
     if as_json:
         typer.echo(json.dumps(result, indent=2))

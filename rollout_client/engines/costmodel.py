@@ -35,13 +35,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from toolenv_core.config import did_you_mean
 from toolenv_core.errors import first_problem
 from toolenv_core.fields import Integer, Number
 
 
 class CostModel(BaseModel):
+    # a misspelt key (`kv_capacity` for `kv_capacity_tokens`) was dropped: the run went on
+    # without the limit it named
+    model_config = ConfigDict(extra="forbid")
+
     name: str = "custom"
     source: str = ""
     prefill_per_token_s: Number = Field(ge=0)
@@ -150,8 +155,17 @@ def load_cost_model(name_or_path: str) -> CostModel:
         data = json.loads(path.read_text())
     except ValueError as exc:
         raise ValueError(f"cost profile {path} does not parse: {exc}") from exc
+    if not isinstance(data, dict):  # it said "field '': ... a valid dictionary or instance of"
+        held = "null" if data is None else "an array" if isinstance(data, list) else "a value"
+        raise ValueError(
+            f"cost profile {path}: holds {held}, not a JSON object of costs (as "
+            "`toolenv rollout calibrate --out` writes)"
+        )
     try:
         return CostModel.model_validate(data)
     except ValidationError as exc:
         field, msg = first_problem(exc)
+        if exc.errors()[0]["type"] == "extra_forbidden":
+            known = did_you_mean(field, CostModel.model_fields)
+            raise ValueError(f"cost profile {path}: unknown field {field!r}{known}") from exc
         raise ValueError(f"cost profile {path}: field {field!r}: {msg}") from exc

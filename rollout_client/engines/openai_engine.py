@@ -46,7 +46,9 @@ class OpenAIEngine(Engine):
         if not base_urls:
             raise ValueError("the openai engine needs at least one --openai-url")
         super().__init__(capacity=capacity * len(base_urls))
-        self.base_urls = [u.rstrip("/") for u in base_urls]
+        # The server's root: an OpenAI client's base URL (`http://host:8000/v1`) works too; it
+        # asked for /v1/v1/models and said "not an OpenAI-compatible server" of a vLLM server.
+        self.base_urls = [u.rstrip("/").removesuffix("/v1") for u in base_urls]
         self.model = model
         self._timeout = timeout_s
         self._client: httpx.AsyncClient | None = None

@@ -39,8 +39,10 @@ class LengthScale:
 
     def _apply(self, n: int, cap: int | None, floor: int) -> int:
         # at most 2^62: a factor of 1e308 made an infinite length, an OverflowError traceback
-        # where a trajectory too long to hold is refused (`plan.MAX_CONTEXT_TOKENS`)
-        scaled = max(floor, math.ceil(min(n * self.factor, 2.0**62))) if n > 0 else floor
+        # where a trajectory too long to hold is refused (`plan.MAX_CONTEXT_TOKENS`); rounded to
+        # 1e-6 before rounding up: 100 x 1.1 is 110.00000000000001 in floating point, made 111
+        exact = round(min(n * self.factor, 2.0**62), 6)
+        scaled = max(floor, math.ceil(exact)) if n > 0 else floor
         return min(scaled, cap) if cap is not None else scaled
 
     def prompt(self, n: int) -> int:

@@ -287,6 +287,14 @@ def test_an_empty_or_unparsable_profile_file_is_one_line(tmp_path) -> None:
     with pytest.raises(ProfileError) as caught:
         load_profile(bad)
     assert "\n" not in str(caught.value) and "(line 2, column 1)" in str(caught.value)
+    for text, held in (("[1, 2]\n", "a list"), ("hello\n", "a single value")):
+        other = tmp_path / "r.yaml"
+        other.write_text(text)  # was "field '': Input should be a valid dictionary or instance..."
+        with pytest.raises(ProfileError) as caught:
+            load_profile(other)
+        assert str(caught.value) == (
+            f"{other}: holds {held}, not a profile (a mapping with at least `model:`)"
+        )
 
 
 def test_profile_files_round_trip(tmp_path) -> None:

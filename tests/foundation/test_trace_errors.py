@@ -216,3 +216,19 @@ def test_a_trace_cut_short_says_where_its_json_breaks(polytrace_dir: Path, tmp_p
     params.write_text('{"a": "b')
     line = one_line_error(cli("rollout", "run", "--synthetic", str(params)))
     assert "(Unterminated string starting at column 7)" in line, line
+
+
+def test_a_record_that_is_not_an_object_is_said_in_jsons_words(tmp_path: Path) -> None:
+    """A line holding `null` or a list read "expected a JSON object, got NoneType" (or `list`):
+    Python's type names, not what the file holds."""
+    path = tmp_path / "odd.jsonl"
+    for text, held in (
+        ("null", "null"),
+        ("[1]", "an array"),
+        ('"x"', "a string"),
+        ("3", "a number"),
+    ):
+        path.write_text(text + "\n")
+        for workload in ("--trace", "--synthetic"):  # multi-turn records, fitted parameters
+            line = one_line_error(cli("rollout", "run", workload, str(path)))
+            assert line == f"error: {path}:1: expected a JSON object, got {held}", line

@@ -53,3 +53,30 @@ def test_summary_busy_and_occupancy_are_over_the_runs_time() -> None:
     for key in ("engine_busy_fraction", "mean_batch_occupancy"):
         weighted = (first[key] * first["makespan_s"] + second[key] * second["makespan_s"]) / total
         assert summary[key] == pytest.approx(weighted, abs=1e-4)
+
+
+def test_a_run_of_many_steps_keeps_its_plots_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """600 steps drew a 72,200-pixel-wide makespan chart (a bar and a name per step) and the
+    completion CDF under a legend of 600 entries that covered it. Past a dozen steps the steps
+    are an axis: the chart keeps a screen's width, each CDF's colour is its step (a colour bar)."""
+    steps = [
+        {"step": i, "modeled_makespan_s": 1.0 + i % 5, "completion_times_s": [0.5, 1.0]}
+        for i in range(100)
+    ]
+    report = {"policy": "async", "engine": "sim", "engine_capacity": 8, "steps": steps}
+    drawn: dict[str, object] = {}
+    monkeypatch.setattr(
+        matplotlib.pyplot, "close", lambda fig: drawn.update({fig.axes[0].get_title(): fig})
+    )
+    plot(report, [[(0.0, 1), (1.0, 0)]] * len(steps), tmp_path)
+    bars = drawn["per-step makespan: async / sim"]
+    assert bars.get_figwidth() <= 12
+    assert [p.get_height() for p in bars.axes[0].patches] == [
+        s["modeled_makespan_s"] for s in steps
+    ]
+    cdf = drawn["trajectory completion CDF: async / sim"]
+    assert cdf.axes[0].get_legend() is None and len(cdf.axes[0].get_lines()) == 100
+    [colorbar] = cdf.axes[1:]
+    assert colorbar.get_ylabel() == "step"

@@ -125,6 +125,19 @@ def test_policy_specs() -> None:
         OverlapPolicy(over=0)
 
 
+@pytest.mark.parametrize(
+    ("batch", "over", "launch"),
+    [(100, 0.1, 110), (50, 0.1, 55), (10, 0.3, 13), (2048, 0.1, 2253), (64, 0.25, 80)],
+)
+def test_over_sampling_launches_n_times_one_plus_the_ratio_rounded_up(
+    batch: int, over: float, launch: int
+) -> None:
+    """`--batch 100 --overlap-ratio 0.1` launched 111: 100 * 1.1 is 110.00000000000001 in
+    floating point, which the rounding up took for a part of a trajectory."""
+    assert OverlapPolicy(over=over).launch_count(batch) == launch
+    assert build_policy("async+timeout+overlap", over=over).launch_count(batch) == launch
+
+
 async def test_a_failing_trajectory_is_reported_and_the_others_finish() -> None:
     from rollout_client.metrics import step_metrics
 

@@ -114,6 +114,15 @@ def test_replay_plan_matches_the_record_and_scales(polytrace_dir: Path) -> None:
     assert 5 < len(sampled) < 60  # about 20 of 2,048
 
 
+def test_a_length_scaled_to_a_whole_number_is_not_rounded_past_it() -> None:
+    """Lengths are rounded up, and 100 x 1.1 is 110.00000000000001 in floating point: the prompt
+    was 111 tokens. Up to 1e-6 of a token is floating-point error, not a part of a token."""
+    scale = LengthScale(1.1)
+    assert [scale.prompt(n) for n in (50, 100, 101)] == [55, 110, 112]
+    assert [scale.output(n) for n in (90, 200)] == [99, 220]
+    assert LengthScale(1.1, max_append=1000).append(110) == 121
+
+
 def test_token_synth_is_deterministic_and_inside_the_vocabulary() -> None:
     synth = TokenSynth(vocab_size=1024)
     ids = synth.ids("x", 500)
@@ -180,6 +189,27 @@ def test_a_cost_profile_that_does_not_validate_is_one_line_naming_the_field(tmp_
     path.write_text("{")
     with pytest.raises(ValueError, match=r"does not parse: Expecting property name"):
         load_cost_model(str(path))
+    for text, held in (("[1]", "an array"), ("null", "null"), ("3", "a value")):
+        path.write_text(text)  # was "field '': Input should be a valid dictionary or instance..."
+        with pytest.raises(ValueError) as caught:
+            load_cost_model(str(path))
+        assert str(caught.value) == (
+            f"cost profile {path}: holds {held}, not a JSON object of costs (as `toolenv "
+            "rollout calibrate --out` writes)"
+        )
+
+
+def test_a_cost_profile_with_a_misspelt_field_is_refused(tmp_path: Path) -> None:
+    """`kv_capacity` for `kv_capacity_tokens` was dropped without a word: the run went on with
+    no KV-cache limit, the one thing the profile meant to set."""
+    path = tmp_path / "p.json"
+    data = BUILTIN_PROFILES["vllm-cpu-tiny"].model_dump(mode="json")
+    path.write_text(json.dumps({**data, "kv_capacity": 4096}))
+    with pytest.raises(ValueError) as caught:
+        load_cost_model(str(path))
+    assert str(caught.value) == (
+        f"cost profile {path}: unknown field 'kv_capacity' (did you mean kv_capacity_tokens?)"
+    )
 
 
 async def test_calibrate_recovers_a_known_cost_model() -> None:
@@ -380,6 +410,38 @@ async def test_a_server_that_is_not_openai_compatible_is_one_line(prefix: str, s
         + (" (data[0].id)" if said == "no model" else "")
         + ": not an OpenAI-compatible server (--openai-url)"
     )
+
+
+class _OneModel(http.server.BaseHTTPRequestHandler):
+    """`/v1/models` at the server's root lists one model; every other path is a 404."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b'{"object": "list", "data": [{"id": "m"}]}' if self.path == "/v1/models" else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("given", ["", "/", "/v1", "/v1/"])
+async def test_an_openai_client_base_url_ending_in_v1_is_the_servers_root(given: str) -> None:
+    """`--openai-url http://host:8000/v1`, the base URL an OpenAI client takes, asked for
+    /v1/v1/models and was refused as "not an OpenAI-compatible server"."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneModel)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    root = f"http://127.0.0.1:{server.server_address[1]}"
+    engine = OpenAIEngine([root + given])
+    try:
+        await engine.start()
+    finally:
+        await engine.close()
+        server.shutdown()
+        server.server_close()
+    assert engine.base_urls == [root] and engine.model == "m"
 
 
 class _LateLoop(VirtualEventLoop):

@@ -214,3 +214,30 @@ def test_a_length_scale_past_the_float_range_is_refused_as_too_long(
         [line] = result.stderr.splitlines()
         assert line.startswith("error: trajectory ") and lower in line
         assert f"a trajectory holds at most {MAX_CONTEXT_TOKENS:,}" in line
+
+
+def test_the_simulator_lag_note_says_how_far_behind_in_modelled_seconds() -> None:
+    """At --time-scale 20 a 0.042 s lag in a 0.8 s run (16 s modelled) is 5%, past the note's
+    threshold, and the note read "fell 0.0 s behind its cost model": a lag of nothing."""
+    report = {"summary": {"total_makespan_s": 16.0}, "time_scale": 20.0, "sim_lag_s": 0.042}
+    assert run_driver.lag_note(report) == (
+        "note: the simulator fell 0.042 s (0.84 s modelled, 5% of the run) behind its cost model "
+        "(CPU starved); lower --time-scale for faithful timings"
+    )
+    assert run_driver.lag_note({**report, "sim_lag_s": 0.039}) is None
+
+
+def test_an_option_refused_when_the_run_starts_is_the_one_line_on_stderr(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """Options checked as the rollout starts (here --tool-scale on the wall clock; a gateway
+    down, a tool profile that does not read alike) were refused under a progress bar already
+    begun, whose end put an empty line before the error."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    args = ["rollout", "run", "--engine", "sim", "--exact", "--trace", str(trace), "--limit", "2"]
+    result = CliRunner().invoke(
+        build_app(), [*args, "--tool-scale", "2", "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith("error: --tool-profile and --tool-scale shape the in-process")
+    assert result.stderr.count("\n") == 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,9 +17,11 @@ from typer.testing import CliRunner
 
 from rollout_client import study, study_report
 from rollout_client.metrics import summarize
+from rollout_client.simtools import SimTools
 from rollout_client.study import StudyPlan, load_plans
 from rollout_client.study_report import markdown
 from toolenv.cli import build_app
+from toolenv_core.sigterm import Terminated
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -294,3 +298,54 @@ def test_sigterm_unwinds_a_study_as_ctrl_c_does(polytrace_dir: Path, tmp_path: P
     assert status == -signal.SIGTERM, stderr
     assert "Traceback" not in stderr
     assert not out.exists()
+
+
+def test_sigterm_during_a_cell_ends_the_study_not_one_trajectory(
+    polytrace_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while a cell ran landed in one trajectory's task, which asyncio kept as that
+    trajectory's error: the study went on, wrote its report (`trajectories failed in 1 cell, e.g.
+    1 in x100 / overlap 25% carry: Terminated:`) and exited 1. Now it cancels the cell, as Ctrl-C
+    does, and the command's handler is back once the cell is over. The signal is real; the
+    wrapped tool call only sends it from inside the simulation, at a point the test controls."""
+
+    def handler(_signum: int, _frame: object) -> None:  # what `sigterm_unwinds` does, bar the exit
+        raise Terminated
+
+    real_call, sent = SimTools.call, []
+
+    async def call(self: SimTools, *args: object, **kwargs: object) -> object:
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+            await asyncio.sleep(0)  # the loop handles it on waking
+        return await real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(SimTools, "call", call)
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    plan = StudyPlan([trace], [], batch=8, steps=1, policies=study.QUICK_POLICIES[:2])
+    inputs = study.load_inputs(plan)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(Terminated):
+            study.run_study(inputs)
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_report_gives_the_command_as_a_shell_reads_it(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """study.md's command line joined the arguments with spaces: `--out "my study"` read as
+    `--out my study`, a command that does something else."""
+    out = tmp_path / "my study"
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    args = ["rollout", "study", "--trace", str(trace), "--batch", "4", "--steps", "1"]
+    args += ["--no-plots", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["toolenv", *args])  # what the study writes down
+    done = CliRunner().invoke(build_app(), args)
+    assert done.exit_code == 0, (done.output, done.exception)
+    said = (out / "study.md").read_text().splitlines()[2]
+    assert said == (
+        f"`toolenv rollout study --trace {trace} --batch 4 --steps 1 --no-plots --out '{out}'`"
+    )

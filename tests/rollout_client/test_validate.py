@@ -121,14 +121,15 @@ def test_validate_checks_its_outputs_before_the_work(polytrace_dir: Path, tmp_pa
 def test_fit_on_the_reported_step_is_refused_however_it_is_named(
     polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--fit /abs/step.jsonl --trace step.jsonl` (or a link to it) compared the paths as text
-    and fitted on the very step it reported."""
+    """`--fit /abs/step.jsonl --trace step.jsonl` (or a link to it, or a copy of it) compared the
+    paths as text and fitted on the very step it reported."""
     lines = (polytrace_dir / "search_r1" / "multiturn_workload_step_2.jsonl").open()
     step = tmp_path / "step_2.jsonl"
     step.write_text("".join(itertools.islice(lines, 4)))
     (tmp_path / "link.jsonl").symlink_to(step)
     monkeypatch.chdir(tmp_path)
-    for fit in (str(step), "link.jsonl"):
+    (tmp_path / "copy.jsonl").write_bytes(step.read_bytes())  # the cache's and a clone's
+    for fit in (str(step), "link.jsonl", "copy.jsonl"):
         result = CliRunner().invoke(app, ["validate", "--fit", fit, "--trace", "step_2.jsonl"])
         assert result.exit_code == 2, result.output
         assert result.stderr == (

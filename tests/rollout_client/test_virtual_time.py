@@ -19,12 +19,17 @@ import matplotlib.image as plt_image
 import numpy as np
 import pytest
 from testkit import free_port
+from typer.testing import CliRunner
 
 from rollout_client.clock import VirtualTimeDeadlock, now, run_virtual
 from rollout_client.engines.costmodel import CostModel
 from rollout_client.engines.eventsim import EventSimEngine
 from rollout_client.gateway_client import CLIENT_TIMEOUT_S, ToolOutcome
+from rollout_client.session import run_rollout
+from rollout_client.settings import RolloutSettings
 from rollout_client.simtools import SimTools, ToolModel
+from rollout_client.workloads.plan import ToolCallPlan, TrajectoryPlan, TurnPlan
+from toolenv.cli import build_app
 from toolenv_core.deadline import Deadline
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.latency import HangFault, ThrottleFault
@@ -533,3 +538,50 @@ def test_live_alone_is_a_workload_and_two_workloads_are_refused(
     assert (
         done.stderr == "error: --trace and --synthetic each choose the workload: give one of them\n"
     )
+
+
+@pytest.mark.parametrize("by", ["step", "time"])
+def test_a_drift_profile_moves_on_with_the_runs_step_or_clock(by: str, tmp_path: Path) -> None:
+    """A `drift` profile (as `emulators fit --per-step` writes) stayed at its first stage for a
+    whole virtual-time run: the call's step was not passed to it, and by time it read the wall
+    clock (the milliseconds the simulation took), where the emulators, live, take `X-Step` and
+    their own clock. Stage 0 answers in 0.1 s, the next in 20 s: by step from step 1 on, by time
+    from 5 modelled seconds on (turn 0's call comes at once, turn 1's after 300 tokens, ~5.6 s)."""
+    start = {"step": 1, "time": 5}[by]
+    profile = tmp_path / "drift.yaml"
+    profile.write_text(
+        f"tool: search\nmodel:\n  kind: drift\n  by: {by}\n  schedule:\n"
+        "  - {start: 0, model: {kind: constant, value_s: 0.1}}\n"
+        f"  - {{start: {start}, model: {{kind: constant, value_s: 20.0}}}}\n"
+    )
+    settings = RolloutSettings(
+        engine="sim", clock="virtual", tool_profiles={"search": str(profile)}, batch=1, steps=2
+    )
+
+    def trajectory(tid: str) -> TrajectoryPlan:
+        calls = [ToolCallPlan("search", {"query": f"{tid} {i}"}, 8) for i in range(2)]
+        turns = [TurnPlan(2, [calls[0]], "tool_calls"), TurnPlan(300, [calls[1]], "tool_calls")]
+        return TrajectoryPlan(tid, 64, [*turns, TurnPlan(2, [], "stop")])
+
+    report = run_virtual(run_rollout(settings, iter([trajectory("a"), trajectory("b")])))
+    latencies = [[c.latency_s for c in r.tool_calls] for r in report["_records"]]
+    if by == "step":
+        assert latencies == [[0.1, 0.1], [20.0, 20.0]]
+    else:
+        assert latencies == [[0.1, 20.0], [20.0, 20.0]]
+
+
+def test_a_tool_profile_of_another_tool_is_refused(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--tool-profile search=reward_default.yaml` ran, each search call taking a sandbox batch's
+    ~80 s, where the search emulator refuses a profile whose `tool:` is not its own."""
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    profile = REPO_ROOT / "emulators" / "profiles" / "reward_default.yaml"
+    args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--trace", str(trace)]
+    args += ["--limit", "2", "--no-plots", "--out", str(tmp_path / "o")]
+    done = CliRunner().invoke(build_app(), [*args, "--tool-profile", f"search={profile}"])
+    assert done.exit_code == 2, (done.output, done.exception)
+    assert done.stderr == (
+        f"error: --tool-profile search={profile}: the profile is for 'reward' (its `tool:`), not "
+        f"'search': give reward={profile}, or a profile of 'search'\n"
+    )
+    assert not (tmp_path / "o").exists()

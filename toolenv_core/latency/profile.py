@@ -107,6 +107,9 @@ def load_profile(path: str | Path) -> Profile:
         kind = CAPTURE if capture else kind_of_record(data)
         if kind is not None:
             raise ProfileError(f"{p}: not a latency profile: it looks like {describe(kind)}")
+    if not isinstance(data, dict):  # it said "field '': ... a valid dictionary or instance of"
+        held = "a list" if isinstance(data, list) else "a single value"
+        raise ProfileError(f"{p}: holds {held}, not a profile (a mapping with at least `model:`)")
     return parse_profile(data, str(p))
 
 

@@ -8,6 +8,8 @@ the closed-form ones also give their `cdf`, which the fitter, `describe` and the
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -34,11 +36,15 @@ from .samplers import (
 # written back as JSON (`GET .../profile`); NaN passes no bound.
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+Clock = Callable[[], float]
+
 
 class _Spec(BaseModel):
     model_config = _STRICT
 
-    def build(self) -> Sampler:
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
+        """The sampler; `clock` is what a drift by time reads (a virtual-time rollout passes its
+        own: on the wall clock a drift never left its first stage there)."""
         raise NotImplementedError
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
@@ -61,7 +67,7 @@ class _Parametric(_Spec):
             out = np.where(x >= self.max_s, 1.0, out)
         return out
 
-    def build(self) -> Sampler:
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
         return FunctionSampler(self._fn(), self.max_s)
 
     def _fn(self):
@@ -72,7 +78,7 @@ class Constant(_Spec):
     kind: Literal["constant"] = "constant"
     value_s: Number = Field(ge=0)
 
-    def build(self) -> Sampler:
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
         v = self.value_s
         return FunctionSampler(lambda rng: v, None)
 
@@ -238,7 +244,7 @@ class Empirical(_Spec):
             return np.array([0.0, 1.0]), np.array([xs[0], xs[0]])
         return np.linspace(0.0, 1.0, xs.size), xs
 
-    def build(self) -> Sampler:
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
         return InterpolatedSampler(*self.table())
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
@@ -277,7 +283,7 @@ class TraceReplay(_Spec):
 
         return tool_latencies([Path(p) for p in self.paths or []], self.tool)
 
-    def build(self) -> Sampler:
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
         return TraceSampler(self.values(), self.start)
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
@@ -295,9 +301,9 @@ class Mixture(_Spec):
     kind: Literal["mixture"] = "mixture"
     components: list[MixtureComponent] = Field(min_length=1)
 
-    def build(self) -> Sampler:
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
         return MixtureSampler(
-            [c.weight for c in self.components], [c.model.build() for c in self.components]
+            [c.weight for c in self.components], [c.model.build(clock) for c in self.components]
         )
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
@@ -337,13 +343,14 @@ class Drift(_Spec):
             raise ValueError("stage starts must increase strictly")
         return value
 
-    def build(self) -> Sampler:
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
         return DriftSampler(
             self.by,
             [s.start for s in self.schedule],
-            [s.model.build() for s in self.schedule],
+            [s.model.build(clock) for s in self.schedule],
             self.period,
             self.calls_per_step,
+            clock,
         )
 
 
@@ -361,8 +368,8 @@ class Faulty(_Spec):
             raise ValueError("fault rates must add up to at most 1")
         return value
 
-    def build(self) -> Sampler:
-        return FaultySampler(self.model.build(), self.faults)
+    def build(self, clock: Clock = time.monotonic) -> Sampler:
+        return FaultySampler(self.model.build(clock), self.faults)
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
         return self.model.cdf(x)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from ..errors import first_problem
 from .errors import TraceFormatError
-from .jsonl import not_json, not_text, open_trace
+from .jsonl import not_an_object, not_json, not_text, open_trace
 from .kinds import kind_error
 
 
@@ -183,7 +183,7 @@ def read_fitted_parameters(path: str | Path) -> FittedParameters:
             p, exc.lineno, "", not_json(exc)
         ) from exc
     if not isinstance(raw, dict):
-        raise TraceFormatError(p, 1, "", f"expected a JSON object, got {type(raw).__name__}")
+        raise TraceFormatError(p, 1, "", not_an_object(raw))
     try:
         return FittedParameters.model_validate(raw)
     except ValidationError as exc:

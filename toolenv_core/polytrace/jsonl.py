@@ -72,6 +72,15 @@ def json_line(path: str | Path, lineno: int, line: str) -> Any:
     raise TraceFormatError(Path(path), lineno, "", problem)
 
 
+def not_an_object(value: Any) -> str:
+    """What a record that is not a JSON object is, in JSON's words (it said `got NoneType`)."""
+    kinds = ((bool, "true or false"), (int | float, "a number"), (str, "a string"))
+    held = next((name for kind, name in kinds if isinstance(value, kind)), None)
+    if held is None:
+        held = "null" if value is None else "an array"
+    return f"expected a JSON object, got {held}"
+
+
 def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
     """Yield each line of a JSONL file as `model`, one line in memory at a time."""
     p = Path(path)
@@ -81,9 +90,7 @@ def read_jsonl(path: str | Path, model: type[M]) -> Iterator[M]:
                 continue
             raw = json_line(p, lineno, line)
             if not isinstance(raw, dict):
-                raise TraceFormatError(
-                    p, lineno, "", f"expected a JSON object, got {type(raw).__name__}"
-                )
+                raise TraceFormatError(p, lineno, "", not_an_object(raw))
             try:
                 yield model.model_validate(raw)
             except ValidationError as exc:
