@@ -220,7 +220,7 @@ class Runner:
             st.times.generate_s += gen.decode_s
         turn_prompt = len(st.context)
         if self.live is not None:
-            self.live.after_turn(st.plan, turn, st.partial)
+            self.live.after_turn(st.plan, turn, st.partial, gen.finish_reason)
         st.context.extend(st.partial)
         st.turns.append(
             TurnRecord(

@@ -80,12 +80,16 @@ class LiveDriver:
         self.encode, self.decode = encode, decode
         self.max_turns, self.max_tokens = max_turns, max_tokens
 
-    def after_turn(self, plan: TrajectoryPlan, turn: int, output_ids: list[int]) -> None:
-        """Set the turn's calls from its text and add the next turn if the model called a tool."""
+    def after_turn(
+        self, plan: TrajectoryPlan, turn: int, output_ids: list[int], engine_reason: str | None
+    ) -> None:
+        """Set the turn's calls from its text and add the next turn if the model called a tool.
+        A turn without a call ends as the engine said: "length" when `max_tokens` cut it (it was
+        recorded "stop", as if the model had finished), else "stop"."""
         parsed = parse_tool_call(self.decode(output_ids))
         current = plan.turns[turn]
         if parsed is None:
-            current.finish_reason = "stop"
+            current.finish_reason = "length" if engine_reason == "length" else "stop"
             return
         current.finish_reason = "tool_calls"
         call = ToolCallPlan(

@@ -22,7 +22,8 @@ from rollout_client.engines import (
     load_cost_model,
 )
 from rollout_client.engines.openai_engine import EngineUnreachable
-from rollout_client.workloads.live import load_prompts
+from rollout_client.workloads.live import LiveDriver, load_prompts
+from rollout_client.workloads.plan import TrajectoryPlan, TurnPlan
 
 
 async def test_sim_forces_lengths_counts_prefix_hits_in_blocks_and_aborts() -> None:
@@ -172,6 +173,25 @@ def test_live_parser_reads_tagged_calls_and_fenced_code() -> None:
     assert render_observation("timeout", error="deadline") == (
         '<tool_response>{"status": "timeout", "error": "deadline"}</tool_response>'
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "engine_reason", "recorded"),
+    [
+        ("The answer is", "length", "length"),  # cut at max_tokens: it was recorded "stop"
+        ("The answer is 42.", "stop", "stop"),
+        ("The answer is 42.", None, "stop"),  # an engine that gives no reason
+        ('<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>', "length",
+         "tool_calls"),
+    ],
+)  # fmt: skip
+def test_a_live_turn_ends_as_the_engine_and_its_text_say(
+    text: str, engine_reason: str | None, recorded: str
+) -> None:
+    driver = LiveDriver(encode=lambda s: list(s.encode()), decode=lambda ids: bytes(ids).decode())
+    plan = TrajectoryPlan("t", 4, [TurnPlan(12, forced=False)])
+    driver.after_turn(plan, 0, list(text.encode()), engine_reason)
+    assert plan.turns[0].finish_reason == recorded
 
 
 def test_live_prompts_that_cannot_be_read_name_the_file_and_line(tmp_path: Path) -> None:
