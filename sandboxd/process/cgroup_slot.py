@@ -76,8 +76,7 @@ KEPT_FILES = (
     ("memory", "memory.oom_control", os.O_RDONLY),
     ("memory", "memory.failcnt", os.O_RDONLY),
     ("pids", "pids.current", os.O_RDONLY),
-    ("cpuacct", "cpuacct.usage", os.O_RDONLY),
-)  # and each dir's JOIN_FILE, for writing
+)  # and the slot's CPU usage file (`cpu_usage_file`), and each dir's JOIN_FILE, for writing
 
 
 @dataclass
@@ -112,10 +111,12 @@ class CgroupSlot:
         return path
 
     def open_fds(self) -> None:
-        """Open and keep the control files of `KEPT_FILES` (those of its controllers)."""
+        """Open and keep the control files of `KEPT_FILES` (those of its controllers), its CPU
+        usage file (wherever the layout puts it) and its join files."""
+        usage = [(*self._cpu_file, os.O_RDONLY)] if self._cpu_file is not None else []
         joins = ((c, JOIN_FILE, os.O_WRONLY) for c in self.dirs)
         try:
-            for c, name, flags in (*KEPT_FILES, *joins):
+            for c, name, flags in (*KEPT_FILES, *usage, *joins):
                 if (d := self.dirs.get(c)) is not None:
                     fd = os.open(self.control_file(d, name), flags | os.O_CLOEXEC)
                     self._fds[(c, name, flags)] = fd

@@ -94,7 +94,7 @@ class CgroupPool:
         # the pool's slots keep their control files open unless that could take a good part
         # of the fds (at most a quarter of the soft limit)
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        wanted = size * (len(KEPT_FILES) + len(CONTROLLERS))
+        wanted = size * (len(KEPT_FILES) + 1 + len(CONTROLLERS))  # + the CPU usage file
         self.keep_fds = soft == resource.RLIM_INFINITY or wanted <= soft // 4
 
     @property

@@ -247,14 +247,15 @@ class Execution:
         # bwrap's own init: bwrap reports the exit status init read and exits without reaping
         # init (the kernel kills it), so its rusage is bwrap's alone (2 ms for a C program that
         # spun 0.6 s): the CPU time is then the run's cgroup's (unknown without one).
+        under_bwrap_init = self.sandbox is not None and not self.step.as_init
         try:
             _, status, usage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
-            if self.sandbox is None or self.step.as_init:
+            if not under_bwrap_init:
                 self.cpu_time_s = usage.ru_utime + usage.ru_stime
         except ChildProcessError:  # reaped elsewhere: keep what Popen knows
             self.proc.poll()
-        if self.sandbox is not None and not self.step.as_init and self.slot is not None:
+        if under_bwrap_init and self.slot is not None:
             self.cpu_time_s = self.slot.cpu_time_s()
         self._exited(self.proc.returncode)
 
