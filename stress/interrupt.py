@@ -14,6 +14,7 @@ import os
 import signal
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager, suppress
+from multiprocessing import resource_tracker
 from typing import Any
 
 GRACE_S = 2.0  # how long requests in flight may still finish after Ctrl-C
@@ -79,7 +80,7 @@ def send_sigint(pids: list[int]) -> None:
 def forward_sigint(pids: list[int]) -> Iterator[list[int]]:
     """SIGINT to this process is passed on to the worker processes, which each stop and report
     (a `kill -INT` reaches only this one; Ctrl-C reaches them all, and a second press is a no-op).
-    Yields the presses so far (one item each): a worker that was still starting ignored it."""
+    Yields the presses so far (one item each): a worker not yet spawned at a press missed it."""
     presses: list[int] = []
 
     def forward(sig: int, _frame: object) -> None:
@@ -98,17 +99,20 @@ def forward_sigint(pids: list[int]) -> Iterator[list[int]]:
 
 
 @contextmanager
-def sigint_ignored_by_children() -> Iterator[None]:
-    """Processes spawned in the block start with SIGINT ignored (an ignored signal survives
-    exec): a Ctrl-C during their imports was a KeyboardInterrupt traceback in each, a broken
-    pipe in the parent, exit 1. This process holds it pending meanwhile (delivered after the
-    block), so it loses none; it sends the workers one again once they are ready."""
+def sigint_blocked_for_children() -> Iterator[None]:
+    """Processes spawned in the block start with SIGINT blocked (a signal mask survives fork and
+    exec, and the threads a worker's imports start inherit it): a Ctrl-C during their imports was
+    a KeyboardInterrupt traceback in each, a broken pipe in the parent, exit 1. It stays pending
+    in each until the worker is ready (`hold_sigint`). This process keeps its handler meanwhile
+    (`forward_sigint`). It used to ignore SIGINT here (SIG_IGN, which a spawned process also
+    inherits), and a Ctrl-C in the block was then lost to everyone, for the whole run: the mask
+    held this thread only, numpy's threads took the signal and dropped it, and so did this thread
+    once starting multiprocessing's resource tracker had unblocked it (started first here)."""
+    resource_tracker.ensure_running()
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
 
 
@@ -116,9 +120,10 @@ _held: list[int] = []  # SIGINTs a worker got before its run's handler (`hold_si
 
 
 def hold_sigint() -> None:
-    """In a worker, once started: a SIGINT is kept for `on_sigint`, which presses its stop (a
-    blocked signal would not do: any of numpy's threads took it, a KeyboardInterrupt)."""
+    """In a worker, once started: a SIGINT is kept for `on_sigint`, which presses its stop; one
+    sent while it started (blocked since its spawn) is delivered here."""
     signal.signal(signal.SIGINT, lambda sig, _frame: _held.append(sig))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def die_with_parent(parent: int) -> None:

@@ -21,7 +21,7 @@ from .interrupt import (
     forward_sigint,
     hold_sigint,
     send_sigint,
-    sigint_ignored_by_children,
+    sigint_blocked_for_children,
 )
 from .result import LoadResult
 from .spec import LoadSpec, Progress
@@ -103,7 +103,7 @@ def run_workers(spec: LoadSpec, run_one: Callable[[LoadSpec], LoadResult]) -> Lo
         _spawn(spec, run_one, ctx, procs, pipes, pids)
         return _start_and_merge(spec, procs, pipes, [])
     with forward_sigint(pids) as presses:
-        with sigint_ignored_by_children():
+        with sigint_blocked_for_children():
             _spawn(spec, run_one, ctx, procs, pipes, pids)
         return _start_and_merge(spec, procs, pipes, presses)
 
@@ -156,7 +156,7 @@ def _start_and_merge(
             # constant rate: shift worker w by w/rate so the merged stream is evenly spaced
             shift = w / spec.rate if spec.arrival == "constant" else 0.0
             pipe.send(start + shift)
-        if presses:  # Ctrl-C while they started, which they ignored: theirs now, before a send
+        if presses:  # Ctrl-C while they started: to each again (one not yet spawned then missed it)
             send_sigint([p.pid for p in procs])
         parts = _gather(pipes, spec)
     finally:
