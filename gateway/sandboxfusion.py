@@ -100,6 +100,7 @@ def timeout_answer(path: str, body: Any, outcome: Outcome, whose: str = CALLERS)
                 "return_code": None,
                 "stdout": "",
                 "stderr": "",
+                "limit": "time",  # the limit that ended it, as sandboxd's answers say
             },
             "executor_pod_name": None,
             "files": {},

@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from toolenv_core.fields import Integer, Number
 
-from .models import ExecResult
+from .models import ExecResult, ExecStatus
 
 
 def _utf8(value: str) -> str:
@@ -67,8 +67,9 @@ class RunCodeRequest(BaseModel):
 class CommandRunResult(BaseModel):
     """SandboxFusion's per-step result, plus limits and accounting fields."""
 
-    status: str = Field(
-        description="Finished, Error, TimeLimitExceeded, MemoryLimitExceeded, OutputLimitExceeded"
+    status: Literal["Finished", "Error", "TimeLimitExceeded"] = Field(
+        description="SandboxFusion's: Finished (a memory or output limit's kill included), Error, "
+        "TimeLimitExceeded"
     )
     execution_time: float | None = Field(default=None, description="wall seconds")
     return_code: int | None = Field(default=None, description="negative: killed by that signal")
@@ -83,6 +84,9 @@ class CommandRunResult(BaseModel):
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     truncated: bool = False
+    limit: Literal["time", "memory", "output"] | None = Field(
+        default=None, description="the limit that ended the step, if one did"
+    )
     message: str = ""
 
 
@@ -180,12 +184,25 @@ class RunTestsResponse(BaseModel):
     executor_pod_name: str | None = None
 
 
+# A step a memory or output limit ended is SandboxFusion's `Finished` with its return code (what
+# SandboxFusion says of a program its limit killed); `limit` names the limit. As statuses of their
+# own they failed SandboxFusion's own client (its enum has three: a ValidationError, and five
+# re-runs of the program under its retries).
+_WIRE_STATUS = {
+    ExecStatus.MEMORY_LIMIT: ("Finished", "memory"),
+    ExecStatus.OUTPUT_LIMIT: ("Finished", "output"),
+    ExecStatus.TIME_LIMIT: ("TimeLimitExceeded", "time"),
+}
+
+
 def exec_to_wire(e: ExecResult | None) -> CommandRunResult | None:
     """A backend's step result in SandboxFusion's shape."""
     if e is None:
         return None
+    status, limit = _WIRE_STATUS.get(e.status, (e.status.value, None))
     return CommandRunResult(
-        status=e.status.value,
+        status=status,
+        limit=limit,
         execution_time=e.wall_time_s,
         return_code=e.exit_code,
         stdout=e.stdout,

@@ -58,7 +58,7 @@ RUN_CODE_PAYLOADS: dict[str, dict[str, Any]] = {
         "memory_limit_MB": 512,
     },
     # Never ends on its own and floods stdout: the sandbox must kill it, at its output cap (1 MiB
-    # by default: within milliseconds, `OutputLimitExceeded`), else at run_timeout.
+    # by default: within milliseconds, `limit: "output"`), else at run_timeout.
     "hostile": {
         "code": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
         "language": "python",

@@ -28,25 +28,31 @@ class AnswerCutCalls:
     its answer started, is answered 503 with `detail` (and the connection closed). Answered, the
     cancellation ends here: raised on, uvicorn logged it as `Exception in ASGI application` with
     a 60-line traceback per call, for a stop it had announced itself (`Cancel N running
-    task(s), timeout graceful shutdown exceeded`); the app below has unwound already."""
+    task(s), timeout graceful shutdown exceeded`); the app below has unwound already. So does
+    one the app below answered whole itself (the gateway's pass-through routes answer their own
+    503), which was still raised on: that traceback for each of them."""
 
     def __init__(self, app: ASGIApp, detail: str) -> None:
         self.app = app
         self.body = json.dumps({"detail": detail}).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
+        started = answered = False
 
         async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, answered
+            kind = message["type"]
+            started = started or kind == "http.response.start"
+            answered = answered or (kind == "http.response.body" and not message.get("more_body"))
             await send(message)
 
         try:
             await self.app(scope, receive, tracked)
         except asyncio.CancelledError:
-            if scope["type"] != "http" or started:
+            if scope["type"] != "http" or (started and not answered):
                 raise
+            if answered:
+                return
             headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
             await send({"type": "http.response.start", "status": 503, "headers": headers})
             await send({"type": "http.response.body", "body": self.body})

@@ -32,6 +32,7 @@ def test_an_expired_deadline_is_answered_without_calling_the_tool(upstream, gate
     r = httpx.post(gw.url + "/run_code", json={"code": "print(1)"}, timeout=10,
                    headers={"X-Toolenv-Deadline-Ms": "0"})  # fmt: skip
     assert r.status_code == 200 and r.json()["run_result"]["status"] == "TimeLimitExceeded"
+    assert r.json()["run_result"]["limit"] == "time", r.text  # as sandboxd's own says
     assert "expired when the call arrived" in r.json()["message"]
     assert up.stats()["started"] == 1  # the warm-up call only
     text = gw.metrics_text()

@@ -62,3 +62,8 @@ def test_calls_cut_by_the_shutdown_grace_are_503s_that_say_so(
         detail = r.json()["detail"]
         assert "the gateway stopped before this call finished" in detail, (name, detail)
         assert "shutdown_grace_s (0.5 s)" in detail, (name, detail)
+    # the app's path answered its 503, then raised the cancellation on: uvicorn logged an
+    # ERROR "Exception in ASGI application" with a 30-line traceback for each such call
+    log = server.output()
+    assert "Exception in ASGI application" not in log, log
+    assert "cut_by_shutdown" in log, log

@@ -55,6 +55,10 @@ def test_gateway_serve_proxy_mode_from_a_config_file(upstream, toolenv_server, t
     r = httpx.post(server.url + "/v1/tools/search/call", timeout=10, headers={"X-Request-Id": "req-42"},
                    json={"arguments": {"sleep_s": 5}, "deadline_ms": 100})  # fmt: skip
     assert r.status_code == 504 and r.json()["request_id"] == "req-42"
+    for odd in ("traj/17", "x" * 129):  # docs/gateway.md: not echoed, the gateway's own instead
+        r = httpx.post(server.url + "/retrieve", json={"queries": ["q"]}, timeout=10,
+                       headers={"X-Request-Id": odd})  # fmt: skip
+        assert r.headers["x-request-id"] not in (odd, ""), r.headers
     assert server.stop() == 0
     logs = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
     timeout_log = [entry for entry in logs if entry.get("request_id") == "req-42"]

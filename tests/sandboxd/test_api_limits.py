@@ -12,7 +12,7 @@ def test_limits_and_accounting_are_reported(api: SandboxdServer) -> None:
     res = api.run_code(
         code="a = bytearray(300 * 2**20)\nprint(len(a))", memory_limit_MB=128, run_timeout=10
     )
-    assert res["run_result"]["status"] == "MemoryLimitExceeded", res
+    assert res["run_result"]["limit"] == "memory", res
     res = api.run_code(code="a = bytearray(40 * 2**20)\nprint(len(a))", memory_limit_MB=256)
     assert res["status"] == "Success"
     assert 40 * 1024 <= res["run_result"]["peak_memory_kb"] < 256 * 1024
