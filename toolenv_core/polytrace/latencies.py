@@ -91,17 +91,20 @@ def iter_latencies(
         # packed lengths, DAPO filter indices and fitted parameters record no latencies: skipped
 
 
-def tool_latencies(paths: Iterable[str | Path], tool: str = "search") -> np.ndarray:
-    """All of one tool's latencies (seconds) in replay order."""
+def tool_latencies(
+    paths: Iterable[str | Path], tool: str = "search", *, chooser: str = "--tool"
+) -> np.ndarray:
+    """All of one tool's latencies (seconds) in replay order; `chooser`: as `no_calls_message`."""
     paths = list(paths)
     values = np.fromiter((o.latency_s for o in iter_latencies(paths, tool)), dtype=float)
     if values.size == 0:
-        raise ValueError(no_calls_message(paths, tool))
+        raise ValueError(no_calls_message(paths, tool, chooser))
     return values
 
 
-def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
-    """Why a trace selection gave no calls of a tool: what the files hold and who reads it."""
+def no_calls_message(paths: Iterable[str | Path], tool: str, chooser: str = "--tool") -> str:
+    """Why a trace selection gave no calls of a tool: what the files hold and who reads it.
+    `chooser`: what names the tool where the caller is (a profile has no `--tool` option)."""
     paths = list(paths)
     files = expand_paths(paths)
     if not files:  # directories without a trace file (the message read "in : no files")
@@ -116,7 +119,7 @@ def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
     message = f"no calls of tool {tool!r} in {names}: {holdings(files) or 'no files'}"
     others = sorted(recorded_tools(files) - {tool})
     if others:  # a misspelt --tool read like a wrong file
-        message += f"; the tools recorded there: {', '.join(others)} (--tool names one)"
+        message += f"; the tools recorded there: {', '.join(others)} ({chooser} names one)"
     return message
 
 
