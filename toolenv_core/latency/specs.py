@@ -265,7 +265,7 @@ class TraceReplay(_Spec):
 
     kind: Literal["trace"] = "trace"
     values_s: list[Number] | None = None
-    paths: list[str] | None = None
+    paths: list[str] | None = Field(default=None, min_length=1)  # []: "no calls ... in : "
     tool: str = "search"
     start: Integer = Field(default=0, ge=0, description="index of the first call replayed")
 
