@@ -14,13 +14,20 @@ import numpy as np
 
 from .cache import resolve_traces
 from .calllog import read_call_log
-from .errors import CaptureNotTrace
+from .errors import CaptureNotTrace, TraceFormatError
 from .jsonl import sorted_by_step
 from .kinds import FORMATS, detect_format, expand_paths, holdings, kind_of_file
 from .multiturn import read_multiturn
 from .rewards import read_reward_timings
 
 __all__ = ["FORMATS", "LatencyObservation", "detect_format", "expand_paths", "iter_latencies"]
+
+
+NOT_A_FILE = (
+    "not a regular file (a pipe, such as `<(zcat TRACE.gz)`?): it is read twice, its kind "
+    "first, and a pipe read again goes on where the first read stopped; write it to a file "
+    "first (`zcat TRACE.gz > TRACE.jsonl`)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,8 @@ def iter_latencies(
     paths = list(paths)
     named = {p for p in resolve_traces(paths) if not p.is_dir()}
     for path in sorted_by_step(expand_paths(paths)):
+        if not path.is_file():  # its kind is read first, then its calls from a second open
+            raise TraceFormatError(path, 0, "", NOT_A_FILE)
         try:
             fmt = detect_format(path)
         except CaptureNotTrace:
