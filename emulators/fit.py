@@ -109,10 +109,11 @@ def split_by_status(observations: list[LatencyObservation]) -> StatusSplit:
 
 
 def successful_latencies(paths: list[Path], tool: str) -> np.ndarray:
-    """The latencies `fit` fits (successful calls): what a profile is compared with."""
+    """The latencies `fit` fits (successful calls): what a profile is compared with (the
+    profile's tool, which `describe` takes from it: it has no `--tool`)."""
     observations = list(iter_latencies(paths, tool))
     if not observations:
-        raise ValueError(no_calls_message(paths, tool))
+        raise ValueError(no_calls_message(paths, tool, "the profile's `tool`"))
     split = split_by_status(observations)
     if not split.ok:
         raise ValueError(f"no successful call of {tool!r} to compare with: {split.describe()}")

@@ -189,3 +189,25 @@ def test_describe_names_the_faults_within_a_drift_stage_or_a_mixture(tmp_path: P
         "faults: in the drift stage from step 0: error (HTTP 500) on 50% of its calls; in the "
         "drift stage from step 2, mixture component 2 (weight 0.25): hang on 20% of its calls"
     ) in said, said
+
+
+def test_data_without_the_profiles_tool_names_what_chooses_it_not_a_missing_option(
+    tmp_path: Path,
+) -> None:
+    """`describe` and a `trace` profile have no `--tool`, yet a trace without the tool's calls
+    ended in "(--tool names one)": the profile's `tool` chooses them there."""
+    calls = tmp_path / "calls.log"
+    calls.write_text("Step0, Request ID: a, Tool: search, Latency: 0.2 seconds\n")
+    reward = packaged_profile_path("reward_default")
+    result = runner.invoke(app, ["emulators", "describe", str(reward), "--data", str(calls)])
+    assert result.exit_code == 2
+    assert result.stderr.rstrip().endswith(
+        "the tools recorded there: search (the profile's `tool` names one)"
+    ), result.stderr
+    replay = tmp_path / "replay.yaml"
+    replay.write_text(f"model: {{kind: trace, paths: ['{calls}'], tool: serch}}\n")
+    result = runner.invoke(app, ["emulators", "describe", str(replay)])
+    assert result.exit_code == 2
+    assert result.stderr.rstrip().endswith(
+        "the tools recorded there: search (the trace model's `tool` names one)"
+    ), result.stderr

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import resource
+import signal
+import subprocess
+import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -370,3 +375,36 @@ def test_the_shipped_reward_profile_is_what_the_documented_fit_writes(
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
     assert out.read_text() == packaged_profile_path("reward_default").read_text()
+
+
+def _file_size_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # a write past it fails with EFBIG, as a full disk fails with ENOSPC
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_profile_that_cannot_be_written_whole_leaves_the_one_there(tmp_path: Path) -> None:
+    """`--out` on a full disk truncated the profile already there and left the part written:
+    a refit of a profile in use destroyed it (`does not parse: ...`). Now the file stays as it
+    was, and nothing else is left beside it."""
+    calls = tmp_path / "calls.log"
+    rng = np.random.default_rng(0)
+    calls.write_text("".join(f"Step0, Request ID: {i}, Tool: search, Latency: {x:.6f} seconds\n"
+                             for i, x in enumerate(rng.lognormal(-1.5, 1, 500))))  # fmt: skip
+    out = tmp_path / "profile.yaml"
+    out.write_text("model: {kind: constant, value_s: 0.25}\n")
+    before = out.read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-m", "toolenv", "emulators", "fit", str(calls), "--out", str(out)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_file_size_limit(64),
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.endswith(f"error: cannot write the profile to {out}: File too large\n")
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.log", "profile.yaml"]

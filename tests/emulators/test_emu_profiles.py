@@ -190,3 +190,13 @@ def test_a_profile_that_names_no_tool_is_the_slot_it_is_given_for(tmp_path: Path
             assert got["tool"] == "reward" and got["model"]["value_s"] == 30.0
         finally:
             s.stop()
+
+
+def test_a_trace_replay_of_no_paths_names_the_field(client: httpx.Client) -> None:
+    """`paths: []` read "no calls of tool 'search' in : no .jsonl or .log files there"."""
+    before = client.get("/v1/emulators/search/profile").json()
+    r = client.put("/v1/emulators/search/profile", json={"model": {"kind": "trace", "paths": []}})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "model", "trace", "paths"]
+    assert "at least 1 item" in r.json()["message"] and " in : " not in r.text
+    assert client.get("/v1/emulators/search/profile").json() == before

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -232,3 +233,24 @@ def test_a_record_that_is_not_an_object_is_said_in_jsons_words(tmp_path: Path) -
         for workload in ("--trace", "--synthetic"):  # multi-turn records, fitted parameters
             line = one_line_error(cli("rollout", "run", workload, str(path)))
             assert line == f"error: {path}:1: expected a JSON object, got {held}", line
+
+
+def test_a_trace_given_as_a_pipe_is_said_to_be_one(tmp_path: Path) -> None:
+    """`emulators fit <(zcat calls.log.gz)` read the pipe's first lines to tell its kind, then
+    opened it again for its calls and got what was left: a wrong "not valid JSON" or "no calls"
+    about a trace that was fine."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("tool: search\nmodel: {kind: constant, value_s: 0.1}\n")
+    log = b"".join(
+        b"Step0, Request ID: %d, Tool: search, Latency: 0.%d seconds\n" % (i, i) for i in range(9)
+    )
+    for command in (["emulators", "fit"], ["emulators", "describe", str(profile), "--data"]):
+        read, write = os.pipe()  # what bash's `<(...)` gives: /dev/fd/N, opened anew by name
+        try:
+            os.write(write, log)
+            os.close(write)
+            said = one_line_error(cli(*command, f"/dev/fd/{read}"))
+        finally:
+            os.close(read)
+        assert said.startswith(f"error: /dev/fd/{read}: not a regular file (a pipe, "), said
+        assert "`zcat TRACE.gz > TRACE.jsonl`" in said

@@ -265,7 +265,7 @@ class TraceReplay(_Spec):
 
     kind: Literal["trace"] = "trace"
     values_s: list[Number] | None = None
-    paths: list[str] | None = None
+    paths: list[str] | None = Field(default=None, min_length=1)  # []: "no calls ... in : "
     tool: str = "search"
     start: Integer = Field(default=0, ge=0, description="index of the first call replayed")
 
@@ -281,7 +281,8 @@ class TraceReplay(_Spec):
         if self.values_s is not None:
             return np.asarray(self.values_s, dtype=float)
 
-        return tool_latencies([Path(p) for p in self.paths or []], self.tool)
+        paths = [Path(p) for p in self.paths or []]
+        return tool_latencies(paths, self.tool, chooser="the trace model's `tool`")
 
     def build(self, clock: Clock = time.monotonic) -> Sampler:
         return TraceSampler(self.values(), self.start)

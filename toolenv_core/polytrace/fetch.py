@@ -135,7 +135,10 @@ class _Sink:
         os.replace(self.path, target)
 
     def discard(self) -> None:
-        self.file.close()
+        # On a full disk close() fails too (it flushes what is buffered): the file is removed
+        # all the same, else every failed fetch left a `.part` file taking the space it lacked.
+        with contextlib.suppress(OSError):
+            self.file.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -158,6 +161,17 @@ def _remove_empty(made: list[Path]) -> None:
             directory.rmdir()
         except OSError:
             return
+
+
+def _file_chunks(entry: ManifestEntry, path: Path) -> Iterator[bytes]:
+    """A local source file's bytes. Only its own read errors are the source's: a full cache
+    failed the write, and was reported as `cannot read` the source file."""
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(CHUNK):
+                yield chunk
+    except OSError as exc:
+        raise FetchError(f"{entry.name}: cannot read {path}: {exc}") from exc
 
 
 class Fetcher:
@@ -225,12 +239,8 @@ class Fetcher:
         root = Path(self.source).expanduser()
         for candidate in (root / entry.name, root / entry.upstream):
             if candidate.is_file():
-                try:
-                    with candidate.open("rb") as f:
-                        while chunk := f.read(CHUNK):
-                            sink.write(chunk, str(candidate))
-                except OSError as exc:
-                    raise FetchError(f"{entry.name}: cannot read {candidate}: {exc}") from exc
+                for chunk in _file_chunks(entry, candidate):
+                    sink.write(chunk, str(candidate))
                 return str(candidate)
         raise FetchError(
             f"{entry.name}: not in {root} (looked for {entry.name} and {entry.upstream})"

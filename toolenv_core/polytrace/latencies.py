@@ -14,13 +14,20 @@ import numpy as np
 
 from .cache import resolve_traces
 from .calllog import read_call_log
-from .errors import CaptureNotTrace
+from .errors import CaptureNotTrace, TraceFormatError
 from .jsonl import sorted_by_step
 from .kinds import FORMATS, detect_format, expand_paths, holdings, kind_of_file
 from .multiturn import read_multiturn
 from .rewards import read_reward_timings
 
 __all__ = ["FORMATS", "LatencyObservation", "detect_format", "expand_paths", "iter_latencies"]
+
+
+NOT_A_FILE = (
+    "not a regular file (a pipe, such as `<(zcat TRACE.gz)`?): it is read twice, its kind "
+    "first, and a pipe read again goes on where the first read stopped; write it to a file "
+    "first (`zcat TRACE.gz > TRACE.jsonl`)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,8 @@ def iter_latencies(
     paths = list(paths)
     named = {p for p in resolve_traces(paths) if not p.is_dir()}
     for path in sorted_by_step(expand_paths(paths)):
+        if not path.is_file():  # its kind is read first, then its calls from a second open
+            raise TraceFormatError(path, 0, "", NOT_A_FILE)
         try:
             fmt = detect_format(path)
         except CaptureNotTrace:
@@ -91,17 +100,20 @@ def iter_latencies(
         # packed lengths, DAPO filter indices and fitted parameters record no latencies: skipped
 
 
-def tool_latencies(paths: Iterable[str | Path], tool: str = "search") -> np.ndarray:
-    """All of one tool's latencies (seconds) in replay order."""
+def tool_latencies(
+    paths: Iterable[str | Path], tool: str = "search", *, chooser: str = "--tool"
+) -> np.ndarray:
+    """All of one tool's latencies (seconds) in replay order; `chooser`: as `no_calls_message`."""
     paths = list(paths)
     values = np.fromiter((o.latency_s for o in iter_latencies(paths, tool)), dtype=float)
     if values.size == 0:
-        raise ValueError(no_calls_message(paths, tool))
+        raise ValueError(no_calls_message(paths, tool, chooser))
     return values
 
 
-def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
-    """Why a trace selection gave no calls of a tool: what the files hold and who reads it."""
+def no_calls_message(paths: Iterable[str | Path], tool: str, chooser: str = "--tool") -> str:
+    """Why a trace selection gave no calls of a tool: what the files hold and who reads it.
+    `chooser`: what names the tool where the caller is (a profile has no `--tool` option)."""
     paths = list(paths)
     files = expand_paths(paths)
     if not files:  # directories without a trace file (the message read "in : no files")
@@ -116,7 +128,7 @@ def no_calls_message(paths: Iterable[str | Path], tool: str) -> str:
     message = f"no calls of tool {tool!r} in {names}: {holdings(files) or 'no files'}"
     others = sorted(recorded_tools(files) - {tool})
     if others:  # a misspelt --tool read like a wrong file
-        message += f"; the tools recorded there: {', '.join(others)} (--tool names one)"
+        message += f"; the tools recorded there: {', '.join(others)} ({chooser} names one)"
     return message
 
 
