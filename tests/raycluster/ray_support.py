@@ -9,6 +9,7 @@ application gracefully, stops every process in the namespaces by PID and deletes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -51,6 +52,43 @@ BASE_CONFIG: dict[str, Any] = {
     "sandbox": {"warm_sandboxes": 2},
     "emulators": {"search_profile": {"tool": "search", "model": {"kind": "constant", "value_s": 0.2}}},
 }  # fmt: skip
+
+
+PREFIX = "toolenv-sandboxd-"
+
+
+def leftovers(pids: set[int]) -> list[str]:
+    """Run dirs, cgroups and processes that belong to sandbox replicas with these PIDs."""
+    names = {f"{PREFIX}{p}" for p in pids}
+    found = [str(d) for d in Path("/dev/shm").glob(f"{PREFIX}*") if d.name in names]
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        for root, dirs, _ in os.walk(controller):
+            if len(Path(root).relative_to(controller).parts) >= 4:
+                dirs.clear()
+            found += [os.path.join(root, d) for d in dirs if d in names]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if any(n in cmdline for n in names):
+            found.append(f"pid {proc.name}: {cmdline[:200]}")
+    return found
+
+
+def sandbox_replica_pids(pids: list[int]) -> set[int]:
+    """Which of these processes are sandbox replicas (their title names the deployment)."""
+    found = set()
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"ServeReplica:" in cmdline and b":sandbox" in cmdline:
+            found.add(pid)
+    return found
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 import time
@@ -21,32 +20,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ray_support import APP, BASE_CONFIG, URL, RayEnv
+from ray_support import APP, BASE_CONFIG, URL, RayEnv, leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap, pytest.mark.timeout(600)]
-
-PREFIX = "toolenv-sandboxd-"
-
-
-def leftovers(pids: set[int]) -> list[str]:
-    """Run dirs, cgroups and processes that belong to sandbox replicas with these PIDs."""
-    names = {f"{PREFIX}{p}" for p in pids}
-    found = [str(d) for d in Path("/dev/shm").glob(f"{PREFIX}*") if d.name in names]
-    for controller in Path("/sys/fs/cgroup").iterdir():
-        for root, dirs, _ in os.walk(controller):
-            if Path(root).relative_to(controller).parts.__len__() >= 4:
-                dirs.clear()
-            found += [os.path.join(root, d) for d in dirs if d in names]
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if any(n in cmdline for n in names):
-            found.append(f"pid {proc.name}: {cmdline[:200]}")
-    return found
 
 
 def _cmdline(pid: int) -> bytes:
