@@ -198,8 +198,14 @@ class ContainerPool:
         if not self._waiters:
             while self._idle:
                 container = self._idle.popleft()
-                if container.id in self._live:
-                    return container
+                if container.id not in self._live:
+                    continue
+                if container.conn.closed:
+                    # Died while idle (an engine restart kills them all): each run retried
+                    # once, so a pool of N dead ones failed N/2 runs before one got a live one.
+                    self.discard(container, "its agent hung up while it was idle")
+                    continue
+                return container
         # First come, first served: a freed container is handed to the oldest waiter, so a
         # newcomer can never overtake a run that has been waiting (no starvation at high load).
         waiter: asyncio.Future[SandboxContainer] = asyncio.get_running_loop().create_future()
