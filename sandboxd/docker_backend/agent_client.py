@@ -46,5 +46,11 @@ class AgentConnection:
         await self.send(msg)
         return await self.receive()
 
+    @property
+    def closed(self) -> bool:
+        """The agent hung up: its container died or was removed (seen without a request, as
+        the connection's reader takes the end of the stream in the background)."""
+        return self._reader.at_eof() or self._writer.is_closing()
+
     def close(self) -> None:
         self._writer.close()

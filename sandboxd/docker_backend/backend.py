@@ -48,6 +48,8 @@ from .pool import ContainerPool
 # still arrives in time; the host kills the container when even that does not come.
 ANSWER_MARGIN_S = 0.15
 NO_DEADLINE_SLACK_S = 30.0
+AGENT_GRACE_S = 5.0
+"""How long past a job's budget the host still waits for its agent's answer."""
 MEMORY_ERROR_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory")
 
 
@@ -230,7 +232,10 @@ class DockerBackend:
     ) -> RunResult:
         assert self.pool is not None
         container.runs += 1
-        wait_s = deadline.remaining() if math.isfinite(deadline.at) else job["budget_s"] + 5.0
+        # The agent answers within the job's budget (its steps' limits, cut to the deadline);
+        # silent AGENT_GRACE_S past it, it is frozen or lost, however long the deadline is.
+        grace_s = job["budget_s"] + AGENT_GRACE_S
+        wait_s = min(deadline.remaining(), grace_s)
         job["budget_s"] = max(0.0, min(job["budget_s"], wait_s - ANSWER_MARGIN_S))
         try:
             async with asyncio.timeout(wait_s):
@@ -238,18 +243,26 @@ class DockerBackend:
         except (TimeoutError, AgentError, OSError) as exc:
             # The agent could not answer in time (or died): the container may hold anything.
             self.pool.discard(container, f"no answer from the agent: {exc!r}")
-            timed_out = isinstance(exc, TimeoutError)
+            # The deadline's if it ended the wait; a silent agent is the sandbox's failure, not
+            # the program's time limit (it said "deadline reached" for a call without one)
+            timed_out = isinstance(exc, TimeoutError) and wait_s < grace_s
             status = ExecStatus.TIME_LIMIT if timed_out else ExecStatus.ERROR
-            message = (
-                "deadline reached; sandbox destroyed" if timed_out else f"sandbox failed: {exc}"
-            )
+            if timed_out:
+                message = "deadline reached; sandbox destroyed"
+            elif isinstance(exc, TimeoutError):
+                message = (
+                    f"sandbox failed: its agent did not answer within {grace_s:.3g} s (the "
+                    f"run's limits and {AGENT_GRACE_S:g} s more); sandbox destroyed"
+                )
+            else:
+                message = f"sandbox failed: {exc}"
             result = RunResult(
                 run=ExecResult(status=status, message=message),
                 sandbox_id=container.name,
                 backend=self.name,
                 message=message,
             )
-            if timed_out:
+            if isinstance(exc, TimeoutError):
                 return result
             raise _AgentLost(result) from exc
         except asyncio.CancelledError:

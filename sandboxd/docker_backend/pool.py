@@ -174,7 +174,7 @@ class ContainerPool:
             return_exceptions=True,
         )
         # anything labelled with our pool id that slipped through (e.g. a create cut short)
-        with contextlib.suppress(docker.errors.DockerException):
+        try:
             leftovers = await asyncio.to_thread(
                 self.client.containers.list,
                 all=True,
@@ -182,6 +182,10 @@ class ContainerPool:
             )
             for c in leftovers:
                 await asyncio.to_thread(remove_container_sync, self.client, c.id)
+        except (docker.errors.DockerException, OSError) as exc:  # requests' errors too
+            # The engine cannot be reached: the next instance's start reaps what is left (our
+            # lock is gone then). This raised, failing the shutdown and keeping dir and lock.
+            log.warning("containers of pool %s left to the next start: %s", self.pool_id, exc)
         shutil.rmtree(self.dir, ignore_errors=True)
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
@@ -198,8 +202,14 @@ class ContainerPool:
         if not self._waiters:
             while self._idle:
                 container = self._idle.popleft()
-                if container.id in self._live:
-                    return container
+                if container.id not in self._live:
+                    continue
+                if container.conn.closed:
+                    # Died while idle (an engine restart kills them all): each run retried
+                    # once, so a pool of N dead ones failed N/2 runs before one got a live one.
+                    self.discard(container, "its agent hung up while it was idle")
+                    continue
+                return container
         # First come, first served: a freed container is handed to the oldest waiter, so a
         # newcomer can never overtake a run that has been waiting (no starvation at high load).
         waiter: asyncio.Future[SandboxContainer] = asyncio.get_running_loop().create_future()
@@ -251,8 +261,28 @@ class ContainerPool:
         log.info("destroying %s: %s", container.name, reason)
         self.recycled += 1
         container.conn.close()
-        self._spawn(remove_container(self.client, container.id, container.socket_dir))
+        self._spawn(self._remove(container))
         self._refill()
+
+    async def _remove(self, container: SandboxContainer) -> None:
+        """Remove a container; while the engine cannot be reached (it restarts), retry each
+        `RETRY_PAUSE_S` until it can or the pool closes (whose sweep, or the next instance's
+        start, removes it then). A failed removal was never tried again: the container stayed
+        for the service's lifetime, with a traceback in the log."""
+        warned = False
+        while True:
+            try:
+                await remove_container(self.client, container.id, container.socket_dir)
+                return
+            except (docker.errors.DockerException, OSError) as exc:  # requests' errors too
+                if not warned:
+                    log.warning("cannot remove %s yet (retrying): %s", container.name, exc)
+                    warned = True
+            if self._closed:
+                return
+            await asyncio.sleep(RETRY_PAUSE_S)
+            if self._closed:
+                return
 
     def background(self, coro: Any) -> None:
         self._spawn(coro)

@@ -457,3 +457,30 @@ def test_container_killed_from_outside_is_replaced_and_the_run_retried(portal, b
     while backend.status()["live"] < 2 and time.monotonic() < end:
         time.sleep(0.1)
     assert victim.id not in backend.pool._live and backend.status()["live"] == 2
+
+
+def test_containers_that_died_while_idle_cost_no_run(portal, backend) -> None:
+    """An engine restart kills every idle container at once: the pool sees each one's agent hung
+    up as it takes it, so the next runs get fresh containers (each run was retried once only:
+    with every container dead, a pool of N failed N/2 runs)."""
+    client = docker.from_env()
+    end = time.monotonic() + 20
+    while len(backend.pool._idle) < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    victims = list(backend.pool._idle)
+    assert len(victims) == 2
+    for victim in victims:
+        client.api.kill(victim.id)
+    while time.monotonic() < end:
+        if all(not client.api.containers(filters={"id": v.id}) for v in victims):
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)  # the hang-ups reach the pool's connections
+    for _ in range(2):
+        r = run(portal, backend, RunSpec(language="python", code="print('fresh')"))
+        assert r.run is not None and r.run.stdout == "fresh\n", r
+        assert r.sandbox_id not in {v.name for v in victims}
+    while backend.status()["live"] < 2 and time.monotonic() < end:
+        time.sleep(0.1)
+    assert backend.status()["live"] == 2
+    assert not {v.id for v in victims} & set(backend.pool._live)

@@ -4,7 +4,7 @@ containers are stand-ins; the docker parts are covered by the other test_docker_
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -15,9 +15,15 @@ from toolenv_core.deadline import Deadline
 
 
 @dataclass
+class LiveConnection:
+    closed: bool = False
+
+
+@dataclass
 class StandIn:
     id: str
     runs: int = 0
+    conn: LiveConnection = field(default_factory=LiveConnection)
 
 
 def pool_with(*ids: str) -> ContainerPool:

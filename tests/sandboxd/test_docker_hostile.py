@@ -400,3 +400,32 @@ def test_unresponsive_agent_is_replaced_at_the_deadline(portal, backend) -> None
     else:
         pytest.fail("the frozen container was not removed")
     assert_clean_after(portal, backend, r, same=False)
+
+
+@pytest.mark.parametrize("deadline_s", [None, 20.0], ids=["no-deadline", "long-deadline"])
+def test_a_frozen_agent_is_a_sandbox_error_soon_after_its_limits(
+    portal, backend, deadline_s: float | None
+) -> None:
+    """A frozen container is the sandbox's failure, not the program's time limit: answered a
+    few seconds past the run's own limits (not at a far deadline: it waited all of it), and not
+    as a TimeLimitExceeded "deadline reached" (it said so for a call with no deadline)."""
+    import docker
+
+    client = docker.from_env()
+    pool = backend.pool
+    assert pool is not None
+    busy_wait = time.monotonic() + 10
+    while pool.status()["idle"] < 1 and time.monotonic() < busy_wait:
+        time.sleep(0.05)
+    (victim,) = list(pool._live.values())
+    client.containers.get(victim.id).pause()
+    spec = RunSpec(language="python", code="print(1)", run_limits=Limits(wall_time_s=1.0))
+    deadline = Deadline.never() if deadline_s is None else Deadline.after(deadline_s)
+    started = time.monotonic()
+    r = portal.call(backend.run, spec, deadline)
+    took = time.monotonic() - started
+    assert r.run is not None and r.run.status == ExecStatus.ERROR, r.run
+    assert "did not answer within 8 s" in r.run.message and "destroyed" in r.run.message
+    assert 7.5 < took < 10.0, took
+    assert r.sandbox_id == victim.name
+    assert_clean_after(portal, backend, r, same=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import docker
 import pytest
+import requests
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from sandboxd.backend import SandboxUnavailable
@@ -218,3 +219,68 @@ def test_a_deadline_that_ends_a_wait_for_a_container_is_a_time_limit(
         pool_id = b.pool.pool_id if b.pool else "none"
         portal.call(b.close)
     assert labelled(f"toolenv.pool={pool_id}") == []
+
+
+class FlakyRemoval:
+    """Stands in for an engine that cannot be reached (restarting) while `down`: removing a
+    container fails as the docker SDK does then (requests' ConnectionError)."""
+
+    def __init__(self, backend: DockerBackend) -> None:
+        self.real = backend._client.api.remove_container
+        self.down = True
+        backend._client.api.remove_container = self  # type: ignore[method-assign]
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        if self.down:
+            raise requests.exceptions.ConnectionError("('Connection aborted.', refused)")
+        return self.real(*args, **kwargs)
+
+
+def test_a_container_the_engine_could_not_remove_is_removed_once_it_answers(
+    portal: BlockingPortal, image: str
+) -> None:
+    """A container discarded while the engine is unreachable (it restarts) is removed once it
+    answers again: its removal failed once, with a traceback, and was never tried again."""
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=1))
+    portal.call(b.start)
+    try:
+        pool = b.pool
+        engine = FlakyRemoval(b)
+        (victim,) = list(pool._live.values())
+        docker.from_env().api.kill(victim.id)  # dies with the engine
+        time.sleep(0.3)
+        r = portal.call(b.run, RunSpec(language="python", code="print(2)"), Deadline.after(30))
+        assert r.run is not None and r.run.stdout == "2\n"
+        time.sleep(1.5)
+        assert victim.id[:12] in labelled(f"toolenv.pool={pool.pool_id}")  # not removable yet
+        engine.down = False
+        gone_by = time.monotonic() + 5
+        while victim.id[:12] in labelled(f"toolenv.pool={pool.pool_id}"):
+            assert time.monotonic() < gone_by, "the container was never removed"
+            time.sleep(0.1)
+    finally:
+        pool_id = b.pool.pool_id if b.pool else "none"
+        portal.call(b.close)
+    assert labelled(f"toolenv.pool={pool_id}") == []
+
+
+def test_close_while_the_engine_is_unreachable_leaves_the_rest_to_the_next_start(
+    portal: BlockingPortal, image: str
+) -> None:
+    """close() with the engine unreachable: no exception (the app's shutdown failed with a
+    traceback), the socket dir and the lock are gone, and the next start reaps the containers."""
+    b = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=1))
+    portal.call(b.start)
+    pool = b.pool
+    FlakyRemoval(b)
+    try:
+        portal.call(b.close)
+        assert not pool.dir.exists() and not pool.lock_path.exists()
+        left = labelled(f"toolenv.pool={pool.pool_id}")
+        assert len(left) == 1
+    finally:
+        after = DockerBackend(SandboxSettings(docker_image=image, docker_pool_size=1))
+        portal.call(after.start)
+        portal.call(after.close)
+    assert labelled(f"toolenv.pool={pool.pool_id}") == []
+    assert after.pool is not None and after.pool.status()["reaped_at_start"] == 1
