@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
+from docker_support import build_sandbox_image
 
 from sandboxd.docker_backend import DockerBackend
 from sandboxd.languages import CHILD_ENV
@@ -46,19 +47,6 @@ files = {d: sorted(os.listdir(d)) for d in ('/sandbox', '/tmp', '/dev/shm', '/de
 ipc = {k: open('/proc/sysvipc/' + k).read().splitlines()[1:] for k in ('shm', 'sem', 'msg')}
 print(json.dumps({'procs': procs, 'files': files, 'env': dict(os.environ), 'ipc': ipc}))
 """
-
-
-def build_sandbox_image(base_image: str) -> str:
-    image = "toolenv/sandbox:0.1.0"
-    env = {**os.environ, "TOOLENV_BASE_IMAGE": base_image, "TOOLENV_SANDBOX_DOCKER_IMAGE": image}
-    subprocess.run([str(REPO / "scripts/build_sandbox_image.sh")], env=env, check=True, timeout=600)
-    return image
-
-
-@pytest.fixture(scope="module")
-def portal() -> Iterator[BlockingPortal]:
-    with start_blocking_portal(backend="asyncio") as p:
-        yield p
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
 import requests
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
+from docker_support import labelled
 
 from sandboxd.backend import SandboxUnavailable
 from sandboxd.docker_backend import DockerBackend
@@ -29,31 +29,7 @@ from toolenv_core.deadline import Deadline
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "toolenv/sandbox:0.1.0"
 BUILD = REPO / "scripts/build_sandbox_image.sh"
-
-
-def labelled(label: str) -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={label}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split()
-
-
-@pytest.fixture(scope="module")
-def image(base_image: str) -> str:
-    env = {**os.environ, "TOOLENV_BASE_IMAGE": base_image, "TOOLENV_SANDBOX_DOCKER_IMAGE": IMAGE}
-    subprocess.run([str(BUILD)], env=env, check=True, timeout=600)
-    return IMAGE
-
-
-@pytest.fixture(scope="module")
-def portal() -> Iterator[BlockingPortal]:
-    with start_blocking_portal(backend="asyncio") as p:
-        yield p
 
 
 def test_image_build_is_idempotent_and_hash_agrees(image: str, base_image: str) -> None:
