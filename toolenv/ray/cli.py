@@ -67,7 +67,7 @@ def run_on_ray(
         raise typer.Exit(2) from exc
     url = gateway_url(stack.ray.http_host, stack.ray.http_port)
     try:
-        node = start(stack, app, url, ready_timeout_s, console)
+        node = start(stack, app, url, ready_timeout_s, console, detach)
         console.print(
             f"[green]toolenv is serving on Ray[/] at {url} on node {node} "
             f"(application {stack.ray.app_name!r})"
@@ -109,7 +109,12 @@ def interrupt_on_stop_signals() -> None:
 
 
 def start(
-    stack: RayStack, app: Application, url: str, ready_timeout_s: float, console: Console
+    stack: RayStack,
+    app: Application,
+    url: str,
+    ready_timeout_s: float,
+    console: Console,
+    detach: bool = False,
 ) -> str:
     """Connect, deploy (each deployment running within `ready_timeout_s`) and wait for a
     gateway replica's `/readyz` (`wait_ready`); returns that replica's node. A failure is one
@@ -126,7 +131,7 @@ def start(
                 connect(stack)
             finally:
                 interrupt_on_stop_signals()
-            taken = someone_else_answers(stack.ray.app_name, url)
+            taken = someone_else_answers(stack.ray.app_name, url, foreground=not detach)
             if taken is not None:
                 typer.echo(f"error: {taken}", err=True)
                 raise typer.Exit(1)
@@ -171,15 +176,23 @@ def wait_for_stop_signal() -> None:
         pass
 
 
-def someone_else_answers(app_name: str, url: str) -> str | None:
+def someone_else_answers(app_name: str, url: str, foreground: bool = False) -> str | None:
     """What already answers at the gateway's URL when the application is new, else None. The
     gateway replicas bind with SO_REUSEPORT (`ingress`), so those of a second application on
     the same port (or a second local cluster's) bound beside the first one's without a word,
     and the kernel split the calls between the two. An application being updated answers
-    there itself."""
+    there itself, with `--detach`; in the `foreground` the command deletes its application
+    when it stops, and a second one took over the first one's (restarting its replicas) and
+    deleted it from under it at Ctrl-C."""
     serve.start(proxy_location="Disabled")
     if app_status(app_name) is not None:
-        return None
+        if not foreground:
+            return None
+        return (
+            f"application {app_name!r} already runs on this cluster, and this command would "
+            "take it over and delete it when stopped. Update it with --detach, delete it "
+            "(docs/ray.md), or give this one its own ray.app_name and ray.http_port"
+        )
     try:
         resp = httpx.get(f"{url}/healthz", timeout=2)
     except httpx.HTTPError:
