@@ -9,6 +9,7 @@ rollout_client runs without Ray.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +22,25 @@ from .study import CellJob, StudyInputs, run_job
 __all__ = ["RayRunner", "RayUnreachable"]
 
 
-@ray.remote(num_cpus=1)
+CELL_CPUS = 1
+
+
+@ray.remote(num_cpus=CELL_CPUS)
 def _cell(inputs: StudyInputs, job: CellJob) -> dict[str, Any]:
     return run_job(inputs, job)
+
+
+def no_room_for_a_cell() -> str | None:
+    """What the cluster offers when no live node has the CPU a cell needs, else None. Ray
+    holds such tasks until a node that can take one joins (an autoscaler may add one), and
+    with the driver's logs off it says nothing: the study sat at 0 cells for ever."""
+    cpus = [node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node["Alive"]]
+    if max(cpus, default=0.0) >= CELL_CPUS:
+        return None
+    return (
+        f"no node of the cluster has the CPU a cell needs (each cell is a Ray task of "
+        f"{CELL_CPUS} CPU; its nodes have {cpus}): the study waits until a node with one joins"
+    )
 
 
 class RayRunner:
@@ -47,6 +64,8 @@ class RayRunner:
             # reachable: checked when this runner was made, before the inputs were loaded
             ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
         try:
+            if (note := no_room_for_a_cell()) is not None:
+                print(f"warning: {note}", file=sys.stderr)  # above the progress bar
             shared = ray.put(inputs)
             refs = [_cell.remote(shared, job) for job in jobs]
             index = {ref: i for i, ref in enumerate(refs)}

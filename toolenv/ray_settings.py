@@ -48,6 +48,14 @@ class ReplicaConfig(BaseModel):
     def _bounds(self) -> ReplicaConfig:
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas exceeds max_replicas")
+        if self.autoscaling and self.look_back_period_s <= self.metrics_interval_s:
+            # Serve took it with a FutureWarning in the deploying command's output ("will raise
+            # an exception in a future release"); docs/ray.md advises longer intervals at scale.
+            raise ValueError(
+                f"look_back_period_s ({self.look_back_period_s}) must exceed metrics_interval_s "
+                f"({self.metrics_interval_s}): the queue lengths reported each interval are "
+                "averaged over the look-back window"
+            )
         return self
 
     @property

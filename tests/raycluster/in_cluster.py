@@ -6,6 +6,7 @@ bounded load through the Ray gateway, and the Serve status. Prints JSON on stdou
     python in_cluster.py applications ADDRESS
     python in_cluster.py get URL
     python in_cluster.py put URL JSON
+    python in_cluster.py delete ADDRESS APP
     python in_cluster.py shutdown ADDRESS
 """
 
@@ -104,6 +105,16 @@ def applications(address: str) -> dict:
     return {name: a.status.value for name, a in serve.status().applications.items()}
 
 
+def delete(address: str, app: str) -> dict:
+    """One application deleted gracefully (its replicas release what they hold)."""
+    import ray
+    from ray import serve
+
+    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    serve.delete(app)
+    return {"ok": True}
+
+
 def shutdown(address: str) -> dict:
     """Graceful: every replica runs its shutdown (sandbox pools released) before we kill nodes."""
     import ray
@@ -142,6 +153,9 @@ def main() -> None:
     u.add_argument("body")
     a = sub.add_parser("applications")
     a.add_argument("address")
+    d = sub.add_parser("delete")
+    d.add_argument("address")
+    d.add_argument("app")
     s = sub.add_parser("shutdown")
     s.add_argument("address")
     args = parser.parse_args()
@@ -160,6 +174,8 @@ def main() -> None:
         print(json.dumps(replicas(args.address, args.app)))
     elif args.cmd == "applications":
         print(json.dumps(applications(args.address)))
+    elif args.cmd == "delete":
+        print(json.dumps(delete(args.address, args.app)))
     else:
         print(json.dumps(shutdown(args.address)))
 

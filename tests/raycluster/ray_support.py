@@ -138,12 +138,13 @@ class RayEnv:
             timeout=timeout,
         )
 
-    def helper_argv(self, *args: str) -> list[str]:
-        return self.cluster.exec_argv([sys.executable, str(HERE / "in_cluster.py"), *args])
+    def helper_argv(self, *args: str, node: int = 0) -> list[str]:
+        return self.cluster.exec_argv([sys.executable, str(HERE / "in_cluster.py"), *args], node)
 
-    def helper(self, *args: str, timeout: float = 120) -> Any:
+    def helper(self, *args: str, timeout: float = 120, node: int = 0) -> Any:
+        """`in_cluster.py ARGS` in a node's namespace (the head's by default)."""
         done = subprocess.run(
-            self.helper_argv(*args),
+            self.helper_argv(*args, node=node),
             env=self.cluster.env(),
             capture_output=True,
             text=True,

@@ -4,6 +4,7 @@ refuses before any cluster is dialled or started. The connection itself is repla
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import threading
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 import toolenv.ray.app as ray_app
 from toolenv.cli import build_app
 from toolenv.ray.app import RayStack, build_application
-from toolenv.ray.cli import gateway_url, wait_ready
+from toolenv.ray.ingress import gateway_url, readyz_problem
 from toolenv_core.ray_connect import RayUnreachable
 
 
@@ -117,7 +118,7 @@ class _V6Server(ThreadingHTTPServer):
 
 
 def test_an_ipv6_http_host_is_waited_for_in_brackets() -> None:
-    """`ray.http_host: "::1"`: the readiness wait reaches the gateway on [::1] (it raised
+    """`ray.http_host: "::1"`: the readiness check reaches the gateway on [::1] (it raised
     httpx's `InvalidURL` with a traceback once the application had deployed)."""
     server = _V6Server(("::1", 0), _Ready)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -125,7 +126,7 @@ def test_an_ipv6_http_host_is_waited_for_in_brackets() -> None:
         port = server.server_address[1]
         url = gateway_url("::1", port)
         assert url == f"http://[::1]:{port}"
-        assert wait_ready(url, timeout_s=10) is None
+        assert asyncio.run(readyz_problem(url)) is None
         assert gateway_url("127.0.0.1", port) == f"http://127.0.0.1:{port}"
     finally:
         server.shutdown()

@@ -3,7 +3,9 @@
 In file order: load spreads over sandbox replicas on both nodes; the gateway contract holds
 through Ray (deadline kills the program, 429 + Retry-After, metrics, trace capture); the study's
 cells as Ray tasks give the local report; a second application that fails to start is deleted
-and the first one still serves; the second node's raylet dies under load and every
+and the first one still serves; a second application whose gateway runs on the other node is
+found ready there; a foreground start with the running application's name is refused; the
+second node's raylet dies under load and every
 call still gets a clean answer, the deployment recovers on the surviving node and nothing is
 left behind; then, on the surviving node, autoscaling follows queued calls within its bounds
 and back.
@@ -161,6 +163,44 @@ def test_a_failed_start_deletes_its_application_and_leaves_the_others(ray_env: R
     assert ray_env.applications() == {APP: "RUNNING"}
     results = ray_env.load("--calls", "4", "--concurrency", "2")
     assert statuses(results) == {200: 4}
+
+
+def test_a_gateway_on_another_node_is_found_ready_where_it_runs(ray_env: RayEnv) -> None:
+    """A second application whose gateway replica runs on the other node (pinned there here;
+    Ray places a replica on any node with room, and a head with no CPUs takes none): the
+    command that deploys it from the head exits 0 naming that node, and the gateway answers
+    there. Before: it read `/readyz` on the head's own loopback, where nothing listens, until
+    `--ready-timeout`, then deleted an application that served."""
+    app = "toolenv-elsewhere"
+    config = copy.deepcopy(BASE_CONFIG)
+    config["ray"] |= {"app_name": app, "http_port": 8002}
+    config["ray"]["gateway"]["resources"] = {"node_w1": 0.01}
+    config["ray"]["sandbox"] |= {"num_cpus": 0, "min_replicas": 1, "max_replicas": 1}
+    config["ray"]["emulators"] |= {"min_replicas": 1, "max_replicas": 1}
+    try:
+        done = ray_env.serve_detached(config, "elsewhere", "--ready-timeout", "30")
+        said = " ".join(done.stderr.split())  # the console wraps its lines
+        assert done.returncode == 0, said[-3000:]
+        assert f"serving on Ray at http://127.0.0.1:8002 on node {ray_env.worker_ip}" in said
+        got = ray_env.helper("get", "http://127.0.0.1:8002/readyz", node=1)
+        assert got["status"] == 200, got
+    finally:
+        ray_env.helper("delete", ray_env.cluster.address, app)
+    assert ray_env.applications() == {APP: "RUNNING"}
+
+
+def test_a_foreground_start_refuses_an_application_that_already_runs(ray_env: RayEnv) -> None:
+    """`toolenv serve --ray ADDRESS` in the foreground, with the name of an application that
+    runs: one line, exit 1, and the application is left as it was. Before: it took the running
+    application over (restarting its replicas), said it served, and deleted it at Ctrl-C from
+    under the command or user that had deployed it."""
+    argv = [sys.executable, "-m", "toolenv", "serve", "--ray", ray_env.cluster.address]
+    done = ray_env.run([*argv, "-c", str(ray_env.workdir / "base.yaml")], timeout=90)
+    said = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(said) == 1, done.stderr[-3000:]
+    assert f"application {APP!r} already runs on this cluster" in said[0], said
+    assert ray_env.applications() == {APP: "RUNNING"}
+    assert statuses(ray_env.load("--calls", "4", "--concurrency", "2")) == {200: 4}
 
 
 def test_node_death_mid_load(ray_env: RayEnv) -> None:

@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from toolenv.cli import build_app
-from toolenv.ray.app import REPLICA_ENV, replica_options
+from toolenv.ray.app import REPLICA_ENV, RayStack, build_application, replica_options
 from toolenv.ray.ingress import listen_socket
 from toolenv.ray_settings import RaySettings, ReplicaConfig
 from toolenv_core.net import free_port
@@ -39,6 +40,24 @@ def test_fixed_replicas_and_autoscaling_bounds_become_serve_options() -> None:
 def test_inverted_bounds_are_a_clear_error() -> None:
     with pytest.raises(ValueError, match="min_replicas exceeds max_replicas"):
         ReplicaConfig(min_replicas=4, max_replicas=2)
+
+
+def test_a_look_back_window_within_the_report_interval_is_a_clear_error(tmp_path: Path) -> None:
+    """docs/ray.md advises longer `metrics_interval_s` at scale; with the default 2 s look-back
+    window, Serve took 5 s with a FutureWarning ("will raise an exception in a future release")
+    in the deploying command's output. Refused as a config error; a longer window deploys
+    without a warning, and a fixed replica count (no autoscaling) reads neither."""
+    with pytest.raises(ValueError, match=r"look_back_period_s \(2\.0\) must exceed metrics"):
+        ReplicaConfig(min_replicas=1, max_replicas=4, metrics_interval_s=5)
+    ReplicaConfig(min_replicas=2, max_replicas=2, metrics_interval_s=5)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "ray:\n  sandbox: {min_replicas: 1, max_replicas: 4, metrics_interval_s: 5,"
+        " look_back_period_s: 10}\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        build_application(RayStack.load(str(cfg)))
 
 
 def test_ray_section_loads_from_a_config_file(tmp_path) -> None:

@@ -12,7 +12,9 @@ import httpx
 import ray
 import typer
 from ray import serve
+from ray.exceptions import RayError
 from ray.serve import Application
+from ray.serve.exceptions import RayServeException
 from rich.console import Console
 
 from toolenv_core.config import ConfigFileError, config_error
@@ -27,6 +29,7 @@ from .app import (
     deploy,
     remove_failed,
 )
+from .ingress import gateway_url
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and `kill`
 
@@ -64,9 +67,10 @@ def run_on_ray(
         raise typer.Exit(2) from exc
     url = gateway_url(stack.ray.http_host, stack.ray.http_port)
     try:
-        start(stack, app, url, ready_timeout_s, console)
+        node = start(stack, app, url, ready_timeout_s, console, detach)
         console.print(
-            f"[green]toolenv is serving on Ray[/] at {url} (application {stack.ray.app_name!r})"
+            f"[green]toolenv is serving on Ray[/] at {url} on node {node} "
+            f"(application {stack.ray.app_name!r})"
         )
         if detach:
             return
@@ -105,11 +109,17 @@ def interrupt_on_stop_signals() -> None:
 
 
 def start(
-    stack: RayStack, app: Application, url: str, ready_timeout_s: float, console: Console
-) -> None:
-    """Connect, deploy (each deployment running within `ready_timeout_s`) and wait for
-    `/readyz`; a failure is one line (what Serve says of the deployments, or what `/readyz` said
-    last) and exit 1, once the application it created is deleted (`remove_failed`). Raises
+    stack: RayStack,
+    app: Application,
+    url: str,
+    ready_timeout_s: float,
+    console: Console,
+    detach: bool = False,
+) -> str:
+    """Connect, deploy (each deployment running within `ready_timeout_s`) and wait for a
+    gateway replica's `/readyz` (`wait_ready`); returns that replica's node. A failure is one
+    line (what Serve says of the deployments, or what `/readyz` said last) and exit 1, once
+    the application it created is deleted (`remove_failed`). Raises
     `StartInterrupted` at a stop signal, whenever it comes. `ray.init` installs SIGTERM handlers
     of its own, a Python one that exits and a native one that crashes the driver: the stop
     signals are taken back as soon as it returns, and its exit is read as the SIGTERM it was."""
@@ -121,15 +131,16 @@ def start(
                 connect(stack)
             finally:
                 interrupt_on_stop_signals()
-            taken = someone_else_answers(stack.ray.app_name, url)
+            taken = someone_else_answers(stack.ray.app_name, url, foreground=not detach)
             if taken is not None:
                 typer.echo(f"error: {taken}", err=True)
                 raise typer.Exit(1)
             created = deploy(stack, app, ready_timeout_s)
         with console.status(f"waiting for {url}/readyz"):
-            problem = wait_ready(url, ready_timeout_s)
+            node, problem = wait_ready(stack.ray.app_name, ready_timeout_s)
         if problem is not None:
             raise DeployFailed(f"not ready after {ready_timeout_s:.0f} s: {problem}", created)
+        return node
     except RayUnreachable as exc:
         typer.echo(f"error: {exc} (--ray)", err=True)
         raise typer.Exit(1) from exc
@@ -165,21 +176,23 @@ def wait_for_stop_signal() -> None:
         pass
 
 
-def gateway_url(host: str, port: int) -> str:
-    """The gateway replicas' URL on this node; an IPv6 host in brackets (`http://::1:8000` was an
-    `InvalidURL` traceback once the application had deployed)."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def someone_else_answers(app_name: str, url: str) -> str | None:
+def someone_else_answers(app_name: str, url: str, foreground: bool = False) -> str | None:
     """What already answers at the gateway's URL when the application is new, else None. The
     gateway replicas bind with SO_REUSEPORT (`ingress`), so those of a second application on
     the same port (or a second local cluster's) bound beside the first one's without a word,
     and the kernel split the calls between the two. An application being updated answers
-    there itself."""
+    there itself, with `--detach`; in the `foreground` the command deletes its application
+    when it stops, and a second one took over the first one's (restarting its replicas) and
+    deleted it from under it at Ctrl-C."""
     serve.start(proxy_location="Disabled")
     if app_status(app_name) is not None:
-        return None
+        if not foreground:
+            return None
+        return (
+            f"application {app_name!r} already runs on this cluster, and this command would "
+            "take it over and delete it when stopped. Update it with --detach, delete it "
+            "(docs/ray.md), or give this one its own ray.app_name and ray.http_port"
+        )
     try:
         resp = httpx.get(f"{url}/healthz", timeout=2)
     except httpx.HTTPError:
@@ -192,17 +205,21 @@ def someone_else_answers(app_name: str, url: str) -> str | None:
     )
 
 
-def wait_ready(url: str, timeout_s: float) -> str | None:
-    """None once `/readyz` answers 200, else what it said last."""
+def wait_ready(app_name: str, timeout_s: float) -> tuple[str, str | None]:
+    """Until a gateway replica says its `/readyz` answers 200 on its own node (`readiness`):
+    that node's address and None, else what it said last. The replica reads it, not this
+    command: it may run on another node, where `http_host` (loopback by default) is not this
+    machine's."""
+    handle = serve.get_app_handle(app_name).options(method_name="readiness")
     end = time.monotonic() + timeout_s
-    last = "no answer yet"
+    node, last = "", "no answer yet"
     while time.monotonic() < end:
         try:
-            resp = httpx.get(f"{url}/readyz", timeout=5)
-            if resp.status_code == 200:
-                return None
-            last = f"{resp.status_code} {resp.text[:300]}"
-        except httpx.HTTPError as exc:
-            last = str(exc) or type(exc).__name__
+            node, problem = handle.remote().result(timeout_s=10)
+        except (RayError, RayServeException, TimeoutError) as exc:
+            problem = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if problem is None:
+            return node, None
+        last = problem
         time.sleep(0.5)
-    return last
+    return node, last

@@ -19,6 +19,8 @@ import asyncio
 import socket
 from typing import Any
 
+import httpx
+import ray
 import uvicorn
 from ray.serve.handle import DeploymentHandle
 
@@ -30,6 +32,22 @@ from gateway.settings import GatewaySettings
 
 # Which deployment serves each tool kind (tools of other kinds keep their configured backend).
 DEPLOYMENT_OF_KIND = {"sandbox": "sandbox", "search": "emulators", "reward": "emulators"}
+
+
+def gateway_url(host: str, port: int) -> str:
+    """The gateway replicas' URL on their node; an IPv6 host in brackets (`http://::1:8000` was
+    an `InvalidURL` traceback once the application had deployed)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def readyz_problem(url: str) -> str | None:
+    """None when `url`/readyz answers 200, else what it said (or why nothing answered)."""
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            resp = await client.get(f"{url}/readyz")
+    except httpx.HTTPError as exc:
+        return str(exc) or type(exc).__name__
+    return None if resp.status_code == 200 else f"{resp.status_code} {resp.text[:300]}"
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -69,6 +87,7 @@ class GatewayServer:
             if (name := DEPLOYMENT_OF_KIND.get(tool.kind)) is not None
         }
         app = create_app(self.settings, backends=backends)
+        self.url = gateway_url(host, port)
         self.server = uvicorn.Server(uvicorn_config(app, self.settings, host, port))
         sock = listen_socket(host, port)  # a port in use fails the replica: Serve retries it
         self.task = asyncio.create_task(self._serve(sock), name="gateway-http")
@@ -90,6 +109,13 @@ class GatewayServer:
         """Serve's health check: a replica whose server has stopped is replaced."""
         if self.task.done():
             raise RuntimeError("the gateway's HTTP server has stopped")
+
+    async def readiness(self) -> tuple[str, str | None]:
+        """This replica's node address and what its `/readyz` says there (None: ready). Read on
+        the replica's node, not by the command that deployed it: Ray places the replica on any
+        node, and from another node its URL (`127.0.0.1` by default) answered nothing until
+        `--ready-timeout`, when the command deleted an application that served."""
+        return ray.util.get_node_ip_address(), await readyz_problem(self.url)
 
     async def __del__(self) -> None:
         """Graceful shutdown (scale-down, redeploy): stop accepting, finish the calls in flight
