@@ -173,7 +173,7 @@ def deploy(stack: RayStack, app: Application, timeout_s: float) -> bool:
     end = time.monotonic() + timeout_s
     while (status := app_status(r.app_name)) != ApplicationStatus.RUNNING:
         if status == ApplicationStatus.DEPLOY_FAILED:  # Serve names the deployments only
-            why = why_failed(r.app_name) or "`serve status` says more"
+            why = why_failed(r.app_name) or "`ray.serve.status()` on the cluster says more"
             raise DeployFailed(f"deploying application {r.app_name} failed: {why}", created)
         if time.monotonic() >= end:
             raise DeployFailed(
@@ -190,7 +190,7 @@ def remove_failed(app_name: str, created: bool) -> str:
     the cluster's resources after the command had exited 1); one deployed before is left as
     Serve has it, since its replicas of the old version may still serve. Says which."""
     if not created:
-        return f"application {app_name} was deployed before: left as it is (`serve status`)"
+        return f"application {app_name} was deployed before: left as it is (`ray.serve.status()` on the cluster)"
     serve.delete(app_name)
     return f"application {app_name} deleted"
 

@@ -5,8 +5,8 @@ are not two hosts. Each node here gets its own namespace (its own loopback and p
 address on a private /24 and its own custom resource (`<name>`: 1) so placement can be checked.
 Everything that talks to the cluster runs inside the head's namespace (`exec_argv`). Nodes are
 stopped by the PIDs in their namespace, never by name (`ray stop` would kill every Ray on the
-machine). Needs root and `ip` (iproute2). Used by the tests, the benchmark and `toolenv ray
-local-cluster` to rehearse a node dying.
+machine). Needs root and `ip` (iproute2). Used by the tests and the benchmark, to rehearse a node
+dying among others.
 """
 
 from __future__ import annotations
