@@ -17,11 +17,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 from anyio.from_thread import BlockingPortal
 from docker_support import build_sandbox_image
 
 from sandboxd.docker_backend import DockerBackend
+from sandboxd.docker_backend.container import SandboxContainer
 from sandboxd.languages import CHILD_ENV
 from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
 from sandboxd.settings import SandboxSettings
@@ -363,10 +365,10 @@ def test_sysv_ipc_and_files_do_not_leak(portal, backend) -> None:
     assert_clean_after(portal, backend, r)
 
 
-def test_unresponsive_agent_is_replaced_at_the_deadline(portal, backend) -> None:
-    """The host-side deadline: a frozen container (docker pause) cannot hold a run past it."""
-    import docker
-
+def freeze_the_idle_container(
+    backend: DockerBackend,
+) -> tuple[docker.DockerClient, SandboxContainer]:
+    """`docker pause` the pool's one container once it is idle: its agent can answer nothing."""
     client = docker.from_env()
     pool = backend.pool
     assert pool is not None
@@ -375,6 +377,12 @@ def test_unresponsive_agent_is_replaced_at_the_deadline(portal, backend) -> None
         time.sleep(0.05)
     (victim,) = list(pool._live.values())
     client.containers.get(victim.id).pause()
+    return client, victim
+
+
+def test_unresponsive_agent_is_replaced_at_the_deadline(portal, backend) -> None:
+    """The host-side deadline: a frozen container (docker pause) cannot hold a run past it."""
+    client, victim = freeze_the_idle_container(backend)
     started = time.monotonic()
     r = run(portal, backend, "print(1)", deadline_s=1.5)
     assert time.monotonic() - started < 2.0
@@ -397,16 +405,7 @@ def test_a_frozen_agent_is_a_sandbox_error_soon_after_its_limits(
     """A frozen container is the sandbox's failure, not the program's time limit: answered a
     few seconds past the run's own limits (not at a far deadline: it waited all of it), and not
     as a TimeLimitExceeded "deadline reached" (it said so for a call with no deadline)."""
-    import docker
-
-    client = docker.from_env()
-    pool = backend.pool
-    assert pool is not None
-    busy_wait = time.monotonic() + 10
-    while pool.status()["idle"] < 1 and time.monotonic() < busy_wait:
-        time.sleep(0.05)
-    (victim,) = list(pool._live.values())
-    client.containers.get(victim.id).pause()
+    _, victim = freeze_the_idle_container(backend)
     spec = RunSpec(language="python", code="print(1)", run_limits=Limits(wall_time_s=1.0))
     deadline = Deadline.never() if deadline_s is None else Deadline.after(deadline_s)
     started = time.monotonic()
