@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 
 import typer
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 STARTUP_FAILURE = 3  # uvicorn's exit status when a server could not start
 
@@ -61,6 +63,44 @@ def listen_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class OneLineStartupFailure:
+    """An app whose start-up raises is told as one line, `ERROR: <Class>: <text>`, then uvicorn's
+    `Application startup failed. Exiting.`: Starlette's failure message is the whole traceback
+    (40 lines of the server's own files for `sandboxd serve --backend docker` with no engine,
+    the reason on the last). The traceback is still logged, at debug level (`--log-level debug`).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[Message] = []
+
+        async def hold_startup_failure(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)  # told once the app has raised what it failed with
+            else:
+                await send(message)
+
+        try:
+            await self.app(scope, receive, hold_startup_failure)
+        except Exception as exc:
+            if not held:
+                raise
+            logging.getLogger("uvicorn.error").debug("the app's start-up failed", exc_info=exc)
+            text = str(exc)
+            failed = {"type": "lifespan.startup.failed", "message": type(exc).__name__}
+            if text:
+                failed["message"] += f": {text}"
+            await send(failed)
+            raise  # uvicorn, told the start-up failed, does not log it again
+        if held:
+            await send(held[0])
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, saying where it serves once the app has started: uvicorn logs its
     `Uvicorn running on ...` only for sockets it bound itself, so with ours nothing said where
@@ -95,13 +135,14 @@ class _Server(uvicorn.Server):
 def serve(config: uvicorn.Config, announce: str) -> None:
     """Serve `config`'s app on its host and port until SIGINT/SIGTERM. A port that cannot be
     bound is `error: ...` on stderr and exit 3 before the app starts, as is an app that fails
-    to start (uvicorn has said why). Once the app has started, `announce` (with `{url}`, the
+    to start (uvicorn has said why, in one line: `OneLineStartupFailure`). Once the app has started, `announce` (with `{url}`, the
     address really bound) goes to stderr."""
     try:
         sock = bind(config.host, config.port)
     except OSError as exc:
         typer.echo(f"error: {bind_message(config.host, config.port, exc)}", err=True)
         raise typer.Exit(STARTUP_FAILURE) from None
+    config.app = OneLineStartupFailure(config.app)
     server = _Server(config, announce)
     try:
         server.run(sockets=[sock])
