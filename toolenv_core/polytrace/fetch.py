@@ -3,7 +3,8 @@
 Each file streams into a temporary file beside its target while its sha256 is computed; only a
 file whose size and sha256 match the shipped manifest is renamed into place (an atomic rename on
 one file system). A failed or interrupted download leaves the cache as it was: a good cached
-copy is never replaced by a bad one.
+copy is never replaced by a bad one. A fetch holds a lock on its temporary file, so the next fetch
+of the same file removes what a killed one (SIGKILL, a power cut) left, and nothing of a live one.
 
 Sources: the pinned upstream (default; `base_url` + upstream path), or a mirror: a URL or a
 directory laid out either like the cache (local names) or like the upstream repository.
@@ -12,6 +13,8 @@ directory laid out either like the cache (local names) or like the upstream repo
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import hashlib
 import os
 import tempfile
@@ -92,13 +95,42 @@ def source_problem(source: str) -> str | None:
     return None if host else "a URL without a host"
 
 
+def _locked_part_file(target: Path) -> tuple[int, str]:
+    """A new temporary file beside `target`, locked (flock) for as long as it is open."""
+    while True:
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(name).st_ino == os.fstat(fd).st_ino:
+                return fd, name
+        os.close(fd)  # a sweep removed it before the lock was taken: make another
+
+
+def sweep_abandoned_parts(target: Path) -> None:
+    """Remove the temporary files of fetches of `target` that were killed before they could
+    clean up (SIGKILL, a power cut): hidden, they held their space for ever. A live fetch holds
+    the lock on its own file, so only a file nobody holds is removed."""
+    for part in target.parent.glob(f".{glob.escape(target.name)}.*.part"):
+        try:
+            fd = os.open(part, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            part.unlink(missing_ok=True)
+        except OSError:  # held (BlockingIOError): a fetch is writing it
+            pass
+        finally:
+            os.close(fd)
+
+
 class _Sink:
     """The temporary file a download streams into, hashed and bounded as it is written."""
 
     def __init__(self, entry: ManifestEntry, target: Path, progress: Progress | None) -> None:
         self.entry = entry
         self.progress = progress
-        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        fd, name = _locked_part_file(target)
         self.path = Path(name)
         self.file = os.fdopen(fd, "wb")
         self.hash = hashlib.sha256()
@@ -121,7 +153,6 @@ class _Sink:
         self.file.flush()
         os.fchmod(self.file.fileno(), 0o644)  # as any download: mkstemp made it owner-only
         os.fsync(self.file.fileno())
-        self.file.close()
         e = self.entry
         if self.size != e.bytes:
             raise FetchError(
@@ -132,7 +163,8 @@ class _Sink:
             raise FetchError(
                 f"{e.name}: sha256 mismatch: expected {e.sha256}, got {got} (from {source})"
             )
-        os.replace(self.path, target)
+        os.replace(self.path, target)  # before the close that unlocks it: no sweep can take it
+        self.file.close()
 
     def discard(self) -> None:
         # On a full disk close() fails too (it flushes what is buffered): the file is removed
@@ -201,6 +233,7 @@ class Fetcher:
 
     def fetch(self, entry: ManifestEntry, *, force: bool = False) -> FetchResult:
         target = self.dest / entry.name
+        sweep_abandoned_parts(target)
         if not force and is_cached(entry, target):
             return FetchResult(entry.name, "cached", target, entry.bytes)
         made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
