@@ -1,3 +1,3 @@
-from toolenv.cli import main
+from toolenv.entry import main
 
 main()

@@ -1,6 +1,6 @@
-"""The `toolenv` console script: the root typer app, built by `build_app()`, that mounts each
-service's own subcommands. Building it imports the services; importing this module registers
-nothing."""
+"""The `toolenv` command's root typer app, built by `build_app()` (which `toolenv.entry` runs),
+that mounts each service's own subcommands. Building it imports the services; importing this
+module registers nothing."""
 
 from __future__ import annotations
 
@@ -93,11 +93,3 @@ def build_app() -> typer.Typer:
     app.command("stress")(stress)
     app.add_typer(traces_app, name="traces")
     return app
-
-
-def main() -> None:
-    build_app()()
-
-
-if __name__ == "__main__":
-    main()
