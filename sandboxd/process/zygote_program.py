@@ -95,15 +95,12 @@ def _exit(status, main, interrupted=False):
         try:
             threading._shutdown()
         except BaseException as exc:
-            sys.unraisablehook(_Unraisable(exc, "on threading shutdown"))
+            _report_unraisable(exc, threading, exc.__traceback__.tb_next)
     atexit._run_exitfuncs()
     _clear_module_dict(main.__dict__)
     gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            status = 120
+    if not _flush_std_files():
+        status = 120
     if interrupted:  # as the interpreter does after an uncaught KeyboardInterrupt
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -111,10 +108,57 @@ def _exit(status, main, interrupted=False):
     os._exit(status)
 
 
-class _Unraisable:
-    def __init__(self, exc, message):
-        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
-        self.err_msg, self.object = f"Exception ignored {message}", None
+class _FailsWhenFreed:
+    def __del__(self):
+        raise RuntimeError("a report made to learn the hook's argument type")
+
+
+def _unraisable_args_type():
+    """`sys.__unraisablehook__` takes nothing but the interpreter's own argument type (any other
+    object was a TypeError, with a traceback of the zygote's), which is not exposed: it is
+    taken from one report, made here in the zygote."""
+    reports, hook = [], sys.unraisablehook
+    sys.unraisablehook = reports.append
+    _FailsWhenFreed()
+    sys.unraisablehook = hook
+    return type(reports[0])
+
+
+UNRAISABLE_ARGS = _unraisable_args_type()
+
+
+def _report_unraisable(exc, obj, traceback):
+    """As the interpreter reports an error it cannot raise: "Exception ignored in: <obj>"."""
+    try:
+        sys.unraisablehook(UNRAISABLE_ARGS((type(exc), exc, traceback, None, obj)))
+    except Exception:
+        pass
+
+
+def _flush_std_files():
+    """As the interpreter flushes stdio at exit: a stream that is missing, None or closed is
+    skipped (a program that closed its stdout exited 120, and one that deleted it printed a
+    traceback of the zygote's); a failed flush is reported as unraisable for stdout, silently
+    for stderr. False when either failed (the exit status is then 120)."""
+    flushed = True
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name, None)
+        if stream is None or _is_closed(stream):
+            continue
+        try:
+            stream.flush()
+        except Exception as exc:
+            flushed = False
+            if name == "stdout":  # its traceback without this frame, as the interpreter's
+                _report_unraisable(exc, stream, exc.__traceback__.tb_next)
+    return flushed
+
+
+def _is_closed(stream):
+    try:
+        return bool(stream.closed)
+    except Exception:
+        return False
 
 
 def as_the_file_tokenizer_reads(source):
