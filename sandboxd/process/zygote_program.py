@@ -70,10 +70,44 @@ def _exit_status(exc):
     if isinstance(code, int):
         return code & 0xFF
     try:
-        sys.stderr.write(f"{code}\n")
+        text = str(code)
+    except Exception:
+        text = ""
+    _write_stderr(f"{text}\n")
+    return 1
+
+
+def _write_stderr(text):
+    """As the interpreter writes its own messages: to sys.stderr, or to fd 2 when that is
+    missing or None (a failure is ignored)."""
+    try:
+        stream = getattr(sys, "stderr", None)
+        if stream is None:
+            os.write(2, text.encode("utf-8", "backslashreplace"))
+        else:
+            stream.write(text)
     except Exception:
         pass
-    return 1
+
+
+def _print_uncaught(exc, tb):
+    """As the interpreter prints an uncaught exception: through `sys.excepthook`, and a hook
+    that is missing or fails as the interpreter reports it (the hook's error escaped into the
+    zygote's frames, with their traceback); a SystemExit from the hook is raised."""
+    if not hasattr(sys, "excepthook"):
+        _write_stderr("sys.excepthook is missing\n")
+        sys.__excepthook__(type(exc), exc, tb)
+        return
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except SystemExit:
+        raise
+    except BaseException as error:
+        _write_stderr("Error in sys.excepthook:\n")
+        error_tb = error.__traceback__.tb_next  # without this frame
+        sys.__excepthook__(type(error), error.with_traceback(error_tb), error_tb)
+        _write_stderr("\nOriginal exception was:\n")
+        sys.__excepthook__(type(exc), exc, tb)
 
 
 def _clear_module_dict(namespace):
@@ -196,12 +230,18 @@ def run(main, path, recursion):
     recursion.apply(3)  # this module's, _run's and exec's frames sit below the program's
     try:
         exec(code, main.__dict__)
-    except SystemExit as exc:
-        _exit(_exit_status(exc), main)
-    except BaseException as exc:  # an uncaught exception: printed as the interpreter would
-        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        del exc, tb
-        _exit(1, main, interrupted)
-    _exit(0, main)
+    except BaseException as exc:
+        uncaught = exc  # ended with below, where no exception is being handled (as in python3)
+    else:
+        _exit(0, main)
+    if isinstance(uncaught, SystemExit):
+        _exit(_exit_status(uncaught), main)
+    tb = uncaught.__traceback__.tb_next if uncaught.__traceback__ else None
+    status = None
+    try:  # printed as the interpreter prints it
+        _print_uncaught(uncaught.with_traceback(tb), tb)
+    except SystemExit as hook_exit:  # the interpreter exits with it too
+        status = _exit_status(hook_exit)
+    interrupted = status is None and isinstance(uncaught, KeyboardInterrupt)
+    del uncaught, tb
+    _exit(1 if status is None else status, main, interrupted)
