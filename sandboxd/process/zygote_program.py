@@ -131,6 +131,9 @@ def _exit(status, main, interrupted=False):
         except BaseException as exc:
             _report_unraisable(exc, threading, exc.__traceback__.tb_next)
     atexit._run_exitfuncs()
+    sys.last_type = sys.last_value = sys.last_traceback = None  # as python3 clears them
+    if sys.version_info >= (3, 12):
+        sys.last_exc = None
     _clear_module_dict(main.__dict__)
     gc.collect()
     if not _flush_std_files():
@@ -235,8 +238,14 @@ def run(main, path, recursion):
     else:
         _exit(0, main)
     if isinstance(uncaught, SystemExit):
-        _exit(_exit_status(uncaught), main)
+        status = _exit_status(uncaught)
+        del uncaught  # what only its frames held is freed before atexit, as in python3
+        _exit(status, main)
     tb = uncaught.__traceback__.tb_next if uncaught.__traceback__ else None
+    # kept, as python3 keeps them, for the hook and atexit (the exit clears them)
+    sys.last_type, sys.last_value, sys.last_traceback = type(uncaught), uncaught, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = uncaught
     status = None
     try:  # printed as the interpreter prints it
         _print_uncaught(uncaught.with_traceback(tb), tb)
