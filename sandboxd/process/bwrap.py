@@ -40,6 +40,7 @@ BWRAP_INSTALL_HINT = (
 SANDBOX_DIR = "/sandbox"  # where the run's working dir appears inside the sandbox
 SANDBOX_UID = 65534
 HANDSHAKE_TIMEOUT_S = 10.0
+CANCELLED_HANDSHAKE_WAIT_S = 1.0  # for the child's pid, when the handshake is cancelled
 
 
 def system_binds() -> list[str]:
@@ -246,11 +247,29 @@ async def spawn_blocked(
             with contextlib.suppress(OSError):
                 os.close(fd)
     blocked = Blocked(proc, None, out_r, err_r, blk_w, st_r, stdin_w)
+    handshake = asyncio.ensure_future(read_child_pid(st_r))
     try:
-        blocked.child_pid = await read_child_pid(st_r)
+        blocked.child_pid = await asyncio.shield(handshake)
     except BaseException:  # cancelled mid-handshake: nothing may outlive it
-        proc.kill()
-        proc.wait()
-        blocked.close_all()
+        await _kill_mid_handshake(blocked, handshake)
         raise
     return blocked
+
+
+async def _kill_mid_handshake(blocked: Blocked, handshake: asyncio.Future[int | None]) -> None:
+    """Kill bwrap and its child. bwrap clones the child, reports its pid, then lets it go on:
+    bwrap killed before that left the child blocked for good (its --die-with-parent not yet
+    set), an orphan holding its namespaces. So the report is awaited first (briefly)."""
+    try:
+        await asyncio.wait({handshake}, timeout=CANCELLED_HANDSHAKE_WAIT_S)
+    finally:
+        if not handshake.done():
+            handshake.cancel()
+            with contextlib.suppress(BaseException):
+                await handshake  # its reader is gone before the fds are closed
+        elif not handshake.cancelled() and handshake.exception() is None:
+            blocked.child_pid = handshake.result()
+        blocked.kill_child()
+        blocked.proc.kill()
+        blocked.proc.wait()
+        blocked.close_all()

@@ -84,8 +84,11 @@ class Zygote:
         self.proc = proc
         self.sock = sock
         self.forks = 0
+        self.completed = 0  # runs that ended with a status (not an error)
         self.alive = True
         self.anomaly = ""
+        self.on_failure: Callable[[Zygote], None] | None = None  # told once, when it fails
+        self.failure_counted = False
         self.idle: dict[int, Runner] = {}
         self.runs: dict[int, ForkedRun] = {}
         self._pids: dict[int, asyncio.Future[int]] = {}  # runs whose pid is awaited
@@ -183,6 +186,7 @@ class Zygote:
         if "anomaly" in msg:
             self.alive = False
             self.anomaly = str(msg["anomaly"])
+            self._tell_failure()
             return
         run_id = msg.get("id")
         self._answered(run_id)
@@ -198,7 +202,9 @@ class Zygote:
             run.ended.set_result(str(msg["error"]))
             self.alive = False  # an anomaly: no more runs on this zygote
             self.anomaly = str(msg["error"])
+            self._tell_failure()
         else:
+            self.completed += 1
             run.ended.set_result((int(msg["status"]), float(msg["cpu"])))
 
     def idle_pids(self) -> list[int]:
@@ -212,9 +218,15 @@ class Zygote:
                 pids += [runner.pid, *_children(runner.pid)]
         return pids
 
+    def _tell_failure(self) -> None:  # once, after the message that showed it
+        if self.on_failure is not None:
+            self._loop.call_soon(self.on_failure, self)
+            self.on_failure = None
+
     def _fail(self, why: str) -> None:
         self.alive = False
         self.anomaly = self.anomaly or why
+        self._tell_failure()
         for waiter in self._pids.values():
             if not waiter.done():
                 waiter.set_exception(ForkFailed(why))
@@ -316,6 +328,7 @@ class ForkServer:
     def _replace(self) -> None:
         old = self.current
         self.current = Zygote.start(self.argv)
+        self.current.on_failure = self._on_failure
         self.started_total += 1
         if old is not None:
             self._retired.append(old)
@@ -354,8 +367,7 @@ class ForkServer:
             raise ForkFailed(self.reason or "the fork server is off")
         if not z.alive or z.forks >= self.max_forks:
             if not z.alive:
-                self.anomalies += 1
-                self.last_anomaly = z.anomaly or "the zygote failed"
+                self._count_anomaly(z)
             try:
                 self._replace()
             except OSError as exc:
@@ -368,6 +380,21 @@ class ForkServer:
             runner = self._spawn(z)
             z.idle.pop(runner.key)
         return runner
+
+    def _count_anomaly(self, z: Zygote) -> None:
+        if not z.failure_counted:
+            z.failure_counted = True
+            self.anomalies += 1
+            self.last_anomaly = z.anomaly or "the zygote failed"
+
+    def _on_failure(self, z: Zygote) -> None:
+        """A failed zygote is counted and replaced now, not by the next python run (until then
+        the status showed no anomaly, and the zombie and its runners' slots stayed). One that
+        never ran a program (the start-up probe's) is left to the next run: no restart loop."""
+        self._count_anomaly(z)
+        if z is self.current and self.available and z.completed > 0:
+            with contextlib.suppress(OSError):
+                self._replace()
 
     async def fork(self, runner: Runner, request: dict[str, Any], fds: list[int]) -> ForkedRun:
         """Hand the run to its runner. The zygote serves its messages in order, so a spawn sent

@@ -70,10 +70,44 @@ def _exit_status(exc):
     if isinstance(code, int):
         return code & 0xFF
     try:
-        sys.stderr.write(f"{code}\n")
+        text = str(code)
+    except Exception:
+        text = ""
+    _write_stderr(f"{text}\n")
+    return 1
+
+
+def _write_stderr(text):
+    """As the interpreter writes its own messages: to sys.stderr, or to fd 2 when that is
+    missing or None (a failure is ignored)."""
+    try:
+        stream = getattr(sys, "stderr", None)
+        if stream is None:
+            os.write(2, text.encode("utf-8", "backslashreplace"))
+        else:
+            stream.write(text)
     except Exception:
         pass
-    return 1
+
+
+def _print_uncaught(exc, tb):
+    """As the interpreter prints an uncaught exception: through `sys.excepthook`, and a hook
+    that is missing or fails as the interpreter reports it (the hook's error escaped into the
+    zygote's frames, with their traceback); a SystemExit from the hook is raised."""
+    if not hasattr(sys, "excepthook"):
+        _write_stderr("sys.excepthook is missing\n")
+        sys.__excepthook__(type(exc), exc, tb)
+        return
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except SystemExit:
+        raise
+    except BaseException as error:
+        _write_stderr("Error in sys.excepthook:\n")
+        error_tb = error.__traceback__.tb_next  # without this frame
+        sys.__excepthook__(type(error), error.with_traceback(error_tb), error_tb)
+        _write_stderr("\nOriginal exception was:\n")
+        sys.__excepthook__(type(exc), exc, tb)
 
 
 def _clear_module_dict(namespace):
@@ -95,15 +129,15 @@ def _exit(status, main, interrupted=False):
         try:
             threading._shutdown()
         except BaseException as exc:
-            sys.unraisablehook(_Unraisable(exc, "on threading shutdown"))
+            _report_unraisable(exc, threading, exc.__traceback__.tb_next)
     atexit._run_exitfuncs()
+    sys.last_type = sys.last_value = sys.last_traceback = None  # as python3 clears them
+    if sys.version_info >= (3, 12):
+        sys.last_exc = None
     _clear_module_dict(main.__dict__)
     gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            status = 120
+    if not _flush_std_files():
+        status = 120
     if interrupted:  # as the interpreter does after an uncaught KeyboardInterrupt
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -111,10 +145,57 @@ def _exit(status, main, interrupted=False):
     os._exit(status)
 
 
-class _Unraisable:
-    def __init__(self, exc, message):
-        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
-        self.err_msg, self.object = f"Exception ignored {message}", None
+class _FailsWhenFreed:
+    def __del__(self):
+        raise RuntimeError("a report made to learn the hook's argument type")
+
+
+def _unraisable_args_type():
+    """`sys.__unraisablehook__` takes nothing but the interpreter's own argument type (any other
+    object was a TypeError, with a traceback of the zygote's), which is not exposed: it is
+    taken from one report, made here in the zygote."""
+    reports, hook = [], sys.unraisablehook
+    sys.unraisablehook = reports.append
+    _FailsWhenFreed()
+    sys.unraisablehook = hook
+    return type(reports[0])
+
+
+UNRAISABLE_ARGS = _unraisable_args_type()
+
+
+def _report_unraisable(exc, obj, traceback):
+    """As the interpreter reports an error it cannot raise: "Exception ignored in: <obj>"."""
+    try:
+        sys.unraisablehook(UNRAISABLE_ARGS((type(exc), exc, traceback, None, obj)))
+    except Exception:
+        pass
+
+
+def _flush_std_files():
+    """As the interpreter flushes stdio at exit: a stream that is missing, None or closed is
+    skipped (a program that closed its stdout exited 120, and one that deleted it printed a
+    traceback of the zygote's); a failed flush is reported as unraisable for stdout, silently
+    for stderr. False when either failed (the exit status is then 120)."""
+    flushed = True
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name, None)
+        if stream is None or _is_closed(stream):
+            continue
+        try:
+            stream.flush()
+        except Exception as exc:
+            flushed = False
+            if name == "stdout":  # its traceback without this frame, as the interpreter's
+                _report_unraisable(exc, stream, exc.__traceback__.tb_next)
+    return flushed
+
+
+def _is_closed(stream):
+    try:
+        return bool(stream.closed)
+    except Exception:
+        return False
 
 
 def as_the_file_tokenizer_reads(source):
@@ -152,12 +233,24 @@ def run(main, path, recursion):
     recursion.apply(3)  # this module's, _run's and exec's frames sit below the program's
     try:
         exec(code, main.__dict__)
-    except SystemExit as exc:
-        _exit(_exit_status(exc), main)
-    except BaseException as exc:  # an uncaught exception: printed as the interpreter would
-        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        del exc, tb
-        _exit(1, main, interrupted)
-    _exit(0, main)
+    except BaseException as exc:
+        uncaught = exc  # ended with below, where no exception is being handled (as in python3)
+    else:
+        _exit(0, main)
+    if isinstance(uncaught, SystemExit):
+        status = _exit_status(uncaught)
+        del uncaught  # what only its frames held is freed before atexit, as in python3
+        _exit(status, main)
+    tb = uncaught.__traceback__.tb_next if uncaught.__traceback__ else None
+    # kept, as python3 keeps them, for the hook and atexit (the exit clears them)
+    sys.last_type, sys.last_value, sys.last_traceback = type(uncaught), uncaught, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = uncaught
+    status = None
+    try:  # printed as the interpreter prints it
+        _print_uncaught(uncaught.with_traceback(tb), tb)
+    except SystemExit as hook_exit:  # the interpreter exits with it too
+        status = _exit_status(hook_exit)
+    interrupted = status is None and isinstance(uncaught, KeyboardInterrupt)
+    del uncaught, tb
+    _exit(1 if status is None else status, main, interrupted)

@@ -295,6 +295,27 @@ async def test_a_dead_zygote_is_an_anomaly_and_is_replaced(forking) -> None:
     assert zygote.proc.poll() is not None  # the dead one was reaped
 
 
+async def test_a_dead_zygote_is_counted_and_replaced_before_the_next_run(forking) -> None:
+    """Replaced at once, not by the next python run: until then the status said no anomaly and
+    counted the dead runners as idle, the zygote's bwrap stayed a zombie, and that run paid for
+    a new zygote."""
+    server = forking.fork_server
+    zygote = server.current
+    assert zygote is not None
+    os.kill(zygote.proc.pid, signal.SIGKILL)
+    for _ in range(100):
+        if server.current is not zygote and len(server.current.idle) == server.prefork:
+            break
+        await asyncio.sleep(0.05)
+    status = forking.status()["fork_server"]
+    assert status["anomalies"] == 1 and status["last_anomaly"] == "the zygote exited", status
+    assert status["zygotes_started"] == 2 and status["idle_runners"] == server.prefork
+    assert status["zygote_pid"] == server.current.proc.pid != zygote.proc.pid
+    assert zygote.proc.poll() is not None  # reaped
+    assert (await run(forking, "print('still here')")).stdout == "still here\n"
+    assert forking.status()["fork_server"]["zygotes_started"] == 2
+
+
 async def test_fork_server_off_means_warm_spawn(bwrap_path: str) -> None:
     backend = await started(fork_server=False)
     try:

@@ -1,0 +1,4 @@
+import sys
+
+del sys.excepthook
+raise ValueError("uncaught")

@@ -1,0 +1,9 @@
+import sys
+
+
+def hook(kind, value, traceback):
+    raise RuntimeError("the hook failed")
+
+
+sys.excepthook = hook
+raise ValueError("uncaught")

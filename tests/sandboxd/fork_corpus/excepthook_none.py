@@ -1,0 +1,4 @@
+import sys
+
+sys.excepthook = None
+raise ValueError("uncaught")

@@ -1,0 +1,9 @@
+import sys
+
+
+class Unprintable:
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+sys.exit(Unprintable())

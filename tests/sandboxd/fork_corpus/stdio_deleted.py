@@ -1,0 +1,4 @@
+import sys
+print("out")
+del sys.stdout
+del sys.stderr

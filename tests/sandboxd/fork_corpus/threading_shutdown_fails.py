@@ -1,0 +1,9 @@
+import threading
+
+
+def fails():
+    raise RuntimeError("shutdown failed")
+
+
+threading._shutdown = fails
+print("out")
