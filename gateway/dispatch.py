@@ -313,8 +313,11 @@ class ToolRuntime:
         used = [first]  # where this call's attempts went: hedge and retries go elsewhere
         sent = time.perf_counter()
         reply = await self._race(first, call, used)
-        if reply.status < 500:
-            self.window.add(time.perf_counter() - sent)  # what hedges are timed by
+        if reply.status < 400:
+            # What hedges are timed by: successful calls' latencies only, as the window says and
+            # the rollout simulator's learns. A 429 (a throttle answers at once) or another 4xx
+            # taught it near-zero latencies: the quantile sank and far more calls were hedged.
+            self.window.add(time.perf_counter() - sent)
         return reply
 
     async def _race(
