@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -132,16 +134,55 @@ class TraceWriter:
 
 
 def open_capture(path: Path) -> BinaryIO:
-    """The capture file opened for appending (its directory made)."""
+    """The capture file opened for appending (its directory made), a torn last record cut off."""
+    handle = _open_append(path)
+    try:
+        _cut_torn_tail(handle, path)
+    except OSError:
+        handle.close()
+        raise
+    return handle
+
+
+def _open_append(path: Path) -> BinaryIO:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path.open("ab")
+
+
+def _cut_torn_tail(handle: BinaryIO, path: Path) -> None:
+    """A gateway killed while writing leaves its last record without its newline; the next one
+    appended (the gateway restarted) joined it into a line that is not JSON, mid-capture, and
+    `trace-to-multiturn` refused the whole capture. The torn record (which a conversion leaves
+    out anyway) is cut back to the last whole line, and said."""
+    fd = handle.fileno()
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:  # /dev/full, a pipe: left alone
+        return
+    size = keep = info.st_size
+    with path.open("rb") as reader:
+        reader.seek(size - 1)
+        if reader.read(1) == b"\n":
+            return
+        while keep > 0:  # back a block at a time to the last newline (0: none at all)
+            start = max(0, keep - 65536)
+            reader.seek(start)
+            newline = reader.read(keep - start).rfind(b"\n")
+            keep = start + newline + 1 if newline >= 0 else start
+            if newline >= 0:
+                break
+    os.ftruncate(fd, keep)
+    log.warning(
+        "trace capture: the file ended mid-record (a gateway stopped while writing it); that "
+        "record is cut off before appending",
+        extra={"trace_path": str(path), "cut_bytes": size - keep},
+    )
 
 
 def check_trace_path(path: str) -> None:
     """A `trace_path` the gateway cannot append to as one settings error when the app is built
     (the CLI's one line, exit 2), not a traceback from the server's start-up."""
     try:
-        open_capture(Path(path)).close()
+        _open_append(Path(path)).close()  # checked only: `start` cuts a torn record
     except OSError as exc:
         # mkdir says "File exists" of a file where a directory of the path should be
         why = f"{exc.filename} is not a directory" if isinstance(exc, FileExistsError) else None

@@ -325,3 +325,31 @@ def test_a_call_cut_by_the_shutdown_is_labelled_so_not_as_its_caller_gone(
     assert [(r.turn, r.status) for r in records] == [(0, "cut_by_shutdown"), (1, "cut_by_shutdown")]
     logged = [getattr(r, "outcome", None) for r in caplog.records if r.getMessage() == "tool call"]
     assert logged == ["cut_by_shutdown", "cut_by_shutdown"], logged
+
+
+def test_a_restart_on_a_torn_capture_cuts_the_torn_record_and_appends_whole_lines(
+    tmp_path, caplog
+) -> None:
+    """Before: a gateway killed mid-write left a record without its newline, and the restarted
+    gateway appended its first record to it: one line that was not JSON, mid-capture, so
+    `trace-to-multiturn` refused the whole capture (exit 2) and that new record was lost too."""
+    caplog.set_level(logging.WARNING, logger="toolenv.gateway")
+    capture = tmp_path / "capture.jsonl"
+    whole = {"tool_name": "search", "turn": 0, "latency_s": 0.01, "trajectory_id": "before"}
+    capture.write_text(json.dumps(whole) + '\n{"turn":0,"tool_name":"sea')
+    after = {**whole, "trajectory_id": "after"}
+
+    async def main() -> None:
+        writer = TraceWriter(capture, flush_interval_s=0.001)
+        await writer.start()
+        writer.record(after)
+        await writer.close()
+
+    asyncio.run(main())
+    assert [c.trajectory_id for c in read_captured_calls(capture)] == ["before", "after"]
+    cut = [r for r in caplog.records if r.getMessage().startswith("trace capture: the file ended")]
+    assert len(cut) == 1 and vars(cut[0])["cut_bytes"] == len('{"turn":0,"tool_name":"sea')
+    result = CliRunner().invoke(
+        toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(tmp_path / "out.jsonl")]
+    )
+    assert result.exit_code == 0, result.output
