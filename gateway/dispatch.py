@@ -221,6 +221,11 @@ class ToolRuntime:
         except TimeoutError:
             if task is not None:
                 task.cancel()  # clean-up continues in the background; we answer now
+            if not admitted:
+                # its whole wait was for a slot: logged and observed as such (it was 0 ms and
+                # left out, so a queue that outlasted the deadlines looked empty)
+                queue_wait = time.perf_counter() - started
+                self.m.queue_wait.observe(queue_wait)
             where = "waiting for the upstream" if admitted else "waiting for a slot"
             return self._timed_out(where, queue_wait)
         except Rejected as exc:

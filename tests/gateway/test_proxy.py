@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import httpx
@@ -164,8 +165,9 @@ def test_deadline_is_capped_by_the_tools_maximum(upstream, gateway) -> None:
 
 
 async def test_queue_wait_counts_against_the_deadline_and_overflow_gets_429(
-    upstream, gateway
+    upstream, gateway, caplog
 ) -> None:
+    caplog.set_level(logging.INFO, logger="toolenv.gateway")
     up = upstream("q")
     gw = gateway([proxy_tool("one", up.url, concurrency=1, queue=1)])
     runtime = gw.toolset.tools["one"]
@@ -198,7 +200,12 @@ async def test_queue_wait_counts_against_the_deadline_and_overflow_gets_429(
     assert up.stats()["started"] == 1  # the queued call never reached the upstream
     text = gw.metrics_text()
     assert metric_value(text, "toolenv_gateway_calls_total", tool="one", outcome="rejected") == 1
-    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="one") == 1
+    # the call whose deadline ran out in the queue waited there too: before, it was left out of
+    # the histogram and logged `queue_wait_ms: 0` ("waiting for a slot")
+    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="one") == 2
+    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_sum", tool="one") >= 0.49
+    [line] = [vars(r) for r in caplog.records if getattr(r, "outcome", None) == "timeout"]
+    assert line["queue_wait_ms"] >= 490, line
 
 
 def test_metrics_list_every_family_per_tool(upstream, gateway) -> None:
