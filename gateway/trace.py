@@ -45,6 +45,7 @@ class TraceWriter:
         self.flush_interval_s = flush_interval_s
         self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=max_pending)
         self._task: asyncio.Task[None] | None = None
+        self._handle: BinaryIO | None = None  # the file written (the worker thread's)
         self.dropped = 0
         self.invalid = 0
         self.written = 0
@@ -53,8 +54,8 @@ class TraceWriter:
     async def start(self) -> None:
         """Opens the file here, not in the writer task: one that cannot be opened fails start-up
         rather than a task nobody awaits (a capture that records nothing, silently)."""
-        handle = await anyio.to_thread.run_sync(lambda: open_capture(self.path))
-        self._task = asyncio.create_task(self._run(handle), name="trace-writer")
+        self._handle = await anyio.to_thread.run_sync(lambda: open_capture(self.path))
+        self._task = asyncio.create_task(self._run(), name="trace-writer")
 
     def record(self, fields: dict[str, Any]) -> None:
         """Queue one call's `ToolCallRecord` fields (never blocks; a full queue drops and counts
@@ -64,7 +65,7 @@ class TraceWriter:
         except asyncio.QueueFull:
             self.dropped += 1
 
-    async def _run(self, handle: BinaryIO) -> None:
+    async def _run(self) -> None:
         try:
             stop = False
             while not stop:
@@ -76,7 +77,7 @@ class TraceWriter:
                 calls = [fields for fields in batch if fields is not None]
                 if calls and self.failed is None:
                     try:
-                        await anyio.to_thread.run_sync(self._write, handle, calls)
+                        await anyio.to_thread.run_sync(self._write, calls)
                     except OSError as exc:  # e.g. the disk is full: said now, not at shut-down
                         self._stop_writing(exc)
                 if self.failed is not None:  # still drained: close() must not wait on a full queue
@@ -85,7 +86,7 @@ class TraceWriter:
                     await asyncio.sleep(self.flush_interval_s)
         finally:
             try:
-                await anyio.to_thread.run_sync(handle.close)
+                await anyio.to_thread.run_sync(self._handle.close)
             except OSError as exc:  # its buffer flushed once more: said once, not twice
                 if self.failed is None:
                     self._stop_writing(exc)
@@ -101,7 +102,7 @@ class TraceWriter:
             extra={"trace_path": str(self.path), "error": self.failed},
         )
 
-    def _write(self, handle, calls: list[dict[str, Any]]) -> None:
+    def _write(self, calls: list[dict[str, Any]]) -> None:
         """In the worker thread: one batch validated at once, written as JSON lines."""
         try:
             records = _CALLS.validate_python(calls)
@@ -115,8 +116,29 @@ class TraceWriter:
         if records:
             # the model's own serializer, without `model_dump_json`'s wrapper: half the cost
             lines = [_TO_JSON(record, exclude_none=True) for record in records]
-            _write_flush(handle, b"\n".join(lines) + b"\n")
+            _write_flush(self._follow_path(), b"\n".join(lines) + b"\n")
             self.written += len(records)
+
+    def _follow_path(self) -> BinaryIO:
+        """In the worker thread, before a batch: the file `trace_path` names now. One moved away
+        (rotated) or removed is followed by a new one at the path, as logging's WatchedFileHandler
+        does; before, every later record went into the moved file, or into the removed one (lost,
+        yet counted written)."""
+        handle = self._handle
+        assert handle is not None
+        try:
+            named: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            named = None
+        if named is not None and os.path.samestat(named, os.fstat(handle.fileno())):
+            return handle
+        self._handle = open_capture(self.path)
+        handle.close()
+        log.warning(
+            "trace capture: the file was moved or removed; recording in a new one at its path",
+            extra={"trace_path": str(self.path)},
+        )
+        return self._handle
 
     async def close(self) -> None:
         if self._task is None:

@@ -353,3 +353,42 @@ def test_a_restart_on_a_torn_capture_cuts_the_torn_record_and_appends_whole_line
         toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(tmp_path / "out.jsonl")]
     )
     assert result.exit_code == 0, result.output
+
+
+def test_a_capture_moved_or_removed_goes_on_in_a_new_file_at_its_path(tmp_path, caplog) -> None:
+    """Before: the writer kept the file it opened, so after a rotation (`mv capture.jsonl
+    capture.1`) every later call went into the moved file and none to `trace_path`, and after an
+    `rm` they went nowhere (counted written all the same)."""
+    caplog.set_level(logging.WARNING, logger="toolenv.gateway")
+    capture = tmp_path / "capture.jsonl"
+
+    def call(trajectory: str) -> dict:
+        return {"tool_name": "search", "turn": 0, "latency_s": 0.01, "trajectory_id": trajectory}
+
+    async def main() -> None:
+        writer = TraceWriter(capture, flush_interval_s=0.001)
+        await writer.start()
+
+        async def written(n: int) -> None:
+            for _ in range(1000):
+                if writer.written == n:
+                    return
+                await asyncio.sleep(0.005)
+            raise AssertionError(f"{writer.written} written, not {n}")
+
+        writer.record(call("first"))
+        await written(1)
+        capture.rename(tmp_path / "capture.1")  # rotated
+        writer.record(call("second"))
+        await written(2)
+        (tmp_path / "capture.1").rename(tmp_path / "kept")
+        capture.unlink()  # removed
+        writer.record(call("third"))
+        await written(3)
+        await writer.close()
+
+    asyncio.run(main())
+    assert [c.trajectory_id for c in read_captured_calls(tmp_path / "kept")] == ["first"]
+    assert [c.trajectory_id for c in read_captured_calls(capture)] == ["third"]
+    moved = [r for r in caplog.records if r.getMessage().startswith("trace capture: the file was")]
+    assert len(moved) == 2
