@@ -12,6 +12,7 @@ disk.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import stat
@@ -175,7 +176,8 @@ def _cut_torn_tail(handle: BinaryIO, path: Path) -> None:
     """A gateway killed while writing leaves its last record without its newline; the next one
     appended (the gateway restarted) joined it into a line that is not JSON, mid-capture, and
     `trace-to-multiturn` refused the whole capture. The torn record (which a conversion leaves
-    out anyway) is cut back to the last whole line, and said."""
+    out anyway) is cut back to the last whole line, and said; a last record that is whole JSON
+    and lacks only its newline (a file edited by hand) is ended with one instead."""
     fd = handle.fileno()
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_size == 0:  # /dev/full, a pipe: left alone
@@ -192,12 +194,28 @@ def _cut_torn_tail(handle: BinaryIO, path: Path) -> None:
             keep = start + newline + 1 if newline >= 0 else start
             if newline >= 0:
                 break
+        reader.seek(keep)
+        tail = reader.read(min(size - keep, _MAX_WHOLE_TAIL + 1))
+    if len(tail) <= _MAX_WHOLE_TAIL and _is_json(tail):
+        _write_flush(handle, b"\n")
+        return
     os.ftruncate(fd, keep)
     log.warning(
         "trace capture: the file ended mid-record (a gateway stopped while writing it); that "
         "record is cut off before appending",
         extra={"trace_path": str(path), "cut_bytes": size - keep},
     )
+
+
+_MAX_WHOLE_TAIL = 1 << 20  # a last line longer than this is no record the gateway wrote
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:  # UnicodeDecodeError included
+        return False
+    return True
 
 
 def check_trace_path(path: str) -> None:

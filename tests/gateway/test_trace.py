@@ -392,3 +392,19 @@ def test_a_capture_moved_or_removed_goes_on_in_a_new_file_at_its_path(tmp_path, 
     assert [c.trajectory_id for c in read_captured_calls(capture)] == ["third"]
     moved = [r for r in caplog.records if r.getMessage().startswith("trace capture: the file was")]
     assert len(moved) == 2
+
+
+def test_a_whole_last_record_without_its_newline_is_kept(tmp_path) -> None:
+    """Only a torn record is cut: a whole one lacking just its newline is ended with one."""
+    capture = tmp_path / "capture.jsonl"
+    whole = {"tool_name": "search", "turn": 0, "latency_s": 0.01, "trajectory_id": "kept"}
+    capture.write_text(json.dumps(whole))
+
+    async def main() -> None:
+        writer = TraceWriter(capture, flush_interval_s=0.001)
+        await writer.start()
+        writer.record({**whole, "trajectory_id": "new"})
+        await writer.close()
+
+    asyncio.run(main())
+    assert [c.trajectory_id for c in read_captured_calls(capture)] == ["kept", "new"]
