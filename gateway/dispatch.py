@@ -45,7 +45,8 @@ class UpstreamCall:
     """One call as the tool gets it. `reserve_s` shortens the deadline the tool is told, so that a
     tool which answers at its deadline in its own format (sandboxd's TimeLimitExceeded with the
     output so far) does so before the gateway's own timer fires. Not frozen: one is made per call,
-    and a frozen dataclass's `__init__` costs four times as much; nothing changes it after."""
+    and a frozen dataclass's `__init__` costs four times as much; nothing changes it after but
+    `queue_wait_s`."""
 
     method: str
     path: str
@@ -53,6 +54,9 @@ class UpstreamCall:
     headers: dict[str, str]
     deadline: Deadline
     reserve_s: float = 0.0
+    # set by the runtime once known, for the log line of a call cancelled meanwhile (its caller
+    # gone, the shutdown), which the runtime returns no outcome for
+    queue_wait_s: float = 0.0
 
     def send_headers(self) -> dict[str, str]:
         """`headers` and the deadline the tool is told, remaining now (what
@@ -201,7 +205,7 @@ class ToolRuntime:
                 if not self.admission.try_acquire():
                     await self.admission.acquire()
                 admitted = True
-                queue_wait = time.perf_counter() - started
+                queue_wait = call.queue_wait_s = time.perf_counter() - started
                 self.m.queue_wait.observe(queue_wait)
                 if self.inline:
                     # Proxy without hedging: cancelling aborts the connection synchronously, so
@@ -251,6 +255,9 @@ class ToolRuntime:
         except asyncio.CancelledError:
             if task is not None:
                 task.cancel()  # the caller went away: so does the upstream work
+            if not admitted:  # it left the queue: its wait was one (logged as 0 ms before)
+                call.queue_wait_s = time.perf_counter() - started
+                self.m.queue_wait.observe(call.queue_wait_s)
             raise
         except Exception as exc:  # a bug, not the upstream: say so without a stack in the answer
             log.exception("gateway error", extra={"tool": self.name})

@@ -8,6 +8,7 @@ import logging
 import time
 
 import httpx
+import pytest
 from gw_support import call, metric_value, proxy_tool
 
 from rollout_client.gateway_client import GatewayClient
@@ -362,3 +363,33 @@ async def test_the_rollout_client_stops_waiting_out_backpressure_without_a_deadl
     assert stuck.status == "timeout" and "backpressure" in (stuck.error or ""), stuck
     assert 0.6 <= waited < 2.0
     assert forever.status == "timeout" and forever.retries_429 == 1, forever
+
+
+async def test_a_caller_that_hangs_up_in_the_queue_is_logged_with_its_wait(
+    upstream, gateway, caplog
+) -> None:
+    """Before: a call whose caller hung up while it waited for a slot logged `queue_wait_ms: 0`
+    and was left out of queue_wait_seconds, as one whose deadline ran out there was."""
+    caplog.set_level(logging.INFO, logger="toolenv.gateway")
+    up = upstream("q")
+    gw = gateway([proxy_tool("one", up.url, concurrency=1, queue=1)])
+    runtime = gw.toolset.tools["one"]
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        busy = asyncio.create_task(
+            client.post("/v1/tools/one/call", json={"arguments": {"sleep_s": 1.5}})
+        )
+        for _ in range(400):
+            if runtime.admission.in_flight == 1:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(httpx.ReadTimeout):  # waits in the queue, then hangs up
+            await client.post("/v1/tools/one/call", json={"arguments": {}}, timeout=0.4)
+        assert (await busy).status_code == 200
+    for _ in range(100):
+        gone = [vars(r) for r in caplog.records if getattr(r, "outcome", None) == "caller_gone"]
+        if gone:
+            break
+        await asyncio.sleep(0.02)
+    assert len(gone) == 1 and gone[0]["queue_wait_ms"] >= 350, gone
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="one") == 2
