@@ -123,7 +123,10 @@ async def run_call(
         outcome = await runtime.call(call, deadline_ms)
     except asyncio.CancelledError:  # the caller hung up (or the shutdown cut it): still a call,
         elapsed = time.perf_counter() - started  # captured and logged
-        gone = Outcome(cancelled_kind(), elapsed_s=elapsed, deadline_ms=deadline_ms)
+        gone = Outcome(
+            cancelled_kind(), elapsed_s=elapsed, queue_wait_s=call.queue_wait_s,
+            deadline_ms=deadline_ms,
+        )  # fmt: skip
         _capture(ctx, runtime, gone)
         _log(ctx, runtime, gone)
         raise

@@ -45,7 +45,8 @@ class UpstreamCall:
     """One call as the tool gets it. `reserve_s` shortens the deadline the tool is told, so that a
     tool which answers at its deadline in its own format (sandboxd's TimeLimitExceeded with the
     output so far) does so before the gateway's own timer fires. Not frozen: one is made per call,
-    and a frozen dataclass's `__init__` costs four times as much; nothing changes it after."""
+    and a frozen dataclass's `__init__` costs four times as much; nothing changes it after but
+    `queue_wait_s`."""
 
     method: str
     path: str
@@ -53,6 +54,9 @@ class UpstreamCall:
     headers: dict[str, str]
     deadline: Deadline
     reserve_s: float = 0.0
+    # set by the runtime once known, for the log line of a call cancelled meanwhile (its caller
+    # gone, the shutdown), which the runtime returns no outcome for
+    queue_wait_s: float = 0.0
 
     def send_headers(self) -> dict[str, str]:
         """`headers` and the deadline the tool is told, remaining now (what
@@ -201,7 +205,7 @@ class ToolRuntime:
                 if not self.admission.try_acquire():
                     await self.admission.acquire()
                 admitted = True
-                queue_wait = time.perf_counter() - started
+                queue_wait = call.queue_wait_s = time.perf_counter() - started
                 self.m.queue_wait.observe(queue_wait)
                 if self.inline:
                     # Proxy without hedging: cancelling aborts the connection synchronously, so
@@ -221,6 +225,11 @@ class ToolRuntime:
         except TimeoutError:
             if task is not None:
                 task.cancel()  # clean-up continues in the background; we answer now
+            if not admitted:
+                # its whole wait was for a slot: logged and observed as such (it was 0 ms and
+                # left out, so a queue that outlasted the deadlines looked empty)
+                queue_wait = time.perf_counter() - started
+                self.m.queue_wait.observe(queue_wait)
             where = "waiting for the upstream" if admitted else "waiting for a slot"
             return self._timed_out(where, queue_wait)
         except Rejected as exc:
@@ -246,6 +255,9 @@ class ToolRuntime:
         except asyncio.CancelledError:
             if task is not None:
                 task.cancel()  # the caller went away: so does the upstream work
+            if not admitted:  # it left the queue: its wait was one (logged as 0 ms before)
+                call.queue_wait_s = time.perf_counter() - started
+                self.m.queue_wait.observe(call.queue_wait_s)
             raise
         except Exception as exc:  # a bug, not the upstream: say so without a stack in the answer
             log.exception("gateway error", extra={"tool": self.name})
@@ -313,8 +325,11 @@ class ToolRuntime:
         used = [first]  # where this call's attempts went: hedge and retries go elsewhere
         sent = time.perf_counter()
         reply = await self._race(first, call, used)
-        if reply.status < 500:
-            self.window.add(time.perf_counter() - sent)  # what hedges are timed by
+        if reply.status < 400:
+            # What hedges are timed by: successful calls' latencies only, as the window says and
+            # the rollout simulator's learns. A 429 (a throttle answers at once) or another 4xx
+            # taught it near-zero latencies: the quantile sank and far more calls were hedged.
+            self.window.add(time.perf_counter() - sent)
         return reply
 
     async def _race(

@@ -40,7 +40,7 @@ REFUSED_HELP = (
 
 # (name, help) of each per-tool histogram, in `ToolMetrics.histograms()` order
 HISTOGRAMS = (
-    ("toolenv_gateway_queue_wait_seconds", "Time a call waited for a concurrency slot."),
+    ("toolenv_gateway_queue_wait_seconds", "Time a call waited for a concurrency slot (a call whose deadline ran out, or whose caller hung up, while waiting included)."),
     ("toolenv_gateway_upstream_seconds", "Time from sending to an upstream to its answer, per attempt that answered (a hedge's or a retry's own; an attempt that failed or was cancelled is not counted)."),
     ("toolenv_gateway_injected_delay_seconds", "Delay the emulators report injecting (X-Toolenv-Injected-Delay-Ms)."),
     ("toolenv_gateway_call_seconds", "Whole call as the caller sees it (queue + upstream + gateway)."),

@@ -38,7 +38,12 @@ class RetryBudget:
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
         self._balance = 0.0
-        self._floor_tokens = policy.min_retries_per_s
+        # The floor is a token bucket holding at least one retry: one that held only
+        # `min_retries_per_s` tokens never reached a whole retry below 1 per second (0.5 allowed
+        # none, not one every 2 s). A rate of 0 is no floor.
+        rate = policy.min_retries_per_s
+        self._floor_cap = max(rate, 1.0) if rate > 0 else 0.0
+        self._floor_tokens = self._floor_cap
         self._stamp = time.monotonic()
 
     def record_call(self) -> None:
@@ -47,7 +52,7 @@ class RetryBudget:
     def try_spend(self) -> bool:
         now = time.monotonic()
         rate = self.policy.min_retries_per_s
-        self._floor_tokens = min(rate, self._floor_tokens + (now - self._stamp) * rate)
+        self._floor_tokens = min(self._floor_cap, self._floor_tokens + (now - self._stamp) * rate)
         self._stamp = now
         if self._balance >= 1:
             self._balance -= 1

@@ -90,6 +90,18 @@ class HedgePolicy(BaseModel):
         default=512, ge=8, description="recent latencies the quantile is taken over"
     )
 
+    @model_validator(mode="after")
+    def _window_holds_the_samples(self) -> HedgePolicy:
+        """A window smaller than `min_samples` never holds enough latencies: no call was ever
+        hedged, without a word."""
+        if self.min_samples > self.window:
+            raise ValueError(
+                f"min_samples ({self.min_samples}) is more than the window keeps "
+                f"({self.window}), so no call would ever be hedged: lower min_samples or raise "
+                "window"
+            )
+        return self
+
 
 # a call's deadline when it sends none, by kind (`ToolConfig.deadline_default_ms`): 30 s, but
 # PolyTrace's rllm_deepcoder verifies a batch of 64 responses in 37-125 s

@@ -12,7 +12,10 @@ disk.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -43,6 +46,7 @@ class TraceWriter:
         self.flush_interval_s = flush_interval_s
         self._queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=max_pending)
         self._task: asyncio.Task[None] | None = None
+        self._handle: BinaryIO | None = None  # the file written (the worker thread's)
         self.dropped = 0
         self.invalid = 0
         self.written = 0
@@ -51,8 +55,8 @@ class TraceWriter:
     async def start(self) -> None:
         """Opens the file here, not in the writer task: one that cannot be opened fails start-up
         rather than a task nobody awaits (a capture that records nothing, silently)."""
-        handle = await anyio.to_thread.run_sync(lambda: open_capture(self.path))
-        self._task = asyncio.create_task(self._run(handle), name="trace-writer")
+        self._handle = await anyio.to_thread.run_sync(lambda: open_capture(self.path))
+        self._task = asyncio.create_task(self._run(), name="trace-writer")
 
     def record(self, fields: dict[str, Any]) -> None:
         """Queue one call's `ToolCallRecord` fields (never blocks; a full queue drops and counts
@@ -62,7 +66,7 @@ class TraceWriter:
         except asyncio.QueueFull:
             self.dropped += 1
 
-    async def _run(self, handle: BinaryIO) -> None:
+    async def _run(self) -> None:
         try:
             stop = False
             while not stop:
@@ -74,7 +78,7 @@ class TraceWriter:
                 calls = [fields for fields in batch if fields is not None]
                 if calls and self.failed is None:
                     try:
-                        await anyio.to_thread.run_sync(self._write, handle, calls)
+                        await anyio.to_thread.run_sync(self._write, calls)
                     except OSError as exc:  # e.g. the disk is full: said now, not at shut-down
                         self._stop_writing(exc)
                 if self.failed is not None:  # still drained: close() must not wait on a full queue
@@ -83,7 +87,7 @@ class TraceWriter:
                     await asyncio.sleep(self.flush_interval_s)
         finally:
             try:
-                await anyio.to_thread.run_sync(handle.close)
+                await anyio.to_thread.run_sync(self._handle.close)
             except OSError as exc:  # its buffer flushed once more: said once, not twice
                 if self.failed is None:
                     self._stop_writing(exc)
@@ -99,7 +103,7 @@ class TraceWriter:
             extra={"trace_path": str(self.path), "error": self.failed},
         )
 
-    def _write(self, handle, calls: list[dict[str, Any]]) -> None:
+    def _write(self, calls: list[dict[str, Any]]) -> None:
         """In the worker thread: one batch validated at once, written as JSON lines."""
         try:
             records = _CALLS.validate_python(calls)
@@ -113,8 +117,29 @@ class TraceWriter:
         if records:
             # the model's own serializer, without `model_dump_json`'s wrapper: half the cost
             lines = [_TO_JSON(record, exclude_none=True) for record in records]
-            _write_flush(handle, b"\n".join(lines) + b"\n")
+            _write_flush(self._follow_path(), b"\n".join(lines) + b"\n")
             self.written += len(records)
+
+    def _follow_path(self) -> BinaryIO:
+        """In the worker thread, before a batch: the file `trace_path` names now. One moved away
+        (rotated) or removed is followed by a new one at the path, as logging's WatchedFileHandler
+        does; before, every later record went into the moved file, or into the removed one (lost,
+        yet counted written)."""
+        handle = self._handle
+        assert handle is not None
+        try:
+            named: os.stat_result | None = os.stat(self.path)
+        except FileNotFoundError:
+            named = None
+        if named is not None and os.path.samestat(named, os.fstat(handle.fileno())):
+            return handle
+        self._handle = open_capture(self.path)
+        handle.close()
+        log.warning(
+            "trace capture: the file was moved or removed; recording in a new one at its path",
+            extra={"trace_path": str(self.path)},
+        )
+        return self._handle
 
     async def close(self) -> None:
         if self._task is None:
@@ -132,16 +157,72 @@ class TraceWriter:
 
 
 def open_capture(path: Path) -> BinaryIO:
-    """The capture file opened for appending (its directory made)."""
+    """The capture file opened for appending (its directory made), a torn last record cut off."""
+    handle = _open_append(path)
+    try:
+        _cut_torn_tail(handle, path)
+    except OSError:
+        handle.close()
+        raise
+    return handle
+
+
+def _open_append(path: Path) -> BinaryIO:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path.open("ab")
+
+
+def _cut_torn_tail(handle: BinaryIO, path: Path) -> None:
+    """A gateway killed while writing leaves its last record without its newline; the next one
+    appended (the gateway restarted) joined it into a line that is not JSON, mid-capture, and
+    `trace-to-multiturn` refused the whole capture. The torn record (which a conversion leaves
+    out anyway) is cut back to the last whole line, and said; a last record that is whole JSON
+    and lacks only its newline (a file edited by hand) is ended with one instead."""
+    fd = handle.fileno()
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:  # /dev/full, a pipe: left alone
+        return
+    size = keep = info.st_size
+    with path.open("rb") as reader:
+        reader.seek(size - 1)
+        if reader.read(1) == b"\n":
+            return
+        while keep > 0:  # back a block at a time to the last newline (0: none at all)
+            start = max(0, keep - 65536)
+            reader.seek(start)
+            newline = reader.read(keep - start).rfind(b"\n")
+            keep = start + newline + 1 if newline >= 0 else start
+            if newline >= 0:
+                break
+        reader.seek(keep)
+        tail = reader.read(min(size - keep, _MAX_WHOLE_TAIL + 1))
+    if len(tail) <= _MAX_WHOLE_TAIL and _is_json(tail):
+        _write_flush(handle, b"\n")
+        return
+    os.ftruncate(fd, keep)
+    log.warning(
+        "trace capture: the file ended mid-record (a gateway stopped while writing it); that "
+        "record is cut off before appending",
+        extra={"trace_path": str(path), "cut_bytes": size - keep},
+    )
+
+
+_MAX_WHOLE_TAIL = 1 << 20  # a last line longer than this is no record the gateway wrote
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:  # UnicodeDecodeError included
+        return False
+    return True
 
 
 def check_trace_path(path: str) -> None:
     """A `trace_path` the gateway cannot append to as one settings error when the app is built
     (the CLI's one line, exit 2), not a traceback from the server's start-up."""
     try:
-        open_capture(Path(path)).close()
+        _open_append(Path(path)).close()  # checked only: `start` cuts a torn record
     except OSError as exc:
         # mkdir says "File exists" of a file where a directory of the path should be
         why = f"{exc.filename} is not a directory" if isinstance(exc, FileExistsError) else None

@@ -145,3 +145,22 @@ def test_an_upstream_a_call_finds_down_is_logged_unhealthy_once(upstream, gatewa
     said = [rec for rec in caplog.records if rec.getMessage() == "upstream unhealthy"]
     assert len(said) == 1 and vars(said[0])["upstream"] == up.url, caplog.records
     assert "cannot connect" in vars(said[0])["error"]
+
+
+def test_the_hedge_window_learns_only_successful_calls(upstream, gateway) -> None:
+    """Before: every answer under 500 was learnt, so a throttle's 429 (an emulator's `throttle`
+    fault answers at once) or a caller's 4xx taught the window latencies near zero: its quantile
+    sank and far more than `1 - quantile` of the calls were hedged. Only successes count now,
+    as in the rollout simulator's window (the same `LatencyWindow`)."""
+    up = upstream("u")
+    hedge = {"enabled": True, "quantile": 0.5, "min_samples": 1, "min_delay_ms": 0, "window": 16}
+    gw = gateway([proxy_tool("h", up.url, hedge=hedge, idempotent=True)])
+    runtime = gw.toolset.tools["h"]
+    for status in (429, 400, 404, 503):
+        r = httpx.post(f"{gw.url}/v1/tools/h/call", json={"arguments": {"status": status}})
+        assert r.status_code == 200 and r.json()["status"] == "error", r.text
+    assert runtime.window.hedge_delay() is None  # nothing learnt
+    r = httpx.post(f"{gw.url}/v1/tools/h/call", json={"arguments": {"sleep_s": 0.2}}, timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    delay = runtime.window.hedge_delay()
+    assert delay is not None and delay >= 0.2

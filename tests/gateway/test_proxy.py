@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import httpx
+import pytest
 from gw_support import call, metric_value, proxy_tool
 
 from rollout_client.gateway_client import GatewayClient
@@ -164,8 +166,9 @@ def test_deadline_is_capped_by_the_tools_maximum(upstream, gateway) -> None:
 
 
 async def test_queue_wait_counts_against_the_deadline_and_overflow_gets_429(
-    upstream, gateway
+    upstream, gateway, caplog
 ) -> None:
+    caplog.set_level(logging.INFO, logger="toolenv.gateway")
     up = upstream("q")
     gw = gateway([proxy_tool("one", up.url, concurrency=1, queue=1)])
     runtime = gw.toolset.tools["one"]
@@ -198,7 +201,12 @@ async def test_queue_wait_counts_against_the_deadline_and_overflow_gets_429(
     assert up.stats()["started"] == 1  # the queued call never reached the upstream
     text = gw.metrics_text()
     assert metric_value(text, "toolenv_gateway_calls_total", tool="one", outcome="rejected") == 1
-    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="one") == 1
+    # the call whose deadline ran out in the queue waited there too: before, it was left out of
+    # the histogram and logged `queue_wait_ms: 0` ("waiting for a slot")
+    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="one") == 2
+    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_sum", tool="one") >= 0.49
+    [line] = [vars(r) for r in caplog.records if getattr(r, "outcome", None) == "timeout"]
+    assert line["queue_wait_ms"] >= 490, line
 
 
 def test_metrics_list_every_family_per_tool(upstream, gateway) -> None:
@@ -355,3 +363,33 @@ async def test_the_rollout_client_stops_waiting_out_backpressure_without_a_deadl
     assert stuck.status == "timeout" and "backpressure" in (stuck.error or ""), stuck
     assert 0.6 <= waited < 2.0
     assert forever.status == "timeout" and forever.retries_429 == 1, forever
+
+
+async def test_a_caller_that_hangs_up_in_the_queue_is_logged_with_its_wait(
+    upstream, gateway, caplog
+) -> None:
+    """Before: a call whose caller hung up while it waited for a slot logged `queue_wait_ms: 0`
+    and was left out of queue_wait_seconds, as one whose deadline ran out there was."""
+    caplog.set_level(logging.INFO, logger="toolenv.gateway")
+    up = upstream("q")
+    gw = gateway([proxy_tool("one", up.url, concurrency=1, queue=1)])
+    runtime = gw.toolset.tools["one"]
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        busy = asyncio.create_task(
+            client.post("/v1/tools/one/call", json={"arguments": {"sleep_s": 1.5}})
+        )
+        for _ in range(400):
+            if runtime.admission.in_flight == 1:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(httpx.ReadTimeout):  # waits in the queue, then hangs up
+            await client.post("/v1/tools/one/call", json={"arguments": {}}, timeout=0.4)
+        assert (await busy).status_code == 200
+    for _ in range(100):
+        gone = [vars(r) for r in caplog.records if getattr(r, "outcome", None) == "caller_gone"]
+        if gone:
+            break
+        await asyncio.sleep(0.02)
+    assert len(gone) == 1 and gone[0]["queue_wait_ms"] >= 350, gone
+    text = gw.metrics_text()
+    assert metric_value(text, "toolenv_gateway_queue_wait_seconds_count", tool="one") == 2

@@ -325,3 +325,86 @@ def test_a_call_cut_by_the_shutdown_is_labelled_so_not_as_its_caller_gone(
     assert [(r.turn, r.status) for r in records] == [(0, "cut_by_shutdown"), (1, "cut_by_shutdown")]
     logged = [getattr(r, "outcome", None) for r in caplog.records if r.getMessage() == "tool call"]
     assert logged == ["cut_by_shutdown", "cut_by_shutdown"], logged
+
+
+def test_a_restart_on_a_torn_capture_cuts_the_torn_record_and_appends_whole_lines(
+    tmp_path, caplog
+) -> None:
+    """Before: a gateway killed mid-write left a record without its newline, and the restarted
+    gateway appended its first record to it: one line that was not JSON, mid-capture, so
+    `trace-to-multiturn` refused the whole capture (exit 2) and that new record was lost too."""
+    caplog.set_level(logging.WARNING, logger="toolenv.gateway")
+    capture = tmp_path / "capture.jsonl"
+    whole = {"tool_name": "search", "turn": 0, "latency_s": 0.01, "trajectory_id": "before"}
+    capture.write_text(json.dumps(whole) + '\n{"turn":0,"tool_name":"sea')
+    after = {**whole, "trajectory_id": "after"}
+
+    async def main() -> None:
+        writer = TraceWriter(capture, flush_interval_s=0.001)
+        await writer.start()
+        writer.record(after)
+        await writer.close()
+
+    asyncio.run(main())
+    assert [c.trajectory_id for c in read_captured_calls(capture)] == ["before", "after"]
+    cut = [r for r in caplog.records if r.getMessage().startswith("trace capture: the file ended")]
+    assert len(cut) == 1 and vars(cut[0])["cut_bytes"] == len('{"turn":0,"tool_name":"sea')
+    result = CliRunner().invoke(
+        toolenv_app, ["gateway", "trace-to-multiturn", str(capture), str(tmp_path / "out.jsonl")]
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_a_capture_moved_or_removed_goes_on_in_a_new_file_at_its_path(tmp_path, caplog) -> None:
+    """Before: the writer kept the file it opened, so after a rotation (`mv capture.jsonl
+    capture.1`) every later call went into the moved file and none to `trace_path`, and after an
+    `rm` they went nowhere (counted written all the same)."""
+    caplog.set_level(logging.WARNING, logger="toolenv.gateway")
+    capture = tmp_path / "capture.jsonl"
+
+    def call(trajectory: str) -> dict:
+        return {"tool_name": "search", "turn": 0, "latency_s": 0.01, "trajectory_id": trajectory}
+
+    async def main() -> None:
+        writer = TraceWriter(capture, flush_interval_s=0.001)
+        await writer.start()
+
+        async def written(n: int) -> None:
+            for _ in range(1000):
+                if writer.written == n:
+                    return
+                await asyncio.sleep(0.005)
+            raise AssertionError(f"{writer.written} written, not {n}")
+
+        writer.record(call("first"))
+        await written(1)
+        capture.rename(tmp_path / "capture.1")  # rotated
+        writer.record(call("second"))
+        await written(2)
+        (tmp_path / "capture.1").rename(tmp_path / "kept")
+        capture.unlink()  # removed
+        writer.record(call("third"))
+        await written(3)
+        await writer.close()
+
+    asyncio.run(main())
+    assert [c.trajectory_id for c in read_captured_calls(tmp_path / "kept")] == ["first"]
+    assert [c.trajectory_id for c in read_captured_calls(capture)] == ["third"]
+    moved = [r for r in caplog.records if r.getMessage().startswith("trace capture: the file was")]
+    assert len(moved) == 2
+
+
+def test_a_whole_last_record_without_its_newline_is_kept(tmp_path) -> None:
+    """Only a torn record is cut: a whole one lacking just its newline is ended with one."""
+    capture = tmp_path / "capture.jsonl"
+    whole = {"tool_name": "search", "turn": 0, "latency_s": 0.01, "trajectory_id": "kept"}
+    capture.write_text(json.dumps(whole))
+
+    async def main() -> None:
+        writer = TraceWriter(capture, flush_interval_s=0.001)
+        await writer.start()
+        writer.record({**whole, "trajectory_id": "new"})
+        await writer.close()
+
+    asyncio.run(main())
+    assert [c.trajectory_id for c in read_captured_calls(capture)] == ["kept", "new"]
