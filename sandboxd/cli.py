@@ -14,6 +14,7 @@ from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
 from .app import create_app
+from .languages import PythonNotFound, find_python
 from .process import BWRAP_INSTALL_HINT
 from .settings import SandboxSettings
 from .sizing import PROGRAMS_PER_CORE
@@ -80,6 +81,12 @@ def serve(
     except (ConfigFileError, ValueError) as exc:
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
+    if settings.backend == "process":
+        try:  # found at the backend's start, it was a traceback of the app's start-up, exit 3
+            find_python(settings.python)
+        except PythonNotFound as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
     if settings.backend == "process" and not settings.insecure_no_isolation:
         if not shutil.which(settings.bwrap_path or "bwrap"):
             typer.echo(f"error: bwrap not found. {BWRAP_INSTALL_HINT}", err=True)
