@@ -103,6 +103,15 @@ class EmulatorSettings(FrontDoorSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _default_deadline_within_max(self) -> EmulatorSettings:
+        """A `default_deadline_s` above `max_deadline_s` was cut to the cap without a word (the
+        gateway refuses its `default_deadline_ms` above `max_deadline_ms`)."""
+        default, cap = self.default_deadline_s, self.max_deadline_s
+        if default is not None and cap is not None and default > cap:
+            raise ValueError(f"default_deadline_s ({default}) exceeds max_deadline_s ({cap})")
+        return self
+
     @cached_property
     def deadline_policy(self) -> DeadlinePolicy:
         """The one deadline rule (toolenv_core.deadline) with this service's default and cap."""
