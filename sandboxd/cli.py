@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,6 +12,7 @@ import uvicorn
 from toolenv_core import serving
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
+from toolenv_core.outputs import output_dir_problem
 from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
 from .app import create_app
@@ -33,6 +35,22 @@ def show_settings(
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(settings.model_dump_json(indent=2))
+
+
+def _process_backend_problem(settings: SandboxSettings) -> str | None:
+    """A setting that stops the process backend, found before the port is bound: found as the
+    backend starts, it was uvicorn's traceback of the app's start-up, and exit 3."""
+    try:
+        find_python(settings.python)
+    except PythonNotFound as exc:
+        return str(exc)
+    root = settings.workdir_root
+    if root and (problem := output_dir_problem(Path(root))):
+        return (
+            f"the run directory root {root} (sandbox.workdir_root, TOOLENV_SANDBOX_WORKDIR_ROOT): "
+            f"{problem}; name a writable directory"
+        )
+    return None
 
 
 @app.command("serve")
@@ -81,12 +99,9 @@ def serve(
     except (ConfigFileError, ValueError) as exc:
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
-    if settings.backend == "process":
-        try:  # found at the backend's start, it was a traceback of the app's start-up, exit 3
-            find_python(settings.python)
-        except PythonNotFound as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
+    if settings.backend == "process" and (problem := _process_backend_problem(settings)):
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
     if settings.backend == "process" and not settings.insecure_no_isolation:
         if not shutil.which(settings.bwrap_path or "bwrap"):
             typer.echo(f"error: bwrap not found. {BWRAP_INSTALL_HINT}", err=True)
