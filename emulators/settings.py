@@ -6,7 +6,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, FilePath, model_validator
+from pydantic import DirectoryPath, Field, FilePath, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings, LogLevel
@@ -38,7 +38,7 @@ class EmulatorSettings(FrontDoorSettings):
         default=None, description="reward profile file (default: the shipped reward_default.yaml)"
     )
 
-    trace_dirs: list[Path] = Field(
+    trace_dirs: list[DirectoryPath] = Field(  # a typo's directory was silently of no use
         default_factory=list,
         description="directories besides the trace cache whose traces a profile PUT over HTTP "
         "may replay (`trace` paths); profiles in the config file may name any path",
