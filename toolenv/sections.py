@@ -1,5 +1,6 @@
 """Every service's settings class by config-file section: the one place that knows them all, so
-the one that refuses a section no service reads (`sandboxx:` was silently nothing)."""
+the one that refuses a section no service reads (`sandboxx:` was silently nothing), and that
+gives one service's setting to another that must agree with it (`with_sandbox_defaults`)."""
 
 from __future__ import annotations
 
