@@ -6,7 +6,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, FilePath, model_validator
+from pydantic import DirectoryPath, Field, FilePath, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings, LogLevel
@@ -38,7 +38,7 @@ class EmulatorSettings(FrontDoorSettings):
         default=None, description="reward profile file (default: the shipped reward_default.yaml)"
     )
 
-    trace_dirs: list[Path] = Field(
+    trace_dirs: list[DirectoryPath] = Field(  # a typo's directory was silently of no use
         default_factory=list,
         description="directories besides the trace cache whose traces a profile PUT over HTTP "
         "may replay (`trace` paths); profiles in the config file may name any path",
@@ -101,6 +101,15 @@ class EmulatorSettings(FrontDoorSettings):
             raise ValueError(
                 f"default_topk ({self.default_topk}) exceeds max_topk ({self.max_topk})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _default_deadline_within_max(self) -> EmulatorSettings:
+        """A `default_deadline_s` above `max_deadline_s` was cut to the cap without a word (the
+        gateway refuses its `default_deadline_ms` above `max_deadline_ms`)."""
+        default, cap = self.default_deadline_s, self.max_deadline_s
+        if default is not None and cap is not None and default > cap:
+            raise ValueError(f"default_deadline_s ({default}) exceeds max_deadline_s ({cap})")
         return self
 
     @cached_property

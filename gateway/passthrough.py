@@ -139,7 +139,7 @@ async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: 
     sandbox = runtime.config.kind == "sandbox" and path in SANDBOX_ROUTES
     own_budget = None
     if sandbox and not ctx.sent_deadline:
-        own_budget = request_budget_ms(path, parsed, runtime.config.timeout_margin_ms)
+        own_budget = request_budget_ms(path, parsed, runtime.config)
     try:
         ctx.check_headers()
         deadline, deadline_ms = ctx.deadline(runtime, own_budget)

@@ -3,9 +3,10 @@
 
 - **No deadline header**: the request bounds itself, as in SandboxFusion. The budget is its own
   `compile_timeout` plus `run_timeout` (for `/v1/run_tests`, the run timeout of every case in
-  turn), SandboxFusion's 10 s defaults where absent, plus the tool's `timeout_margin_ms` for
-  queueing and start-up; capped by the tool's `max_deadline_ms` like any budget. A `run_timeout:
-  40` run is never cut by a fixed default below what sandboxd accepts.
+  turn), where absent the tool's `default_compile_timeout_s` / `default_run_timeout_s` (what the
+  sandbox applies: SandboxFusion's 10 s unless configured), plus the tool's `timeout_margin_ms`
+  for queueing and start-up; capped by the tool's `max_deadline_ms` like any budget. A
+  `run_timeout: 40` run is never cut by a fixed default below what sandboxd accepts.
 - **The caller's deadline expires first**: the answer keeps the route's shape. sandboxd is told a
   deadline `reserve_s` early, so it stops the program and answers `TimeLimitExceeded` with the
   output so far; should the gateway's own timer still fire first (the call never left the queue,
@@ -24,9 +25,9 @@ from pydantic import TypeAdapter, ValidationError
 from toolenv_core.fields import Number
 
 from .dispatch import Outcome
+from .settings import ToolConfig
 
 SANDBOX_ROUTES = frozenset({"/run_code", "/v1/run_tests"})
-DEFAULT_TIMEOUT_S = 10.0  # SandboxFusion's compile_timeout and run_timeout defaults
 _NUMBER: TypeAdapter[float] = TypeAdapter(Number)  # a number field as sandboxd's models read it
 
 
@@ -48,16 +49,16 @@ def _seconds(value: Any, default: float) -> float | None:
     return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
-def request_budget_ms(path: str, body: Any, margin_ms: float) -> float | None:
+def request_budget_ms(path: str, body: Any, tool: ToolConfig) -> float | None:
     """The budget a request gives itself (see the module doc); None when it cannot be read."""
     if not isinstance(body, dict):
         return None
-    compile_s = _seconds(body.get("compile_timeout"), DEFAULT_TIMEOUT_S)
+    compile_s = _seconds(body.get("compile_timeout"), tool.default_compile_timeout_s)
     if path == "/run_code":
-        run_s = _seconds(body.get("run_timeout"), DEFAULT_TIMEOUT_S)
+        run_s = _seconds(body.get("run_timeout"), tool.default_run_timeout_s)
     else:
         cases = body.get("cases")
-        per_case = _seconds(body.get("timeout"), DEFAULT_TIMEOUT_S)
+        per_case = _seconds(body.get("timeout"), tool.default_run_timeout_s)
         if not isinstance(cases, list) or not cases or per_case is None:
             return None
         times = [
@@ -66,7 +67,7 @@ def request_budget_ms(path: str, body: Any, margin_ms: float) -> float | None:
         run_s = None if None in times else sum(t for t in times if t is not None)
     if compile_s is None or run_s is None:
         return None
-    return (compile_s + run_s) * 1000.0 + margin_ms
+    return (compile_s + run_s) * 1000.0 + tool.timeout_margin_ms
 
 
 def reserve_s(budget_ms: float) -> float:

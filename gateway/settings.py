@@ -143,6 +143,19 @@ class ToolConfig(BaseModel):
         description="sandbox pass-through without a deadline header: added to the request's own "
         "compile_timeout + run_timeout to make its deadline",
     )
+    default_compile_timeout_s: Number = Field(
+        default=10.0,
+        gt=0,
+        description="sandbox pass-through without a deadline header: the compile_timeout the "
+        "sandbox applies where a request sends none (SandboxFusion's 10 s; an embedded sandbox's "
+        "own default_compile_timeout_s unless set here)",
+    )
+    default_run_timeout_s: Number = Field(
+        default=10.0,
+        gt=0,
+        description="the same for run_timeout (and a run_tests case's timeout): an embedded "
+        "sandbox's own default_run_timeout_s unless set here",
+    )
     idempotent: bool | None = Field(default=None, description="default: true for search and reward")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     hedge: HedgePolicy = Field(default_factory=HedgePolicy)

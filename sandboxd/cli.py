@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,9 +12,11 @@ import uvicorn
 from toolenv_core import serving
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
+from toolenv_core.outputs import output_dir_problem
 from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
 from .app import create_app
+from .languages import PythonNotFound, find_python
 from .process import BWRAP_INSTALL_HINT
 from .settings import SandboxSettings
 from .sizing import PROGRAMS_PER_CORE
@@ -32,6 +35,22 @@ def show_settings(
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(settings.model_dump_json(indent=2))
+
+
+def _process_backend_problem(settings: SandboxSettings) -> str | None:
+    """A setting that stops the process backend, found before the port is bound: found as the
+    backend starts, it was uvicorn's traceback of the app's start-up, and exit 3."""
+    try:
+        find_python(settings.python)
+    except PythonNotFound as exc:
+        return str(exc)
+    root = settings.workdir_root
+    if root and (problem := output_dir_problem(Path(root))):
+        return (
+            f"the run directory root {root} (sandbox.workdir_root, TOOLENV_SANDBOX_WORKDIR_ROOT): "
+            f"{problem}; name a writable directory"
+        )
+    return None
 
 
 @app.command("serve")
@@ -80,6 +99,9 @@ def serve(
     except (ConfigFileError, ValueError) as exc:
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
+    if settings.backend == "process" and (problem := _process_backend_problem(settings)):
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
     if settings.backend == "process" and not settings.insecure_no_isolation:
         if not shutil.which(settings.bwrap_path or "bwrap"):
             typer.echo(f"error: bwrap not found. {BWRAP_INSTALL_HINT}", err=True)

@@ -122,7 +122,8 @@ def find_python(configured: str | None) -> str:
     candidate = configured or (
         DEFAULT_PYTHON if os.access(DEFAULT_PYTHON, os.X_OK) else shutil.which("python3")
     )
-    if not candidate or not os.access(candidate, os.X_OK):
+    # a directory is "executable" to os.access: every run then failed, whatever its language
+    if not candidate or not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
         raise PythonNotFound(
             f"no Python interpreter for sandboxed programs ({candidate or 'python3 not on PATH'}); "
             "set TOOLENV_SANDBOX_PYTHON (sandbox.python) to one"

@@ -143,11 +143,11 @@ class SandboxSettings(FrontDoorSettings):
             ("default_compile_timeout_s", "max_timeout_s"),
             ("default_memory_mb", "max_memory_mb"),
             ("default_output_bytes", "max_output_bytes"),
+            ("default_deadline_s", "max_deadline_s"),  # was cut to the cap without a word
         ):
-            if getattr(self, default) > getattr(self, bound):
-                raise ValueError(
-                    f"{default} ({getattr(self, default)}) exceeds {bound} ({getattr(self, bound)})"
-                )
+            value, cap = getattr(self, default), getattr(self, bound)
+            if value is not None and cap is not None and value > cap:
+                raise ValueError(f"{default} ({value}) exceeds {bound} ({cap})")
         return self
 
     @property

@@ -21,7 +21,7 @@ from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
 from toolenv_core.console import report_console
 
-from .sections import SETTINGS_CLASSES, read_all_sections
+from .sections import SETTINGS_CLASSES, read_all_sections, with_sandbox_defaults
 from .traces import app as traces_app
 from .wiring import serve
 
@@ -47,10 +47,10 @@ def config_show(
     """Print the effective settings of every service (defaults < file < TOOLENV_* env vars)."""
     try:
         sections = read_all_sections(config)
-        effective = {
-            section: cls.from_sections(sections).model_dump(mode="json")
-            for section, cls in SETTINGS_CLASSES.items()
-        }
+        built = {section: cls.from_sections(sections) for section, cls in SETTINGS_CLASSES.items()}
+        # an embedded sandbox tool's default timeouts are the sandbox section's, as `serve` runs it
+        built["gateway"] = with_sandbox_defaults(built["gateway"], sections)
+        effective = {section: values.model_dump(mode="json") for section, values in built.items()}
     except (ConfigFileError, ValueError) as exc:
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc

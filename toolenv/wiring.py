@@ -27,7 +27,7 @@ from sandboxd.settings import SandboxSettings
 from toolenv_core.cli_options import RAY_ADDRESS_HELP, ConfigFileOption, ray_address
 from toolenv_core.config import ConfigFileError, config_error
 
-from .sections import read_all_sections
+from .sections import read_all_sections, with_sandbox_defaults
 
 
 def build_mounts(settings: GatewaySettings, sections: Mapping[str, Any]) -> dict[str, ASGIApp]:
@@ -49,6 +49,7 @@ def build_mounts(settings: GatewaySettings, sections: Mapping[str, Any]) -> dict
 
 def build_gateway(settings: GatewaySettings, sections: Mapping[str, Any]) -> FastAPI:
     """The gateway app with every embedded tool's app built and handed to it."""
+    settings = with_sandbox_defaults(settings, sections)
     return create_gateway_app(settings, mounts=build_mounts(settings, sections))
 
 

@@ -164,7 +164,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigFileError(f"config file {p} does not exist")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # an editor's BOM: TOML and JSON refused it
     except UnicodeDecodeError as exc:
         raise ConfigFileError(
             f"config file {p} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "

@@ -27,7 +27,13 @@ from .common import fail, one_line
 
 
 def calibrate(
-    engine: Annotated[str, typer.Option("--engine", help="vllm | openai")] = "vllm",
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="vllm | openai (default: TOOLENV_ROLLOUT_ENGINE or rollout.engine, else vllm)",
+        ),
+    ] = None,
     model: Annotated[Path | None, typer.Option("--model", help="Model directory (vllm).")] = None,
     openai_url: Annotated[
         list[str] | None, typer.Option("--openai-url", help="OpenAI-compatible server.")
@@ -85,9 +91,15 @@ def calibrate(
             prompt_lens=_int_list(prompt_lens, "--prompt-lens"),
             decode_tokens=decode_tokens,
         )
-        settings = RolloutSettings.load(
-            None, engine=engine, model=str(model) if model else None, openai_urls=openai_url or []
-        )
+        # only what was given: the options' defaults hid TOOLENV_ROLLOUT_* and the config file
+        given = {
+            "engine": engine,
+            "model": str(model) if model else None,
+            "openai_urls": openai_url,
+        }
+        settings = RolloutSettings.load(None, **{k: v for k, v in given.items() if v})
+        if "engine" not in settings.model_fields_set:  # calibrate measures a real engine
+            settings = settings.model_copy(update={"engine": "vllm"})
         if settings.engine == "sim":
             fail("calibrate measures a real engine: --engine vllm or --engine openai")
         eng = build_engine(settings)

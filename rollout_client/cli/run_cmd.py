@@ -11,8 +11,10 @@ import typer
 from pydantic import ValidationError
 
 from toolenv_core.cli_options import ConfigFileOption
+from toolenv_core.config import config_error
 from toolenv_core.console import counted
 from toolenv_core.polytrace import TraceFormatError
+from toolenv_core.polytrace.cache import resolve_traces, trace_cache_dir
 from toolenv_core.sigterm import ends_by_sigterm, sigterm_cancels
 
 from ..clock import VirtualTimeDeadlock, run_virtual
@@ -339,6 +341,15 @@ def run(
             settings = settings.model_copy(update={"vocab_size": model_vocab_size(settings.model)})
         except ValueError as exc:
             fail(str(exc))
+    try:  # the trace cache of the --config file given (`traces.cache_dir`), not TOOLENV_CONFIG's
+        cache = trace_cache_dir(config)
+        trace = resolve_traces(trace, cache) if trace else trace
+        if synthetic is not None:
+            [synthetic] = resolve_traces([synthetic], cache)
+    except TraceFormatError as exc:
+        fail(str(exc))
+    except ValueError as exc:  # the file's traces section, or a TOOLENV_TRACES_* variable
+        fail(config_error(exc))
     workload = given[0]
     given = {k for k, v in overrides.items() if v is not None}
     for note in idle_option_notes(settings, given, workload):

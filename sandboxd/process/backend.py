@@ -114,10 +114,16 @@ class ProcessBackend:
             prefix = bwrap.sandbox_prefix(self.bwrap, self.python)
             bwrap.probe(prefix)
         root_parent = Path(s.workdir_root) if s.workdir_root else default_workdir_root()
-        root_parent.mkdir(parents=True, exist_ok=True)
-        reap_stale_workdirs(root_parent)
-        self.root = root_parent / f"{PREFIX}{os.getpid()}"
-        self.root.mkdir(mode=0o700, exist_ok=True)
+        try:  # a file there, or a place not writable, was a bare OSError naming no setting
+            root_parent.mkdir(parents=True, exist_ok=True)
+            reap_stale_workdirs(root_parent)
+            self.root = root_parent / f"{PREFIX}{os.getpid()}"
+            self.root.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise SandboxUnavailable(
+                f"cannot make run directories in {root_parent} ({exc.strerror or exc}); set "
+                "TOOLENV_SANDBOX_WORKDIR_ROOT (sandbox.workdir_root) to a writable directory"
+            ) from exc
         self.cgroups.start()
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         if prefix is not None and self.bwrap is not None and s.fork_server:

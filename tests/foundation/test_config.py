@@ -280,6 +280,20 @@ def test_a_config_file_suffix_in_capitals_names_its_format(tmp_path) -> None:
         read_config_file(other)
 
 
+@pytest.mark.parametrize("suffix", [".toml", ".json", ".yaml"])
+def test_a_config_file_that_starts_with_a_byte_order_mark_is_read(tmp_path, suffix: str) -> None:
+    """An editor's UTF-8 BOM: TOML said "Invalid statement (at line 1, column 1)", JSON
+    "Unexpected UTF-8 BOM (decode using utf-8-sig)", of a file that reads right in the editor."""
+    text = {
+        ".toml": "[gateway]\nport = 9000\n",
+        ".json": '{"gateway": {"port": 9000}}',
+        ".yaml": "gateway:\n  port: 9000\n",
+    }[suffix]
+    path = tmp_path / f"toolenv{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert read_config_file(path) == {"gateway": {"port": 9000}}
+
+
 @pytest.mark.parametrize(
     ("group", "variable", "value", "said"),
     [

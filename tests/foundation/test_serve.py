@@ -65,6 +65,17 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
          "invalid sandbox settings: default_run_timeout_s (100.0) exceeds max_timeout_s (60.0)\n"),
         (["sandboxd", "settings"], {"TOOLENV_SANDBOX_MAX_MEMORY_MB": "256"},
          "invalid sandbox settings: default_memory_mb (512) exceeds max_memory_mb (256)\n"),
+        # a default deadline over its cap was cut to the cap without a word (the gateway's
+        # default_deadline_ms over max_deadline_ms is refused)
+        (["sandboxd", "settings"],
+         {"TOOLENV_SANDBOX_DEFAULT_DEADLINE_S": "100", "TOOLENV_SANDBOX_MAX_DEADLINE_S": "10"},
+         "invalid sandbox settings: default_deadline_s (100.0) exceeds max_deadline_s (10.0)\n"),
+        (["emulators", "settings"],
+         {"TOOLENV_EMULATORS_DEFAULT_DEADLINE_S": "100", "TOOLENV_EMULATORS_MAX_DEADLINE_S": "10"},
+         "invalid emulators settings: default_deadline_s (100.0) exceeds max_deadline_s (10.0)\n"),
+        # a directory that is not there was taken, and every profile PUT from it refused
+        (["emulators", "settings"], {"TOOLENV_EMULATORS_TRACE_DIRS": '["/nonexistent/traces"]'},
+         "invalid emulators settings: trace_dirs.0: Path does not point to a directory\n"),
     ],
 )  # fmt: skip
 def test_a_bad_setting_is_one_line_and_exit_2(argv: list[str], env: dict, needle: str) -> None:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from gateway.sandboxfusion import request_budget_ms
 from gateway.settings import ToolConfig
 from toolenv_core import headers as h
 
@@ -59,6 +60,28 @@ def test_no_deadline_header_the_request_bounds_itself(sandbox_gateway) -> None:
     r = httpx.post(gw.url + "/v1/tools/sandbox/call", timeout=60,
                    json={"arguments": {"code": PRINT_SLEEP_PRINT.format(s=1.5), "run_timeout": 3}})  # fmt: skip
     assert r.status_code == 504 and r.json()["deadline_ms"] == 800
+
+
+def test_absent_timeouts_are_the_embedded_sandboxs_own_defaults(
+    gateway, bwrap_path, tmp_path
+) -> None:
+    """They were SandboxFusion's 10 s each whatever the sandbox applied: with its
+    `default_run_timeout_s: 30`, a 22 s run that sent no run_timeout was cut at 25 s, "the
+    request deadline ended it" (a deadline the caller never sent)."""
+    cfg = tmp_path / "toolenv.yaml"
+    cfg.write_text("sandbox:\n  default_compile_timeout_s: 4\n  default_run_timeout_s: 30\n")
+    tools = [ToolConfig(name="sandbox", kind="sandbox"),
+             ToolConfig(name="own", kind="sandbox", default_run_timeout_s=2)]  # fmt: skip
+    gw = gateway(tools, config_file=str(cfg))
+    config = gw.toolset.tools["sandbox"].config
+    assert (config.default_compile_timeout_s, config.default_run_timeout_s) == (4, 30)
+    own = gw.toolset.tools["own"].config  # a tool's own setting stands
+    assert (own.default_compile_timeout_s, own.default_run_timeout_s) == (4, 2)
+    assert request_budget_ms("/run_code", {"code": "1"}, config) == (4 + 30) * 1000 + 5000
+    cases = {"cases": [{}, {"timeout": 1}], "timeout": "3"}
+    assert request_budget_ms("/v1/run_tests", cases, own) == (4 + 3 + 1) * 1000 + 5000
+    r = _run_code(gw.url, "print(1)")
+    assert r.status_code == 200 and r.json()["status"] == "Success", r.text
 
 
 def test_timeouts_sent_as_numeric_strings_bound_the_request_too(sandbox_gateway) -> None:

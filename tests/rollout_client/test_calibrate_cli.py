@@ -84,3 +84,22 @@ def test_a_check_option_out_of_range_is_refused_before_the_engine(
 def test_a_list_option_that_is_not_numbers_names_the_option(option: str) -> None:
     said = one_line_error(calibrate(option, "4,abc"))  # was "invalid literal for int() ..."
     assert said == f"error: {option} takes comma-separated whole numbers, e.g. 1,4,16; got '4,abc'"
+
+
+def test_the_engine_its_url_and_the_model_come_from_the_rollout_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The options' own defaults (`--engine vllm`, no model, no URL) were passed over the
+    `TOOLENV_ROLLOUT_*` variables and the config file: "--engine vllm needs --model DIR" with
+    TOOLENV_ROLLOUT_ENGINE=openai and its URL set, which `rollout run` takes."""
+    url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("TOOLENV_ROLLOUT_ENGINE", "openai")
+    monkeypatch.setenv("TOOLENV_ROLLOUT_OPENAI_URLS", f'["{url}"]')
+    out = ["--out", str(tmp_path / "p.json")]
+    result = CliRunner().invoke(app, ["rollout", "calibrate", *out])
+    assert result.exit_code == 3, result.output  # the engine's URL was tried: a closed port
+    assert result.stderr.startswith(f"error: OpenAI-compatible server {url} does not answer")
+    monkeypatch.delenv("TOOLENV_ROLLOUT_ENGINE")
+    monkeypatch.setenv("TOOLENV_ROLLOUT_MODEL", str(tmp_path))  # vllm, the default engine
+    said = one_line_error(CliRunner().invoke(app, ["rollout", "calibrate", *out]))
+    assert said.startswith(f"error: cannot read the vocabulary size from {tmp_path}/config.json")

@@ -241,3 +241,25 @@ def test_an_option_refused_when_the_run_starts_is_the_one_line_on_stderr(
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.startswith("error: --tool-profile and --tool-scale shape the in-process")
     assert result.stderr.count("\n") == 1
+
+
+def test_a_trace_named_in_the_cache_of_the_config_file_given_is_found(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--config FILE` with `traces: {cache_dir: DIR}`: the name was looked up in the default
+    cache (that section was read from TOOLENV_CONFIG's file alone) while `config show --config
+    FILE` said DIR was in force."""
+    monkeypatch.delenv("TOOLENV_CONFIG", raising=False)
+    monkeypatch.delenv("TOOLENV_TRACES_CACHE_DIR", raising=False)
+    cache = tmp_path / "cache"
+    (cache / "search_r1").mkdir(parents=True)
+    name = "search_r1/multiturn_workload_step_0.jsonl"
+    (cache / name).symlink_to(polytrace_dir / name)
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(f"traces:\n  cache_dir: {cache}\n")
+    args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--exact", "--limit", "2",
+            "--batch", "2", "--no-plots", "--out", str(tmp_path / "out"), "--config", str(config)]  # fmt: skip
+    done = CliRunner().invoke(build_app(), [*args, "--trace", name])
+    assert done.exit_code == 0, done.output
+    done = CliRunner().invoke(build_app(), [*args, "--trace", "search_r1/nope.jsonl"])
+    assert done.exit_code == 2 and f"nor in the trace cache {cache};" in done.stderr, done.output

@@ -289,6 +289,73 @@ async def test_a_missing_interpreter_is_refused_naming_the_setting() -> None:
         await backend.start()
 
 
+async def test_an_interpreter_that_is_a_directory_is_refused_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    # A directory is "executable" to os.access: sandboxd served, and every run of every language
+    # was a SandboxError ("could not apply limits", bwrap "Can't mkdir /sandbox").
+    backend = ProcessBackend(settings(python=str(tmp_path), insecure_no_isolation=True))
+    try:
+        with pytest.raises(SandboxUnavailable, match="TOOLENV_SANDBOX_PYTHON"):
+            await backend.start()
+    finally:
+        await backend.close()
+
+
+async def test_a_workdir_root_that_is_a_file_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    # it was a bare FileExistsError: `toolenv serve`'s /readyz said only that
+    root = tmp_path / "file"
+    root.write_text("")
+    backend = ProcessBackend(settings(workdir_root=str(root), insecure_no_isolation=True))
+    try:
+        with pytest.raises(SandboxUnavailable, match="TOOLENV_SANDBOX_WORKDIR_ROOT"):
+            await backend.start()
+    finally:
+        await backend.close()
+
+
+def test_serve_exits_naming_the_setting_of_a_workdir_root_it_cannot_use(tmp_path: Path) -> None:
+    # it was uvicorn's traceback of the app's start-up (FileExistsError), and exit 3
+    (tmp_path / "file").write_text("")
+    env = {
+        **os.environ,
+        "TOOLENV_SANDBOX_WORKDIR_ROOT": str(tmp_path / "file" / "runs"),
+        "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (
+        f"error: the run directory root {tmp_path}/file/runs (sandbox.workdir_root, "
+        f"TOOLENV_SANDBOX_WORKDIR_ROOT): {tmp_path}/file is a file, not a directory; name a "
+        "writable directory\n"
+    )
+
+
+def test_serve_exits_naming_the_setting_without_an_interpreter() -> None:
+    # It was uvicorn's 30-line traceback of the app's start-up, and exit 3 (a port not bound).
+    env = {
+        **os.environ,
+        "TOOLENV_SANDBOX_PYTHON": "/nonexistent/python3",
+        "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1",  # whether or not bwrap is installed
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: no Python interpreter for sandboxed programs")
+    assert "TOOLENV_SANDBOX_PYTHON" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_a_cgroup_left_by_a_dead_instance_is_told_from_a_live_one(tmp_path: Path) -> None:
     made = tmp_path / "toolenv-sandboxd-7"
     made.mkdir()

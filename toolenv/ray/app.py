@@ -26,7 +26,7 @@ from emulators.settings import EmulatorSettings
 from gateway.settings import GatewaySettings
 from sandboxd.settings import SandboxSettings
 from toolenv.ray_settings import RaySettings, ReplicaConfig
-from toolenv.sections import read_all_sections
+from toolenv.sections import read_all_sections, with_sandbox_defaults
 from toolenv_core.ray_connect import LOCAL, init_ray
 
 from .ingress import GatewayServer
@@ -54,7 +54,7 @@ class RayStack:
             overrides["address"] = None if address == LOCAL else address
         return cls(
             RaySettings.from_sections(sections, **overrides),
-            GatewaySettings.from_sections(sections),
+            with_sandbox_defaults(GatewaySettings.from_sections(sections), sections),
             SandboxSettings.from_sections(sections),
             EmulatorSettings.from_sections(sections),
         )

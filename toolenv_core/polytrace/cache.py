@@ -51,9 +51,10 @@ class TracesSettings(ServiceSettings):
     )
 
 
-def trace_cache_dir() -> Path:
-    """The cache directory in force (settings < `TOOLENV_CONFIG` file < env var)."""
-    return Path(TracesSettings.load().cache_dir).expanduser()
+def trace_cache_dir(config_file: str | Path | None = None) -> Path:
+    """The cache directory in force (settings < the config file, `config_file` else
+    `TOOLENV_CONFIG` < env var)."""
+    return Path(TracesSettings.load(config_file).cache_dir).expanduser()
 
 
 def cache_dir_problem(root: Path) -> str | None:
