@@ -57,10 +57,10 @@ def test_the_documented_describe_command_runs(
     assert '"ks_model_vs_data"' in result.stdout
 
 
-# `python -m benchmarks.NAME ARGS` in backticks (a span may wrap) or on a code block's line (up to
-# a `# comment`); `[--opt]` is optional, `FILE` a placeholder.
-SPAN = re.compile(r"`(?:[^`]*\s)?python -m (benchmarks\.\w+)([^`]*)`")
-LINE = re.compile(r"^(?:.*\s)?python -m (benchmarks\.\w+)([^#]*)")
+# `python -m benchmarks.NAME ARGS` (or `stress.NAME`, its test servers) in backticks (a span may
+# wrap) or on a code block's line (up to a `# comment`); `[--opt]` is optional, `FILE` a placeholder.
+SPAN = re.compile(r"`(?:[^`]*\s)?python -m ((?:benchmarks|stress)\.\w+)([^`]*)`")
+LINE = re.compile(r"^(?:.*\s)?python -m ((?:benchmarks|stress)\.\w+)([^#]*)")
 
 
 class _Parsed(Exception):
@@ -70,11 +70,14 @@ class _Parsed(Exception):
 def _documented_bench_commands() -> list[tuple[str, list[str]]]:
     commands = set()
     for doc in DOCS:
-        prose, code = [], []
-        for block, text in enumerate(doc.read_text().split("```")):
-            (code if block % 2 else prose).append(text)
-        found = [m for text in prose for m in SPAN.findall(text)]
-        found += [m for text in code for line in text.splitlines() for m in LINE.findall(line)]
+        prose, code, fenced = [], [], False
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+            else:
+                (code if fenced else prose).append(line)
+        found = SPAN.findall("\n".join(prose))
+        found += [m for line in code for m in LINE.findall(line)]
         for module, args in found:
             argv = [a for a in re.sub(r"\[[^\]]*\]", " ", args).split()]
             for i, arg in enumerate(argv):  # `--route gateway|generic`: one of them
@@ -86,7 +89,8 @@ def _documented_bench_commands() -> list[tuple[str, list[str]]]:
 def test_every_documented_benchmark_command_parses(monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's "the command beside each row runs one" holds: each benchmark command the
     docs give is accepted as written (`emulators_bench --rates 1000` was refused for a missing
-    `--out`)."""
+    `--out`, and docs/cli.md's stalling server `stress.testing --kind stall` for a missing
+    `--port`)."""
     commands = _documented_bench_commands()
     assert len(commands) > 10  # the pattern still finds them
     parse = argparse.ArgumentParser.parse_args
