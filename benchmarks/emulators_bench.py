@@ -307,7 +307,10 @@ def pacing_ab(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, required=True, help="JSON report path (a PNG is written beside it)"
+        "--out",
+        type=Path,
+        default=Path("bench-results/benchmarks.emulators_bench.json"),
+        help="JSON report path (a PNG is written beside it)",
     )
     parser.add_argument("--quick", action="store_true", help="5 s per rate instead of 30 s")
     parser.add_argument(

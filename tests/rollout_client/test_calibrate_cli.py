@@ -3,6 +3,7 @@ exit 2, before anything is measured (the engine is a closed port on loopback, ex
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,14 @@ def test_the_engine_its_url_and_the_model_come_from_the_rollout_settings(
     monkeypatch.setenv("TOOLENV_ROLLOUT_MODEL", str(tmp_path))  # vllm, the default engine
     said = one_line_error(CliRunner().invoke(app, ["rollout", "calibrate", *out]))
     assert said.startswith(f"error: cannot read the vocabulary size from {tmp_path}/config.json")
+
+
+def test_vllm_not_installed_is_one_line_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It started measuring and died in a ModuleNotFoundError traceback (exit 1)."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed: find_spec is None
+    (tmp_path / "config.json").write_text('{"vocab_size": 1000}')
+    done = CliRunner().invoke(app, ["rollout", "calibrate", "--model", str(tmp_path)])
+    said = one_line_error(done)
+    assert said.startswith("error: --engine vllm needs vLLM") and "toolenv[vllm]" in said

