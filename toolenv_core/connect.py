@@ -18,6 +18,11 @@ after the upstream closes a connection itself (`forget`: a stopped container clo
 connections, and a connect to its vanished address would hang until the host gives up on it,
 where a fresh lookup fails at once), or `ttl_s` after the lookup. A failed lookup is not kept.
 An address literal is never looked up.
+
+A name with several addresses of the resolver's first family (a compose service run with
+`--scale`: the replicas' addresses under one name) gets each new connection started at the next of
+them in turn, the others tried after it: one lookup's connections spread over the replicas. Before,
+every connection went to the first address, and the other replicas got no call.
 """
 
 from __future__ import annotations
@@ -54,12 +59,24 @@ class Resolved:
     expires: float
 
 
+def _starting_at(addresses: list[tuple[int, Any]], turn: int) -> list[tuple[int, Any]]:
+    """The addresses of the first family rotated to start at `turn` (modulo), then the rest."""
+    if not addresses:
+        return []
+    first = [a for a in addresses if a[0] == addresses[0][0]]
+    k = turn % len(first)
+    return first[k:] + first[:k] + [a for a in addresses if a[0] != addresses[0][0]]
+
+
 async def _first_answering(
-    loop: asyncio.AbstractEventLoop, factory: Callable[[], P], host: str, found: Resolved
+    loop: asyncio.AbstractEventLoop,
+    factory: Callable[[], P],
+    host: str,
+    addresses: list[tuple[int, Any]],
 ) -> P:
     """Each address tried in turn, as `create_connection` does with a name."""
     error: OSError = OSError(f"{host}: no address")
-    for family, address in found.addresses:
+    for family, address in addresses:
         try:
             return (await loop.create_connection(factory, address[0], address[1], family=family))[1]
         except OSError as exc:
@@ -85,6 +102,7 @@ class Connector:
         self._literal = _is_address(host)
         self._kept: Resolved | None = None
         self._lookup: asyncio.Task[Resolved] | None = None
+        self._turn = 0  # which address the next connection starts at
 
     async def addresses(self, loop: asyncio.AbstractEventLoop) -> Resolved | None:
         """The kept addresses, or a lookup's (`socket.gaierror` when the name does not resolve);
@@ -104,8 +122,10 @@ class Connector:
         none answers, and the addresses are then dropped."""
         if found is None:
             return (await loop.create_connection(factory, self.host, self.port))[1]
+        order = _starting_at(found.addresses, self._turn)
+        self._turn += 1
         try:
-            return await _first_answering(loop, factory, self.host, found)
+            return await _first_answering(loop, factory, self.host, order)
         except (OSError, asyncio.CancelledError):
             if self._kept is found:  # not a newer lookup's answer: that one is still untried
                 self._kept = None

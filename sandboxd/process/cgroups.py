@@ -9,6 +9,13 @@ than the rest of the per-run bookkeeping. A slot goes back to the pool only when
 At start-up, directories left by a crashed earlier instance (named with a pid that no longer
 runs) are removed.
 
+Instances can share the parent cgroup and even a pid: replicas of one compose service
+(`--scale sandbox=2`) each run sandboxd as pid 7 in their own PID namespace over the same
+delegated subtree. So each instance holds an flock on its own base directory for its lifetime:
+a directory someone holds is never reaped nor taken, and a new instance whose pid-named
+directory is held takes `toolenv-sandboxd-<pid>-<n>` (before, the replicas shared every run
+cgroup, and one stopping removed the other's slots under its running programs).
+
 Every run has its own CPU group with the same weight (cpu.shares): the scheduler shares the CPU
 per run, not per process, so a program that forks eight busy workers gets one run's share and a
 short program in flight beside it still gets its own. The runs' parent group weighs as many runs
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import resource
 import signal
@@ -79,6 +87,32 @@ def _left_by_dead_instance(d: Path, pid: int) -> bool:
     return started > d.stat().st_ctime + 0.5
 
 
+def _lock(d: Path) -> int | None:
+    """An fd holding an exclusive flock on directory `d`, or None if another instance holds it
+    (or `d` is gone: a stale one that another instance removed)."""
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)  # not inherited by the programs it starts
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(d).st_ino == os.fstat(fd).st_ino:
+            return fd
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    os.close(fd)
+    return None
+
+
+def _gone_owner(d: Path) -> bool:
+    """`d` was made by an instance that is gone, going by its pid: dead, or ours (ours before
+    this instance made its own: a sibling in another PID namespace that died)."""
+    pid = d.name.removeprefix(PREFIX).split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    return int(pid) == os.getpid() or _left_by_dead_instance(d, int(pid))
+
+
 class CgroupPool:
     """Pre-created per-run cgroups under `<own cgroup>/toolenv-sandboxd-<pid>/`."""
 
@@ -90,6 +124,7 @@ class CgroupPool:
         self._free: list[CgroupSlot] = []
         self._counter = 0
         self._draining: set[asyncio.Task[None]] = set()
+        self._locks: list[int] = []  # flocks on the bases: they are this instance's
         self.unavailable_reason: str | None = None
         # the pool's slots keep their control files open unless that could take a good part
         # of the fds (at most a quarter of the soft limit)
@@ -117,16 +152,15 @@ class CgroupPool:
             mounts.add(mount.resolve())
             parent = mount / own[c].lstrip("/")
             self._reap_stale(parent)
-            base = parent / f"{PREFIX}{os.getpid()}"
             try:
-                base.mkdir(exist_ok=True)
+                base = self._claim(parent)
                 if c == "memory":
                     with contextlib.suppress(OSError):
                         write_control(base / "memory.use_hierarchy", "1")
                 elif c == "cpu":
                     set_cpu_weight(base, self.group_cpu_shares)
             except OSError as exc:
-                self.unavailable_reason = f"cannot create {base}: {exc}"
+                self.unavailable_reason = f"cannot create a cgroup under {parent}: {exc}"
                 continue
             self.bases[c] = base
         if not self.bases:
@@ -137,14 +171,27 @@ class CgroupPool:
             if self.keep_fds:
                 slot.open_fds()
 
+    def _claim(self, parent: Path) -> Path:
+        """This instance's base under `parent`, named with its pid, locked for its lifetime."""
+        for n in range(1000):
+            base = parent / (f"{PREFIX}{os.getpid()}" + (f"-{n}" if n else ""))
+            for _ in range(2):  # again if another instance reaped it between mkdir and lock
+                base.mkdir(exist_ok=True)
+                if (fd := _lock(base)) is not None:
+                    self._locks.append(fd)
+                    return base
+        raise OSError(f"every {PREFIX}{os.getpid()}-<n> is held by another instance")
+
     @staticmethod
     def _reap_stale(parent: Path) -> None:
         """Remove cgroups left by an earlier instance that died without closing."""
         with contextlib.suppress(OSError):
             for d in parent.glob(f"{PREFIX}*"):
-                pid = d.name.removeprefix(PREFIX)
-                if pid.isdigit() and _left_by_dead_instance(d, int(pid)):
-                    _kill_and_remove_children(d)
+                if _gone_owner(d) and (fd := _lock(d)) is not None:
+                    try:  # held while removed: an instance starting now does not take it
+                        _kill_and_remove_children(d)
+                    finally:
+                        os.close(fd)
 
     def _create(self) -> CgroupSlot:
         self._counter += 1
@@ -201,6 +248,9 @@ class CgroupPool:
         for base in self.bases.values():
             if base.exists():
                 _kill_and_remove_children(base)
+        for fd in self._locks:
+            os.close(fd)
+        self._locks.clear()
 
 
 def _kill_and_remove_children(parent: Path) -> None:

@@ -365,3 +365,31 @@ async def test_closing_a_pool_leaves_a_call_waiting_on_the_lookup_to_finish() ->
             assert (await call).body == b"ok"
     finally:
         server.close()
+
+
+async def test_a_name_with_several_addresses_spreads_its_connections_over_them() -> None:
+    """A compose service run with `--scale` answers its name with each replica's address: new
+    connections take them in turn (every one went to the first, and the other replicas idled)."""
+    loop = asyncio.get_running_loop()
+    servers = [await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0) for _ in "ab"]
+    ports = [s.sockets[0].getsockname()[1] for s in servers]
+    reached: list[int] = []
+
+    class Peer(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            reached.append(transport.get_extra_info("peername")[1])
+            transport.close()
+
+    async def replicas(host: str, port: int, **kw: Any) -> Any:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p)) for p in ports]
+
+    connector = Connector("sandbox", 8002)
+    loop.getaddrinfo = replicas  # type: ignore[method-assign]
+    try:
+        for _ in range(4):
+            await connector.connect(loop, Peer, await connector.addresses(loop))
+    finally:
+        del loop.getaddrinfo
+        for server in servers:
+            server.close()
+    assert sorted(reached) == sorted(ports * 2), reached
