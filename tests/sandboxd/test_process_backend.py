@@ -314,21 +314,23 @@ async def test_a_workdir_root_that_is_a_file_is_refused_naming_the_setting(tmp_p
         await backend.close()
 
 
-def test_serve_exits_naming_the_setting_of_a_workdir_root_it_cannot_use(tmp_path: Path) -> None:
-    # it was uvicorn's traceback of the app's start-up (FileExistsError), and exit 3
-    (tmp_path / "file").write_text("")
-    env = {
-        **os.environ,
-        "TOOLENV_SANDBOX_WORKDIR_ROOT": str(tmp_path / "file" / "runs"),
-        "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1",
-    }
-    out = subprocess.run(
+def serve_sandboxd(**env: str) -> subprocess.CompletedProcess[str]:
+    """`toolenv sandboxd serve` with these TOOLENV_SANDBOX_* settings, without isolation (whether
+    or not bwrap is installed is not what is tested): a start it refuses ends it."""
+    settings = {f"TOOLENV_SANDBOX_{k.upper()}": v for k, v in env.items()}
+    return subprocess.run(
         [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--port", "0"],
-        env=env,
+        env={**os.environ, "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1", **settings},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_serve_exits_naming_the_setting_of_a_workdir_root_it_cannot_use(tmp_path: Path) -> None:
+    # it was uvicorn's traceback of the app's start-up (FileExistsError), and exit 3
+    (tmp_path / "file").write_text("")
+    out = serve_sandboxd(workdir_root=str(tmp_path / "file" / "runs"))
     assert out.returncode == 2, out.stderr
     assert out.stderr == (
         f"error: the run directory root {tmp_path}/file/runs (sandbox.workdir_root, "
@@ -339,18 +341,7 @@ def test_serve_exits_naming_the_setting_of_a_workdir_root_it_cannot_use(tmp_path
 
 def test_serve_exits_naming_the_setting_without_an_interpreter() -> None:
     # It was uvicorn's 30-line traceback of the app's start-up, and exit 3 (a port not bound).
-    env = {
-        **os.environ,
-        "TOOLENV_SANDBOX_PYTHON": "/nonexistent/python3",
-        "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1",  # whether or not bwrap is installed
-    }
-    out = subprocess.run(
-        [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--port", "0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = serve_sandboxd(python="/nonexistent/python3")
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("error: no Python interpreter for sandboxed programs")
     assert "TOOLENV_SANDBOX_PYTHON" in out.stderr and "Traceback" not in out.stderr
