@@ -84,6 +84,8 @@ def trace_to_multiturn(
     except TraceFormatError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    except BrokenPipeError:  # `- | head`: the reader has all it wants; click ends it quietly
+        raise
     except OSError as exc:  # the capture's own are TraceFormatError: this is the output's
         typer.echo(f"error: cannot write the trace to {out}: {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from exc

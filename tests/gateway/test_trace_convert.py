@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -163,3 +165,23 @@ def test_a_capture_read_from_a_pipe_converts(tmp_path) -> None:
     (trajectory,) = read_multiturn(out)
     assert trajectory.step == 3 and trajectory.tool_call_count == 2
     assert result.stdout == f"wrote 1 trajectory to {out}\n"  # it said "1 trajectories"
+
+
+def test_a_reader_that_stops_early_ends_it_quietly(tmp_path) -> None:
+    """`trace-to-multiturn CAPTURE - | head` said "error: cannot write the trace to -: Broken
+    pipe" (exit 2), as if the output were the user's mistake; a pipe's reader may stop early."""
+    capture = tmp_path / "capture.jsonl"
+    with capture.open("w") as f:  # far more than a pipe holds before its reader takes any
+        for n in range(3000):
+            f.write(_CALL.replace('"t"', f'"t{n}"') % ', "step": 0')
+    command = subprocess.Popen(
+        [sys.executable, "-m", "toolenv", "gateway", "trace-to-multiturn", str(capture), "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert command.stdout is not None and command.stderr is not None
+    command.stdout.read(100)
+    command.stdout.close()  # what `head -c 100` does once it has its bytes
+    said = command.stderr.read()
+    assert command.wait(timeout=60) == 1
+    assert said == b"", said
