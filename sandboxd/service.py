@@ -96,6 +96,13 @@ class SandboxService:
             self.backend = make_backend(self.settings)
         await self.backend.start()
         self.started = True
+        if self.settings.insecure_no_isolation and self.settings.backend == "process":
+            # said once, loudly: only /v1/sandbox/status told it, and programs run as root here
+            log.warning(
+                "insecure_no_isolation: programs run without bubblewrap, as this service's user "
+                "(uid %d), with its file system and network: trusted code only",
+                os.getuid(),
+            )
 
     async def close(self) -> None:
         self.started = False

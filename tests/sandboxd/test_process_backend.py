@@ -302,6 +302,24 @@ async def test_an_interpreter_that_is_a_directory_is_refused_naming_the_setting(
         await backend.close()
 
 
+@pytest.mark.parametrize("isolated", [False, True])
+async def test_a_service_without_isolation_says_so_at_start(
+    isolated: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Programs ran as root without a sandbox, and only /v1/sandbox/status said so."""
+    service = SandboxService(
+        settings(insecure_no_isolation=not isolated, workdir_root=str(tmp_path), warm_sandboxes=0)
+    )
+    try:
+        await service.start()
+    finally:
+        await service.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    said = [w for w in warned if w.startswith("insecure_no_isolation: programs run without")]
+    assert len(said) == (0 if isolated else 1), warned
+    assert isolated or f"(uid {os.getuid()})" in said[0]
+
+
 async def test_a_workdir_root_that_is_a_file_is_refused_naming_the_setting(tmp_path: Path) -> None:
     # it was a bare FileExistsError: `toolenv serve`'s /readyz said only that
     root = tmp_path / "file"
