@@ -37,7 +37,7 @@ def write_json(report: dict[str, Any], path: Path) -> None:
 _ROWS: list[tuple[str, str]] = [
     ("completed", "completed"),
     ("launched", "launched"),
-    ("modeled_makespan_s", "makespan, modelled (s)"),
+    ("modeled_makespan_s", "makespan ({modelled}s)"),
     ("wall_s", "wall time (s)"),
     ("trajectories_per_s", "trajectories/s"),
     ("tokens_per_s", "generated tokens/s"),
@@ -80,6 +80,12 @@ def _cell(step: dict[str, Any], key: str) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def modelled(report: dict[str, Any]) -> str:
+    """The word for the simulator's times, "modelled "; none for a real engine's, which are
+    measured (its table said "makespan, modelled (s)" of vLLM's measured makespan)."""
+    return "modelled " if report.get("engine") == "sim" else ""
+
+
 def table(report: dict[str, Any], max_steps: int = 6) -> Table:
     """One row per metric, one column per step (narrow terminals stay readable)."""
     scale = report.get("time_scale", 1.0)
@@ -99,7 +105,7 @@ def table(report: dict[str, Any], max_steps: int = 6) -> Table:
     for s in steps:
         t.add_column(f"step {s['step']}", justify="right")
     for key, label in _ROWS:
-        t.add_row(label, *(_cell(s, key) for s in steps))
+        t.add_row(label.format(modelled=modelled(report)), *(_cell(s, key) for s in steps))
     hidden = report["steps"][max_steps:]
     if hidden:  # the summary line under the table counts every step
         first, last = hidden[0]["step"], hidden[-1]["step"]
@@ -135,7 +141,7 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
     else:
         labels = [f"step {s['step']}" for s in steps]
         ax.bar(labels, heights, color="tab:blue", width=0.6)
-    ax.set_ylabel("makespan, modelled (s)")
+    ax.set_ylabel(f"makespan ({modelled(report)}s)")
     ax.set_title(f"per-step makespan: {title}")
     fig.tight_layout()
     paths.append(out / MAKESPAN_PNG)
@@ -158,7 +164,7 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
                 label=f"step {s['step']}",
                 **({"color": by_step.to_rgba(s["step"]), "lw": 0.8} if many else {}),
             )
-    ax.set_xlabel("modelled seconds since step start")
+    ax.set_xlabel(f"{modelled(report)}seconds since step start")
     ax.set_ylabel("fraction of trajectories done")
     ax.set_title(f"trajectory completion CDF: {title}")
     if many:
@@ -183,7 +189,7 @@ def plot(report: dict[str, Any], timelines: list[list[tuple[float, int]]], out: 
             )
             ax.axvline(offset, color="grey", lw=0.5)
         offset += s["modeled_makespan_s"]
-    ax.set_xlabel("modelled seconds (steps back to back)")
+    ax.set_xlabel(f"{modelled(report)}seconds (steps back to back)")
     ax.set_ylabel(f"in flight / capacity {capacity} (%)")
     ax.set_title(f"engine-busy timeline: {title}")
     fig.tight_layout()

@@ -21,7 +21,7 @@ from ..clock import VirtualTimeDeadlock, run_virtual
 from ..engines.openai_engine import EngineUnreachable
 from ..gateway_client import GatewayUnreachable
 from ..policies import build_policy
-from ..report import PLOTS, drop_plots_not_written, plot, print_table
+from ..report import PLOTS, drop_plots_not_written, modelled, plot, print_table
 from ..session import model_vocab_size
 from ..settings import RolloutSettings
 from .common import (
@@ -381,9 +381,10 @@ def run(
     else:
         print_table(report)
         s = report["summary"]
-        modelled = sum(step["modeled_makespan_s"] for step in report["steps"])
+        makespans = sum(step["modeled_makespan_s"] for step in report["steps"])
         typer.echo(
-            f"{counted(s.get('completed', 0), 'trajectory')} in {modelled:.2f} modelled s "
+            f"{counted(s.get('completed', 0), 'trajectory')} in {makespans:.2f} "
+            f"{modelled(report)}s "
             f"(wall {report['wall']['elapsed_s']:.2f} s); "
             f"engine busy {s.get('engine_busy_fraction', 0):.0%}; wrote {out_dir}/report.json, "
             f"{out_dir}/trajectories.jsonl" + ("" if no_plots else " and PNG plots")

@@ -10,7 +10,7 @@ import pytest
 from rollout_support import plan
 
 from rollout_client.clock import run_virtual
-from rollout_client.report import COMPLETION_PNG, plot
+from rollout_client.report import COMPLETION_PNG, plot, table
 from rollout_client.session import run_rollout
 from rollout_client.settings import RolloutSettings
 from rollout_client.simtools import SimTools, ToolModel
@@ -80,3 +80,30 @@ def test_a_run_of_many_steps_keeps_its_plots_readable(
     assert cdf.axes[0].get_legend() is None and len(cdf.axes[0].get_lines()) == 100
     [colorbar] = cdf.axes[1:]
     assert colorbar.get_ylabel() == "step"
+
+
+@pytest.mark.parametrize(("engine", "word"), [("sim", "modelled "), ("vllm", ""), ("openai", "")])
+def test_a_real_engines_times_are_not_called_modelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, word: str
+) -> None:
+    """vLLM's measured makespan was "makespan, modelled (s)" in the table and the plots."""
+    settings = RolloutSettings(engine="sim", clock="virtual", exact=True, batch=2, steps=1)
+    report = run_virtual(
+        run_rollout(settings, iter([plan(f"t{i}", 64, [(8, None)]) for i in range(2)]))
+    )
+    report["engine"] = engine  # what the labels go by: the figures are a real engine's alike
+    [label_column, _] = table(report).columns
+    assert f"makespan ({word}s)" in list(label_column.cells)
+    drawn: list[str] = []
+    monkeypatch.setattr(
+        matplotlib.pyplot,
+        "close",
+        lambda fig: drawn.extend(f"{ax.get_xlabel()} | {ax.get_ylabel()}" for ax in fig.axes),
+    )
+    plot(report, report["_timelines"], tmp_path)
+    capacity = report["engine_capacity"]
+    assert drawn == [
+        f" | makespan ({word}s)",
+        f"{word}seconds since step start | fraction of trajectories done",
+        f"{word}seconds (steps back to back) | in flight / capacity {capacity} (%)",
+    ]
