@@ -5,7 +5,9 @@ alike (behind the API key when keys are set, like every route but `/healthz` and
 Control calls skip admission and the rate limit (an operator must reach a saturated tool, and
 a gateway whose callers used up their budget: `guard.UNMETERED_PATHS`) and are bounded by
 `CONTROL_TIMEOUT_S`. A read goes to one upstream; a profile change goes to every upstream of the
-tool (each emulator replica holds its own profile) and succeeds only if every one took it.
+tool (each emulator replica holds its own profile) and succeeds only if every one took it. A
+profile read asks every healthy upstream: a replica restarted since the change holds its
+configured profile again, and one upstream's answer said the change held everywhere.
 """
 
 from __future__ import annotations
@@ -56,12 +58,20 @@ def _emulated(request: Request, name: str) -> ToolRuntime:
 
 
 async def _send(
-    runtime: ToolRuntime, method: str, path: str, body: bytes, request: Request
+    runtime: ToolRuntime,
+    method: str,
+    path: str,
+    body: bytes,
+    request: Request,
+    endpoints: list[Endpoint] | None = None,
 ) -> list[UpstreamReply]:
-    """Send to one upstream (GET) or to every upstream (PUT); the tool's failures as HTTP errors.
-    A PUT some upstreams took and others missed says which did what (the replicas now differ)."""
+    """Send to one upstream (GET), to every upstream (PUT) or to `endpoints`; the tool's failures
+    as HTTP errors. A PUT some upstreams took and others missed says which did what (the replicas
+    now differ); a read that some of `endpoints` answered is theirs."""
     headers = {"content-type": "application/json", h.REQUEST_ID: _request_id(request)}
-    endpoints = runtime.backend.endpoints if method == "PUT" else [pick(runtime.backend.endpoints)]
+    if endpoints is None:
+        every = method == "PUT"
+        endpoints = runtime.backend.endpoints if every else [pick(runtime.backend.endpoints)]
 
     async def bounded(endpoint: Endpoint) -> UpstreamReply:
         """Each upstream bounded on its own: one that hangs is named beside those that took the
@@ -79,8 +89,10 @@ async def _send(
     failures = [r for r in results if isinstance(r, BaseException)]
     if not failures:
         return replies
-    if replies:  # some took it
+    if replies and method != "GET":  # some took it
         raise _answered_apart(runtime, results)
+    if replies:  # a read: those that answered
+        return replies
     exc = failures[0]
     if isinstance(exc, _Silent):
         raise HTTPException(
@@ -122,6 +134,27 @@ def _answer(runtime: ToolRuntime, replies: list[UpstreamReply]) -> Response:
     return Response(first.body, first.status, media_type=media, headers=where or None)
 
 
+def _same_profile(runtime: ToolRuntime, replies: list[UpstreamReply]) -> list[UpstreamReply]:
+    """`replies` when every upstream holds one profile, else a 502 naming which holds which."""
+    groups: dict[str, list[str]] = {}
+    for r in replies:
+        try:
+            key = json.dumps(json.loads(r.body), sort_keys=True)
+        except (ValueError, RecursionError):
+            key = r.body.decode("latin-1")
+        groups.setdefault(f"{r.status} {key}", []).append(r.endpoint)
+    if len(groups) == 1:
+        return replies
+    held = "; ".join(
+        f"{', '.join(where)}: profile {n}" for n, where in enumerate(groups.values(), 1)
+    )
+    raise HTTPException(
+        502,
+        f"tool {runtime.name!r}: its upstreams hold different profiles ({held}); an upstream "
+        "restarted since the last PUT holds its configured profile again: PUT the profile again",
+    )
+
+
 def _request_id(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id", "")
 
@@ -152,7 +185,10 @@ _PROFILE_BODY: dict[str, Any] = {
 async def get_profile(name: str, request: Request) -> Response:
     runtime = _emulated(request, name)
     path = f"/v1/emulators/{name}/profile"
-    return _answer(runtime, await _send(runtime, "GET", path, b"", request))
+    endpoints = runtime.backend.endpoints
+    healthy = [e for e in endpoints if e.healthy] or endpoints
+    replies = await _send(runtime, "GET", path, b"", request, healthy)
+    return _answer(runtime, _same_profile(runtime, replies))
 
 
 @router.put(

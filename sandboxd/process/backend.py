@@ -39,16 +39,16 @@ from ..settings import SandboxSettings
 from . import bwrap
 from .batch import Batches, CaseBatch
 from .cgroup_slot import CgroupSlot
-from .cgroups import PREFIX, CgroupPool
+from .cgroups import CgroupPool
 from .execution import ExecContext, Execution, Step
 from .forkserver import ForkFailed, ForkServer, Runner
 from .limits import StepLimits
 from .paths import (
     InvalidPath,
+    claim_workdir_root,
     default_workdir_root,
     fetch_files,
     new_workdir,
-    reap_stale_workdirs,
     remove_workdir,
     stdin_file,
     write_inputs,
@@ -80,6 +80,7 @@ class ProcessBackend:
         self.bwrap: str | None = None
         self.python = DEFAULT_PYTHON  # resolved from the `python` setting at start
         self.root: Path | None = None
+        self._root_lock = -1  # the flock that marks `root` this instance's
         self.cgroups = CgroupPool(
             settings.cgroup_pool_size or settings.concurrency * 2,
             cpu_shares=settings.run_cpu_shares,
@@ -116,9 +117,7 @@ class ProcessBackend:
         root_parent = Path(s.workdir_root) if s.workdir_root else default_workdir_root()
         try:  # a file there, or a place not writable, was a bare OSError naming no setting
             root_parent.mkdir(parents=True, exist_ok=True)
-            reap_stale_workdirs(root_parent)
-            self.root = root_parent / f"{PREFIX}{os.getpid()}"
-            self.root.mkdir(mode=0o700, exist_ok=True)
+            self.root, self._root_lock = claim_workdir_root(root_parent)
         except OSError as exc:
             raise SandboxUnavailable(
                 f"cannot make run directories in {root_parent} ({exc.strerror or exc}); set "
@@ -169,6 +168,9 @@ class ProcessBackend:
         await self.cgroups.close()
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._root_lock >= 0:
+            os.close(self._root_lock)
+            self._root_lock = -1
         if self._devnull >= 0:
             os.close(self._devnull)
             self._devnull = -1

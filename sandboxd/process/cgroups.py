@@ -31,6 +31,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .cgroup_slot import (
@@ -113,6 +114,31 @@ def _gone_owner(d: Path) -> bool:
     return int(pid) == os.getpid() or _left_by_dead_instance(d, int(pid))
 
 
+def claim_instance_dir(parent: Path, mode: int = 0o777) -> tuple[Path, int]:
+    """This instance's dir under `parent`, named with its pid (`-<n>` after it when a live
+    instance holds that name), and the fd of the flock that marks it this instance's for its
+    lifetime (`reap_dead_instances` never takes a dir someone holds)."""
+    for n in range(1000):
+        d = parent / (f"{PREFIX}{os.getpid()}" + (f"-{n}" if n else ""))
+        for _ in range(2):  # again if another instance reaped it between mkdir and lock
+            d.mkdir(mode=mode, exist_ok=True)
+            if (fd := _lock(d)) is not None:
+                return d, fd
+    raise OSError(f"every {PREFIX}{os.getpid()}-<n> is held by another instance")
+
+
+def reap_dead_instances(parent: Path, remove: Callable[[Path], None]) -> None:
+    """`remove` each dir under `parent` left by an instance that is gone and that no live
+    instance holds, with its lock held (an instance starting now does not take it meanwhile)."""
+    with contextlib.suppress(OSError):
+        for d in parent.glob(f"{PREFIX}*"):
+            if _gone_owner(d) and (fd := _lock(d)) is not None:
+                try:
+                    remove(d)
+                finally:
+                    os.close(fd)
+
+
 class CgroupPool:
     """Pre-created per-run cgroups under `<own cgroup>/toolenv-sandboxd-<pid>/`."""
 
@@ -173,25 +199,14 @@ class CgroupPool:
 
     def _claim(self, parent: Path) -> Path:
         """This instance's base under `parent`, named with its pid, locked for its lifetime."""
-        for n in range(1000):
-            base = parent / (f"{PREFIX}{os.getpid()}" + (f"-{n}" if n else ""))
-            for _ in range(2):  # again if another instance reaped it between mkdir and lock
-                base.mkdir(exist_ok=True)
-                if (fd := _lock(base)) is not None:
-                    self._locks.append(fd)
-                    return base
-        raise OSError(f"every {PREFIX}{os.getpid()}-<n> is held by another instance")
+        base, fd = claim_instance_dir(parent)
+        self._locks.append(fd)
+        return base
 
     @staticmethod
     def _reap_stale(parent: Path) -> None:
         """Remove cgroups left by an earlier instance that died without closing."""
-        with contextlib.suppress(OSError):
-            for d in parent.glob(f"{PREFIX}*"):
-                if _gone_owner(d) and (fd := _lock(d)) is not None:
-                    try:  # held while removed: an instance starting now does not take it
-                        _kill_and_remove_children(d)
-                    finally:
-                        os.close(fd)
+        reap_dead_instances(parent, _kill_and_remove_children)
 
     def _create(self) -> CgroupSlot:
         self._counter += 1

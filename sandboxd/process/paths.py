@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from ..languages import Language
 from ..models import RunSpec
-from .cgroups import PREFIX
+from .cgroups import claim_instance_dir, reap_dead_instances
 
 _SOURCE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
@@ -58,13 +58,14 @@ def default_workdir_root() -> Path:
     return Path(tempfile.gettempdir())
 
 
-def reap_stale_workdirs(parent: Path) -> None:
-    """Remove the run dirs of an earlier instance (named with a pid that no longer runs)."""
-    with contextlib.suppress(OSError):
-        for d in parent.glob(f"{PREFIX}*"):
-            pid = d.name.removeprefix(PREFIX)
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                shutil.rmtree(d, ignore_errors=True)
+def claim_workdir_root(parent: Path) -> tuple[Path, int]:
+    """This instance's dir for run dirs under `parent` and the fd of its lock, after removing
+    those of instances that are gone, as the cgroups are: a dead pid, or this one's (a restarted
+    container's service has its predecessor's pid, and took over its dir with every run dir it
+    left), and no live instance holding it (two sharing `parent` shared one dir, and the first
+    to stop removed the other's runs)."""
+    reap_dead_instances(parent, partial(shutil.rmtree, ignore_errors=True))
+    return claim_instance_dir(parent, mode=0o700)
 
 
 def new_workdir(root: Path) -> Path:

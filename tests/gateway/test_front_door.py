@@ -71,6 +71,34 @@ def test_a_profile_change_reaches_every_proxied_emulator(gateway, toolenv_server
     assert httpx.get(gw.url + "/v1/emulators/reward/profile", timeout=10).json()["tool"] == "reward"
 
 
+def test_a_profile_read_says_when_the_replicas_hold_different_profiles(
+    gateway, toolenv_server, tmp_path
+) -> None:
+    """An emulator restarted (a crash) after a PUT through the gateway holds its configured
+    profile again. Before, the gateway's GET asked one upstream and answered 200 with the PUT's
+    profile whichever it asked, while half the calls went to the other profile."""
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(PROFILES)
+    ups = [toolenv_server("emulators", "serve", "--config", str(config)) for _ in range(2)]
+    gw = gateway(_emulator_tools("proxy", *(u.url for u in ups)))
+    put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
+    assert put.status_code == 200, put.text
+    got = httpx.get(gw.url + "/v1/emulators/search/profile", timeout=10)
+    assert got.status_code == 200 and got.json()["model"] == SLOW["model"], got.text
+    # the second replica restarted: its configured profile, as the test's config says
+    configured = {"tool": "search", "model": {"kind": "constant", "value_s": 0.0}}
+    httpx.put(ups[1].url + "/v1/emulators/search/profile", json=configured, timeout=10)
+    for _ in range(4):  # whichever upstream a single read would have gone to
+        got = httpx.get(gw.url + "/v1/emulators/search/profile", timeout=10)
+        assert got.status_code == 502, got.text
+        detail = got.json()["detail"]
+        assert detail.startswith("tool 'search': its upstreams hold different profiles ("), detail
+        assert f"{ups[0].url}: profile 1" in detail and f"{ups[1].url}: profile 2" in detail
+    put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
+    got = httpx.get(gw.url + "/v1/emulators/search/profile", timeout=10)
+    assert got.status_code == 200 and got.json()["model"] == SLOW["model"], got.text
+
+
 def test_a_profile_change_one_upstream_missed_says_which_took_it(
     gateway, toolenv_server, tmp_path
 ) -> None:
