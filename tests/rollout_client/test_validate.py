@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.figure
+import matplotlib.pyplot
 import pytest
 from rollout_support import endless_cost_profile
 from typer.testing import CliRunner
@@ -18,7 +20,7 @@ from rollout_client.engines.costmodel import BUILTIN_PROFILES
 from rollout_client.engines.eventsim import EventSimEngine
 from rollout_client.session import run_rollout
 from rollout_client.settings import RolloutSettings
-from rollout_client.validate import fit_cost_model, recorded_timings, validate_step
+from rollout_client.validate import fit_cost_model, plot_step, recorded_timings, validate_step
 from rollout_client.workloads.replay import plan_from_record
 from toolenv.cli import build_app
 from toolenv_core.polytrace import read_multiturn
@@ -342,3 +344,19 @@ def test_a_save_profile_that_cannot_be_written_is_refused_before_the_fit(
     args = ["validate", "--fit", str(steps[0]), "--trace", str(tmp_path / "nowhere.jsonl")]
     result = CliRunner().invoke(app, [*args, "--save-profile", str(other)])
     assert result.exit_code == 2 and not other.exists(), result.output
+
+
+def test_validate_plot_draws_a_step_of_one_trajectory(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The completion CDFs were lines through the sorted points: a step of one trajectory (one
+    point each) left the panel empty under its legend."""
+    drawn: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(matplotlib.pyplot, "close", drawn.append)
+    records = _step(polytrace_dir, 0, 1)
+    result = plot_step(records, BUILTIN_PROFILES["searchr1-qwen7b"], tmp_path / "v.png", "one")
+    [fig] = drawn
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    for name, key in (("recorded", "makespan_recorded_s"), ("simulated", "makespan_simulated_s")):
+        assert set(lines[name].get_ydata()) == {0.0, 1.0}
+        assert max(lines[name].get_xdata()) == pytest.approx(result[key], abs=0.01)
