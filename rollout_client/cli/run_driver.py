@@ -12,6 +12,7 @@ from toolenv_core.console import counted
 from toolenv_core.polytrace.kinds import files_of_kind, repeat_notes
 
 from ..policies import build_policy
+from ..report import write_json
 from ..session import build_live, build_plans, context_too_long, run_rollout, tool_profile_problems
 from ..settings import RolloutSettings
 
@@ -115,6 +116,8 @@ async def run_with_progress(
     report["notes"] = notes + [
         note for note in (lag_note(report), scaled_tools_note(report)) if note is not None
     ]
+    # again, with the notes: report.json lacked what `--json` said (a CPU-starved simulator's)
+    write_json({k: v for k, v in report.items() if not k.startswith("_")}, out_dir / "report.json")
     return report
 
 

@@ -64,6 +64,20 @@ def test_no_plots_into_an_earlier_runs_directory_leaves_no_plot_of_that_run(
     assert json.loads((tmp_path / "report.json").read_text())["policy"] == "sync"
 
 
+def test_report_json_holds_the_notes_json_prints(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--json` printed the run's notes (a selection short of its steps, a CPU-starved
+    simulator), but report.json, written before them, had none: read later, it did not say."""
+    done = rollout_run(polytrace_dir, tmp_path, "--limit", "2", "--batch", "2", "--steps", "2")
+    assert done.returncode == 0, done.stderr
+    notes = json.loads((tmp_path / "report.json").read_text())["notes"]
+    assert len(notes) == 1 and notes[0].startswith("note: 2 trajectories selected"), notes
+    assert notes[0] in done.stderr
+    done = rollout_run(
+        polytrace_dir, tmp_path, "--limit", "2", "--batch", "2", "--steps", "2", "--json"
+    )
+    assert json.loads(done.stdout) == json.loads((tmp_path / "report.json").read_text())
+
+
 def test_study_no_plots_into_an_earlier_studys_directory_leaves_no_plot_of_that_study(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
