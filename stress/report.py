@@ -13,6 +13,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from toolenv_core.outputs import written_whole
 from toolenv_core.plotting import pyplot
 
 from .ramp import RampResult, RampStep
@@ -230,7 +231,7 @@ def write_hdr(result: LoadResult, out: IO[str] | Path) -> None:
     Readable by `hdrh.log.HistogramLogReader` and HdrHistogram's HistogramLogAnalyzer.
     """
     if isinstance(out, Path):
-        with out.open("w") as fh:
+        with written_whole(out) as fh:
             write_hdr(result, fh)
         return
     out.write("#[Histogram log format version 1.2]\n")
