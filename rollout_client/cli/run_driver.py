@@ -103,6 +103,9 @@ async def run_with_progress(
         )
 
     def on_step(metrics: dict) -> None:
+        if state["task"] is not None:  # a step the selection left short of --batch ended at
+            # "1/2", as if one trajectory were unfinished: the bar ends at what the step ran
+            progress.update(state["task"], total=metrics["completed"] + metrics["failed"])
         state["step"] = metrics["step"] + 1
         state["task"] = None
 

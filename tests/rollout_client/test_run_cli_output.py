@@ -111,6 +111,19 @@ def test_a_report_the_disk_cannot_hold_leaves_the_earlier_run_whole(
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_a_step_the_selection_leaves_short_ends_its_bar_full(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """3 trajectories in steps of 2: the second step ran its one and its bar ended at `1/2`, as
+    if a trajectory were left unfinished (the report said 1 launched, 1 completed)."""
+    done = rollout_run(polytrace_dir, tmp_path, "--limit", "3", "--batch", "2", "--steps", "3")
+    assert done.returncode == 0, done.stderr
+    bars = [line.split() for line in done.stderr.splitlines() if line.startswith("step ")]
+    assert [(bar[1], bar[3]) for bar in bars] == [("0", "2/2"), ("1", "1/1")], done.stderr
+    steps = json.loads((tmp_path / "report.json").read_text())["steps"]
+    assert [(s["launched"], s["completed"]) for s in steps] == [(2, 2), (1, 1)]
+
+
 def test_study_no_plots_into_an_earlier_studys_directory_leaves_no_plot_of_that_study(
     polytrace_dir: Path, tmp_path: Path
 ) -> None:
