@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -48,6 +48,20 @@ def output_file_problem(
     except OSError as exc:
         return f"cannot write in {folder}: {exc.strerror or exc}"
     return None
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """`a` and `b` name one file, by path (through links and `..`) or, both existing, by inode."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
+def input_overwritten(out: Path, inputs: Iterable[Path]) -> Path | None:
+    """The input that writing `out` would replace, or None: `describe P --plot P` replaced the
+    profile with its PNG, `fit T --out T` the trace with its profile, exit 0."""
+    return next((p for p in inputs if same_file(out, p)), None)
 
 
 def output_dir_problem(path: Path) -> str | None:

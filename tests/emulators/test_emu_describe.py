@@ -231,3 +231,15 @@ def test_describe_plot_draws_a_one_call_trace(
     [fig] = drawn
     [trace] = [line for line in fig.axes[0].get_lines() if line.get_label() == "trace (n=1)"]
     assert set(trace.get_xdata()) == {0.07} and set(trace.get_ydata()) == {0.0, 1.0}
+
+
+def test_describe_plot_onto_what_it_reads_is_refused(tmp_path: Path) -> None:
+    """`--plot` naming the profile (or a --data trace) wrote the PNG over it, exit 0."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(packaged_profile_path("search_default").read_text())
+    before = profile.read_bytes()
+    result = runner.invoke(app, ["emulators", "describe", str(profile), "--plot", str(profile)])
+    assert result.exit_code == 2, result.output
+    said = f"error: cannot write the plot to {profile}: it is {profile}, read here; name a PNG file"
+    assert result.stderr == said + "\n"
+    assert profile.read_bytes() == before
