@@ -360,3 +360,19 @@ def test_validate_plot_draws_a_step_of_one_trajectory(
     for name, key in (("recorded", "makespan_recorded_s"), ("simulated", "makespan_simulated_s")):
         assert set(lines[name].get_ydata()) == {0.0, 1.0}
         assert max(lines[name].get_xdata()) == pytest.approx(result[key], abs=0.01)
+
+
+def test_save_profile_onto_a_step_it_fits_is_refused(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--fit S --save-profile S` wrote the fitted cost profile over the recorded step, exit 0."""
+    source = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    fit_step, report_step = tmp_path / "fit.jsonl", tmp_path / "report.jsonl"
+    lines = source.open().readlines()
+    fit_step.write_text("".join(lines[:4]))
+    report_step.write_text("".join(lines[4:8]))
+    before = fit_step.read_bytes()
+    args = ["validate", "--trace", str(report_step), "--fit", str(fit_step)]
+    result = CliRunner().invoke(app, [*args, "--save-profile", str(fit_step)])
+    assert result.exit_code == 2, result.output
+    said = f"error: --save-profile {fit_step}: is the step {fit_step} it fits; name another file"
+    assert result.stderr == said + "\n"
+    assert fit_step.read_bytes() == before
