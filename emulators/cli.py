@@ -17,7 +17,7 @@ from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import config_error
 from toolenv_core.console import report_console
 from toolenv_core.latency.profile import ProfileError, load_profile, save_profile
-from toolenv_core.outputs import output_file_problem
+from toolenv_core.outputs import input_overwritten, output_file_problem
 from toolenv_core.polytrace import TraceFormatError, iter_latencies
 from toolenv_core.polytrace.kinds import kind_of_file, repeat_notes
 from toolenv_core.polytrace.latencies import expand_paths, no_calls_message
@@ -91,7 +91,10 @@ def fit_command(
     console = report_console(stderr=as_json)
     wanted = {"multiturn", "call_log"} | ({"reward_timings"} if tool == "reward" else set())
     try:
-        used = [p for p in expand_paths(traces) if p.is_file() and kind_of_file(p) in wanted]
+        given = expand_paths(traces)
+        if out is not None and (same := input_overwritten(out, given)) is not None:
+            raise _fail(f"--out {out}: is the trace {same} it reads; name another file")
+        used = [p for p in given if p.is_file() and kind_of_file(p) in wanted]
         for note in repeat_notes(used, "TRACE", "its calls are fitted"):
             typer.echo(note, err=True)
         with console.status(f"reading {tool} calls from {len(traces)} path(s)..."):
@@ -181,6 +184,11 @@ def describe_command(
     ):
         raise _fail(f"cannot write the plot to {plot}: {problem}")
     try:
+        read = [profile_path, *expand_paths(data or [])]
+        if plot is not None and (same := input_overwritten(plot, read)) is not None:
+            raise _fail(
+                f"cannot write the plot to {plot}: it is {same}, read here; name a PNG file"
+            )
         profile = load_profile(profile_path)
         recorded = successful_latencies(data, profile.tool) if data else None
         report = describe(profile, recorded, samples, seed)

@@ -153,14 +153,8 @@ def plot_cdf(
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     ax.plot(samples, levels, label=f"profile ({profile.model.kind}, n={n})")
     if data is not None:
-        d = np.sort(data)
-        ax.step(
-            d,
-            np.arange(1, d.size + 1) / d.size,
-            where="post",
-            label=f"trace (n={d.size})",
-            alpha=0.8,
-        )
+        # a step CDF from 0: `step` through the points drew nothing for a one-call trace
+        ax.ecdf(data, label=f"trace (n={data.size})", alpha=0.8)
     positive = samples[samples > 0]
     if positive.size and positive.max() / max(positive.min(), 1e-9) > 50:
         ax.set_xscale("log")

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from toolenv_core.console import report_console
+from toolenv_core.outputs import write_whole
 from toolenv_core.plotting import pyplot
 
 MAKESPAN_PNG, COMPLETION_PNG, BUSY_PNG = "makespan.png", "completion_cdf.png", "engine_busy.png"
@@ -31,7 +32,7 @@ def drop_plots_not_written(out: Path, names: Iterable[str], written: Iterable[Pa
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_whole(path, json.dumps(report, indent=2) + "\n")
 
 
 _ROWS: list[tuple[str, str]] = [

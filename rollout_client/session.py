@@ -16,6 +16,7 @@ from typing import Any
 from toolenv_core.console import counted
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.latency import load_profile
+from toolenv_core.outputs import write_whole, written_whole
 from toolenv_core.polytrace import write_multiturn
 from toolenv_core.polytrace.kinds import files_of_kind
 
@@ -319,9 +320,9 @@ async def run_rollout(
         report["tools"] = asdict(gateway.stats)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / "trajectories.jsonl").open("w") as f:
+        with written_whole(out_dir / "trajectories.jsonl") as f:
             write_multiturn(records, f)
-        (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_whole(out_dir / "report.json", json.dumps(report, indent=2) + "\n")
     report["_timelines"] = timelines  # for plots and studies; popped before JSON output
     report["_records"] = records
     return report

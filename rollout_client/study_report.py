@@ -134,11 +134,14 @@ def plot(study: dict[str, Any], out: Path) -> list[Path]:
     rows = -(-len(scenarios) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
     for ax, name in zip(axes.flat, scenarios, strict=False):
-        pts = [c for c in cells if c["scenario"] == name]
-        for c in pts:
-            ax.scatter(100 * c["calls_cut_share"], c["speedup_over_sync"] or 0, s=18)
-            ax.annotate(c["policy"], (100 * c["calls_cut_share"], c["speedup_over_sync"] or 0),
-                        fontsize=6, xytext=(3, 2), textcoords="offset points")  # fmt: skip
+        at: dict[tuple[float, float], list[str]] = {}
+        for c in (c for c in cells if c["scenario"] == name):
+            xy = (100 * c["calls_cut_share"], c["speedup_over_sync"] or 0)
+            ax.scatter(*xy, s=18)
+            at.setdefault(xy, []).append(c["policy"])
+        for xy, names in at.items():  # policies at one point wrote their names over each other
+            ax.annotate("\n".join(names), xy, fontsize=6, xytext=(3, 2),
+                        textcoords="offset points", va="bottom")  # fmt: skip
         ax.axvline(1.0, color="grey", lw=0.6, ls="--")
         ax.axhline(1.0, color="grey", lw=0.6)
         ax.set_title(titles[name], fontsize=9)

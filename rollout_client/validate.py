@@ -122,8 +122,9 @@ def plot_step(
     panels = [("trajectory completion time (s)", 0), ("engine latency per turn (s)", 1)]
     for ax, (label, k) in zip(axes, panels, strict=True):
         for name, arrays, style in (("recorded", recorded, "-"), ("simulated", simulated, "--")):
-            x = np.sort(arrays[k])
-            ax.plot(x, np.arange(1, len(x) + 1) / len(x), style, label=name)
+            # a step CDF from 0: a line through the points drew nothing for one trajectory (one
+            # point) and sloped between the others
+            ax.ecdf(arrays[k], linestyle=style, label=name)
         ax.set_xlabel(label)
         ax.set_ylabel("fraction")
         ax.legend(fontsize=8)

@@ -31,6 +31,7 @@ from rich.markup import escape
 
 from toolenv_core.console import report_console
 from toolenv_core.http1 import Endpoint, TargetURLError
+from toolenv_core.outputs import write_whole
 
 from .loop import run_load
 from .options import check_loop_options, check_open_loop, check_outputs, check_ramp_options
@@ -429,7 +430,7 @@ def _emit(report: dict[str, Any], as_json: bool, out: Path | None) -> None:
     if as_json:
         typer.echo(text)
     if out is not None:
-        out.write_text(text + "\n")
+        write_whole(out, text + "\n")
 
 
 def _files(result: LoadResult, plot: Path | None, hdr: Path | None) -> None:

@@ -4,11 +4,12 @@ not write is bad input (exit 2), found before the load rather than after it."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import typer
 
-from toolenv_core.outputs import output_file_problem
+from toolenv_core.outputs import output_file_problem, same_file
 
 from .slo import SLO
 from .spec import LoadSpec
@@ -73,3 +74,7 @@ def check_outputs(**paths: Path | None) -> None:
     for option, path in paths.items():
         if path is not None and (problem := output_file_problem(path)):
             raise ValueError(f"--{option} {path}: {problem}")
+    given = [(option, path) for option, path in paths.items() if path is not None]
+    for (first, a), (second, b) in itertools.combinations(given, 2):
+        if same_file(a, b):  # `--out r --hdr r`: the HDR log was written over the report, exit 0
+            raise ValueError(f"--{second} {b}: is --{first} too; name another file")

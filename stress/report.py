@@ -13,6 +13,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from toolenv_core.outputs import written_whole
 from toolenv_core.plotting import pyplot
 
 from .ramp import RampResult, RampStep
@@ -230,7 +231,7 @@ def write_hdr(result: LoadResult, out: IO[str] | Path) -> None:
     Readable by `hdrh.log.HistogramLogReader` and HdrHistogram's HistogramLogAnalyzer.
     """
     if isinstance(out, Path):
-        with out.open("w") as fh:
+        with written_whole(out) as fh:
             write_hdr(result, fh)
         return
     out.write("#[Histogram log format version 1.2]\n")
@@ -291,13 +292,17 @@ def write_plot(result: LoadResult, path: Path, title: str | None = None) -> None
     if bad.any():
         ax2.scatter(result.scheduled[bad], lat[bad], s=4, color="red", alpha=0.6, label="error")
     buckets = result.summary()["over_time"]
-    ts = [b["t_s"] for b in buckets]
-    ax2.plot(ts, [b["p99_ms"] for b in buckets], color="black", linewidth=1, label="p99 per slice")
+    p99 = [b["p99_ms"] for b in buckets]
+    if not all(math.isnan(v) for v in p99):  # none answered ok: no line under its name
+        ts = [b["t_s"] for b in buckets]
+        ax2.plot(ts, p99, color="black", linewidth=1, label="p99 per slice")
     ax2.set_xlabel("scheduled send time (s)")
     ax2.set_ylabel("latency from schedule (ms)")
     ax2.set_title("latency over time")
     ax2.grid(True, alpha=0.3)
-    ax2.legend(fontsize=8, loc="upper right")
+    if ax2.get_legend_handles_labels()[0]:
+        # where it hides the fewest points: fixed upper right, it hid a late spike, the run's max
+        ax2.legend(fontsize=8, loc="best")
     fig.suptitle(title or describe(result.summary()), fontsize=10)
     fig.tight_layout()
     try:

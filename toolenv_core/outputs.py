@@ -3,14 +3,17 @@
 Every CLI that writes a report, a profile or a plot checks its paths here first: a path found bad
 after minutes of fitting or replaying lost that work, and each command had spelled its own check
 (one made missing directories, one refused them, one never tried to write there). A problem reads
-as the tail of a `--option PATH: ...` message.
+as the tail of a `--option PATH: ...` message. Reports are then written whole (`written_whole`).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 
 def nearest_existing_parent(path: Path) -> Path:
@@ -47,6 +50,20 @@ def output_file_problem(
     return None
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """`a` and `b` name one file, by path (through links and `..`) or, both existing, by inode."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
+def input_overwritten(out: Path, inputs: Iterable[Path]) -> Path | None:
+    """The input that writing `out` would replace, or None: `describe P --plot P` replaced the
+    profile with its PNG, `fit T --out T` the trace with its profile, exit 0."""
+    return next((p for p in inputs if same_file(out, p)), None)
+
+
 def output_dir_problem(path: Path) -> str | None:
     """What stops files being written in the directory `path`, made if missing (None: nothing)."""
     try:
@@ -62,3 +79,30 @@ def output_dir_problem(path: Path) -> str | None:
     except OSError as exc:
         return f"cannot write in {folder}: {exc.strerror or exc}"
     return None
+
+
+@contextmanager
+def written_whole(path: Path) -> Iterator[IO[str]]:
+    """A text file written beside `path` and renamed onto it once whole: a write cut short (a full
+    disk, a file-size limit) left the report that was there cut short, no longer parsing. A
+    failed write's error names `path` (it named no file: "cannot write None")."""
+    real = path.resolve()  # through a symlink, as writing in place did
+    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o644)  # as a file written in place: mkstemp's is owner-only
+            yield f
+        os.replace(tmp, real)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        exc.filename = exc.filename if exc.filename and exc.filename != tmp else str(path)
+        raise
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`path.write_text(text)`, whole or not at all (`written_whole`)."""
+    with written_whole(path) as f:
+        f.write(text)

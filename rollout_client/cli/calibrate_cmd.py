@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from toolenv_core.console import counted
-from toolenv_core.outputs import output_file_problem
+from toolenv_core.outputs import input_overwritten, output_file_problem
 from toolenv_core.polytrace.kinds import files_of_kind
 from toolenv_core.sigterm import ends_by_sigterm, sigterm_cancels
 
@@ -113,6 +113,8 @@ def calibrate(
             n_check = math.ceil(check_trajectories * 1.25)  # overlap launches N * 1.25
             scale = LengthScale(check_length_scale, None, check_max_output, 4 * check_max_output)
             files = files_of_kind([check], "multiturn")
+            if (same := input_overwritten(out, files)) is not None:  # after minutes of measuring
+                fail(f"--out {out}: is the trace {same} --check reads; name another file")
             limit = 2 * n_check  # the check set, then as many again to calibrate on
             plans = list(replay_plans(files, scale=scale, exact=True, limit=limit))
             if len(plans) < limit:

@@ -369,6 +369,10 @@ def run(
             fail(str(exc))
         except ValueError as exc:
             fail(one_line(exc))
+        except OSError as exc:  # writing the report (a full disk): a traceback, exit 1
+            if exc.filename is None:
+                raise
+            fail(f"--out {out_dir}: cannot write {exc.filename}: {exc.strerror or exc}")
     timelines = report.pop("_timelines", [])
     records = report.pop("_records", None) or []
     for note in [*report["notes"], *tool_error_note(report["summary"], records)]:

@@ -12,6 +12,7 @@ from toolenv_core.console import counted
 from toolenv_core.polytrace.kinds import files_of_kind, repeat_notes
 
 from ..policies import build_policy
+from ..report import write_json
 from ..session import build_live, build_plans, context_too_long, run_rollout, tool_profile_problems
 from ..settings import RolloutSettings
 
@@ -102,6 +103,9 @@ async def run_with_progress(
         )
 
     def on_step(metrics: dict) -> None:
+        if state["task"] is not None:  # a step the selection left short of --batch ended at
+            # "1/2", as if one trajectory were unfinished: the bar ends at what the step ran
+            progress.update(state["task"], total=metrics["completed"] + metrics["failed"])
         state["step"] = metrics["step"] + 1
         state["task"] = None
 
@@ -115,6 +119,8 @@ async def run_with_progress(
     report["notes"] = notes + [
         note for note in (lag_note(report), scaled_tools_note(report)) if note is not None
     ]
+    # again, with the notes: report.json lacked what `--json` said (a CPU-starved simulator's)
+    write_json({k: v for k, v in report.items() if not k.startswith("_")}, out_dir / "report.json")
     return report
 
 

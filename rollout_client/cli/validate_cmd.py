@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from toolenv_core.console import report_console
-from toolenv_core.outputs import output_dir_problem, output_file_problem
+from toolenv_core.outputs import input_overwritten, output_dir_problem, output_file_problem
 from toolenv_core.polytrace import TraceFormatError
 from toolenv_core.polytrace.kinds import files_of_kind
 
@@ -58,6 +58,10 @@ def validate(
         if fit:
             if any(_same_step(f, t) for f in fit for t in trace):
                 fail("--fit and --trace must be different steps (never fit on what you report)")
+            if save_profile is not None and (same := input_overwritten(save_profile, fit)):
+                fail(
+                    f"--save-profile {save_profile}: is the step {same} it fits; name another file"
+                )
             fit_steps = [load_step(p) for p in fit]
             with console.status("fitting the engine model") as status:
                 start = initial_guess(fit_steps[0], cost)

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolenv_core.config import did_you_mean
 from toolenv_core.errors import first_problem
 from toolenv_core.fields import Integer, Number
+from toolenv_core.outputs import write_whole
 
 
 class CostModel(BaseModel):
@@ -110,7 +111,7 @@ class CostModel(BaseModel):
         )
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.model_dump_json(indent=2) + "\n")
+        write_whole(Path(path), self.model_dump_json(indent=2) + "\n")
 
 
 BUILTIN_PROFILES: dict[str, CostModel] = {

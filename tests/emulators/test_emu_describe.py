@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import matplotlib.figure
+import matplotlib.pyplot
+import numpy as np
+import pytest
 from typer.testing import CliRunner
 
+from emulators.describe import plot_cdf
 from emulators.profiles import packaged_profile_path
 from toolenv.cli import build_app
+from toolenv_core.latency import load_profile
 
 app = build_app()
 
@@ -211,3 +217,29 @@ def test_data_without_the_profiles_tool_names_what_chooses_it_not_a_missing_opti
     assert result.stderr.rstrip().endswith(
         "the tools recorded there: search (the trace model's `tool` names one)"
     ), result.stderr
+
+
+def test_describe_plot_draws_a_one_call_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--data` of one call: the trace's CDF was drawn with `step` through its one point, which
+    draws nothing; the legend said `trace (n=1)` over an empty curve."""
+    drawn: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(matplotlib.pyplot, "close", drawn.append)
+    profile = load_profile(packaged_profile_path("search_default"))
+    plot_cdf(profile, np.array([0.07]), tmp_path / "cdf.png", n=1000)
+    [fig] = drawn
+    [trace] = [line for line in fig.axes[0].get_lines() if line.get_label() == "trace (n=1)"]
+    assert set(trace.get_xdata()) == {0.07} and set(trace.get_ydata()) == {0.0, 1.0}
+
+
+def test_describe_plot_onto_what_it_reads_is_refused(tmp_path: Path) -> None:
+    """`--plot` naming the profile (or a --data trace) wrote the PNG over it, exit 0."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(packaged_profile_path("search_default").read_text())
+    before = profile.read_bytes()
+    result = runner.invoke(app, ["emulators", "describe", str(profile), "--plot", str(profile)])
+    assert result.exit_code == 2, result.output
+    said = f"error: cannot write the plot to {profile}: it is {profile}, read here; name a PNG file"
+    assert result.stderr == said + "\n"
+    assert profile.read_bytes() == before

@@ -408,3 +408,19 @@ def test_a_profile_that_cannot_be_written_whole_leaves_the_one_there(tmp_path: P
     assert done.stderr.endswith(f"error: cannot write the profile to {out}: File too large\n")
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.log", "profile.yaml"]
+
+
+def test_fit_out_onto_a_trace_it_reads_is_refused(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`fit T --out T` (or a file of a directory given) wrote the profile over the recorded
+    trace, exit 0: the trace was lost."""
+    trace = tmp_path / "traces" / "step_0.jsonl"
+    trace.parent.mkdir()
+    source = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    trace.write_text("".join(source.open().readlines()[:50]))
+    before = trace.read_bytes()
+    for given in (trace, trace.parent):
+        result = runner.invoke(app, ["emulators", "fit", str(given), "--out", str(trace)])
+        assert result.exit_code == 2, result.output
+        said = f"error: --out {trace}: is the trace {trace} it reads; name another file\n"
+        assert result.stderr == said
+        assert trace.read_bytes() == before

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
 
-from toolenv_core.outputs import output_dir_problem, output_file_problem
+from toolenv_core.outputs import (
+    output_dir_problem,
+    output_file_problem,
+    write_whole,
+    written_whole,
+)
 
 
 @pytest.mark.parametrize("make_parents", [False, True])
@@ -42,3 +49,19 @@ def test_an_output_dir_problem_is_said_before_anything_is_made(tmp_path: Path) -
     )
     assert output_dir_problem(Path("/proc/plots")).startswith("cannot write in /proc: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
+
+
+def test_a_write_cut_short_leaves_the_file_that_was_there(tmp_path: Path) -> None:
+    """A report written in place and cut short (a full disk) was no longer the earlier one nor
+    the new one; the error of a write into the temporary file names the report."""
+    report = tmp_path / "report.json"
+    report.write_text("earlier\n")
+    with pytest.raises(OSError) as failed, written_whole(report) as f:
+        f.write("half of a new rep")
+        f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert failed.value.filename == str(report)
+    assert report.read_text() == "earlier\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    write_whole(report, "new\n")
+    assert report.read_text() == "new\n" and oct(report.stat().st_mode & 0o777) == "0o644"

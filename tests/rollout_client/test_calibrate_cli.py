@@ -59,6 +59,18 @@ def test_an_out_it_cannot_write_is_refused_before_the_calibration(tmp_path: Path
     assert said == f"error: --out {nowhere}: there is no directory {nowhere.parent}"
 
 
+def test_an_out_onto_the_check_trace_is_refused_before_the_engine(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """`--check T --out T` measured for minutes, then wrote the profile over the trace (exit 3
+    here: the closed port was reached first)."""
+    trace = tmp_path / "check.jsonl"
+    source = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    trace.write_text("".join(source.open().readlines()[:200]))
+    said = one_line_error(calibrate("--check", str(trace), "--out", str(trace)))
+    assert said == f"error: --out {trace}: is the trace {trace} --check reads; name another file"
+
+
 @pytest.mark.parametrize(
     ("option", "value", "said"),
     [

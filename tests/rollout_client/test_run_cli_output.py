@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +64,64 @@ def test_no_plots_into_an_earlier_runs_directory_leaves_no_plot_of_that_run(
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "trajectories.jsonl"]
     assert json.loads((tmp_path / "report.json").read_text())["policy"] == "sync"
+
+
+def test_report_json_holds_the_notes_json_prints(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--json` printed the run's notes (a selection short of its steps, a CPU-starved
+    simulator), but report.json, written before them, had none: read later, it did not say."""
+    done = rollout_run(polytrace_dir, tmp_path, "--limit", "2", "--batch", "2", "--steps", "2")
+    assert done.returncode == 0, done.stderr
+    notes = json.loads((tmp_path / "report.json").read_text())["notes"]
+    assert len(notes) == 1 and notes[0].startswith("note: 2 trajectories selected"), notes
+    assert notes[0] in done.stderr
+    done = rollout_run(
+        polytrace_dir, tmp_path, "--limit", "2", "--batch", "2", "--steps", "2", "--json"
+    )
+    assert json.loads(done.stdout) == json.loads((tmp_path / "report.json").read_text())
+
+
+def test_a_report_the_disk_cannot_hold_leaves_the_earlier_run_whole(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """On a disk that filled (a file-size limit here), trajectories.jsonl was cut short beside the
+    earlier run's report.json, and the run ended in an OSError traceback."""
+    small = ("--limit", "4", "--batch", "4", "--no-plots")
+    assert rollout_run(polytrace_dir, tmp_path, *small).returncode == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    limit = len(before["trajectories.jsonl"]) // 2
+
+    def file_size_limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    cmd = [
+        sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
+        "virtual", "--exact", "--trace", str(trace), "--out", str(tmp_path), *small,
+        "--policy", "sync",
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, preexec_fn=file_size_limit
+    )
+    assert done.returncode == 2, done.stderr
+    said = (
+        f"error: --out {tmp_path}: cannot write {tmp_path / 'trajectories.jsonl'}: File too large"
+    )
+    assert said in done.stderr and "Traceback" not in done.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_step_the_selection_leaves_short_ends_its_bar_full(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """3 trajectories in steps of 2: the second step ran its one and its bar ended at `1/2`, as
+    if a trajectory were left unfinished (the report said 1 launched, 1 completed)."""
+    done = rollout_run(polytrace_dir, tmp_path, "--limit", "3", "--batch", "2", "--steps", "3")
+    assert done.returncode == 0, done.stderr
+    bars = [line.split() for line in done.stderr.splitlines() if line.startswith("step ")]
+    assert [(bar[1], bar[3]) for bar in bars] == [("0", "2/2"), ("1", "1/1")], done.stderr
+    steps = json.loads((tmp_path / "report.json").read_text())["steps"]
+    assert [(s["launched"], s["completed"]) for s in steps] == [(2, 2), (1, 1)]
 
 
 def test_study_no_plots_into_an_earlier_studys_directory_leaves_no_plot_of_that_study(

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.figure
+import matplotlib.pyplot
 import numpy as np
 import pytest
 from rollout_support import endless_cost_profile, first_records, sigterm_once, write_trace
@@ -349,3 +351,32 @@ def test_the_report_gives_the_command_as_a_shell_reads_it(
     assert said == (
         f"`toolenv rollout study --trace {trace} --batch 4 --steps 1 --no-plots --out '{out}'`"
     )
+
+
+def test_policies_at_one_point_of_the_pareto_plot_share_one_readable_label(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cells with the same speed-up and calls cut (async and hedge p95 when no hedge fired,
+    overlap carry and abort) wrote their names over each other: `overlap 25% cabort`."""
+    drawn: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(matplotlib.pyplot, "close", drawn.append)
+    trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    args = ["rollout", "study", "--trace", str(trace), "--quick", "--batch", "4", "--steps", "1"]
+    done = CliRunner().invoke(build_app(), [*args, "--out", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    [pareto] = [f for f in drawn if f.get_suptitle().startswith("speed-up against calls cut")]
+    cells = json.loads((tmp_path / "study.json").read_text())["cells"]
+    titles = json.loads((tmp_path / "study.json").read_text())["study"]["scenarios"]
+    shared = 0
+    for ax in pareto.axes:
+        if not ax.get_title():
+            continue  # an empty panel of the grid
+        [scenario] = [name for name, title in titles.items() if title == ax.get_title()]
+        points: dict[tuple[float, float], set[str]] = {}
+        for c in (c for c in cells if c["scenario"] == scenario):
+            xy = (100 * c["calls_cut_share"], c["speedup_over_sync"])
+            points.setdefault(xy, set()).add(c["policy"])
+        labels = {tuple(t.xy): set(t.get_text().split("\n")) for t in ax.texts}
+        assert len(labels) == len(ax.texts) and labels == points
+        shared += sum(len(names) > 1 for names in points.values())
+    assert shared  # the run has such points: the test tests something

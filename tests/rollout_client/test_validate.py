@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.figure
+import matplotlib.pyplot
 import pytest
 from rollout_support import endless_cost_profile
 from typer.testing import CliRunner
@@ -18,7 +20,7 @@ from rollout_client.engines.costmodel import BUILTIN_PROFILES
 from rollout_client.engines.eventsim import EventSimEngine
 from rollout_client.session import run_rollout
 from rollout_client.settings import RolloutSettings
-from rollout_client.validate import fit_cost_model, recorded_timings, validate_step
+from rollout_client.validate import fit_cost_model, plot_step, recorded_timings, validate_step
 from rollout_client.workloads.replay import plan_from_record
 from toolenv.cli import build_app
 from toolenv_core.polytrace import read_multiturn
@@ -342,3 +344,35 @@ def test_a_save_profile_that_cannot_be_written_is_refused_before_the_fit(
     args = ["validate", "--fit", str(steps[0]), "--trace", str(tmp_path / "nowhere.jsonl")]
     result = CliRunner().invoke(app, [*args, "--save-profile", str(other)])
     assert result.exit_code == 2 and not other.exists(), result.output
+
+
+def test_validate_plot_draws_a_step_of_one_trajectory(
+    polytrace_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The completion CDFs were lines through the sorted points: a step of one trajectory (one
+    point each) left the panel empty under its legend."""
+    drawn: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(matplotlib.pyplot, "close", drawn.append)
+    records = _step(polytrace_dir, 0, 1)
+    result = plot_step(records, BUILTIN_PROFILES["searchr1-qwen7b"], tmp_path / "v.png", "one")
+    [fig] = drawn
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    for name, key in (("recorded", "makespan_recorded_s"), ("simulated", "makespan_simulated_s")):
+        assert set(lines[name].get_ydata()) == {0.0, 1.0}
+        assert max(lines[name].get_xdata()) == pytest.approx(result[key], abs=0.01)
+
+
+def test_save_profile_onto_a_step_it_fits_is_refused(polytrace_dir: Path, tmp_path: Path) -> None:
+    """`--fit S --save-profile S` wrote the fitted cost profile over the recorded step, exit 0."""
+    source = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    fit_step, report_step = tmp_path / "fit.jsonl", tmp_path / "report.jsonl"
+    lines = source.open().readlines()
+    fit_step.write_text("".join(lines[:4]))
+    report_step.write_text("".join(lines[4:8]))
+    before = fit_step.read_bytes()
+    args = ["validate", "--trace", str(report_step), "--fit", str(fit_step)]
+    result = CliRunner().invoke(app, [*args, "--save-profile", str(fit_step)])
+    assert result.exit_code == 2, result.output
+    said = f"error: --save-profile {fit_step}: is the step {fit_step} it fits; name another file"
+    assert result.stderr == said + "\n"
+    assert fit_step.read_bytes() == before

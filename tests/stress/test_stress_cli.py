@@ -10,6 +10,8 @@ import threading
 import warnings
 from pathlib import Path
 
+import matplotlib.figure
+import matplotlib.pyplot
 import numpy as np
 import pytest
 from cli_support import app, invoke, runner
@@ -322,3 +324,31 @@ def test_running_text_gives_each_latency_one_unit(fast_server: str) -> None:
     view.update(Progress(-1.2, 0.5, 0, 0, 0, 0, 0.0, math.nan, math.nan))
     console.print(view)
     assert "stress: starting ..." in console.export_text()
+
+
+def test_the_latency_over_time_legend_hides_no_spike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The legend sat in the upper right whatever the data: a stall at the end of a run, its
+    highest points, drew under it; and a run with no ok answer named a `p99 per slice` line that
+    was not drawn."""
+    drawn: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(matplotlib.pyplot, "close", drawn.append)
+    n = 2000
+    scheduled = np.linspace(0.0, 10.0, n, endpoint=False)
+    latency = np.full(n, 0.01)
+    latency[-5:] = 1.0  # the last 25 ms of sends met a 1 s stall
+    for status in (200, 503):
+        result = LoadResult(
+            spec=LoadSpec(url="http://127.0.0.1:9/x", rate=200.0, duration_s=10.0), start=0.0,
+            scheduled=scheduled, sent=scheduled, done=scheduled + latency,
+            status=np.full(n, status, np.int16), error=np.zeros(n, np.int8), captured={},
+            wall_s=11.0, interrupted=False,
+        )  # fmt: skip
+        write_plot(result, tmp_path / f"{status}.png")
+        over_time = drawn.pop().axes[1]
+        legend = over_time.get_legend().get_window_extent()
+        spike = over_time.transData.transform((scheduled[-1], 1000.0 * latency[-1]))
+        assert not legend.contains(*spike), (legend, spike)
+        labels = over_time.get_legend_handles_labels()[1]
+        assert labels == (["ok request", "p99 per slice"] if status == 200 else ["error"])

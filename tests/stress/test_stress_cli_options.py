@@ -234,6 +234,18 @@ def test_an_output_that_is_a_directory_is_refused_before_the_run(
     assert not tmp_path.with_suffix(".png").exists()
 
 
+def test_two_outputs_at_one_path_are_refused_before_the_run(fast_server: str, tmp_path) -> None:
+    """`--out r --hdr r` wrote the HDR log over the JSON report and exited 0 (`--plot` too)."""
+    args = ["--url", fast_server + "/x", "--rate", "100", "--duration", "0.1s", "--quiet"]
+    report = tmp_path / "r"
+    for first, second in (("--out", "--hdr"), ("--out", "--plot"), ("--plot", "--hdr")):
+        also = tmp_path / ".." / tmp_path.name / "r"  # the same file, named another way
+        result = invoke(*args, first, str(report), second, str(also))
+        assert result.exit_code == EXIT_USAGE, result.output
+        assert f"error: {second} {also}: is {first} too; name another file" in result.output
+        assert not report.exists()  # no run
+
+
 def test_an_error_names_a_path_with_brackets_as_given(tmp_path) -> None:
     """rich read the message's `[v2]` as a markup tag (`.../res/o.json` said), and a `[/b]` was
     a MarkupError traceback instead of the one line."""
