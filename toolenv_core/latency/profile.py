@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +13,7 @@ from toolenv_core.fields import Number
 
 from ..config import parse_error
 from ..errors import first_problem
+from ..outputs import write_whole
 from ..polytrace.kinds import CAPTURE, CAPTURE_KEYS, describe, kind_of_file, kind_of_record
 from .specs import Drift, Faulty, LatencyModel, Mixture, TraceReplay
 
@@ -127,22 +126,13 @@ def _trace_given(p: Path) -> ProfileError | None:
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:
-    """Write the profile whole or not at all: into a file beside it, renamed into place. A write
-    that failed (a full disk) left the profile that was there cut short, no longer parsing."""
+    """Write the profile whole or not at all (`write_whole`): a write that failed (a full disk)
+    left the profile that was there cut short, no longer parsing."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     if p.suffix == ".json":
         text = profile.model_dump_json(indent=2, exclude_none=True) + "\n"
     else:
         text = profile.to_yaml()
-    real = p.resolve()  # through a symlink, as writing in place did
-    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)  # as a file written in place: mkstemp's is owner-only
-            f.write(text)
-        os.replace(tmp, real)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_whole(p, text)
     return p
