@@ -159,6 +159,20 @@ def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
     assert res["files"] == {"out.txt": base64.b64encode(b"ABC").decode()}
 
 
+def test_fetch_files_after_a_failed_compile(api: SandboxdServer) -> None:
+    """A compile error still fetches the files asked for, as the Docker agent and SandboxFusion
+    do: the process backend answered `files: {}`, the request's own input file left out."""
+    res = api.run_code(
+        code="int main(void) { return undeclared; }",
+        language="c",
+        files={"in.txt": base64.b64encode(b"kept").decode()},
+        fetch_files=["in.txt", "main"],
+    )
+    assert res["status"] == "Failed" and res["message"] == "compilation failed", res
+    assert res["run_result"] is None
+    assert res["files"] == {"in.txt": base64.b64encode(b"kept").decode()}
+
+
 def test_fetch_files_share_one_cap_in_the_order_asked(api: SandboxdServer) -> None:
     """`max_output_bytes` bounds the fetched files together, as on Docker: it was per file, so an
     answer grew with the number of files (250 of 16 MiB from a run with 4 GB of memory)."""
