@@ -173,6 +173,20 @@ def test_fetch_files_after_a_failed_compile(api: SandboxdServer) -> None:
     assert res["files"] == {"in.txt": base64.b64encode(b"kept").decode()}
 
 
+def test_a_small_max_output_bytes_caps_the_program_not_its_compiler(api: SandboxdServer) -> None:
+    """`max_output_bytes` bounds the program's output; its compile keeps the default cap: gcc was
+    killed at its first warning longer than 64 bytes, and a valid program "Failed" unrun."""
+    code = (
+        "#include <stdio.h>\n"
+        'int main(void) { char *s = 5; for (int i = 0; i < 50; i++) puts("0123456789"); }'
+    )
+    res = api.run_code(code=code, language="c", max_output_bytes=64)
+    assert res["compile_result"]["return_code"] == 0, res["compile_result"]
+    assert "-Wint-conversion" in res["compile_result"]["stderr"]
+    assert res["run_result"]["limit"] == "output", res["run_result"]
+    assert res["run_result"]["stdout"] == "0123456789\n" * 5 + "0123456789"[:9]
+
+
 def test_fetch_files_share_one_cap_in_the_order_asked(api: SandboxdServer) -> None:
     """`max_output_bytes` bounds the fetched files together, as on Docker: it was per file, so an
     answer grew with the number of files (250 of 16 MiB from a run with 4 GB of memory)."""

@@ -177,7 +177,11 @@ THREADS_C = r"""
 #define N 32
 static pthread_barrier_t all_up;
 static void *wait_for_all(void *arg) { pthread_barrier_wait(&all_up); return arg; }
-static int deep(int n) { volatile char pad[1024]; pad[0] = (char)n; return n ? deep(n - 1) + pad[0] : 0; }
+static int deep(int n) {
+  volatile char pad[1024];
+  pad[0] = (char)n;
+  return n ? deep(n - 1) + pad[0] : 0;
+}
 int main(void) {
   pthread_t t[N];
   pthread_barrier_init(&all_up, NULL, N + 1);
