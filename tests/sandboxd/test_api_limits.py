@@ -206,3 +206,13 @@ def test_a_c_program_starts_threads_and_recurses_deep(api: SandboxdServer, memor
     res = api.run_code(code=THREADS_C, language="c", memory_limit_MB=memory_mb, compile_timeout=30)
     assert res["status"] == "Success", res
     assert res["run_result"]["stdout"] == "32 threads, recursion 1\n", res["run_result"]
+
+
+def test_an_exit_code_of_152_with_no_cpu_time_is_not_the_cpu_limit(api: SandboxdServer) -> None:
+    """bwrap reports SIGXCPU as an exit code of 152, read as the CPU limit once the wall time
+    could have spent it on this host's cores: a script that slept then exited 152 was
+    `TimeLimitExceeded`, "CPU-time limit of 3 s exceeded", beside a cpu_time of 0.003 s."""
+    res = api.run_code(code="sleep 1.6; exit 152", language="bash", run_timeout=2)
+    run = res["run_result"]
+    assert run["cpu_time"] is not None and run["cpu_time"] < 0.5, run
+    assert run["status"] == "Finished" and run["limit"] is None, run
