@@ -32,6 +32,19 @@ HELLO = {
 }
 
 
+PWNAME_C = r"""#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+  struct passwd *p = getpwuid(getuid());
+  struct group *g = getgrgid(getgid());
+  printf("%s %s\n", p ? p->pw_name : "?", g ? g->gr_name : "?");
+  return 0;
+}
+"""
+
+
 # ---------------------------------------------------------------- small endpoints
 
 
@@ -141,6 +154,25 @@ def test_a_compiled_programs_own_abort_or_signal_ends_it_as_anywhere(api: Sandbo
     assert res["run_result"]["signal"] == 15 and res["run_result"]["return_code"] == -15
     res = api.run_code(code="import os\nprint(os.getpid())")
     assert res["run_result"]["stdout"] == "1\n", res
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("bash", "whoami; id -gn"),
+        (
+            "python",
+            "import getpass, grp, os\nprint(getpass.getuser(), grp.getgrgid(os.getgid())[0])",
+        ),
+        ("c", PWNAME_C),
+    ],
+)
+def test_the_program_has_a_user_name(api: SandboxdServer, language: str, code: str) -> None:
+    """As in the Docker image, uid 65534 is `nobody` of group `nogroup`: with no /etc/passwd,
+    `whoami` and `getpass.getuser()` failed on this backend only (the host's list stays out)."""
+    res = api.run_code(code=code, language=language, compile_timeout=30)
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"].split() == ["nobody", "nogroup"], res["run_result"]
 
 
 def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
