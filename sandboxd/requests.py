@@ -166,11 +166,13 @@ class RequestBounds:
             cpu_limit=cpu_limit,
             max_output_bytes=max_output_bytes,
         )
+        # the program's limits never squeeze its compiler below the defaults: a max_output_bytes
+        # of 64 killed gcc at its first warning, and the program never ran ("Failed")
         compile_limits = self.limits(
             wall=compile_wall,
             memory_mb=max(run_limits.memory_mb or 0, s.default_memory_mb),
             cpu_limit=None,
-            max_output_bytes=max_output_bytes,
+            max_output_bytes=max(run_limits.max_output_bytes or 0, s.default_output_bytes),
         )
         return RunSpec(
             language=lang.name,

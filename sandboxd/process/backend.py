@@ -300,28 +300,34 @@ class ProcessBackend:
         except (InvalidPath, OSError) as exc:
             result.message = f"could not prepare the working dir: {exc}"
             return result
+        compiled = True
         if spec.prebuilt is None and lang.compile_argv is not None:
             self._compiles += 1
             result.compile = await self._exec(
                 lang.compile_argv, workdir, spec.compile_limits, b"", deadline, slot,
                 as_init=COMPILER_AS_INIT,
             )  # fmt: skip
-            if result.compile.status != ExecStatus.FINISHED or result.compile.exit_code != 0:
+            compiled = (
+                result.compile.status == ExecStatus.FINISHED and result.compile.exit_code == 0
+            )
+            if not compiled:
                 result.message = result.compile.compile_failure()
-                return result
-            if slot is not None:
+            elif slot is not None:
                 slot.reset()
-        result.run = await self._exec(
-            lang.run_argv,
-            workdir,
-            spec.run_limits,
-            spec.stdin.encode(),
-            deadline,
-            slot,
-            warm,
-            runner,
-            as_init=lang.runs_as_init,
-        )
+        if compiled:
+            result.run = await self._exec(
+                lang.run_argv,
+                workdir,
+                spec.run_limits,
+                spec.stdin.encode(),
+                deadline,
+                slot,
+                warm,
+                runner,
+                as_init=lang.runs_as_init,
+            )
+        # after a failed compile too, as the Docker agent and SandboxFusion fetch them (it
+        # answered `files: {}` here, the request's own input files left out)
         cap = spec.run_limits.max_output_bytes or self.settings.max_output_bytes
         result.files = fetch_files(workdir, spec.fetch_files, cap)
         return result

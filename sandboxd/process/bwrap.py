@@ -43,6 +43,14 @@ HANDSHAKE_TIMEOUT_S = 10.0
 CANCELLED_HANDSHAKE_WAIT_S = 1.0  # for the child's pid, when the handshake is cancelled
 
 
+# The program's user and group by name, as in the Docker image (the host's own lists stay out):
+# without them `whoami`, `id -un` and python's `getpass.getuser()` failed on this backend only.
+ACCOUNTS = {
+    "/etc/passwd": Path(__file__).with_name("passwd.txt"),
+    "/etc/group": Path(__file__).with_name("group.txt"),
+}
+
+
 def system_binds() -> list[str]:
     """Read-only /usr plus the /lib, /lib64, /bin, /sbin links (or dirs) of the host."""
     args = ["--ro-bind", "/usr", "/usr"]
@@ -54,6 +62,8 @@ def system_binds() -> list[str]:
             args += ["--ro-bind", str(path), str(path)]
     for etc in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
         args += ["--ro-bind-try", etc, etc]
+    for etc, ours in ACCOUNTS.items():
+        args += ["--ro-bind-try", str(ours), etc]
     return args
 
 

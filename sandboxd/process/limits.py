@@ -63,16 +63,21 @@ class StepLimits:
         the exit status: a program under bwrap's init is reaped there, so the service has no CPU
         time of its own to tell a CPU-limit SIGKILL by) and hard one second later (SIGKILL, for
         a program that ignores SIGXCPU, or is its namespace's init, which the kernel spares it),
-        as the Docker agent sets it."""
+        as the Docker agent sets it. glibc reserves each thread a stack of the stack rlimit, so
+        the address space has room for one per process the run may have: a C program made 5
+        threads at the default 512 MB ("Resource temporarily unavailable")."""
+        stack = min(self.memory_bytes, 256 << 20)
         address_space = (
-            self.memory_bytes * 2 + (512 << 20) if with_cgroup_memory else self.memory_bytes
+            self.memory_bytes * 2 + (512 << 20) + self.pids * stack
+            if with_cgroup_memory
+            else self.memory_bytes
         )
         same = [
             (resource.RLIMIT_AS, address_space),
             (resource.RLIMIT_FSIZE, self.fsize_bytes),
             (resource.RLIMIT_NOFILE, self.nofile),
             (resource.RLIMIT_CORE, 0),
-            (resource.RLIMIT_STACK, min(self.memory_bytes, 256 << 20)),
+            (resource.RLIMIT_STACK, stack),
         ]
         return [
             (resource.RLIMIT_CPU, self.cpu_s, self.cpu_s + 1),

@@ -32,6 +32,19 @@ HELLO = {
 }
 
 
+PWNAME_C = r"""#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+  struct passwd *p = getpwuid(getuid());
+  struct group *g = getgrgid(getgid());
+  printf("%s %s\n", p ? p->pw_name : "?", g ? g->gr_name : "?");
+  return 0;
+}
+"""
+
+
 # ---------------------------------------------------------------- small endpoints
 
 
@@ -143,6 +156,25 @@ def test_a_compiled_programs_own_abort_or_signal_ends_it_as_anywhere(api: Sandbo
     assert res["run_result"]["stdout"] == "1\n", res
 
 
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("bash", "whoami; id -gn"),
+        (
+            "python",
+            "import getpass, grp, os\nprint(getpass.getuser(), grp.getgrgid(os.getgid())[0])",
+        ),
+        ("c", PWNAME_C),
+    ],
+)
+def test_the_program_has_a_user_name(api: SandboxdServer, language: str, code: str) -> None:
+    """As in the Docker image, uid 65534 is `nobody` of group `nogroup`: with no /etc/passwd,
+    `whoami` and `getpass.getuser()` failed on this backend only (the host's list stays out)."""
+    res = api.run_code(code=code, language=language, compile_timeout=30)
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"].split() == ["nobody", "nogroup"], res["run_result"]
+
+
 def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
     code = (
         "import os\n"
@@ -157,6 +189,34 @@ def test_files_in_and_fetch_files_out(api: SandboxdServer) -> None:
     )
     assert res["status"] == "Success", res
     assert res["files"] == {"out.txt": base64.b64encode(b"ABC").decode()}
+
+
+def test_fetch_files_after_a_failed_compile(api: SandboxdServer) -> None:
+    """A compile error still fetches the files asked for, as the Docker agent and SandboxFusion
+    do: the process backend answered `files: {}`, the request's own input file left out."""
+    res = api.run_code(
+        code="int main(void) { return undeclared; }",
+        language="c",
+        files={"in.txt": base64.b64encode(b"kept").decode()},
+        fetch_files=["in.txt", "main"],
+    )
+    assert res["status"] == "Failed" and res["message"] == "compilation failed", res
+    assert res["run_result"] is None
+    assert res["files"] == {"in.txt": base64.b64encode(b"kept").decode()}
+
+
+def test_a_small_max_output_bytes_caps_the_program_not_its_compiler(api: SandboxdServer) -> None:
+    """`max_output_bytes` bounds the program's output; its compile keeps the default cap: gcc was
+    killed at its first warning longer than 64 bytes, and a valid program "Failed" unrun."""
+    code = (
+        "#include <stdio.h>\n"
+        'int main(void) { char *s = 5; for (int i = 0; i < 50; i++) puts("0123456789"); }'
+    )
+    res = api.run_code(code=code, language="c", max_output_bytes=64)
+    assert res["compile_result"]["return_code"] == 0, res["compile_result"]
+    assert "-Wint-conversion" in res["compile_result"]["stderr"]
+    assert res["run_result"]["limit"] == "output", res["run_result"]
+    assert res["run_result"]["stdout"] == "0123456789\n" * 5 + "0123456789"[:9]
 
 
 def test_fetch_files_share_one_cap_in_the_order_asked(api: SandboxdServer) -> None:

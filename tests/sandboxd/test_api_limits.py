@@ -168,3 +168,51 @@ def test_a_time_limit_names_the_limit_that_ended_it(api: SandboxdServer) -> None
         assert run["status"] == "TimeLimitExceeded", r.json()
         assert run["message"].startswith("the request deadline ended it after "), run
         assert run["message"].endswith(" s (its own limit: 30 s)"), run
+
+
+THREADS_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#define N 32
+static pthread_barrier_t all_up;
+static void *wait_for_all(void *arg) { pthread_barrier_wait(&all_up); return arg; }
+static int deep(int n) {
+  volatile char pad[1024];
+  pad[0] = (char)n;
+  return n ? deep(n - 1) + pad[0] : 0;
+}
+int main(void) {
+  pthread_t t[N];
+  pthread_barrier_init(&all_up, NULL, N + 1);
+  for (int i = 0; i < N; i++) {
+    int err = pthread_create(&t[i], NULL, wait_for_all, NULL);
+    if (err) { printf("thread %d: %s\n", i, strerror(err)); return 1; }
+  }
+  pthread_barrier_wait(&all_up);
+  for (int i = 0; i < N; i++) pthread_join(t[i], NULL);
+  printf("%d threads, recursion %d\n", N, deep(100000) != 1);
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("memory_mb", [128, 512])
+def test_a_c_program_starts_threads_and_recurses_deep(api: SandboxdServer, memory_mb: int) -> None:
+    """glibc reserves each thread a stack of the stack rlimit (256 MB, for deep recursion): the
+    address-space limit (2 x memory + 512 MB) left room for 5 at the default 512 MB, and the
+    sixth `pthread_create` failed ("Resource temporarily unavailable"). 100,000 frames of 1 KB
+    (about 100 MB of the main thread's stack) still run."""
+    res = api.run_code(code=THREADS_C, language="c", memory_limit_MB=memory_mb, compile_timeout=30)
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"] == "32 threads, recursion 1\n", res["run_result"]
+
+
+def test_an_exit_code_of_152_with_no_cpu_time_is_not_the_cpu_limit(api: SandboxdServer) -> None:
+    """bwrap reports SIGXCPU as an exit code of 152, read as the CPU limit once the wall time
+    could have spent it on this host's cores: a script that slept then exited 152 was
+    `TimeLimitExceeded`, "CPU-time limit of 3 s exceeded", beside a cpu_time of 0.003 s."""
+    res = api.run_code(code="sleep 1.6; exit 152", language="bash", run_timeout=2)
+    run = res["run_result"]
+    assert run["cpu_time"] is not None and run["cpu_time"] < 0.5, run
+    assert run["status"] == "Finished" and run["limit"] is None, run
