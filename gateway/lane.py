@@ -28,6 +28,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from toolenv_core.disconnect import cancel_for_caller
+from toolenv_core.headbound import HeadBound
 
 from .calls import CallContext
 from .guard import REQUEST_ID_KEY, Verdict
@@ -289,6 +290,11 @@ def _default_block(default_headers: list[tuple[bytes, bytes]]) -> bytes:
     return _BLOCK[1]
 
 
+class BoundedLaneProtocol(HeadBound, LaneProtocol):
+    """The lane, with every request's head bounded in size and time (`toolenv_core.headbound`)."""
+
+
 def lane_protocol(gateway: GatewayState) -> Callable[..., LaneProtocol]:
-    """What to hand uvicorn as `http=`: its httptools protocol with this gateway's lane."""
-    return functools.partial(LaneProtocol, gateway=gateway)
+    """What to hand uvicorn as `http=`: its httptools protocol with this gateway's lane and the
+    request head bounded."""
+    return functools.partial(BoundedLaneProtocol, gateway=gateway)
