@@ -49,6 +49,7 @@ from .paths import (
     fetch_files,
     new_workdir,
     reap_stale_workdirs,
+    remove_tree,
     remove_workdir,
     stdin_file,
     write_inputs,
@@ -168,7 +169,7 @@ class ProcessBackend:
             await asyncio.gather(*self._reaping, return_exceptions=True)
         await self.cgroups.close()
         if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(self.root)
         if self._devnull >= 0:
             os.close(self._devnull)
             self._devnull = -1
@@ -379,7 +380,7 @@ class ProcessBackend:
             return result, artifact
         finally:
             self._running -= 1
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_tree(workdir)
             if slot is not None:
                 self.cgroups.release(slot)
 

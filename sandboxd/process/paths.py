@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -58,13 +59,24 @@ def default_workdir_root() -> Path:
     return Path(tempfile.gettempdir())
 
 
+def remove_tree(path: Path) -> None:
+    """`shutil.rmtree(path, ignore_errors=True)` for a tree of any depth. Why: a program can nest
+    dirs without bound (a `mkdir d; cd d` loop), and rmtree recurses once per level: 3000 levels
+    raised RecursionError out of the run (a `SandboxError` answer, the run dir and its cgroup
+    slot never freed). `rm -rf` walks any depth; it runs only for such a tree."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False)
+
+
 def reap_stale_workdirs(parent: Path) -> None:
     """Remove the run dirs of an earlier instance (named with a pid that no longer runs)."""
     with contextlib.suppress(OSError):
         for d in parent.glob(f"{PREFIX}*"):
             pid = d.name.removeprefix(PREFIX)
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                shutil.rmtree(d, ignore_errors=True)
+                remove_tree(d)
 
 
 def new_workdir(root: Path) -> Path:
@@ -105,7 +117,7 @@ def remove_workdir(workdir: Path, source_file: str) -> None:
         os.unlink(f"{workdir}/{source_file}")
         os.rmdir(workdir)
     except OSError:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
 
 
 def fetch_files(workdir: Path, names: list[str], cap: int) -> dict[str, bytes]:

@@ -136,6 +136,23 @@ def test_filling_the_disk_stops_at_the_limits(sandboxd: SandboxdServer) -> None:
     check_still_clean(sandboxd)
 
 
+@pytest.mark.parametrize("language", ["python", "bash"])
+def test_dirs_nested_deeper_than_pythons_recursion_are_removed(
+    sandboxd: SandboxdServer, language: str
+) -> None:
+    """Before: rmtree's RecursionError was the answer (`SandboxError`), and the run dir and its
+    cgroup slot were never freed."""
+    code = {
+        "python": "import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\nprint('deep')",
+        "bash": 'cd /tmp && cd /sandbox && python3 -c "import os\nfor _ in range(3000):\n'
+        "    os.mkdir('d'); os.chdir('d')\" && echo deep",
+    }[language]
+    res, _ = run(sandboxd, code, language=language, run_timeout=20)
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"] == "deep\n"
+    check_still_clean(sandboxd)
+
+
 def test_no_network_dns_or_host_loopback(sandboxd: SandboxdServer) -> None:
     accepted: list[object] = []
     with socket.socket() as listener:
