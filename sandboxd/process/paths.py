@@ -110,13 +110,20 @@ def write_inputs(workdir: Path, spec: RunSpec, lang: Language, owner: int | None
             os.chown(workdir / path, owner, owner)
 
 
-def remove_workdir(workdir: Path, source_file: str) -> None:
-    """Remove a run dir: the source and the dir when that is all it holds (most runs), else
-    the whole tree."""
+def remove_lone_source(workdir: Path, source_file: str) -> bool:
+    """Remove a run dir that holds only its source (most runs): False if more is left."""
     try:
         os.unlink(f"{workdir}/{source_file}")
         os.rmdir(workdir)
     except OSError:
+        return False
+    return True
+
+
+def remove_workdir(workdir: Path, source_file: str) -> None:
+    """Remove a run dir: the source and the dir when that is all it holds (most runs), else
+    the whole tree."""
+    if not remove_lone_source(workdir, source_file):
         remove_tree(workdir)
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from sbx_support import SECRET, SandboxdServer
 
@@ -150,6 +151,35 @@ def test_dirs_nested_deeper_than_pythons_recursion_are_removed(
     res, _ = run(sandboxd, code, language=language, run_timeout=20)
     assert res["status"] == "Success", res
     assert res["run_result"]["stdout"] == "deep\n"
+    check_still_clean(sandboxd)
+
+
+def test_removing_half_a_million_files_does_not_stall_the_service(
+    sandboxd: SandboxdServer,
+) -> None:
+    """Before: the run dir was removed on the event loop (seconds for this one), and the
+    service answered no one meanwhile, not even `/v1/ping`."""
+    stalls: list[float] = []
+    done = threading.Event()
+
+    def ping() -> None:
+        with httpx.Client(base_url=sandboxd.url, timeout=30) as client:
+            while not done.is_set():
+                started = time.monotonic()
+                client.get("/v1/ping")
+                stalls.append(time.monotonic() - started)
+                time.sleep(0.02)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    try:
+        code = "for i in range(500_000): open(f'f{i}', 'w').close()\nprint('made')"
+        res, _ = run(sandboxd, code, run_timeout=30, memory_limit_MB=2048)
+    finally:
+        done.set()
+        pinger.join()
+    assert res["status"] == "Success", res
+    assert max(stalls) < 1.0, sorted(stalls)[-5:]
     check_still_clean(sandboxd)
 
 
