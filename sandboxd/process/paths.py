@@ -60,14 +60,19 @@ def default_workdir_root() -> Path:
 
 
 def remove_tree(path: Path) -> None:
-    """`shutil.rmtree(path, ignore_errors=True)` for a tree of any depth. Why: a program can nest
-    dirs without bound (a `mkdir d; cd d` loop), and rmtree recurses once per level: 3000 levels
-    raised RecursionError out of the run (a `SandboxError` answer, the run dir and its cgroup
-    slot never freed). `rm -rf` walks any depth; it runs only for such a tree."""
-    try:
+    """`shutil.rmtree(path, ignore_errors=True)` that leaves nothing a program made behind:
+    - a program can nest dirs without bound (a `mkdir d; cd d` loop), and rmtree recurses once
+      per level: 3000 levels raised RecursionError out of the run (a `SandboxError` answer);
+    - a service without CAP_DAC_OVERRIDE (compose's least privilege) cannot empty a dir the
+      program made read-only (`chmod 500 d`): the run dir, and all it held in /dev/shm, stayed
+      until the service stopped (and after). As the files' owner it may make them writable.
+    Either way `chmod -R` and `rm -rf` (any depth) finish the job; they run only for such a tree."""
+    with contextlib.suppress(RecursionError):
         shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False)
+    if os.path.lexists(path):
+        for argv in (["chmod", "-R", "u+rwx"], ["rm", "-rf", "--one-file-system"]):
+            quiet = subprocess.DEVNULL
+            subprocess.run([*argv, "--", str(path)], check=False, stdout=quiet, stderr=quiet)
 
 
 def reap_stale_workdirs(parent: Path) -> None:

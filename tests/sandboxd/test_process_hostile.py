@@ -7,6 +7,7 @@ orphaned zombie (see `LeakProbe` in conftest.py).
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sbx_support import SECRET, SandboxdServer
+from sbx_support import SECRET, SandboxdServer, start_sandboxd
 
 pytestmark = pytest.mark.bwrap
 
@@ -181,6 +182,30 @@ def test_removing_half_a_million_files_does_not_stall_the_service(
     assert res["status"] == "Success", res
     assert max(stalls) < 1.0, sorted(stalls)[-5:]
     check_still_clean(sandboxd)
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
+def test_read_only_dirs_are_removed_by_a_service_without_privileges(tmp_path: Path) -> None:
+    """As under compose: root without CAP_DAC_OVERRIDE. Before: a dir the program made
+    read-only could not be emptied, and each such run left its run dir (all it wrote) in
+    /dev/shm."""
+    server = start_sandboxd(
+        env={"TOOLENV_SANDBOX_WORKDIR_ROOT": str(tmp_path)},
+        wrap=["setpriv", "--bounding-set", "-all,+setfcap"],
+    )
+    try:
+        programs = {
+            "python": "import os\nos.mkdir('d'); open('d/x', 'w').write('x')\n"
+            "os.chmod('d', 0o500); os.chmod('.', 0o500); print('done')",
+            "bash": "mkdir -p e/f; echo x > e/f/y; chmod 000 e/f; chmod 500 e; echo done",
+        }
+        for language, code in programs.items():
+            res = server.run_code(code=code, language=language)
+            assert res["run_result"]["stdout"] == "done\n", res
+        leftovers = [p for p in tmp_path.rglob("*") if p.name.startswith("run-")]
+        assert leftovers == []
+    finally:
+        server.stop()
 
 
 def test_no_network_dns_or_host_loopback(sandboxd: SandboxdServer) -> None:
