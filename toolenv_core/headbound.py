@@ -1,5 +1,6 @@
 """A request head's two bounds on every service's connections: at most `MAX_HEAD_BYTES` (else
-431) and whole within `HEAD_TIMEOUT_S` (else 408), the connection closed after either.
+431) and whole within `HEAD_TIMEOUT_S` (else 408), the connection closed after either; and
+pipelined requests read no faster than they are answered.
 
 Why: uvicorn's httptools protocol bounds neither. A header of 200 MB was read whole into memory
 (300 MB more RSS per connection, then a 200 answer), and a connection that sent nothing, or its
@@ -98,6 +99,14 @@ class HeadBound(HttpToolsProtocol):
             self.head_timer.cancel()
             self.head_timer = None
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.pipeline and not self.transport.is_closing():
+            # uvicorn resumed reading at every answer, requests still queued behind it: a client
+            # pipelining without reading its answers had every one let in another read
+            # (560 thousand queued GETs, +700 MB, in 10 s). Read again once the queue is done.
+            self.flow.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.head_timer is not None:

@@ -1,5 +1,6 @@
 """Every service bounds a request's head: a huge one is a 431, a slow or missing one a 408 or a
-close, each in time and without holding the server's memory or connections (real subprocesses
+close, each in time and without holding the server's memory or connections; and reads pipelined
+requests no faster than it answers them (real subprocesses
 on loopback: `toolenv serve`, `toolenv sandboxd serve`, `toolenv emulators serve`)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -117,3 +119,34 @@ def test_idle_and_trickled_heads_are_closed_in_time(servers) -> None:
             "the connection is closed"
         )
         assert waited < HEAD_TIMEOUT_S + 3, service
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("service", SERVICES, ids=" ".join)
+def test_pipelining_without_reading_answers_holds_no_memory(servers, service) -> None:
+    """Before: each answer let another read in, the queue of parsed requests grew as fast as the
+    client sent (+700 MB in 10 s)."""
+    server = servers[service]
+    request = b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n"
+    with _connect(server.url) as sock:  # answered in order, all of them
+        sock.sendall(request * 3 + b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert _read_to_close(sock).count(b"HTTP/1.1 200 OK") == 4
+    before = _rss_mb(server.proc.pid)
+    burst = memoryview(request * 1000)
+    with _connect(server.url) as sock:
+        sock.setblocking(False)
+        end, pending = time.monotonic() + 5, burst
+        while time.monotonic() < end:
+            try:
+                pending = pending[sock.send(pending) :] or burst
+            except BlockingIOError:
+                time.sleep(0.005)
+        grown = _rss_mb(server.proc.pid) - before
+    assert grown < 100, f"{grown:.0f} MB more"
+    assert httpx.get(server.url + "/readyz", timeout=5).status_code == 200
