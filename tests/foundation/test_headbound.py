@@ -150,3 +150,24 @@ def test_pipelining_without_reading_answers_holds_no_memory(servers, service) ->
         grown = _rss_mb(server.proc.pid) - before
     assert grown < 100, f"{grown:.0f} MB more"
     assert httpx.get(server.url + "/readyz", timeout=5).status_code == 200
+
+
+def test_the_gateway_lane_waits_for_a_client_that_does_not_read(servers) -> None:
+    """Before: the lane wrote every answer whatever the client had read, so one that sent
+    requests and never read grew the gateway's memory by each answer (a megabyte here)."""
+    server = servers["serve",]
+    body = json.dumps({"code": "print('x' * 1_000_000)", "language": "python"}).encode()
+    head = b"POST /run_code HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    request = head + b"content-length: %d\r\n\r\n" % len(body) + body
+    before = _rss_mb(server.proc.pid)
+    with _connect(server.url) as sock:
+        sock.settimeout(1)
+        for _ in range(150):
+            try:
+                sock.sendall(request)
+            except TimeoutError:
+                break  # the gateway stopped reading: what the fix does
+            time.sleep(0.02)
+        time.sleep(3)  # the runs sent finish
+        grown = _rss_mb(server.proc.pid) - before
+    assert grown < 60, f"{grown:.0f} MB more"
