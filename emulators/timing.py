@@ -23,8 +23,8 @@ import time
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from toolenv_core.headbound import HeadBound
 from toolenv_core.timer import sleep_until
 
 __all__ = [
@@ -42,8 +42,9 @@ RECEIVED_AT = "toolenv.received_at"
 """ASGI scope extension: `time.monotonic()` when the request's first byte was parsed."""
 
 
-class StampingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, plus the `RECEIVED_AT` stamp on every request's scope."""
+class StampingHttpToolsProtocol(HeadBound):
+    """uvicorn's httptools protocol with the request head bounded (`toolenv_core.headbound`),
+    plus the `RECEIVED_AT` stamp on every request's scope."""
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

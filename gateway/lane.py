@@ -12,7 +12,8 @@ request pipelined behind one still being answered), which the app's `PassThrough
 serves with the same functions.
 
 A lane call stands in uvicorn's place for a cycle (`LaneCycle`), so uvicorn's keep-alive timer,
-pipelining queue, graceful shutdown (it waits for the lane's tasks, and closes the connection
+pipelining queue, write flow control (an answer the client has not taken holds the next request),
+graceful shutdown (it waits for the lane's tasks, and closes the connection
 after the answer) and disconnect handling all apply to it unchanged.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from toolenv_core.disconnect import cancel_for_caller
+from toolenv_core.headbound import HeadBound
 
 from .calls import CallContext
 from .guard import REQUEST_ID_KEY, Verdict
@@ -241,6 +243,10 @@ class LaneProtocol(HttpToolsProtocol):
                 answer = await serve(ctx, lane.call, bytes(lane.body))
             self._write(lane, *answer)
             answered = True
+            if self.flow.write_paused and not lane.disconnected:
+                # as uvicorn's own cycle: complete (and the next request read) once the client
+                # takes it; a client that never read its answers grew the write buffer by each
+                await self.flow.drain()
         except Exception as exc:  # like uvicorn's own cycle: log it, answer 500
             log.error("gateway lane error", exc_info=exc)
             self._write(lane, 500, [(b"content-type", b"text/plain; charset=utf-8")], _ERROR)
@@ -289,6 +295,11 @@ def _default_block(default_headers: list[tuple[bytes, bytes]]) -> bytes:
     return _BLOCK[1]
 
 
+class BoundedLaneProtocol(HeadBound, LaneProtocol):
+    """The lane, with every request's head bounded in size and time (`toolenv_core.headbound`)."""
+
+
 def lane_protocol(gateway: GatewayState) -> Callable[..., LaneProtocol]:
-    """What to hand uvicorn as `http=`: its httptools protocol with this gateway's lane."""
-    return functools.partial(LaneProtocol, gateway=gateway)
+    """What to hand uvicorn as `http=`: its httptools protocol with this gateway's lane and the
+    request head bounded."""
+    return functools.partial(BoundedLaneProtocol, gateway=gateway)

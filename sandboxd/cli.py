@@ -12,6 +12,7 @@ import uvicorn
 from toolenv_core import serving
 from toolenv_core.cli_options import ConfigFileOption
 from toolenv_core.config import ConfigFileError, config_error
+from toolenv_core.headbound import HeadBound
 from toolenv_core.outputs import output_dir_problem
 from toolenv_core.shutdown import AnswerCutCalls, cut_detail
 
@@ -119,6 +120,7 @@ def serve(
         # then close the backend (a run still going then is cut: AnswerCutCalls). A second Ctrl-C
         # (SIGINT) stops at once.
         timeout_graceful_shutdown=settings.shutdown_grace_s,
+        http=HeadBound,  # a request head bounded in size and time (uvicorn bounds neither)
     )
     # a port in use: one line saying so, exit 3 (and no "serving on" line before it)
     serving.serve(

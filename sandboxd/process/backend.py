@@ -49,6 +49,8 @@ from .paths import (
     default_workdir_root,
     fetch_files,
     new_workdir,
+    remove_lone_source,
+    remove_tree,
     remove_workdir,
     stdin_file,
     write_inputs,
@@ -167,7 +169,7 @@ class ProcessBackend:
             await asyncio.gather(*self._reaping, return_exceptions=True)
         await self.cgroups.close()
         if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(self.root)
         if self._root_lock >= 0:
             os.close(self._root_lock)
             self._root_lock = -1
@@ -218,11 +220,12 @@ class ProcessBackend:
         """The language table entry, with Python run by the configured interpreter."""
         return get_language(name).with_python(self.python)
 
-    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+    def _track(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run background clean-up that `close()` waits for."""
         task = asyncio.get_running_loop().create_task(work)
         self._reaping.add(task)
         task.add_done_callback(self._reaping.discard)
+        return task
 
     def _require_started(self) -> tuple[Path, ExecContext]:
         if not self._started or self.root is None or self._ctx is None:
@@ -271,10 +274,21 @@ class ProcessBackend:
             elif warm is not None and not warm.used and self.warm is not None:
                 warm.sandbox.kill_child()  # never started: kill it, reap in the background
                 self._track(self.warm.dispose_later(warm))
-            else:
-                remove_workdir(workdir, lang.source_file)
+            elif remove_lone_source(workdir, lang.source_file):
                 if slot is not None:
                     self.cgroups.release(slot)
+            else:
+                # the answer (and the run's admission) waits, the event loop does not; a caller
+                # gone meanwhile leaves it to finish in the background
+                await asyncio.shield(self._track(self._free_later(workdir, slot)))
+
+    async def _free_later(self, workdir: Path, slot: CgroupSlot | None) -> None:
+        """A run dir the program filled, removed on a thread: the event loop took seconds to
+        remove 2 million empty files, and answered no one meanwhile. Its slot is released
+        after (the files' pages are charged to the slot's memory cgroup)."""
+        await asyncio.to_thread(remove_tree, workdir)
+        if slot is not None:
+            self.cgroups.release(slot)
 
     async def _run_in(
         self,
@@ -387,7 +401,7 @@ class ProcessBackend:
             return result, artifact
         finally:
             self._running -= 1
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_tree(workdir)
             if slot is not None:
                 self.cgroups.release(slot)
 

@@ -16,7 +16,6 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -37,7 +36,7 @@ from .forkserver import (
     Runner,
     read_messages,
 )
-from .paths import InvalidPath, new_workdir, write_inputs
+from .paths import InvalidPath, new_workdir, remove_tree, write_inputs
 
 CLOSE_TIMEOUT_S = 5.0
 
@@ -236,5 +235,5 @@ class Batches:
             await batch.close()
             return None
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_tree(workdir)
         return batch

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import subprocess
 import tempfile
-from functools import partial
 from pathlib import Path
 
 from ..languages import Language
@@ -58,13 +59,29 @@ def default_workdir_root() -> Path:
     return Path(tempfile.gettempdir())
 
 
+def remove_tree(path: Path) -> None:
+    """`shutil.rmtree(path, ignore_errors=True)` that leaves nothing a program made behind:
+    - a program can nest dirs without bound (a `mkdir d; cd d` loop), and rmtree recurses once
+      per level: 3000 levels raised RecursionError out of the run (a `SandboxError` answer);
+    - a service without CAP_DAC_OVERRIDE (compose's least privilege) cannot empty a dir the
+      program made read-only (`chmod 500 d`): the run dir, and all it held in /dev/shm, stayed
+      until the service stopped (and after). As the files' owner it may make them writable.
+    Either way `chmod -R` and `rm -rf` (any depth) finish the job; they run only for such a tree."""
+    with contextlib.suppress(RecursionError):
+        shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        for argv in (["chmod", "-R", "u+rwx"], ["rm", "-rf", "--one-file-system"]):
+            quiet = subprocess.DEVNULL
+            subprocess.run([*argv, "--", str(path)], check=False, stdout=quiet, stderr=quiet)
+
+
 def claim_workdir_root(parent: Path) -> tuple[Path, int]:
     """This instance's dir for run dirs under `parent` and the fd of its lock, after removing
     those of instances that are gone, as the cgroups are: a dead pid, or this one's (a restarted
     container's service has its predecessor's pid, and took over its dir with every run dir it
     left), and no live instance holding it (two sharing `parent` shared one dir, and the first
     to stop removed the other's runs)."""
-    reap_dead_instances(parent, partial(shutil.rmtree, ignore_errors=True))
+    reap_dead_instances(parent, remove_tree)
     return claim_instance_dir(parent, mode=0o700)
 
 
@@ -99,14 +116,21 @@ def write_inputs(workdir: Path, spec: RunSpec, lang: Language, owner: int | None
             os.chown(workdir / path, owner, owner)
 
 
-def remove_workdir(workdir: Path, source_file: str) -> None:
-    """Remove a run dir: the source and the dir when that is all it holds (most runs), else
-    the whole tree."""
+def remove_lone_source(workdir: Path, source_file: str) -> bool:
+    """Remove a run dir that holds only its source (most runs): False if more is left."""
     try:
         os.unlink(f"{workdir}/{source_file}")
         os.rmdir(workdir)
     except OSError:
-        shutil.rmtree(workdir, ignore_errors=True)
+        return False
+    return True
+
+
+def remove_workdir(workdir: Path, source_file: str) -> None:
+    """Remove a run dir: the source and the dir when that is all it holds (most runs), else
+    the whole tree."""
+    if not remove_lone_source(workdir, source_file):
+        remove_tree(workdir)
 
 
 def fetch_files(workdir: Path, names: list[str], cap: int) -> dict[str, bytes]:

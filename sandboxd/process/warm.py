@@ -11,7 +11,6 @@ code. It is made by the same `spawn_blocked` handshake as a cold run.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import time
 from concurrent.futures import Executor
@@ -22,7 +21,7 @@ from typing import Any
 from .bwrap import Blocked, spawn_blocked
 from .cgroup_slot import CgroupSlot
 from .cgroups import CgroupPool
-from .paths import new_workdir
+from .paths import new_workdir, remove_tree
 
 WARM_STDIN_MAX = 65536  # a warm sandbox's stdin is a pipe written in one go: at most its buffer
 
@@ -116,7 +115,7 @@ class WarmPool:
             return None
 
     def _free(self, workdir: Path, slot: CgroupSlot | None) -> None:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
         if slot is not None:
             self.cgroups.release(slot)
 

@@ -173,12 +173,16 @@ class SandboxdServer:
 
 
 def start_sandboxd(
-    *args: str, env: dict[str, str] | None = None, cpu_cgroup: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    cpu_cgroup: Path | None = None,
+    wrap: list[str] | None = None,
 ) -> SandboxdServer:
-    """`cpu_cgroup`: the server starts in that cpu cgroup (as in a container or a systemd unit)."""
+    """`cpu_cgroup`: the server starts in that cpu cgroup (as in a container or a systemd unit).
+    `wrap`: a command the server runs under (e.g. `setpriv` dropping capabilities)."""
     port = free_port()
-    argv = [sys.executable, "-m", "toolenv", "sandboxd", "serve", "--host", "127.0.0.1"]
-    argv += ["--port", str(port), *args]
+    argv = [*(wrap or []), sys.executable, "-m", "toolenv", "sandboxd", "serve"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), *args]
     if cpu_cgroup is not None:  # the shell joins it, then becomes the server (same pid)
         argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cpu_cgroup), *argv]
     full_env = {**os.environ, "TOOLENV_TEST_SECRET": SECRET, **(env or {})}

@@ -7,13 +7,15 @@ orphaned zombie (see `LeakProbe` in conftest.py).
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
-from sbx_support import SECRET, SandboxdServer
+from sbx_support import SECRET, SandboxdServer, start_sandboxd
 
 pytestmark = pytest.mark.bwrap
 
@@ -134,6 +136,76 @@ def test_filling_the_disk_stops_at_the_limits(sandboxd: SandboxdServer) -> None:
     assert res["status"] == "Failed"
     assert "File too large" in res["run_result"]["stderr"] or res["run_result"]["return_code"]
     check_still_clean(sandboxd)
+
+
+@pytest.mark.parametrize("language", ["python", "bash"])
+def test_dirs_nested_deeper_than_pythons_recursion_are_removed(
+    sandboxd: SandboxdServer, language: str
+) -> None:
+    """Before: rmtree's RecursionError was the answer (`SandboxError`), and the run dir and its
+    cgroup slot were never freed."""
+    code = {
+        "python": "import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\nprint('deep')",
+        "bash": 'cd /tmp && cd /sandbox && python3 -c "import os\nfor _ in range(3000):\n'
+        "    os.mkdir('d'); os.chdir('d')\" && echo deep",
+    }[language]
+    res, _ = run(sandboxd, code, language=language, run_timeout=20)
+    assert res["status"] == "Success", res
+    assert res["run_result"]["stdout"] == "deep\n"
+    check_still_clean(sandboxd)
+
+
+def test_removing_half_a_million_files_does_not_stall_the_service(
+    sandboxd: SandboxdServer,
+) -> None:
+    """Before: the run dir was removed on the event loop (seconds for this one), and the
+    service answered no one meanwhile, not even `/v1/ping`."""
+    stalls: list[float] = []
+    done = threading.Event()
+
+    def ping() -> None:
+        with httpx.Client(base_url=sandboxd.url, timeout=30) as client:
+            while not done.is_set():
+                started = time.monotonic()
+                client.get("/v1/ping")
+                stalls.append(time.monotonic() - started)
+                time.sleep(0.02)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    try:
+        code = "for i in range(500_000): open(f'f{i}', 'w').close()\nprint('made')"
+        res, _ = run(sandboxd, code, run_timeout=30, memory_limit_MB=2048)
+    finally:
+        done.set()
+        pinger.join()
+    assert res["status"] == "Success", res
+    assert max(stalls) < 1.0, sorted(stalls)[-5:]
+    check_still_clean(sandboxd)
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
+def test_read_only_dirs_are_removed_by_a_service_without_privileges(tmp_path: Path) -> None:
+    """As under compose: root without CAP_DAC_OVERRIDE. Before: a dir the program made
+    read-only could not be emptied, and each such run left its run dir (all it wrote) in
+    /dev/shm."""
+    server = start_sandboxd(
+        env={"TOOLENV_SANDBOX_WORKDIR_ROOT": str(tmp_path)},
+        wrap=["setpriv", "--bounding-set", "-all,+setfcap"],
+    )
+    try:
+        programs = {
+            "python": "import os\nos.mkdir('d'); open('d/x', 'w').write('x')\n"
+            "os.chmod('d', 0o500); os.chmod('.', 0o500); print('done')",
+            "bash": "mkdir -p e/f; echo x > e/f/y; chmod 000 e/f; chmod 500 e; echo done",
+        }
+        for language, code in programs.items():
+            res = server.run_code(code=code, language=language)
+            assert res["run_result"]["stdout"] == "done\n", res
+        leftovers = [p for p in tmp_path.rglob("*") if p.name.startswith("run-")]
+        assert leftovers == []
+    finally:
+        server.stop()
 
 
 def test_no_network_dns_or_host_loopback(sandboxd: SandboxdServer) -> None:
