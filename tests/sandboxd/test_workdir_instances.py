@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from sandboxd.models import RunSpec
@@ -52,3 +54,22 @@ async def test_an_instance_sharing_the_root_and_the_pid_keeps_its_own_dir(
     finally:
         await first.close()
     assert not any(tmp_path.iterdir())
+
+
+async def test_a_deeply_nested_dir_left_by_a_killed_instance_does_not_stop_the_start(
+    bwrap_path: str, tmp_path: Path
+) -> None:
+    """A program of the killed instance had nested 3000 dirs (`mkdir d; cd d` in a loop): the
+    next start's clean-up raised RecursionError, and sandboxd did not start at all."""
+    left = tmp_path / f"{PREFIX}{os.getpid()}" / "run-killed"
+    left.mkdir(parents=True)
+    nest = "import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')"  # past PATH_MAX
+    subprocess.run([sys.executable, "-c", nest], cwd=left, check=True)
+    backend = ProcessBackend(settings(tmp_path))
+    await backend.start()
+    try:
+        assert not left.exists()
+        r = await backend.run(RunSpec(language="bash", code="echo ok"), Deadline.after(20))
+        assert r.run is not None and r.run.stdout == "ok\n"
+    finally:
+        await backend.close()
