@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandboxd.process.forkserver import Runner, Zygote, needs_user_namespace, zygote_argv
+from sandboxd.process.forkserver import Runner, Zygote
+from sandboxd.process.forkserver_argv import needs_user_namespace, zygote_argv
 
 PYTHON = "/usr/bin/python3"
 RLIMITS = [(resource.RLIMIT_CPU, 10), (resource.RLIMIT_NOFILE, 256)]

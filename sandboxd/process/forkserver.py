@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import socket
 import subprocess
 from collections.abc import Callable
@@ -23,11 +22,10 @@ from typing import Any
 
 from .cgroup_slot import CgroupSlot
 from .cgroups import CgroupPool
-from .forkserver_argv import zygote_argv
+from .forkserver_argv import needs_user_namespace, zygote_argv
 
 START_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 5.0
-CAP_CHOWN, CAP_SYS_ADMIN = 0, 21
 
 
 class ForkFailed(RuntimeError):
@@ -62,19 +60,6 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except (OSError, ValueError):
         return []
-
-
-def needs_user_namespace() -> bool:
-    """Whether the zygote needs a user namespace of its own to hold the capabilities it builds
-    runs with: yes unless the service is root with CAP_SYS_ADMIN and CAP_CHOWN (a container
-    with least privilege has neither)."""
-    if os.geteuid() != 0:
-        return True
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            eff = int(line.split()[1], 16)
-            return not (eff & (1 << CAP_CHOWN) and eff & (1 << CAP_SYS_ADMIN))
-    return True
 
 
 class Zygote:

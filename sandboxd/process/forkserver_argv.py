@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..languages import CHILD_ENV
@@ -10,6 +11,20 @@ from .bwrap import SANDBOX_UID, interpreter_binds, system_binds
 ZYGOTE_SCRIPT = Path(__file__).with_name("zygote_main.py")
 # imported by the zygote script from its own dir (the program's process forgets them)
 ZYGOTE_MODULES = [Path(__file__).with_name(f"zygote_{m}.py") for m in ("cases", "program")]
+CAP_CHOWN, CAP_SYS_ADMIN = 0, 21
+
+
+def needs_user_namespace() -> bool:
+    """Whether the zygote needs a user namespace of its own to hold the capabilities it builds
+    runs with: yes unless the service is root with CAP_SYS_ADMIN and CAP_CHOWN (a container
+    with least privilege has neither)."""
+    if os.geteuid() != 0:
+        return True
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            eff = int(line.split()[1], 16)
+            return not (eff & (1 << CAP_CHOWN) and eff & (1 << CAP_SYS_ADMIN))
+    return True
 
 
 def _dev_without_devpts() -> list[str]:

@@ -112,7 +112,9 @@ def test_the_hard_cpu_limits_sigkill_is_a_time_limit_for_c(api: SandboxdServer) 
     its hard limit was `Finished`, signal 9, no message: a runtime error, not the limit."""
     res = api.run_code(code=HARD_CPU_LIMIT_C, language="c", run_timeout=1, compile_timeout=30)
     run = res["run_result"]
-    assert run["signal"] == 9 and run["cpu_time"] >= 0.9, res
+    # the kernel checks the limit at its ticks and the cgroup's counter is read apart from them:
+    # on a loaded host it read 0.89999 s for this 1 s limit; the service's own line is cpu_s - 1.5
+    assert run["signal"] == 9 and run["cpu_time"] >= 0.8, res
     assert run["status"] == "TimeLimitExceeded", res
     assert run["message"] == "CPU-time limit of 2 s exceeded", res  # ceil(1 s) + 1
 
