@@ -21,7 +21,7 @@ from toolenv_core.latency.profile import ProfileError, load_profile
 from .base import ProfileRejected, ToolEmulator
 from .fastpath import FastPathMiddleware
 from .profiles import packaged_profile_path
-from .profiles_router import build_profiles_router
+from .profiles_router import build_profiles_router, pin_to_cache
 from .reward import RewardEmulator
 from .reward import build_router as build_reward_router
 from .search import SearchEmulator
@@ -45,7 +45,7 @@ def _emulator(cls: type[E], settings: EmulatorSettings) -> E:
         # profile written without `tool:` was refused as "the profile says 'search'"
         profile = profile.model_copy(update={"tool": cls.name})
     try:
-        return cls(settings, profile)
+        return cls(settings, pin_to_cache(profile, settings.trace_cache))
     except ProfileRejected as exc:
         where = f"emulators.{cls.name}_profile" if inline is not None else str(path)
         raise ProfileError(f"{where}: {exc}") from exc

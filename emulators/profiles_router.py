@@ -16,21 +16,21 @@ from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS
 from toolenv_core.latency.profile import Profile
 from toolenv_core.latency.samplers import Sampler
 from toolenv_core.latency.specs import TraceReplay
-from toolenv_core.polytrace.cache import confine_trace
+from toolenv_core.polytrace.cache import confine_trace, missing_trace_error, resolve_trace
 
 from .base import ProfileRejected, ToolEmulator
 
 
-def _trace_specs(obj: Any, loc: list[str | int]) -> Iterator[tuple[list[str | int], TraceReplay]]:
+def trace_specs(obj: Any, loc: list[str | int]) -> Iterator[tuple[list[str | int], TraceReplay]]:
     """Every `trace` model in a profile (mixture components, drift stages, faulty, tokens)."""
     if isinstance(obj, TraceReplay):
         yield loc, obj
     elif isinstance(obj, BaseModel):
         for name in type(obj).model_fields:
-            yield from _trace_specs(getattr(obj, name), [*loc, name])
+            yield from trace_specs(getattr(obj, name), [*loc, name])
     elif isinstance(obj, list):
         for i, item in enumerate(obj):
-            yield from _trace_specs(item, [*loc, i])
+            yield from trace_specs(item, [*loc, i])
 
 
 def _not_text(obj: Any, loc: list[str | int]) -> list[str | int] | None:
@@ -57,7 +57,7 @@ def _not_text(obj: Any, loc: list[str | int]) -> list[str | int] | None:
 def confine_traces(profile: Profile, roots: Sequence[Path]) -> None:
     """Pin each trace path of a profile sent over HTTP inside `roots` (in place), or raise
     ProfileRejected: a PUT must not read, or learn of, files elsewhere on the server."""
-    for loc, spec in _trace_specs(profile, []):
+    for loc, spec in trace_specs(profile, []):
         pinned = []
         for i, raw in enumerate(spec.paths or []):
             try:
@@ -66,6 +66,24 @@ def confine_traces(profile: Profile, roots: Sequence[Path]) -> None:
                 raise ProfileRejected([*loc, "paths", i], str(exc)) from exc
         if spec.paths is not None:
             spec.paths = pinned
+
+
+def pin_to_cache(profile: Profile, cache: Path) -> Profile:
+    """A configured profile (which may name any path) with each trace name found now, in the
+    service's own trace cache (`EmulatorSettings.trace_cache`): its samplers, built later, read
+    a name in the cache of `TOOLENV_CONFIG` otherwise. Raises ProfileRejected for a name that
+    is nowhere."""
+    pinned = profile.model_copy(deep=True)
+    for loc, spec in trace_specs(pinned, []):
+        found = []
+        for i, raw in enumerate(spec.paths or []):
+            path = resolve_trace(raw, cache)
+            if not path.exists():
+                raise ProfileRejected([*loc, "paths", i], str(missing_trace_error(raw, cache)))
+            found.append(str(path))
+        if spec.paths is not None:
+            spec.paths = found
+    return pinned
 
 
 def _not_a_profile() -> JSONResponse:

@@ -13,7 +13,7 @@ from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.deadline import DeadlinePolicy
 from toolenv_core.fields import Integer, Number
 from toolenv_core.latency.profile import Profile
-from toolenv_core.polytrace.cache import trace_cache_dir
+from toolenv_core.polytrace.cache import TracesSettings
 
 
 class EmulatorSettings(FrontDoorSettings):
@@ -118,6 +118,12 @@ class EmulatorSettings(FrontDoorSettings):
         return DeadlinePolicy(self.default_deadline_s, self.max_deadline_s)
 
     @cached_property
+    def trace_cache(self) -> Path:
+        """The trace cache of this service's config (its `traces.cache_dir`, else the
+        `TOOLENV_TRACES_CACHE_DIR` variable or the default): where profile trace names are found."""
+        return Path(self.beside(TracesSettings).cache_dir).expanduser()
+
+    @cached_property
     def trace_roots(self) -> list[Path]:
         """Where a profile sent over HTTP may read traces: the trace cache, then `trace_dirs`."""
-        return [trace_cache_dir(), *self.trace_dirs]
+        return [self.trace_cache, *self.trace_dirs]

@@ -17,7 +17,7 @@ import os
 import tomllib
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -335,6 +335,9 @@ class _EnvSource(EnvSettingsSource):
             raise EnvValueError(f"{name} is not valid JSON ({exc.msg}: {where}); {hint}") from exc
 
 
+_Settings = TypeVar("_Settings", bound="ServiceSettings")
+
+
 class ServiceSettings(BaseSettings):
     """Base for every service's settings: env prefix `TOOLENV_<SECTION>_`, file section `<section>`."""
 
@@ -375,6 +378,15 @@ class ServiceSettings(BaseSettings):
         # A subclass bound to this file: no mutation of the caller's class, no global state.
         bound = type(cls.__name__, (cls,), {"_config_path": path, "__module__": cls.__module__})
         return bound(**overrides)
+
+    def beside(self, other: type[_Settings]) -> _Settings:
+        """Another section's settings, read from the same source as these (the file `-c` named,
+        or the sections already read): a service that reads a second section (the emulators'
+        `traces.cache_dir`) read it from `TOOLENV_CONFIG` instead, whatever file it was given."""
+        own = type(self)
+        if own._config_sections is not None:
+            return other.from_sections(own._config_sections)
+        return other.load(own._config_path)
 
     @classmethod
     def from_sections(cls, sections: Mapping[str, Any], **overrides: Any):

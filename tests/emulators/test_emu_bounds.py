@@ -207,3 +207,33 @@ def test_the_document_cache_is_bounded_in_bytes_as_well_as_entries() -> None:
     assert small.store is not None and len(small.store) == 4
     huge = DocumentCache(seed=1, size=10, max_bytes=1_000).get("huge", 3, 1_000, False)
     assert len(huge) > 1_000  # larger than the whole cache: served, not kept
+
+
+def test_a_config_files_trace_cache_is_where_its_profiles_and_puts_read(tmp_path: Path) -> None:
+    # `emulators serve -c FILE` read its profiles' trace names, and a PUT's, in the trace cache
+    # of TOOLENV_CONFIG (else the default), never in FILE's own `traces.cache_dir`: the start
+    # failed with "nor in the trace cache ~/.cache/toolenv/polytrace"
+    cache = tmp_path / "cache"
+    _call_log(cache / "runs" / "calls.log", 0.01)
+    _call_log(cache / "runs" / "other.log", 0.03)
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(
+        f"traces: {{cache_dir: '{cache}'}}\n"
+        "emulators: {search_profile: {model: {kind: trace, paths: ['runs/calls.log']}}}\n"
+    )
+    port = free_port()
+    argv = [sys.executable, "-m", "toolenv", "emulators", "serve", "--port", str(port),
+            "-c", str(config)]  # fmt: skip
+    env = {"TOOLENV_CONFIG": "", "TOOLENV_TRACES_CACHE_DIR": ""}  # empty: unset
+    s = ServerProcess(argv, f"http://127.0.0.1:{port}", env).start("/readyz", timeout=60)
+    try:
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            r = c.post("/v1/emulators/search/call", json={"query": "q"})
+            assert r.status_code == 200 and float(r.headers[INJECTED]) == 10.0
+            profile = {"model": {"kind": "trace", "paths": ["other.log"]}}
+            r = c.put("/v1/emulators/search/profile", json=profile)
+            assert r.status_code == 200, r.text
+            r = c.post("/v1/emulators/search/call", json={"query": "q"})
+            assert float(r.headers[INJECTED]) == 30.0
+    finally:
+        s.stop()

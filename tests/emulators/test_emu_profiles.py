@@ -161,7 +161,7 @@ def test_a_profile_the_emulator_refuses_names_its_file(tmp_path: Path) -> None:
     for args, said in [
         (["--profile", str(search), "--reward-profile", str(search)],
          f"error: {search}: field 'tool': this is the 'reward' emulator, the profile says 'search'"),
-        (["--profile", str(replay)], f"error: {replay}: field 'model': nowhere.jsonl: "),
+        (["--profile", str(replay)], f"error: {replay}: field 'model.paths.0': nowhere.jsonl: "),
         (["--config", str(config)],
          "error: emulators.search_profile: field 'tool': this is the 'search' emulator, "
          "the profile says 'reward'"),
