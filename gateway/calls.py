@@ -45,12 +45,19 @@ class CallContext:
     turn: int | None = None
     # a header read here sent twice with different values (which one counted was a guess)
     sent_twice: str | None = None
+    # the gateway's refusals by reason (`guard.Door.refused`, /metrics' refused_total)
+    refused: dict[str, int] | None = None
 
     @classmethod
-    def from_scope(cls, scope: dict[str, Any], trace: TraceWriter | None) -> CallContext:
+    def from_scope(
+        cls,
+        scope: dict[str, Any],
+        trace: TraceWriter | None,
+        refused: dict[str, int] | None = None,
+    ) -> CallContext:
         state = scope.get("state") or {}
         return cls.from_headers(
-            scope["headers"], state.get("request_id", ""), state.get("caller"), trace
+            scope["headers"], state.get("request_id", ""), state.get("caller"), trace, refused
         )
 
     @classmethod
@@ -60,6 +67,7 @@ class CallContext:
         request_id: str,
         caller: str | None,
         trace: TraceWriter | None,
+        refused: dict[str, int] | None = None,
     ) -> CallContext:
         """From raw (lower-cased name, value) header pairs, as ASGI and the lane hold them."""
         headers: dict[str, str] = {}
@@ -70,7 +78,12 @@ class CallContext:
                 text = value.decode("latin-1")
                 if headers.setdefault(key, text) != text:
                     sent_twice = sent_twice or key
-        return cls(request_id, caller, headers, trace, sent_twice=sent_twice)
+        return cls(request_id, caller, headers, trace, sent_twice=sent_twice, refused=refused)
+
+    def refuse(self, reason: str) -> None:
+        """Counts this request as refused before its tool, for `reason` (a `metrics.REFUSALS`)."""
+        if self.refused is not None:
+            self.refused[reason] += 1
 
     @property
     def sent_deadline(self) -> bool:

@@ -137,10 +137,16 @@ class Door:
             try:
                 verdict.length = int(length)
             except ValueError:
+                self.refused["invalid_request"] += 1
                 return _refuse(verdict, 400, BAD_LENGTH)
             if takes_body and verdict.length > self.max_body_bytes:
+                self.refused["too_large"] += 1
                 return _refuse(verdict, 413, self.too_large_message())
         return verdict
+
+    def body_refused(self, status: int) -> None:
+        """Counts a body the bounds refused once it came (or did not come in time): a 413 or 408."""
+        self.refused["too_large" if status == 413 else "body_timeout"] += 1
 
     def too_large_message(self) -> str:
         return too_large_message(self.max_body_bytes)  # the same words as every front door
@@ -196,6 +202,7 @@ class Guard:
             verdict.length,
         )
         if refusal is not None:
+            door.body_refused(refusal.status)
             await _reply(send_with_id, _refuse(verdict, *refusal))
 
 

@@ -221,6 +221,7 @@ class LaneProtocol(HttpToolsProtocol):
             return
         lane.keep_alive = False
         door = self.gateway.door
+        door.body_refused(408)
         verdict = lane.verdict
         verdict.status, verdict.detail = (
             408,
@@ -237,9 +238,11 @@ class LaneProtocol(HttpToolsProtocol):
             if verdict.status:
                 answer = verdict.status, [JSON, *verdict.headers], verdict.refusal_body()
             else:
+                gateway = self.gateway
                 ctx = CallContext.from_headers(
-                    lane.headers, verdict.request_id, verdict.caller, self.gateway.trace
-                )
+                    lane.headers, verdict.request_id, verdict.caller, gateway.trace,
+                    gateway.door.refused,
+                )  # fmt: skip
                 answer = await serve(ctx, lane.call, bytes(lane.body))
             self._write(lane, *answer)
             answered = True

@@ -29,13 +29,18 @@ OUTCOMES = (
     "cut_by_shutdown",
 )  # fmt: skip
 
-# Requests the front door refused before any tool saw them (`guard.Door`), by reason: not calls
-# of a tool, so not in calls_total, yet a caller got its 401 or 429 (a rate-limit 429 was seen
-# nowhere in /metrics)
-REFUSALS = ("unauthorized", "rate_limited")
+# Requests the gateway refused before any tool saw them, by reason (counted where each is refused:
+# `guard.Door`, the lane, the hot routes): not calls of a tool, so not in calls_total, yet a caller
+# got its 4xx (a refused request was seen nowhere in /metrics, nor in the logs)
+REFUSALS = (
+    "unauthorized", "rate_limited", "invalid_request", "unknown_tool", "too_large", "body_timeout",
+)  # fmt: skip
 REFUSED_HELP = (
-    "Requests refused at the front door before reaching a tool: unauthorized (401, a missing or "
-    "wrong API key), rate_limited (429, rate_limit_per_s)."
+    "Requests refused before reaching a tool: unauthorized (401, a missing or wrong API key), "
+    "rate_limited (429, rate_limit_per_s), invalid_request (400 or 422: malformed JSON, a bad "
+    "header or Content-Length, a generic call's body that is not an object of arguments), "
+    "unknown_tool (404: no such tool on a tool route), too_large (413, max_body_bytes), "
+    "body_timeout (408, the body not whole within body_timeout_s)."
 )
 
 # (name, help) of each per-tool histogram, in `ToolMetrics.histograms()` order

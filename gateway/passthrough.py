@@ -106,7 +106,7 @@ class PassThrough:
         if call is None:
             await self.app(scope, receive, send)
             return
-        ctx = CallContext.from_scope(scope, self.state.trace)
+        ctx = CallContext.from_scope(scope, self.state.trace, self.state.door.refused)
         body = await _read(receive)
         if body is None:
             return  # the caller hung up
@@ -144,7 +144,7 @@ async def pass_through(ctx: CallContext, runtime: ToolRuntime, path: str, body: 
         ctx.check_headers()
         deadline, deadline_ms = ctx.deadline(runtime, own_budget)
     except h.HeaderError as exc:
-        return _json(400, {"detail": str(exc), "request_id": ctx.request_id})
+        return _refused(ctx, 400, str(exc))
     reserve = reserve_s(deadline_ms) if sandbox else 0.0
     outcome = await run_call(ctx, runtime, path, body, deadline, deadline_ms, reserve)
     reply = outcome.reply
@@ -168,12 +168,12 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
         return _bad_json(ctx)
     problem = _check_call_body(body)
     if problem is not None:
-        return _json(422, {"detail": f"invalid request: {problem}", "request_id": ctx.request_id})
+        return _refused(ctx, 422, f"invalid request: {problem}")
     try:
         ctx.check_headers()
         deadline, deadline_ms = ctx.deadline(runtime, body.get("deadline_ms"))
     except h.HeaderError as exc:
-        return _json(400, {"detail": str(exc), "request_id": ctx.request_id})
+        return _refused(ctx, 400, str(exc))
     payload = wirejson.dumps(body["arguments"])
     # JSON whatever the caller's envelope said (`curl -d` says a form: a FastAPI tool refused it)
     outcome = await run_call(
@@ -257,7 +257,13 @@ def _parse(raw: bytes) -> Any:
 
 def _bad_json(ctx: CallContext) -> Answer:
     """The one answer to malformed JSON on every route (the FastAPI routes answer the same)."""
-    return _json(NOT_JSON_STATUS, {"detail": NOT_JSON, "request_id": ctx.request_id})
+    return _refused(ctx, NOT_JSON_STATUS, NOT_JSON)
+
+
+def _refused(ctx: CallContext, status: int, detail: str) -> Answer:
+    """A request refused before the tool (a 400 or 422), counted as `invalid_request`."""
+    ctx.refuse("invalid_request")
+    return _json(status, {"detail": detail, "request_id": ctx.request_id})
 
 
 def shutdown_cut_detail(grace_s: float) -> str:

@@ -101,9 +101,12 @@ def _toolset(request: Request) -> ToolSet:
 def _declined(request: Request, kind: str | None = None, tool: str | None = None) -> Response:
     """Reached only when the fast path (gateway.passthrough) declined a call: say why, clearly."""
     toolset = _toolset(request)
+    refused = state_of(request).door.refused
     if kind is not None and toolset.first_of_kind(kind) is None:
+        refused["unknown_tool"] += 1
         raise HTTPException(404, f"no {kind} tool is configured in the gateway's tools table")
     if tool is not None and tool not in toolset.tools:
+        refused["unknown_tool"] += 1
         known = ", ".join(sorted(toolset.tools)) or "none"
         raise HTTPException(404, f"unknown tool {tool!r}; known tools: {known}")
     raise HTTPException(503, "the gateway is starting")
@@ -173,6 +176,7 @@ async def call_tool(tool: str, request: Request) -> Response:
     # with a 422 before the 404. Malformed JSON is the one 400, as on every route.
     raw = await request.body()
     if raw and not wirejson.is_json(raw):
+        state_of(request).door.refused["invalid_request"] += 1
         raise HTTPException(NOT_JSON_STATUS, NOT_JSON)
     return _declined(request, tool=tool)
 
