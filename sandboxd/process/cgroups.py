@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import resource
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from toolenv_core.flocks import lock_if_still_there
 
 from .cgroup_slot import (
     CFS_PERIOD_US,
@@ -95,12 +96,8 @@ def _lock(d: Path) -> int | None:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)  # not inherited by the programs it starts
     except FileNotFoundError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.stat(d).st_ino == os.fstat(fd).st_ino:
-            return fd
-    except (BlockingIOError, FileNotFoundError):
-        pass
+    if lock_if_still_there(fd, d, wait=False):
+        return fd
     os.close(fd)
     return None
 

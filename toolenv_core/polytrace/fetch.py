@@ -25,6 +25,8 @@ from typing import Literal
 
 import httpx
 
+from toolenv_core.flocks import lock_if_still_there
+
 from .manifest import Manifest, ManifestEntry
 
 CHUNK = 1 << 16
@@ -99,10 +101,8 @@ def _locked_part_file(target: Path) -> tuple[int, str]:
     """A new temporary file beside `target`, locked (flock) for as long as it is open."""
     while True:
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(name).st_ino == os.fstat(fd).st_ino:
-                return fd, name
+        if lock_if_still_there(fd, name, wait=True):
+            return fd, name
         os.close(fd)  # a sweep removed it before the lock was taken: make another
 
 
