@@ -14,6 +14,7 @@ import re
 from collections.abc import AsyncIterator
 
 import httpx
+from httpx_sse import EventSource
 
 from .base import Chunk, Engine, PrefixCacheStats
 
@@ -131,10 +132,12 @@ class OpenAIEngine(Engine):
                         f"{self.base_urls[index]} answered {response.status_code}: {detail}"
                     )
                 self._open[request_id] = response
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
+                # SSE lines end at CR or LF alone; httpx's aiter_lines also broke a chunk at a
+                # U+2028 or U+0085 in its text (JSON leaves them unescaped): a JSONDecodeError
+                async for event in EventSource(response).aiter_sse():
+                    if event.data == "[DONE]":
                         continue
-                    data = json.loads(line[6:])
+                    data = json.loads(event.data)
                     usage = data.get("usage") or {}
                     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                     for choice in data.get("choices") or []:
