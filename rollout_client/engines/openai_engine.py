@@ -138,6 +138,11 @@ class OpenAIEngine(Engine):
                     if event.data == "[DONE]":
                         continue
                     data = json.loads(event.data)
+                    if isinstance(data.get("error"), dict):  # vLLM's failure after the stream began
+                        why = data["error"].get("message") or "an error event"
+                        raise RuntimeError(
+                            f"{self.base_urls[index]} failed the request mid-stream: {why}"
+                        )
                     usage = data.get("usage") or {}
                     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                     for choice in data.get("choices") or []:

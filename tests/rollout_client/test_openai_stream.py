@@ -23,8 +23,14 @@ def _chunk(text: str, ids: list[int], finish: str | None) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
 
+# What vLLM's server streams when generation fails after the stream began (its engine died, or
+# a request finished with reason "error"), before its `[DONE]`.
+ERROR_EVENT = b'data: {"error": {"message": "EngineCore encountered an issue", "code": 400}}\n\n'
+
+
 class _Completions(http.server.BaseHTTPRequestHandler):
-    """`/v1/models` lists one model; `/v1/completions` streams one chunk per text of TEXTS."""
+    """`/v1/models` lists one model; `/v1/completions` streams one chunk per text of TEXTS, or,
+    at `/broken/v1/completions`, the first chunk and then an error event."""
 
     protocol_version = "HTTP/1.1"
 
@@ -41,6 +47,8 @@ class _Completions(http.server.BaseHTTPRequestHandler):
             _chunk(text, [2 * i, 2 * i + 1], "length" if i == len(TEXTS) - 1 else None)
             for i, text in enumerate(TEXTS)
         ]
+        if self.path.startswith("/broken/"):
+            chunks = [chunks[0], ERROR_EVENT]
         body = b"".join(chunks) + b"data: [DONE]\n\n"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -73,3 +81,19 @@ async def test_a_chunk_whose_text_holds_a_unicode_line_break_is_one_event(server
     finally:
         await engine.close()
     assert gen.token_ids == list(range(8)) and gen.finish_reason == "length"
+
+
+async def test_an_error_event_mid_stream_fails_the_request(server_url) -> None:
+    """vLLM's server reports a failure after the stream began as a `data: {"error": ...}` event
+    and ends the stream as usual; the engine skipped it as a chunk without choices, so the turn
+    ended early with the tokens made so far (2 of 8 forced) and its trajectory counted as done."""
+    engine = OpenAIEngine([server_url + "/broken"])
+    await engine.start()
+    try:
+        with pytest.raises(RuntimeError) as caught:
+            await engine.generate("r", [1, 2, 3], max_tokens=8, min_tokens=8, ignore_eos=True)
+    finally:
+        await engine.close()
+    assert str(caught.value) == (
+        f"{server_url}/broken failed the request mid-stream: EngineCore encountered an issue"
+    )
