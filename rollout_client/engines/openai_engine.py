@@ -16,11 +16,7 @@ from collections.abc import AsyncIterator
 import httpx
 from httpx_sse import EventSource
 
-from .base import Chunk, Engine, PrefixCacheStats
-
-
-class EngineUnreachable(RuntimeError):
-    """The OpenAI-compatible server does not answer (one line, for the CLI)."""
+from .base import Chunk, Engine, EngineUnreachable, PrefixCacheStats
 
 
 def _served_model(response: httpx.Response) -> str | None:
@@ -168,7 +164,13 @@ class OpenAIEngine(Engine):
             return None
         total = PrefixCacheStats(0.0, 0.0)
         for url in self.base_urls:
-            text = (await self._client.get(url + "/metrics")).text
+            try:
+                text = (await self._client.get(url + "/metrics")).text
+            except httpx.HTTPError as exc:  # the server died mid-run: was a 120-line traceback
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise EngineUnreachable(
+                    f"OpenAI-compatible server {url} stopped answering mid-run: {why}"
+                ) from exc
             total.queries += _sum_metric(text, "vllm:prefix_cache_queries_total")
             total.hits += _sum_metric(text, "vllm:prefix_cache_hits_total")
         return total
