@@ -17,6 +17,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -114,7 +115,7 @@ class GatewayClient:
                     timeout = deadline.remaining() + 1.0
             try:
                 response = await self._client.post(
-                    f"/v1/tools/{tool}/call",
+                    f"/v1/tools/{_segment(tool)}/call",
                     json={"arguments": arguments},
                     headers=headers,
                     timeout=timeout,
@@ -216,3 +217,10 @@ def _retry_after(response: httpx.Response) -> float:
         return max(0.01, float(response.headers.get("Retry-After", "0.1")))
     except ValueError:
         return 0.1
+
+
+def _segment(tool: str) -> str:
+    """The tool name as one escaped path segment, dots too (httpx removes `.`/`..` segments): a
+    live model writes it, and `search/../sandbox` called the sandbox, `../../../run_code?` the
+    gateway's /run_code. The gateway answers such a name as an unknown tool."""
+    return quote(tool, safe="").replace(".", "%2E")

@@ -116,6 +116,10 @@ class EngineMonitor:
         return [(0.0, level), *points, (end - start, points[-1][1] if points else level)]
 
 
+class EngineUnreachable(RuntimeError):
+    """The engine does not answer, or died mid-run (one line, for the CLI: exit 3)."""
+
+
 class Engine(ABC):
     """Async token-id generation with forced lengths and abort."""
 
@@ -197,7 +201,8 @@ class Engine(ABC):
         return []
 
     async def prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """The engine's own prefix-cache counters, when it exposes them."""
+        """The engine's own prefix-cache counters, when it exposes them. Read at each step's
+        start and end; raises `EngineUnreachable` for an engine that died, which ends the run."""
         return None
 
     async def generate(

@@ -14,12 +14,9 @@ import re
 from collections.abc import AsyncIterator
 
 import httpx
+from httpx_sse import EventSource
 
-from .base import Chunk, Engine, PrefixCacheStats
-
-
-class EngineUnreachable(RuntimeError):
-    """The OpenAI-compatible server does not answer (one line, for the CLI)."""
+from .base import Chunk, Engine, EngineUnreachable, PrefixCacheStats
 
 
 def _served_model(response: httpx.Response) -> str | None:
@@ -131,10 +128,17 @@ class OpenAIEngine(Engine):
                         f"{self.base_urls[index]} answered {response.status_code}: {detail}"
                     )
                 self._open[request_id] = response
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
+                # SSE lines end at CR or LF alone; httpx's aiter_lines also broke a chunk at a
+                # U+2028 or U+0085 in its text (JSON leaves them unescaped): a JSONDecodeError
+                async for event in EventSource(response).aiter_sse():
+                    if event.data == "[DONE]":
                         continue
-                    data = json.loads(line[6:])
+                    data = json.loads(event.data)
+                    if isinstance(data.get("error"), dict):  # vLLM's failure after the stream began
+                        why = data["error"].get("message") or "an error event"
+                        raise RuntimeError(
+                            f"{self.base_urls[index]} failed the request mid-stream: {why}"
+                        )
                     usage = data.get("usage") or {}
                     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                     for choice in data.get("choices") or []:
@@ -160,7 +164,13 @@ class OpenAIEngine(Engine):
             return None
         total = PrefixCacheStats(0.0, 0.0)
         for url in self.base_urls:
-            text = (await self._client.get(url + "/metrics")).text
+            try:
+                text = (await self._client.get(url + "/metrics")).text
+            except httpx.HTTPError as exc:  # the server died mid-run: was a 120-line traceback
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise EngineUnreachable(
+                    f"OpenAI-compatible server {url} stopped answering mid-run: {why}"
+                ) from exc
             total.queries += _sum_metric(text, "vllm:prefix_cache_queries_total")
             total.hits += _sum_metric(text, "vllm:prefix_cache_hits_total")
         return total

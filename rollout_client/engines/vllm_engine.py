@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Chunk, Engine, PrefixCacheStats
+from .base import Chunk, Engine, EngineUnreachable, PrefixCacheStats
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,13 @@ class VllmEngine(Engine):
             await self._llm.abort(request_id)
 
     async def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Also where a dead engine ends the run: every later step's trajectories failed at once
+        (EngineDeadError), and the report showed those steps with the engine 50% busy."""
+        if self._llm is not None and self._llm.errored:
+            raise EngineUnreachable(
+                "vLLM's engine died mid-run (its EngineCore process exited; its log above says "
+                "why): the run stopped"
+            )
         from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
 
         values = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0}

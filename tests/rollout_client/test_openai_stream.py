@@ -1,0 +1,99 @@
+"""The `openai` engine reads a completion stream as Server-Sent Events, against a local server
+that streams what vLLM streams (one `data: {json}` line per chunk)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from rollout_client.engines import OpenAIEngine
+
+# What a random-weight model's byte-level tokens decode to now and then: line breaks that JSON
+# leaves unescaped (NEL, LINE SEPARATOR, PARAGRAPH SEPARATOR), and SSE does not break lines at.
+TEXTS = ["ab", "c\x85d", "e\u2028f", "g\u2029h"]
+
+
+def _chunk(text: str, ids: list[int], finish: str | None) -> bytes:
+    choice = {"index": 0, "text": text, "finish_reason": finish, "token_ids": ids}
+    body = {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+# What vLLM's server streams when generation fails after the stream began (its engine died, or
+# a request finished with reason "error"), before its `[DONE]`.
+ERROR_EVENT = b'data: {"error": {"message": "EngineCore encountered an issue", "code": 400}}\n\n'
+
+
+class _Completions(http.server.BaseHTTPRequestHandler):
+    """`/v1/models` lists one model; `/v1/completions` streams one chunk per text of TEXTS, or,
+    at `/broken/v1/completions`, the first chunk and then an error event."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b'{"object": "list", "data": [{"id": "m"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        chunks = [
+            _chunk(text, [2 * i, 2 * i + 1], "length" if i == len(TEXTS) - 1 else None)
+            for i, text in enumerate(TEXTS)
+        ]
+        if self.path.startswith("/broken/"):
+            chunks = [chunks[0], ERROR_EVENT]
+        body = b"".join(chunks) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Completions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_a_chunk_whose_text_holds_a_unicode_line_break_is_one_event(server_url) -> None:
+    """The stream was split with httpx's `aiter_lines`, which breaks at every Unicode line
+    boundary: a chunk whose text held U+2028 or U+0085 (JSON leaves them as they are) was cut in
+    two, and its trajectory failed with "JSONDecodeError: Unterminated string" (1 of 32 in a
+    replay on the tiny model). SSE breaks lines at CR and LF alone."""
+    engine = OpenAIEngine([server_url])
+    await engine.start()
+    try:
+        gen = await engine.generate("r", [1, 2, 3], max_tokens=8, min_tokens=8, ignore_eos=True)
+    finally:
+        await engine.close()
+    assert gen.token_ids == list(range(8)) and gen.finish_reason == "length"
+
+
+async def test_an_error_event_mid_stream_fails_the_request(server_url) -> None:
+    """vLLM's server reports a failure after the stream began as a `data: {"error": ...}` event
+    and ends the stream as usual; the engine skipped it as a chunk without choices, so the turn
+    ended early with the tokens made so far (2 of 8 forced) and its trajectory counted as done."""
+    engine = OpenAIEngine([server_url + "/broken"])
+    await engine.start()
+    try:
+        with pytest.raises(RuntimeError) as caught:
+            await engine.generate("r", [1, 2, 3], max_tokens=8, min_tokens=8, ignore_eos=True)
+    finally:
+        await engine.close()
+    assert str(caught.value) == (
+        f"{server_url}/broken failed the request mid-stream: EngineCore encountered an issue"
+    )
