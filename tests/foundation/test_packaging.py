@@ -85,10 +85,11 @@ def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> No
 
 
 def test_build_requires_a_setuptools_that_reads_this_pyproject() -> None:
-    """`license = "Apache-2.0"` (an SPDX string, PEP 639) is read from setuptools 77.0.1 on; with
-    the declared `setuptools>=68`, a build without isolation on setuptools 68-76 (`pip install
-    --no-build-isolation .`, `python -m build --no-isolation`) stopped at "invalid pyproject.toml
-    config: `project.license`" (the test above builds on the test venv's newer setuptools)."""
+    """`license = "Apache-2.0"` (an SPDX string, PEP 639) is read from setuptools 77.0.1 on. With
+    the declared `setuptools>=68`, a build from a wheelhouse holding setuptools 75 (`pip wheel
+    --no-index --find-links DIR .`) took it and stopped at "invalid pyproject.toml config:
+    `project.license`"; now pip says no setuptools>=77.0.1 is there. (The test above builds on
+    the test venv's newer setuptools.)"""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     [setuptools] = [
         Requirement(r) for r in pyproject["build-system"]["requires"] if r.startswith("setuptools")
