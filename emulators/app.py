@@ -12,8 +12,10 @@ from typing import TypeVar
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException
 
 from toolenv_core import __version__
+from toolenv_core.allow import http_error
 from toolenv_core.bodylimit import BodyLimit
 from toolenv_core.heap import freeze_startup_objects
 from toolenv_core.latency.profile import ProfileError, load_profile
@@ -87,6 +89,7 @@ def create_app(settings: EmulatorSettings | None = None) -> FastAPI:
     app = FastAPIOffline(  # /docs serves its own Swagger UI assets: works offline
         title="toolenv emulators", version=__version__, lifespan=lifespan
     )
+    app.add_exception_handler(HTTPException, http_error)  # a 405's Allow names every method
     app.state.settings = settings
     app.state.emulators = emulators
     app.state.ready = False

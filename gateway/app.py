@@ -10,10 +10,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from toolenv_core import __version__
 from toolenv_core.admission import RateLimits
+from toolenv_core.allow import allowed_methods
 from toolenv_core.errors import NOT_JSON, NOT_JSON_STATUS, error_problems
 from toolenv_core.heap import freeze_startup_objects
 
@@ -28,8 +28,6 @@ from .state import GatewayState
 from .toolset import ToolSet, check_custom_apps
 from .trace import TraceWriter, check_trace_path
 from .upstream import Backend
-
-HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")  # Allow's order
 
 DESCRIPTION = """One async front door for every tool: admission control (concurrency limit,
 bounded queue, 429 + Retry-After), one deadline per call (`X-Toolenv-Deadline-Ms`, and on the
@@ -119,7 +117,7 @@ def create_app(
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = exc.headers
         if exc.status_code == 405:  # Starlette's names one route of the path: /healthz's HEAD
-            headers = {**(headers or {}), "Allow": _allowed(request)}
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
         return JSONResponse(
             {"detail": exc.detail, "request_id": _rid(request)}, exc.status_code, headers=headers
         )
@@ -127,19 +125,6 @@ def create_app(
     app.add_middleware(PassThrough, state=state)  # inside the guard: keys and limits apply
     app.add_middleware(Guard, door=door)
     return app
-
-
-def _allowed(request: Request) -> str:
-    """Every method the request's path takes, for a 405's Allow (RFC 9110: all of them), asked
-    of the routes' own matching method by method: FastAPI 0.165 (what a fresh `pip install` takes)
-    keeps an included router's routes behind one route that is no `APIRoute`, where a walk over
-    `APIRoute`s found none and every 405 said `Allow:` with nothing."""
-    routes = request.app.router.routes
-    return ", ".join(
-        method
-        for method in HTTP_METHODS
-        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
-    )
 
 
 def _rid(request: Request) -> str | None:

@@ -7,7 +7,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException
 
+from toolenv_core.allow import http_error
 from toolenv_core.bodylimit import BodyLimit
 from toolenv_core.heap import freeze_startup_objects
 
@@ -35,6 +37,7 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
         description="Code-execution sandboxes, SandboxFusion-compatible `/run_code`.",
         lifespan=lifespan,
     )
+    app.add_exception_handler(HTTPException, http_error)  # a 405's Allow names every method
     app.state.sandbox_service = service
     app.include_router(build_router(service))
     # A request body is bounded as the router reads it: a Content-Length over the limit is a 413

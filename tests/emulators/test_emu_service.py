@@ -361,3 +361,16 @@ def test_a_deadline_counts_from_the_requests_arrival_like_its_delay() -> None:
         assert "x-toolenv-injected-delay-ms: 200.000\r\n" in reply, reply
     finally:
         s.stop()
+
+
+def test_a_405_allows_every_method_of_its_path(client: httpx.Client) -> None:
+    """Starlette's 405 named the first matching route's methods: `/healthz` (a GET and a HEAD
+    route) said `Allow: HEAD`, the profile path (GET and PUT) `Allow: GET`."""
+    for method, path, allowed in [
+        ("DELETE", "/healthz", "GET, HEAD"),
+        ("PATCH", "/v1/emulators/search/profile", "GET, PUT"),
+        ("GET", "/retrieve", "POST"),
+    ]:
+        r = client.request(method, path)
+        assert r.status_code == 405 and r.headers["allow"] == allowed, (path, r.headers)
+        assert r.json() == {"detail": "Method Not Allowed"}

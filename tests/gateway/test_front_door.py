@@ -17,10 +17,10 @@ from gw_support import proxy_tool
 from starlette.requests import Request
 from starlette.routing import BaseRoute
 
-from gateway.app import _allowed
 from gateway.settings import GatewaySettings, ToolConfig
 from sandboxd.settings import SandboxSettings
 from toolenv_core import headers as h
+from toolenv_core.allow import allowed_methods
 from toolenv_core.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,7 +278,7 @@ def test_a_405_allows_the_methods_of_routes_held_inside_other_routes() -> None:
     )
     for path, allowed in [("/healthz", "GET, HEAD"), ("/v1/tools/x/call", "POST"), ("/no", "")]:
         scope = {"type": "http", "method": "DELETE", "path": path, "app": app, "headers": []}
-        assert _allowed(Request(scope)) == allowed, path
+        assert allowed_methods(Request(scope)) == allowed, path
 
 
 def test_docs_work_without_a_cdn(gateway) -> None:

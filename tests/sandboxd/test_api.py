@@ -377,3 +377,10 @@ def test_python_runs_take_a_warm_sandbox_which_is_refilled(
     after = wait_full()
     assert after["warm_hits"] == before["warm_hits"] + 1
     assert set(after["warm_workdirs"]) != set(before["warm_workdirs"])  # a fresh one replaced it
+
+
+def test_a_405_allows_every_method_of_its_path(api: SandboxdServer) -> None:
+    """`/readyz` is a GET route and a HEAD route: its 405 said `Allow: GET` (the first's)."""
+    r = api.client.delete("/readyz")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD", r.headers
+    assert r.json() == {"detail": "Method Not Allowed"}
