@@ -18,11 +18,10 @@ from toolenv_core import __version__
 from toolenv_core.allow import http_error
 from toolenv_core.bodylimit import BodyLimit
 from toolenv_core.heap import freeze_startup_objects
-from toolenv_core.latency.profile import ProfileError, load_profile
+from toolenv_core.latency.profile import ProfileError, load_profile, shipped_profile_path
 
 from .base import ProfileRejected, ToolEmulator
 from .fastpath import FastPathMiddleware
-from .profiles import packaged_profile_path
 from .profiles_router import build_profiles_router, pin_to_cache
 from .reward import RewardEmulator
 from .reward import build_router as build_reward_router
@@ -39,7 +38,7 @@ def _emulator(cls: type[E], settings: EmulatorSettings) -> E:
     read) names where the profile came from: with `--profile` and `--reward-profile` both
     given, "field 'tool': this is the 'search' emulator" did not say which file was wrong."""
     inline = getattr(settings, f"{cls.name}_profile")
-    path = getattr(settings, f"{cls.name}_profile_file") or packaged_profile_path(
+    path = getattr(settings, f"{cls.name}_profile_file") or shipped_profile_path(
         f"{cls.name}_default"
     )
     profile = inline if inline is not None else load_profile(path)

@@ -48,7 +48,7 @@ class RolloutSettings(ServiceSettings):
     tool_profiles: dict[str, str] = Field(
         default_factory=dict,
         description="virtual clock: latency profile file per tool (else recorded latencies, --exact)",
-        examples=[{"search": "emulators/profiles/search_default.yaml"}],
+        examples=[{"search": "search_default"}],
     )
     tool_scale: Number = Field(
         default=1.0, gt=0, description="virtual clock: multiply every tool latency"

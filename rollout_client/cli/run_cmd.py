@@ -36,8 +36,8 @@ from .common import (
 from .run_driver import run_with_progress
 
 TOOL_PROFILE_HINT = (
-    "--tool-profile TOOL=FILE (a profile from `toolenv emulators fit`, or "
-    "emulators/profiles/search_default.yaml in a source checkout)"
+    "--tool-profile TOOL=FILE (a profile from `toolenv emulators fit`, or a shipped one by "
+    "name: search=search_default)"
 )
 
 
@@ -236,7 +236,7 @@ def run(
         typer.Option(
             "--tool-profile",
             help="virtual: TOOL=FILE latency profile, written by `toolenv emulators fit` or one the "
-            "emulators ship (emulators/profiles/search_default.yaml in a source checkout); "
+            "emulators ship, by name (search=search_default); "
             "without one a tool replays recorded latencies (--exact).",
         ),
     ] = None,

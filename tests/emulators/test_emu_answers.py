@@ -14,8 +14,8 @@ import pytest
 from emu_support import FAST, FAULT, INJECTED, TIMER, start_server
 from testkit import ServerProcess, free_port
 
-from emulators.profiles import packaged_profile_path
 from toolenv_core.latency import load_profile
+from toolenv_core.latency.profile import shipped_profile_path
 
 
 def tokens(result: list[dict]) -> int:
@@ -69,7 +69,7 @@ def test_response_token_sizes_follow_the_trace(client: httpx.Client) -> None:
         json={
             **FAST,
             "response_tokens": load_profile(
-                packaged_profile_path("search_default")
+                shipped_profile_path("search_default")
             ).response_tokens.model_dump(),
         },
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.figure
@@ -12,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from emulators.describe import plot_cdf
-from emulators.profiles import packaged_profile_path
 from toolenv.cli import build_app
 from toolenv_core.latency import load_profile
+from toolenv_core.latency.profile import shipped_profile_path
 
 app = build_app()
 
@@ -23,7 +25,7 @@ runner = CliRunner()
 
 def test_describe_prints_quantiles_and_writes_a_png(polytrace_dir: Path, tmp_path: Path) -> None:
     png = tmp_path / "cdf.png"
-    shipped = packaged_profile_path("search_default")
+    shipped = shipped_profile_path("search_default")
     result = runner.invoke(
         app,
         [
@@ -52,7 +54,7 @@ def test_describe_prints_quantiles_and_writes_a_png(polytrace_dir: Path, tmp_pat
 
 def test_describe_plot_writes_the_file_it_names(tmp_path: Path) -> None:
     """`--plot cdf` wrote `cdf.png` and reported `cdf`; `--plot DIR` wrote `DIR.png`, exit 0."""
-    shipped = str(packaged_profile_path("search_default"))
+    shipped = str(shipped_profile_path("search_default"))
     plain = tmp_path / "cdf"
     result = runner.invoke(app, ["emulators", "describe", shipped, "--plot", str(plain)])
     assert result.exit_code == 0, result.output
@@ -102,7 +104,7 @@ def test_describe_says_what_share_of_calls_a_profiles_faults_take(tmp_path: Path
 def test_describe_plot_under_a_file_says_so(tmp_path: Path) -> None:
     """`--plot FILE/cdf.png` said "cannot write the plot to ...: File exists" (the directories
     it makes for the plot met the file)."""
-    shipped = str(packaged_profile_path("search_default"))
+    shipped = str(shipped_profile_path("search_default"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for plot in (blocker / "cdf.png", blocker / "d" / "cdf.png"):
@@ -204,7 +206,7 @@ def test_data_without_the_profiles_tool_names_what_chooses_it_not_a_missing_opti
     ended in "(--tool names one)": the profile's `tool` chooses them there."""
     calls = tmp_path / "calls.log"
     calls.write_text("Step0, Request ID: a, Tool: search, Latency: 0.2 seconds\n")
-    reward = packaged_profile_path("reward_default")
+    reward = shipped_profile_path("reward_default")
     result = runner.invoke(app, ["emulators", "describe", str(reward), "--data", str(calls)])
     assert result.exit_code == 2
     assert result.stderr.rstrip().endswith(
@@ -226,7 +228,7 @@ def test_describe_plot_draws_a_one_call_trace(
     draws nothing; the legend said `trace (n=1)` over an empty curve."""
     drawn: list[matplotlib.figure.Figure] = []
     monkeypatch.setattr(matplotlib.pyplot, "close", drawn.append)
-    profile = load_profile(packaged_profile_path("search_default"))
+    profile = load_profile(shipped_profile_path("search_default"))
     plot_cdf(profile, np.array([0.07]), tmp_path / "cdf.png", n=1000)
     [fig] = drawn
     [trace] = [line for line in fig.axes[0].get_lines() if line.get_label() == "trace (n=1)"]
@@ -236,10 +238,30 @@ def test_describe_plot_draws_a_one_call_trace(
 def test_describe_plot_onto_what_it_reads_is_refused(tmp_path: Path) -> None:
     """`--plot` naming the profile (or a --data trace) wrote the PNG over it, exit 0."""
     profile = tmp_path / "p.yaml"
-    profile.write_text(packaged_profile_path("search_default").read_text())
+    profile.write_text(shipped_profile_path("search_default").read_text())
     before = profile.read_bytes()
     result = runner.invoke(app, ["emulators", "describe", str(profile), "--plot", str(profile)])
     assert result.exit_code == 2, result.output
     said = f"error: cannot write the plot to {profile}: it is {profile}, read here; name a PNG file"
     assert result.stderr == said + "\n"
     assert profile.read_bytes() == before
+
+
+def test_a_shipped_profile_is_named_from_any_directory(tmp_path: Path) -> None:
+    """Installed from a wheel, a user had no `emulators/profiles/search_default.yaml` to name:
+    the shipped profiles were out of reach of `describe`, `--profile` and `--tool-profile`. A
+    file of that name, where there is one, is still the file."""
+
+    def describe(name: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-m", "toolenv", "emulators", "describe", name, "--json"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    shipped = describe("search_default")
+    assert shipped == describe(str(shipped_profile_path("search_default")))
+    assert describe("reward_default") != shipped
+    (tmp_path / "search_default").write_text("model: {kind: constant, value_s: 0.5}\n")
+    assert describe("search_default") != shipped

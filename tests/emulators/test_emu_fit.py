@@ -17,10 +17,10 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from emulators.fit import build_profile, fit
-from emulators.profiles import packaged_profile_path
 from toolenv.cli import build_app
 from toolenv_core.latency import load_profile
 from toolenv_core.latency.faults import ErrorFault
+from toolenv_core.latency.profile import shipped_profile_path
 from toolenv_core.polytrace import tool_latencies
 from toolenv_core.polytrace.latencies import LatencyObservation
 
@@ -152,7 +152,7 @@ def test_fit_to_a_profile_that_cannot_be_written_is_one_line_exit_2(tmp_path: Pa
 
 
 def test_shipped_profiles_name_their_source_and_match_the_published_facts() -> None:
-    search = load_profile(packaged_profile_path("search_default"))
+    search = load_profile(shipped_profile_path("search_default"))
     assert (
         search.source.startswith("PolyTrace search_r1/")
         and search.fit["best"] == "empirical_quantiles"
@@ -161,7 +161,7 @@ def test_shipped_profiles_name_their_source_and_match_the_published_facts() -> N
     # polytrace/README: median 0.17 s, p90 1.39 s, p99 2.92 s, max 3.77 s
     assert abs(np.median(draws) - 0.17) < 0.01 and abs(np.quantile(draws, 0.9) - 1.39) < 0.05
     assert abs(np.quantile(draws, 0.99) - 2.92) < 0.1 and draws.max() <= 3.78
-    reward = load_profile(packaged_profile_path("reward_default"))
+    reward = load_profile(shipped_profile_path("reward_default"))
     assert reward.tool == "reward" and reward.reference["batch_size"] == 64
     rdraws = reward.model.build().sample_many(np.random.default_rng(2), 20_000)
     assert 60 < rdraws.mean() < 100
@@ -374,7 +374,7 @@ def test_the_shipped_reward_profile_is_what_the_documented_fit_writes(
     argv = ["emulators", "fit", "rllm_deepcoder", "--tool", "reward", "--out", str(out)]
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
-    assert out.read_text() == packaged_profile_path("reward_default").read_text()
+    assert out.read_text() == shipped_profile_path("reward_default").read_text()
 
 
 def _file_size_limit(limit: int) -> Callable[[], None]:

@@ -12,7 +12,7 @@ import pytest
 from emu_support import FAST, INJECTED, start_server
 from testkit import free_port
 
-from emulators.profiles import packaged_profile_path
+from toolenv_core.latency.profile import shipped_profile_path
 
 
 def test_profile_swap_list_and_validation(client: httpx.Client) -> None:
@@ -151,7 +151,7 @@ def test_a_profile_the_emulator_refuses_names_its_file(tmp_path: Path) -> None:
     """With `--profile` and `--reward-profile` both given, a profile of the other tool (or a trace
     replay whose file is missing) said "field 'tool': this is the 'reward' emulator, the profile
     says 'search'" without naming the file, or the config setting, that was wrong."""
-    search = packaged_profile_path("search_default")
+    search = shipped_profile_path("search_default")
     replay = tmp_path / "replay.yaml"
     replay.write_text("tool: search\nmodel: {kind: trace, paths: [nowhere.jsonl], tool: search}\n")
     config = tmp_path / "toolenv.yaml"

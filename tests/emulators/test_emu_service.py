@@ -14,9 +14,9 @@ from emu_support import FAST, INJECTED, LEAD, TIMER, start_server
 from scipy import stats
 from testkit import ServerProcess, free_port
 
-from emulators.profiles import packaged_profile_path
 from stress import LoadSpec, arun_load
 from toolenv_core.latency import load_profile
+from toolenv_core.latency.profile import shipped_profile_path
 
 
 def test_exact_replay_delay_and_headers(client: httpx.Client) -> None:
@@ -164,7 +164,7 @@ def test_faults_on_the_wire(client: httpx.Client, fault: str) -> None:
 
 async def test_fidelity_at_a_small_rate_matches_the_profile(server: ServerProcess) -> None:
     """100 requests/s open loop for 3 s: scheduled and realized delays follow the shipped profile."""
-    profile = load_profile(packaged_profile_path("search_default"))
+    profile = load_profile(shipped_profile_path("search_default"))
     with httpx.Client(base_url=server.url, timeout=30) as c:
         c.put(
             "/v1/emulators/search/profile", json=profile.model_dump(mode="json", exclude_none=True)

@@ -81,7 +81,7 @@ def test_malformed_json_in_an_env_var_is_one_line_naming_it(
         '[{"name": "search", "kind": "search"}, {"name": "code", "kind": "sandbox"}]',
         "PROFILES_SAID": "TOOLENV_ROLLOUT_TOOL_PROFILES is not valid JSON (Expecting property "
         "name enclosed in double quotes: line 1 column 20, char 19); send a JSON object, e.g. "
-        '{"search": "emulators/profiles/search_default.yaml"}',
+        '{"search": "search_default"}',
     }[said]
     assert result.stderr == f"error: {expected}\n"
 

@@ -40,7 +40,7 @@ def test_undecodable_file_is_named(polytrace_dir: Path, tmp_path: Path) -> None:
         ["emulators", "fit", str(binary)],
         ["rollout", "run", "--trace", str(binary)],
         ["rollout", "run", "--synthetic", str(binary)],
-        ["emulators", "describe", "emulators/profiles/search_default.yaml", "--data", str(binary)],
+        ["emulators", "describe", "search_default", "--data", str(binary)],
     ):
         line = one_line_error(cli(*command))
         assert f"{binary}:1: not UTF-8 text" in line, command
@@ -152,7 +152,7 @@ def test_an_empty_file_or_folder_says_so(tmp_path: Path) -> None:
     empty, folder = tmp_path / "empty.jsonl", tmp_path / "folder"
     empty.write_text("\n")
     folder.mkdir()
-    profile = "emulators/profiles/search_default.yaml"
+    profile = "search_default"
     for command in (
         ["emulators", "fit", str(empty)],
         ["emulators", "describe", profile, "--data", str(empty)],
@@ -174,7 +174,7 @@ def test_a_folder_of_fitted_parameters_says_what_it_holds(polytrace_dir: Path) -
     folder = polytrace_dir / "intern_s1"
     for command in (
         ["emulators", "fit", str(folder)],
-        ["emulators", "describe", "emulators/profiles/search_default.yaml", "--data", str(folder)],
+        ["emulators", "describe", "search_default", "--data", str(folder)],
     ):
         assert one_line_error(cli(*command)) == (
             f"error: no calls of tool 'search' in {folder}: 1 file(s) of fitted intern_s1 "

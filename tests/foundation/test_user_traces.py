@@ -231,7 +231,7 @@ def test_fit_of_a_folder_reads_the_conversion_beside_its_capture(tmp_path: Path)
         for i, s in enumerate([0.1, 0.2, 0.4, 0.3, 0.5, 0.25, 0.15, 0.35])
     ]
     capture = write(folder / "capture.jsonl", calls)
-    describe = ["emulators", "describe", "emulators/profiles/search_default.yaml", "--data"]
+    describe = ["emulators", "describe", "search_default", "--data"]
     for command in (["emulators", "fit"], describe):  # only a capture there: says what it is
         line = one_line_error(*command, str(folder))
         assert "1 file(s) of a gateway trace capture: `toolenv gateway trace-to-multiturn" in line

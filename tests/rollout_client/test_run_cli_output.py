@@ -22,6 +22,7 @@ from rollout_client.settings import RolloutSettings
 from rollout_client.study_report import PLOTS as STUDY_PLOTS
 from rollout_client.workloads.plan import MAX_CONTEXT_TOKENS, TrajectoryPlan, TurnPlan
 from toolenv.cli import build_app
+from toolenv_core.latency.profile import shipped_profile_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -216,7 +217,7 @@ def test_an_option_of_another_workload_is_noted(polytrace_dir: Path, tmp_path: P
     """`--sample 0.1 --synthetic` drew every trajectory and `--max-turns 1 --trace` replayed
     every turn, silently: each shapes one workload only."""
     params = polytrace_dir / "intern_s1" / "enhanced_task_distribution_parameters.json"
-    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    profile = "search_default"  # a shipped profile by name: there is no such file here
     args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--synthetic", str(params)]
     args += ["--tool-profile", f"search={profile}", "--batch", "2", "--no-plots", "--json"]
     args += ["--out", str(tmp_path), "--sample", "0.1", "--max-turns", "1", "--length-scale", "0.5"]
@@ -232,7 +233,7 @@ def test_an_option_of_another_workload_is_noted(polytrace_dir: Path, tmp_path: P
 
 def test_a_tool_profile_given_twice_for_one_tool_is_refused(tmp_path: Path) -> None:
     """`--tool-profile search=A --tool-profile search=B` ran with B alone, saying nothing of A."""
-    a, b = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml", tmp_path / "b.yaml"
+    a, b = shipped_profile_path("search_default"), tmp_path / "b.yaml"
     b.write_text(a.read_text())
     args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--trace", str(tmp_path)]
     args += ["--tool-profile", f"search={a}", "--tool-profile", f"search={b}"]

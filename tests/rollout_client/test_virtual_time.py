@@ -30,6 +30,7 @@ from toolenv.cli import build_app
 from toolenv_core.deadline import Deadline
 from toolenv_core.hedging import LatencyWindow
 from toolenv_core.latency import HangFault, ThrottleFault
+from toolenv_core.latency.profile import shipped_profile_path
 
 
 def test_sim_tools_deadline_hang_and_hedging() -> None:
@@ -144,7 +145,7 @@ def test_virtual_run_draws_from_a_tool_profile_or_says_what_it_needs(
     ]  # fmt: skip
     refused = subprocess.run(base, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--tool-profile" in refused.stderr
-    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    profile = shipped_profile_path("search_default")
     drawn = subprocess.run(
         [*base, "--tool-profile", f"search={profile}", "--tool-scale", "10"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
@@ -161,7 +162,7 @@ def test_a_misspelt_tool_profile_is_refused_before_the_run(
     meant for would fail (15 of 16 trajectories did), so the run is refused up front; with
     --exact the recorded latencies serve and the unused profile is a note."""
     trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
-    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    profile = shipped_profile_path("search_default")
     base = [
         sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
         "virtual", "--trace", str(trace), "--batch", "16", "--limit", "16", "--json",
@@ -183,7 +184,7 @@ def test_hedging_recorded_latencies_alone_is_noted(polytrace_dir: Path, tmp_path
     """`--exact --policy async+hedge` with no profile sent hedges that replay the call's own
     recorded latency: started later, none ever answered first, and nothing said so."""
     trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
-    profile = REPO_ROOT / "emulators" / "profiles" / "search_default.yaml"
+    profile = shipped_profile_path("search_default")
     base = [
         sys.executable, "-m", "toolenv", "rollout", "run", "--engine", "sim", "--clock",
         "virtual", "--trace", str(trace), "--batch", "256", "--limit", "256", "--json",
@@ -413,7 +414,7 @@ def test_a_tool_profile_of_another_tool_is_refused(polytrace_dir: Path, tmp_path
     """`--tool-profile search=reward_default.yaml` ran, each search call taking a sandbox batch's
     ~80 s, where the search emulator refuses a profile whose `tool:` is not its own."""
     trace = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
-    profile = REPO_ROOT / "emulators" / "profiles" / "reward_default.yaml"
+    profile = shipped_profile_path("reward_default")
     args = ["rollout", "run", "--engine", "sim", "--clock", "virtual", "--trace", str(trace)]
     args += ["--limit", "2", "--no-plots", "--out", str(tmp_path / "o")]
     done = CliRunner().invoke(build_app(), [*args, "--tool-profile", f"search={profile}"])

@@ -90,9 +90,21 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
         raise ProfileError(f"{where}: field {field!r}: {msg}") from exc
 
 
+SHIPPED_DIR = Path(__file__).resolve().parent / "profiles"
+SHIPPED = ("search_default", "reward_default")  # fitted from PolyTrace (docs/emulators.md)
+
+
+def shipped_profile_path(name: str) -> Path:
+    """A profile shipped with the package, by name (`search_default`, `reward_default`)."""
+    return SHIPPED_DIR / f"{name}.yaml"
+
+
 def load_profile(path: str | Path) -> Profile:
-    """Read a YAML or JSON profile file."""
+    """Read a YAML or JSON profile file, or a shipped profile by name (`search_default`) where
+    no such file exists: installed from a wheel, a user has no source checkout to name one in."""
     p = Path(path)
+    if str(path) in SHIPPED and not p.exists():
+        p = shipped_profile_path(str(path))
     try:
         text = p.read_text()
     except OSError as exc:
