@@ -82,6 +82,15 @@ def test_pip_install_into_fresh_venv_gives_working_toolenv(tmp_path: Path) -> No
     )
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)["files"]) == 45
+    # the license the metadata names ships as its text (it was named, and shipped nowhere)
+    [license_file] = site.glob("toolenv-*.dist-info/licenses/LICENSE")
+    assert "Apache License" in license_file.read_text().splitlines()[0]
+    # and so do the shipped latency profiles, named from any directory
+    described = subprocess.run(
+        [str(venv / "bin" / "python"), str(exe), "emulators", "describe", "search_default"],
+        capture_output=True, text=True, cwd=tmp_path, env=clean_env,
+    )  # fmt: skip
+    assert described.returncode == 0, described.stderr
 
 
 def test_build_requires_a_setuptools_that_reads_this_pyproject() -> None:
