@@ -204,6 +204,22 @@ def test_filling_the_disk(portal, backend) -> None:
     assert_clean_after(portal, backend, r)
 
 
+def test_a_tree_3000_deep_is_removed_by_the_reset(portal, backend) -> None:
+    """shutil.rmtree recurses once per level: the reset raised RecursionError on these trees
+    and the agent (PID 1) died with it, so each such run cost the pool its container."""
+    code = (
+        "import os\n"
+        "for top in ('/sandbox', '/tmp', '/dev/shm'):\n"
+        "    os.chdir(top)\n"
+        "    for _ in range(3000):\n"
+        "        os.mkdir('d'); os.chdir('d')\n"
+        "print('deep')\n"
+    )
+    r = run(portal, backend, code)
+    assert r.run.status == ExecStatus.FINISHED and r.run.stdout == "deep\n", r.run
+    assert_clean_after(portal, backend, r)
+
+
 def test_no_network(portal, backend) -> None:
     accepted = []
     with socket.socket() as server:
