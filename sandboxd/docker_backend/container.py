@@ -62,8 +62,11 @@ def container_config(
             f"nr_inodes={MAX_INODES},uid={uid},gid={uid},mode=0700",
             "/tmp": f"rw,noexec,nosuid,nodev,size={settings.docker_tmp_mb}m,"
             f"nr_inodes={MAX_INODES},mode=1777",
+            # not `shm_size`: Docker's /dev/shm has no inode bound (a program made a million
+            # empty files there, which the reset then had to delete)
+            "/dev/shm": f"rw,noexec,nosuid,nodev,size={settings.docker_tmp_mb}m,"
+            f"nr_inodes={MAX_INODES},mode=1777",
         },
-        "shm_size": f"{settings.docker_tmp_mb}m",
         "ipc_mode": "private",
         "volumes": {socket_dir: {"bind": AGENT_DIR, "mode": "rw"}},
         "mem_limit": f"{settings.docker_memory_mb}m",
