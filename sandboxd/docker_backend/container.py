@@ -68,6 +68,10 @@ def container_config(
             f"nr_inodes={MAX_INODES},mode=1777",
         },
         "ipc_mode": "private",
+        # The container's network namespace outlives each run: a connection a run closed sat in
+        # TIME_WAIT for 60 s, so the next run in the container could not bind that port
+        # (EADDRINUSE) and saw it in /proc/net/tcp. Without buckets none is kept.
+        "sysctls": {"net.ipv4.tcp_max_tw_buckets": "0"},
         "volumes": {socket_dir: {"bind": AGENT_DIR, "mode": "rw"}},
         "mem_limit": f"{settings.docker_memory_mb}m",
         "memswap_limit": f"{settings.docker_memory_mb}m",

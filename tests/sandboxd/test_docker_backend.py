@@ -275,6 +275,7 @@ def test_container_isolation_flags(backend) -> None:
     assert set(host["Tmpfs"]) == {"/sandbox", "/tmp", "/dev/shm"}
     assert all("nr_inodes=16384" in opts for opts in host["Tmpfs"].values())
     assert host["IpcMode"] == "private"
+    assert host["Sysctls"] == {"net.ipv4.tcp_max_tw_buckets": "0"}
     labels = attrs["Config"]["Labels"]
     assert labels["toolenv.sandbox"] == "1" and labels["toolenv.pool"] == backend.pool.pool_id
     sock_dir = Path(container.socket_dir)

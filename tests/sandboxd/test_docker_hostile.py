@@ -311,6 +311,25 @@ def test_no_secrets(portal, backend) -> None:
     assert_clean_after(portal, backend, r)
 
 
+def test_a_closed_connection_does_not_hold_its_port_for_the_next_run(portal, backend) -> None:
+    """Runs share the container's network namespace: a connection the previous run closed
+    first sat in TIME_WAIT, and the next run got EADDRINUSE binding that port for 60 s (on the
+    process backend each run has a namespace of its own)."""
+    code = (
+        "import socket\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 7777)); s.listen()\n"
+        "c = socket.create_connection(('127.0.0.1', 7777)); a, _ = s.accept()\n"
+        "a.close(); c.recv(1); c.close(); s.close()\n"
+        "print('served')\n"
+    )
+    first = run(portal, backend, code)
+    assert first.run.status == ExecStatus.FINISHED and first.run.stdout == "served\n", first.run
+    again = run(portal, backend, code)
+    assert again.sandbox_id == first.sandbox_id, "expected the same container to be reused"
+    assert again.run.status == ExecStatus.FINISHED and again.run.stdout == "served\n", again.run
+    assert_clean_after(portal, backend, again)
+
+
 def test_writing_outside_the_workdir(portal, backend) -> None:
     code = (
         "out = {}\n"
