@@ -62,9 +62,16 @@ def container_config(
             f"nr_inodes={MAX_INODES},uid={uid},gid={uid},mode=0700",
             "/tmp": f"rw,noexec,nosuid,nodev,size={settings.docker_tmp_mb}m,"
             f"nr_inodes={MAX_INODES},mode=1777",
+            # not `shm_size`: Docker's /dev/shm has no inode bound (a program made a million
+            # empty files there, which the reset then had to delete)
+            "/dev/shm": f"rw,noexec,nosuid,nodev,size={settings.docker_tmp_mb}m,"
+            f"nr_inodes={MAX_INODES},mode=1777",
         },
-        "shm_size": f"{settings.docker_tmp_mb}m",
         "ipc_mode": "private",
+        # The container's network namespace outlives each run: a connection a run closed sat in
+        # TIME_WAIT for 60 s, so the next run in the container could not bind that port
+        # (EADDRINUSE) and saw it in /proc/net/tcp. Without buckets none is kept.
+        "sysctls": {"net.ipv4.tcp_max_tw_buckets": "0"},
         "volumes": {socket_dir: {"bind": AGENT_DIR, "mode": "rw"}},
         "mem_limit": f"{settings.docker_memory_mb}m",
         "memswap_limit": f"{settings.docker_memory_mb}m",

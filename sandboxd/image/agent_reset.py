@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import time
 
 SYSVIPC = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg")
@@ -105,8 +106,23 @@ def empty_dir(path: str) -> None:
         full = os.path.join(path, entry.name)
         try:
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(full)
+                remove_tree(full)
             else:
                 os.unlink(full)
         except FileNotFoundError:
             pass
+
+
+def remove_tree(path: str) -> None:
+    """`shutil.rmtree` at any depth: it recurses once per level, so a program's `mkdir d; cd d`
+    loop 3000 deep raised RecursionError out of the reset and the agent (PID 1) died with it,
+    taking its container. `rm -rf` (no recursion limit) removes what rmtree could not."""
+    try:
+        shutil.rmtree(path)
+    except RecursionError:
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", path],
+            check=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )

@@ -272,7 +272,10 @@ def test_container_isolation_flags(backend) -> None:
     assert host["PidsLimit"] == backend.settings.docker_pids_limit
     assert host["NanoCpus"] == int(backend.settings.docker_cpus * 1e9)
     assert host["CpuShares"] == 512  # one run per container: the run's CPU weight
-    assert set(host["Tmpfs"]) == {"/sandbox", "/tmp"}
+    assert set(host["Tmpfs"]) == {"/sandbox", "/tmp", "/dev/shm"}
+    assert all("nr_inodes=16384" in opts for opts in host["Tmpfs"].values())
+    assert host["IpcMode"] == "private"
+    assert host["Sysctls"] == {"net.ipv4.tcp_max_tw_buckets": "0"}
     labels = attrs["Config"]["Labels"]
     assert labels["toolenv.sandbox"] == "1" and labels["toolenv.pool"] == backend.pool.pool_id
     sock_dir = Path(container.socket_dir)

@@ -204,6 +204,42 @@ def test_filling_the_disk(portal, backend) -> None:
     assert_clean_after(portal, backend, r)
 
 
+def test_dev_shm_holds_no_flood_of_files(portal, backend) -> None:
+    """/dev/shm has the inode bound of /sandbox and /tmp: Docker's own (shm_size) had none, and
+    a program made a million empty files there in 6 s, which the reset took 5.5 s to delete."""
+    code = (
+        "import os\n"
+        "n = errno = 0\n"
+        "try:\n"
+        "    for n in range(20000):\n"
+        "        os.close(os.open(f'/dev/shm/{n}', os.O_CREAT | os.O_WRONLY))\n"
+        "except OSError as e:\n"
+        "    errno = e.errno\n"
+        "print(n, errno)\n"
+    )
+    r = run(portal, backend, code)
+    assert r.run.status == ExecStatus.FINISHED, r.run
+    made, errno = map(int, r.run.stdout.split())
+    assert made < 16384 and errno == 28, r.run.stdout  # ENOSPC at the tmpfs's inode bound
+    assert_clean_after(portal, backend, r)
+
+
+def test_a_tree_3000_deep_is_removed_by_the_reset(portal, backend) -> None:
+    """shutil.rmtree recurses once per level: the reset raised RecursionError on these trees
+    and the agent (PID 1) died with it, so each such run cost the pool its container."""
+    code = (
+        "import os\n"
+        "for top in ('/sandbox', '/tmp', '/dev/shm'):\n"
+        "    os.chdir(top)\n"
+        "    for _ in range(3000):\n"
+        "        os.mkdir('d'); os.chdir('d')\n"
+        "print('deep')\n"
+    )
+    r = run(portal, backend, code)
+    assert r.run.status == ExecStatus.FINISHED and r.run.stdout == "deep\n", r.run
+    assert_clean_after(portal, backend, r)
+
+
 def test_no_network(portal, backend) -> None:
     accepted = []
     with socket.socket() as server:
@@ -273,6 +309,25 @@ def test_no_secrets(portal, backend) -> None:
     assert out["nnp"] == ["1"]
     assert out["fds"] == ["0", "1", "2", "3"]  # 3 is the listing itself: no agent fd leaked
     assert_clean_after(portal, backend, r)
+
+
+def test_a_closed_connection_does_not_hold_its_port_for_the_next_run(portal, backend) -> None:
+    """Runs share the container's network namespace: a connection the previous run closed
+    first sat in TIME_WAIT, and the next run got EADDRINUSE binding that port for 60 s (on the
+    process backend each run has a namespace of its own)."""
+    code = (
+        "import socket\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 7777)); s.listen()\n"
+        "c = socket.create_connection(('127.0.0.1', 7777)); a, _ = s.accept()\n"
+        "a.close(); c.recv(1); c.close(); s.close()\n"
+        "print('served')\n"
+    )
+    first = run(portal, backend, code)
+    assert first.run.status == ExecStatus.FINISHED and first.run.stdout == "served\n", first.run
+    again = run(portal, backend, code)
+    assert again.sandbox_id == first.sandbox_id, "expected the same container to be reused"
+    assert again.run.status == ExecStatus.FINISHED and again.run.stdout == "served\n", again.run
+    assert_clean_after(portal, backend, again)
 
 
 def test_writing_outside_the_workdir(portal, backend) -> None:
