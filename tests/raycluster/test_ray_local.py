@@ -5,6 +5,7 @@ Ctrl-C deletes the application and stops that cluster. Run in a network namespac
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -312,4 +313,35 @@ def test_a_new_application_on_a_port_something_answers_at_is_refused(tmp_path: P
     finally:
         if holder is not None:
             holder.kill()
+        ns.stop()
+
+
+def test_ctrl_c_after_the_cluster_died_says_so_at_once(tmp_path: Path) -> None:
+    """The cluster's GCS killed while the command serves, then Ctrl-C: one line saying the
+    cluster stopped answering and the application could not be deleted, exit 1 within seconds
+    (before: "deleting the application", then about 50 s deaf to Ctrl-C while `serve.delete`
+    waited on the dead GCS, and Ray's driver exiting 1 in a flood of native log lines)."""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    try:
+        server, _ = _start_serve(ns, tmp_path, "serving on Ray")
+        out: list[str] = []
+        drain = threading.Thread(target=lambda: out.append(server.stderr.read()), daemon=True)
+        drain.start()
+        gcs = [p for p in ns.pids(0) if Path(f"/proc/{p}/comm").read_text().strip() == "gcs_server"]
+        assert len(gcs) == 1, gcs
+        os.kill(gcs[0], signal.SIGKILL)
+        time.sleep(1)
+        server.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        code = server.wait(120)
+        waited = time.monotonic() - started
+        drain.join(30)
+        rest = "".join(out)
+        assert code == 1, rest[-3000:]
+        assert waited < 20, (waited, rest[-3000:])
+        said = [line for line in rest.splitlines() if line.startswith("error:")]
+        assert len(said) == 1 and "the Ray cluster stopped answering" in said[0], rest[-3000:]
+        assert "could not be deleted" in said[0], said
+        assert "Traceback" not in rest and "Failed to connect to GCS" not in rest, rest[-3000:]
+    finally:
         ns.stop()

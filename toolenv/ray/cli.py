@@ -4,6 +4,7 @@ the foreground like `serve run` (Ctrl-C deletes the application) unless `--detac
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -18,7 +19,7 @@ from ray.serve.exceptions import RayServeException
 from rich.console import Console
 
 from toolenv_core.config import ConfigFileError, config_error
-from toolenv_core.ray_connect import LOCAL, RayUnreachable
+from toolenv_core.ray_connect import LOCAL, RayUnreachable, check_reachable
 
 from .app import (
     DeployFailed,
@@ -32,6 +33,7 @@ from .app import (
 from .ingress import gateway_url
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C and `kill`
+SHUTDOWN_WITHOUT_GCS_S = 10.0  # how long Ray's driver shutdown may take once the GCS is gone
 
 
 def run_on_ray(
@@ -83,9 +85,32 @@ def run_on_ray(
                 serve.delete(stack.ray.app_name)
         ray.shutdown()  # also stops a local cluster that `ray.init` had only begun to start
         raise typer.Exit(128 + exc.signal) from None
+    gone = cluster_gone()
+    if gone is not None:
+        typer.echo(
+            f"error: {gone}: application {stack.ray.app_name!r} could not be deleted", err=True
+        )
+        # Ray's driver shutdown (which also stops a local cluster's processes) may wait on the
+        # GCS too: bounded, then out without Python's exit hooks (Ray's would wait as well)
+        stopping = threading.Thread(target=ray.shutdown, daemon=True)
+        stopping.start()
+        stopping.join(SHUTDOWN_WITHOUT_GCS_S)
+        os._exit(1)
     console.print("deleting the application")
     serve.delete(stack.ray.app_name)
     ray.shutdown()
+
+
+def cluster_gone() -> str | None:
+    """Why the cluster this command is connected to no longer answers, else None. Its GCS
+    refusing connections is a cluster whose head died: `serve.delete` then waited, deaf to
+    Ctrl-C, until Ray's driver gave up on the GCS (60 s) and exited 1 in a flood of native log
+    lines, after the command had said "deleting the application"."""
+    try:
+        check_reachable(ray.get_runtime_context().gcs_address, timeout_s=2)
+    except RayUnreachable as exc:
+        return f"the Ray cluster stopped answering ({exc})"
+    return None
 
 
 class StartInterrupted(BaseException):
