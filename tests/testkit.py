@@ -6,16 +6,18 @@ Import them as `from testkit import ...`: every test folder has its own conftest
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import httpx
 
 from toolenv_core.net import free_port
 
-__all__ = ["ServerProcess", "free_port"]
+__all__ = ["LoopbackHTTP", "QuietHandler", "ServerProcess", "free_port"]
 
 
 class ServerProcess:
@@ -66,3 +68,38 @@ class ServerProcess:
             if self.proc and self.proc.stdout
             else ""
         )
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A `LoopbackHTTP` handler: `reply` sends one whole answer, and nothing is logged."""
+
+    def reply(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class LoopbackHTTP:
+    """A tiny upstream a test controls: the stdlib's threaded HTTP server on 127.0.0.1 (a free
+    port) answering with `handler`, served from a daemon thread while the `with` block runs."""
+
+    def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> LoopbackHTTP:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop serving and close the port (again: a no-op)."""
+        self.server.shutdown()
+        self.server.server_close()

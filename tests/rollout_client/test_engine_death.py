@@ -3,48 +3,39 @@ in-process engine's alike: no traceback, no steps run against a dead engine."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from testkit import LoopbackHTTP, QuietHandler
 
 from rollout_client.engines import EngineUnreachable, OpenAIEngine
 from rollout_client.engines.vllm_engine import VllmEngine, VllmOptions
 
 
-class _Models(http.server.BaseHTTPRequestHandler):
+class _Models(QuietHandler):
     """An OpenAI-compatible server as far as `/v1/models` and `/metrics` go."""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         body = b'{"object": "list", "data": [{"id": "m"}]}' if self.path == "/v1/models" else b""
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, body)
 
 
 async def test_an_openai_server_that_died_is_unreachable_not_a_traceback() -> None:
     """The vLLM server killed mid-run: the step's end read its /metrics and the run died in a
     120-line `httpx.ConnectError` traceback (exit 1), where an unreachable engine is one line
     and exit 3."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Models)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    engine = OpenAIEngine([url])
-    await engine.start()
-    try:
-        assert await engine.prefix_cache_stats() is not None
-        server.shutdown()
-        server.server_close()
-        with pytest.raises(EngineUnreachable) as caught:
-            await engine.prefix_cache_stats()
-    finally:
-        await engine.close()
+    with LoopbackHTTP(_Models) as server:
+        url = server.url
+        engine = OpenAIEngine([url])
+        await engine.start()
+        try:
+            assert await engine.prefix_cache_stats() is not None
+            server.stop()
+            with pytest.raises(EngineUnreachable) as caught:
+                await engine.prefix_cache_stats()
+        finally:
+            await engine.close()
     assert str(caught.value) == (
         f"OpenAI-compatible server {url} stopped answering mid-run: All connection attempts failed"
     )

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
+from testkit import LoopbackHTTP, QuietHandler
 
 from rollout_client.gateway_client import GatewayClient
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
+class _Recorder(QuietHandler):
     """Answers every POST 404 and keeps the raw request path it was sent."""
 
     paths: list[str] = []
@@ -19,26 +18,15 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.paths.append(self.path)
-        body = b'{"detail": "unknown tool"}'
-        self.send_response(404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(404, b'{"detail": "unknown tool"}')
 
 
 @pytest.fixture
 def recorder() -> Iterator[tuple[str, list[str]]]:
     paths: list[str] = []
     handler = type("Recorder", (_Recorder,), {"paths": paths})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", paths
-    server.shutdown()
-    server.server_close()
+    with LoopbackHTTP(handler) as server:
+        yield server.url, paths
 
 
 @pytest.mark.parametrize(

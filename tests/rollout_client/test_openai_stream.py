@@ -3,12 +3,11 @@ that streams what vLLM streams (one `data: {json}` line per chunk)."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 
 import pytest
+from testkit import LoopbackHTTP, QuietHandler
 
 from rollout_client.engines import OpenAIEngine
 
@@ -28,18 +27,14 @@ def _chunk(text: str, ids: list[int], finish: str | None) -> bytes:
 ERROR_EVENT = b'data: {"error": {"message": "EngineCore encountered an issue", "code": 400}}\n\n'
 
 
-class _Completions(http.server.BaseHTTPRequestHandler):
+class _Completions(QuietHandler):
     """`/v1/models` lists one model; `/v1/completions` streams one chunk per text of TEXTS, or,
     at `/broken/v1/completions`, the first chunk and then an error event."""
 
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = b'{"object": "list", "data": [{"id": "m"}]}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(200, b'{"object": "list", "data": [{"id": "m"}]}')
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -50,23 +45,13 @@ class _Completions(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/broken/"):
             chunks = [chunks[0], ERROR_EVENT]
         body = b"".join(chunks) + b"data: [DONE]\n\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, body, "text/event-stream; charset=utf-8")
 
 
 @pytest.fixture
 def server_url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Completions)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with LoopbackHTTP(_Completions) as server:
+        yield server.url
 
 
 async def test_a_chunk_whose_text_holds_a_unicode_line_break_is_one_event(server_url) -> None:

@@ -4,12 +4,11 @@ calibration, the live parser, the OpenAI engine (workloads: test_rollout_workloa
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from testkit import LoopbackHTTP, QuietHandler
 
 from rollout_client.calibrate import CalibrationPlan, calibrate_engine
 from rollout_client.clock import VirtualEventLoop
@@ -227,7 +226,7 @@ def test_openai_engine_pins_each_trajectory_to_one_server() -> None:
         OpenAIEngine([])
 
 
-class _NotOpenAI(http.server.BaseHTTPRequestHandler):
+class _NotOpenAI(QuietHandler):
     """Another web server on the port: `/v1/models` answers 404, or 200 with other content."""
 
     answers = {"/404/v1/models": (404, b"no"), "/text/v1/models": (200, b"hello")}
@@ -235,13 +234,7 @@ class _NotOpenAI(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         status, body = self.answers.get(self.path, (404, b""))
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(status, body)
 
 
 @pytest.mark.parametrize(
@@ -251,16 +244,10 @@ async def test_a_server_that_is_not_openai_compatible_is_one_line(prefix: str, s
     """A 404 from /v1/models came out as two lines (httpx's "For more information check: ..."),
     saying the server "does not answer"; a 200 that listed no model was a KeyError traceback (or
     a bare "Expecting value" naming no server). Each is one line naming the URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/{prefix}"
-    try:
+    with LoopbackHTTP(_NotOpenAI) as server:
+        url = f"{server.url}/{prefix}"
         with pytest.raises(EngineUnreachable) as info:
             await OpenAIEngine([url]).start()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert str(info.value) == (
         f"{url} answered GET /v1/models with {said}"
         + (" (data[0].id)" if said == "no model" else "")
@@ -268,35 +255,25 @@ async def test_a_server_that_is_not_openai_compatible_is_one_line(prefix: str, s
     )
 
 
-class _OneModel(http.server.BaseHTTPRequestHandler):
+class _OneModel(QuietHandler):
     """`/v1/models` at the server's root lists one model; every other path is a 404."""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         body = b'{"object": "list", "data": [{"id": "m"}]}' if self.path == "/v1/models" else b""
-        self.send_response(200 if body else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200 if body else 404, body)
 
 
 @pytest.mark.parametrize("given", ["", "/", "/v1", "/v1/"])
 async def test_an_openai_client_base_url_ending_in_v1_is_the_servers_root(given: str) -> None:
     """`--openai-url http://host:8000/v1`, the base URL an OpenAI client takes, asked for
     /v1/v1/models and was refused as "not an OpenAI-compatible server"."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneModel)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    root = f"http://127.0.0.1:{server.server_address[1]}"
-    engine = OpenAIEngine([root + given])
-    try:
-        await engine.start()
-    finally:
-        await engine.close()
-        server.shutdown()
-        server.server_close()
+    with LoopbackHTTP(_OneModel) as server:
+        root = server.url
+        engine = OpenAIEngine([root + given])
+        try:
+            await engine.start()
+        finally:
+            await engine.close()
     assert engine.base_urls == [root] and engine.model == "m"
 
 
