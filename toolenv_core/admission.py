@@ -101,10 +101,11 @@ class Admission:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            if math.isinf(wait):
-                await waiter
-            else:
-                await asyncio.wait_for(asyncio.shield(waiter), wait)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returned a slot handed over
+            # in the loop turn the caller was cancelled in, dropping the cancellation (a cancelled
+            # run_tests case then ran its program anyway)
+            async with asyncio.timeout(None if math.isinf(wait) else wait):
+                await asyncio.shield(waiter)
         except TimeoutError:
             if waiter.done():  # granted at the last moment: keep it
                 self.admitted_total += 1

@@ -59,6 +59,22 @@ async def test_admission_cancelled_waiter_passes_its_slot_on() -> None:
     assert adm.in_flight == 1 and adm.waiting == 0
 
 
+async def test_a_waiter_cancelled_as_its_slot_is_handed_over_stays_cancelled() -> None:
+    # A run_tests case waiting for a slot, cancelled (client gone, shutdown cut) in the same
+    # loop turn another run released its slot to it: Python 3.11's wait_for returned the slot
+    # and dropped the cancellation, so the case ran its program on (a docker pool being closed
+    # then waited for it, and `toolenv serve` took 10 s more to stop).
+    adm = Admission("sandbox", 1, 4, queue_timeout_s=5, retry_after_s=1)
+    await adm.acquire(Deadline.never())
+    waiter = asyncio.create_task(adm.acquire(Deadline.after(5)))
+    await asyncio.sleep(0)
+    adm.release()  # handed to the waiter...
+    waiter.cancel()  # ...as it is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert adm.in_flight == 0 and adm.waiting == 0  # the slot was passed on, not kept
+
+
 async def test_a_committed_caller_is_never_refused_only_its_deadline_ends_its_wait() -> None:
     """A caller holding finished work a refusal would throw away (a run_tests request past its
     first verdict) waits past the queue bound and the queue timeout, in FIFO order."""
