@@ -69,7 +69,11 @@ class CaseBatch:
         self._loop.add_reader(self.ours.fileno(), self._on_message)
         self.forked.ended.add_done_callback(lambda _: self._fail("the case forker exited"))
         try:
-            await asyncio.wait_for(asyncio.shield(self._ready), REPLY_TIMEOUT_S)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returned a reply that came in
+            # the loop turn the request was cancelled in, dropping the cancellation (as in
+            # toolenv_core.admission), and the cut request's cases would have run on
+            async with asyncio.timeout(REPLY_TIMEOUT_S):
+                await asyncio.shield(self._ready)
         except (TimeoutError, ForkFailed) as exc:
             self._fail(f"the case forker did not start: {exc or type(exc).__name__}")
             raise ForkFailed(self.reason) from exc
