@@ -289,6 +289,8 @@ class LoadClient:
     def _drop(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
+            if conn in self.idle:  # bytes past an answer's end broke an idle one: never reused
+                self.idle.remove(conn)  # (its next request was written to a closed transport)
             if conn.transport is not None and not conn.closed:
                 conn.transport.abort()
             if self.waiting and self._may_open():

@@ -1,0 +1,74 @@
+"""`toolenv stress` against loopback servers that break HTTP/1.1 in one way each."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from stress import LoadSpec, run_load
+
+
+@contextmanager
+def raw_server(answer: Callable[[socket.socket], bool]) -> Iterator[str]:
+    """A keep-alive server on 127.0.0.1 that reads each request head and calls `answer(conn)`,
+    which writes what it likes and returns False to close the connection."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve_one(conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        with conn:
+            data = b""
+            while not stop.is_set():
+                try:
+                    chunk = conn.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                data += chunk
+                while b"\r\n\r\n" in data:  # stress's bodies here are empty: heads only
+                    _, data = data.split(b"\r\n\r\n", 1)
+                    if not answer(conn):
+                        return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_bytes_past_a_content_length_do_not_crash_the_run() -> None:
+    """A 200 declaring 2 bytes and sending 5: the 3 extra broke the parser of a connection that
+    was already idle, which was dropped but left in the idle list; the next request was written
+    to its closed transport and the whole run died (RuntimeError: the handler is closed)."""
+
+    def overlong(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokXYZ")
+        return True
+
+    with raw_server(overlong) as url:
+        spec = LoadSpec(url=url, method="GET", rate=40, duration_s=0.5, timeout_s=1, connections=2)
+        result = run_load(spec)
+    outcomes = result.summary()["outcomes"]
+    assert sum(o["count"] for o in outcomes.values()) == 20  # each request accounted for
+    assert set(outcomes) <= {"ok", "protocol_error"}, outcomes
