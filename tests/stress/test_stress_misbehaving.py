@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from cli_support import invoke
+
 from stress import LoadSpec, run_load
 
 
@@ -72,3 +74,19 @@ def test_bytes_past_a_content_length_do_not_crash_the_run() -> None:
     outcomes = result.summary()["outcomes"]
     assert sum(o["count"] for o in outcomes.values()) == 20  # each request accounted for
     assert set(outcomes) <= {"ok", "protocol_error"}, outcomes
+
+
+def test_an_answer_that_is_not_http_is_no_silence() -> None:
+    """A server answering each request at once with a malformed status line: the table showed
+    `protocol_error` in under a millisecond, and the verdict under it was "the target never
+    answered", exit 3 (what a refused connection says). It answered: exit 4, with what it got."""
+
+    def garbage(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\nok")
+        return True
+
+    with raw_server(garbage) as url:
+        result = invoke("--url", url, "--rate", "40", "--duration", "0.25s", "--quiet")
+    assert result.exit_code == 4, result.output
+    assert "never answered" not in result.output
+    assert "not one request succeeded (protocol_error 10)" in result.output
