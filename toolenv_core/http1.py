@@ -162,6 +162,13 @@ class Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self.owner._fail(self, ERR_PROTOCOL)
+        except httptools.HttpParserUpgrade:
+            # 101 Switching Protocols: its answer is complete and what follows is not HTTP, so
+            # the connection is done (the exception escaped: a traceback on stderr per request)
+            if self.rid >= 0:
+                self.owner._fail(self, ERR_PROTOCOL)
+            else:
+                self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
 from cli_support import invoke
 
 from stress import LoadSpec, run_load
@@ -90,3 +92,24 @@ def test_an_answer_that_is_not_http_is_no_silence() -> None:
     assert result.exit_code == 4, result.output
     assert "never answered" not in result.output
     assert "not one request succeeded (protocol_error 10)" in result.output
+
+
+def test_a_switching_protocols_answer_is_counted_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 101 (a WebSocket endpoint, say): httptools raises `HttpParserUpgrade` past it, which
+    escaped the connection's `data_received`: one "Fatal error on transport" traceback on stderr
+    per request. The answer is counted as what it is and its connection closed."""
+
+    def upgrade(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                     b"Connection: Upgrade\r\n\r\n\x81\x02hi")  # fmt: skip
+        return True
+
+    caplog.set_level(logging.ERROR)
+    with raw_server(upgrade) as url:
+        spec = LoadSpec(url=url, method="GET", rate=40, duration_s=0.25, timeout_s=1)
+        result = run_load(spec)
+    assert result.summary()["status_counts"] == {"101": 10}
+    assert set(result.summary()["outcomes"]) == {"http_101"}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
