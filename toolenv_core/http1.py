@@ -213,8 +213,9 @@ class Connection(asyncio.Protocol):
             self.status, self.captured, self.headers_done = 0, None, False
             return
         self.served += 1
-        if self.rid >= 0:
-            self.owner._complete(self, keep_alive=self.parser.should_keep_alive())
+        if self.rid >= 0:  # after a 101 the connection speaks another protocol: never reused
+            keep_alive = self.status != 101 and self.parser.should_keep_alive()
+            self.owner._complete(self, keep_alive=keep_alive)
 
     # -- used by the owner
     def send(self, rid: int, data: bytes) -> None:

@@ -78,6 +78,25 @@ def test_bytes_past_a_content_length_do_not_crash_the_run() -> None:
     assert set(outcomes) <= {"ok", "protocol_error"}, outcomes
 
 
+def test_bytes_past_an_answer_are_not_blamed_on_the_next_request() -> None:
+    """Closed loop on one connection: each answer's 3 extra bytes came in the read that ended
+    it, the next request was sent on it from inside that read, and the parser then failed on
+    the extra bytes with that request on the wire: every second request a `protocol_error` in
+    microseconds, for an answer the server never gave it. The connection is reused only once
+    its read is parsed; broken, it is dropped and the request goes on a fresh one."""
+
+    def overlong(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokXYZ")
+        return True
+
+    with raw_server(overlong) as url:
+        spec = LoadSpec(url=url, method="GET", arrival="closed", concurrency=2,
+                        max_requests=40, duration_s=5, timeout_s=1)  # fmt: skip
+        result = run_load(spec)
+    assert result.summary()["outcomes"].keys() == {"ok"}, result.summary()["outcomes"]
+    assert result.n == 40
+
+
 def test_an_answer_that_is_not_http_is_no_silence() -> None:
     """A server answering each request at once with a malformed status line: the table showed
     `protocol_error` in under a millisecond, and the verdict under it was "the target never
