@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -132,3 +134,21 @@ def test_a_switching_protocols_answer_is_counted_without_a_traceback(
     assert result.summary()["status_counts"] == {"101": 10}
     assert set(result.summary()["outcomes"]) == {"http_101"}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_ctrl_c_while_preconnecting_to_a_target_that_never_accepts() -> None:
+    """`--preconnect` to a listener whose accept queue is full: each connect waits out its
+    `--timeout`, and Ctrl-C was not heard until they had (30 s here) before exiting 130."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)  # one queued connection, never accepted; the rest wait
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+        timer = threading.Timer(1.0, signal.raise_signal, (signal.SIGINT,))
+        timer.start()
+        began = time.monotonic()
+        args = ["--rate", "10", "--duration", "5s", "--timeout", "30s", "--preconnect", "8"]
+        result = invoke("--url", url, *args, "--quiet")
+        took = time.monotonic() - began
+        timer.join()
+    assert result.exit_code == 130, result.output
+    assert took < 5, took
