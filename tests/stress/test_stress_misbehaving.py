@@ -152,3 +152,25 @@ def test_ctrl_c_while_preconnecting_to_a_target_that_never_accepts() -> None:
         timer.join()
     assert result.exit_code == 130, result.output
     assert took < 5, took
+
+
+def test_an_endless_header_is_cut_off_not_kept() -> None:
+    """A head that never ends (one header's value, a MiB at a time): httptools grew that value by
+    concatenation until the request's timeout (memory without bound, CPU quadratic in it), and
+    the request was a `timeout`. Past `MAX_HEAD_BYTES` the answer is unparsable, at once."""
+
+    def endless(conn: socket.socket) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Big: ")
+        chunk = b"a" * (1 << 20)
+        try:
+            for _ in range(200):  # 200 MiB at most, as long as the client reads
+                conn.sendall(chunk)
+        except OSError:
+            pass
+        return False
+
+    with raw_server(endless) as url:
+        spec = LoadSpec(url=url, method="GET", rate=10, duration_s=0.2, timeout_s=3)
+        result = run_load(spec)
+    assert set(result.summary()["outcomes"]) == {"protocol_error"}, result.summary()["outcomes"]
+    assert result.latencies_ms("protocol_error").max() < 1500
