@@ -7,9 +7,10 @@ Exit codes (for CI):
      `--allow-remote`, an unreadable payload file, `--ramp`, `--rate` or `--slo rate=` in a
      closed loop (and `--max-in-flight`), `--concurrency` in an open one, a ramp's options
      without `--ramp`
-  3  the target never answered: not one request got an HTTP response (connection refused, ...)
+  3  the target never answered: not one request got an HTTP response, nor bytes that do not
+     parse as one (connection refused, timeouts, ...)
   4  the target answered, but not one request succeeded (every response an error status such as
-     404, or every request failed), and no `--slo` was broken
+     404, or not HTTP, or every request failed), and no `--slo` was broken
   130  Ctrl-C: sending stopped, the requests in flight had 2 s to finish, and the report (files
      included) covers what was sent before it
 """
@@ -302,7 +303,7 @@ def stress(
             out_console.print(ramp_table(ramp_result))
         _write(err, report, as_json, out, last.result, plot, hdr)
         _exit_if_interrupted(err, last.result)
-        if all(s.summary["responses"] == 0 for s in ramp_result.steps):
+        if all(_never_answered(s.summary) for s in ramp_result.steps):
             err.print("[red]the target never answered[/red]")
             raise typer.Exit(EXIT_NO_RESPONSE)
         raise typer.Exit(EXIT_OK if ramp_result.knee_rate is not None else EXIT_SLO_BROKEN)
@@ -317,7 +318,7 @@ def stress(
         print_report(out_console, summary, verdicts)
     _write(err, report, as_json, out, result, plot, hdr)
     _exit_if_interrupted(err, result)
-    if summary["responses"] == 0:
+    if _never_answered(summary):
         err.print("[red]the target never answered[/red]")
         raise typer.Exit(EXIT_NO_RESPONSE)
     if not all(v.ok for v in verdicts):
@@ -327,6 +328,12 @@ def stress(
         err.print(f"[red]not one request succeeded[/red] ({failed})", soft_wrap=True)
         raise typer.Exit(EXIT_ALL_FAILED)
     raise typer.Exit(EXIT_OK)
+
+
+def _never_answered(summary: dict[str, Any]) -> bool:
+    """No HTTP answer and no bytes that failed to parse as one: a server that answered each
+    request at once with a malformed status line was "the target never answered" (exit 3)."""
+    return summary["responses"] == 0 and "protocol_error" not in summary["outcomes"]
 
 
 def _records(result: LoadResult) -> list[dict[str, Any]]:

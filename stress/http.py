@@ -243,9 +243,15 @@ class LoadClient:
             self.rec.captured[rid] = captured
         self._finish(rid, now, status, error)
         if keep_alive and not conn.closed:
-            self._release(conn)
+            # on the loop's next turn: bytes past this answer's end in the same read broke the
+            # parser with the next request already on it, which was failed for them in no time
+            self.loop.call_soon(self._reuse, conn)
         else:
             self._drop(conn)
+
+    def _reuse(self, conn: Connection) -> None:
+        if conn in self.connections and not conn.closed:
+            self._release(conn)
 
     def _fail(self, conn: Connection, error: int) -> None:
         now = time.monotonic()
@@ -289,6 +295,8 @@ class LoadClient:
     def _drop(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
+            if conn in self.idle:  # bytes past an answer's end broke an idle one: never reused
+                self.idle.remove(conn)  # (its next request was written to a closed transport)
             if conn.transport is not None and not conn.closed:
                 conn.transport.abort()
             if self.waiting and self._may_open():

@@ -181,7 +181,7 @@ async def _open_loop(
         if spec.preconnect is not None
         else min(64, max(2, math.ceil(spec.rate / 250)))
     )
-    await client.preconnect(warm)
+    await _preconnect(client, warm, stop)
     start = spec.start_at if spec.start_at is not None else time.monotonic() + 0.01
     rec.scheduled[:] = start + offsets
     ticker = _Ticker(spec, rec, [client], start)
@@ -269,7 +269,7 @@ async def _closed_loop(
         head_only=spec.method.upper() == "HEAD",
     )
     if spec.preconnect:  # closed loop: only when asked (connect time then stays off the clock)
-        await client.preconnect(spec.preconnect)
+        await _preconnect(client, spec.preconnect, stop)
         if spec.start_at is None:
             start = time.monotonic()
             end = start + spec.duration_s
@@ -290,6 +290,17 @@ async def _closed_loop(
         await ticker.stop()
     _trim(rec, next_rid)
     return _result(spec, rec, start, client, interrupted=stop.is_set())
+
+
+async def _preconnect(client: LoadClient, count: int, stop: Stop) -> None:
+    """`client.preconnect`, given up at Ctrl-C: a target that never accepts held Ctrl-C off for
+    the whole `--timeout` (each connect's bound)."""
+    task = asyncio.ensure_future(client.preconnect(count))
+    await until(task, None, stop)
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _trim(rec: Recorder, used: int) -> None:

@@ -48,6 +48,12 @@ ERR_TIMEOUT, ERR_CONNECT, ERR_CLOSED, ERR_PROTOCOL, ERR_DROPPED, ERR_UNFINISHED,
 )
 
 
+# Bytes of an answer's head (status line and headers) at most: past them it is unparsable. One
+# endless header made httptools grow that header's value by concatenation, read after read, until
+# the timeout: memory without bound and CPU quadratic in it (h11 allows 16 KiB, Node 16 KiB).
+MAX_HEAD_BYTES = 1 << 20
+
+
 class TargetURLError(ValueError):
     """The URL is not a plain http:// URL this client can drive."""
 
@@ -135,6 +141,7 @@ class Connection(asyncio.Protocol):
         "closed",
         "served",
         "got_bytes",
+        "head_bytes",
     )
 
     def __init__(self, owner: Owner) -> None:
@@ -151,6 +158,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.served = 0  # responses completed on this connection
         self.got_bytes = False  # any byte of the current response arrived
+        self.head_bytes = 0  # bytes read while the current answer's head was not yet complete
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -158,10 +166,22 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if not self.headers_done:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self.owner._fail(self, ERR_PROTOCOL)
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self.owner._fail(self, ERR_PROTOCOL)
+        except httptools.HttpParserUpgrade:
+            # 101 Switching Protocols: its answer is complete and what follows is not HTTP, so
+            # the connection is done (the exception escaped: a traceback on stderr per request)
+            if self.rid >= 0:
+                self.owner._fail(self, ERR_PROTOCOL)
+            else:
+                self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -196,6 +216,7 @@ class Connection(asyncio.Protocol):
             # any other broken one (the gateway passed 600 on and its own server failed: a 500)
             raise ValueError(f"status {self.status} is outside 100-599")
         self.headers_done = True
+        self.head_bytes = 0
         if self.status == 204 or self.status == 304 or 100 <= self.status < 200:
             self.framed = True
 
@@ -206,8 +227,9 @@ class Connection(asyncio.Protocol):
             self.status, self.captured, self.headers_done = 0, None, False
             return
         self.served += 1
-        if self.rid >= 0:
-            self.owner._complete(self, keep_alive=self.parser.should_keep_alive())
+        if self.rid >= 0:  # after a 101 the connection speaks another protocol: never reused
+            keep_alive = self.status != 101 and self.parser.should_keep_alive()
+            self.owner._complete(self, keep_alive=keep_alive)
 
     # -- used by the owner
     def send(self, rid: int, data: bytes) -> None:
@@ -218,6 +240,7 @@ class Connection(asyncio.Protocol):
             self.body = bytearray()
         self.headers_done = False
         self.got_bytes = False
+        self.head_bytes = 0
         self.transport.write(data)  # type: ignore[union-attr]
 
     def on_timeout(self) -> None:
