@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +34,14 @@ from toolenv_core.http1 import Endpoint, TargetURLError
 from toolenv_core.outputs import write_whole
 
 from .loop import run_load
-from .options import check_loop_options, check_open_loop, check_outputs, check_ramp_options
+from .options import (
+    check_loop_options,
+    check_open_loop,
+    check_outputs,
+    check_ramp_options,
+    duration_option,
+    parse_headers,
+)
 from .ramp import DEFAULT_RAMP_SLOS, RampResult, RampStep, ramp_rates, run_ramp
 from .report import (
     LiveView,
@@ -71,34 +77,6 @@ OPTION_OF_FIELD = {
 }
 # The check of one ramp step's spec: its duration is --step-duration.
 OPTION_OF_STEP_FIELD = {**OPTION_OF_FIELD, "duration_s": "--step-duration"}
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """`10`, `10s`, `500ms`, `2m`, `1h` -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise typer.BadParameter(f"{text!r} is not a duration like 10s, 500ms, 2m or 1h")
-    scale = _UNIT_S[m.group(2)]
-    return float(m.group(1)) * scale
-
-
-def _duration_option(help_text: str) -> Any:
-    """A duration option (`10s`, `500ms`, ...): click parses it, so a bad one names its option.
-    Its default is written as a string too (`= "10s"`): click parses defaults alike."""
-    return typer.Option(parser=parse_duration, metavar="DURATION", help=help_text)
-
-
-def _headers(values: list[str]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        if ":" not in item:
-            raise typer.BadParameter(f"header {item!r} must look like 'Name: value'")
-        name, value = item.split(":", 1)
-        out[name.strip()] = value.strip()
-    return out
 
 
 def _usage_error(console: Console, message: str) -> typer.Exit:
@@ -150,7 +128,7 @@ def stress(
     ] = 100.0,
     concurrency: Annotated[int, typer.Option(help="Closed-loop callers.")] = 16,
     duration: Annotated[
-        float, _duration_option("Run length: 10s, 500ms, 2m, 1h (at most).")
+        float, duration_option("Run length: 10s, 500ms, 2m, 1h (at most).")
     ] = "10s",  # type: ignore[assignment]
     max_requests: Annotated[int, typer.Option(help="Hard cap on requests in the run.")] = 1_000_000,
     max_in_flight: Annotated[
@@ -171,7 +149,7 @@ def stress(
         ),
     ] = None,
     timeout: Annotated[
-        float, _duration_option("Per-request timeout, from its scheduled send time.")
+        float, duration_option("Per-request timeout, from its scheduled send time.")
     ] = "30s",  # type: ignore[assignment]
     seed: Annotated[
         int | None, typer.Option(help="Seed for Poisson arrivals (default: a fresh one each run).")
@@ -195,7 +173,7 @@ def stress(
     ramp_step: Annotated[
         float, typer.Option(help="Ramp: add this many rps per step instead.")
     ] = 0.0,
-    step_duration: Annotated[float, _duration_option("Ramp: length of each step.")] = "5s",  # type: ignore[assignment]
+    step_duration: Annotated[float, duration_option("Ramp: length of each step.")] = "5s",  # type: ignore[assignment]
     slo: Annotated[
         list[str],
         typer.Option(help="SLO like p99=500ms, p99.9=2s, errors=0.1%, timeouts=0, rate=95%."),
@@ -244,7 +222,7 @@ def stress(
             url=target.url,
             body=target.body,
             method=target.method,
-            headers=_headers(header),
+            headers=parse_headers(header),
             arrival=arrival,  # type: ignore[arg-type]
             rate=rate,
             concurrency=concurrency,

@@ -1,11 +1,14 @@
-"""`toolenv stress` options checked against each other before a run: an option the run would
-drop without a word (one of the other loop's, a ramp's without `--ramp`) or an output it could
-not write is bad input (exit 2), found before the load rather than after it."""
+"""`toolenv stress` options: parsed (durations, headers), then checked against each other before a
+run: an option the run would drop without a word (one of the other loop's, a ramp's without
+`--ramp`) or an output it could not write is bad input (exit 2), found before the load rather
+than after it."""
 
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -13,6 +16,35 @@ from toolenv_core.outputs import output_file_problem, same_file
 
 from .slo import SLO
 from .spec import LoadSpec
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """`10`, `10s`, `500ms`, `2m`, `1h` -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a duration like 10s, 500ms, 2m or 1h")
+    scale = _UNIT_S[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def duration_option(help_text: str) -> Any:
+    """A duration option (`10s`, `500ms`, ...): click parses it, so a bad one names its option.
+    Its default is written as a string too (`= "10s"`): click parses defaults alike."""
+    return typer.Option(parser=parse_duration, metavar="DURATION", help=help_text)
+
+
+def parse_headers(values: list[str]) -> dict[str, str]:
+    """`-H 'Name: value'` options as a mapping."""
+    out = {}
+    for item in values:
+        if ":" not in item:
+            raise typer.BadParameter(f"header {item!r} must look like 'Name: value'")
+        name, value = item.split(":", 1)
+        out[name.strip()] = value.strip()
+    return out
 
 
 def check_open_loop(spec: LoadSpec, slos: list[SLO], *, ramp: bool) -> None:

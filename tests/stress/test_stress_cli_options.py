@@ -9,12 +9,9 @@ from pathlib import Path
 import pytest
 from cli_support import app, invoke, runner
 
-from stress.cli import (
-    EXIT_OK,
-    EXIT_USAGE,
-    parse_duration,
-)
+from stress.cli import EXIT_OK, EXIT_USAGE
 from stress.http import encode_body
+from stress.options import parse_duration
 from stress.slo import SLO, SLOError
 from stress.targets import RUN_CODE_PAYLOADS, TargetError, resolve_target
 
