@@ -8,7 +8,6 @@ environment: nothing of the hostile run may be left.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -20,11 +19,10 @@ from pathlib import Path
 import docker
 import pytest
 from anyio.from_thread import BlockingPortal
-from docker_support import build_sandbox_image
+from docker_support import assert_clean_after, build_sandbox_image
 
 from sandboxd.docker_backend import DockerBackend
 from sandboxd.docker_backend.container import SandboxContainer
-from sandboxd.languages import CHILD_ENV
 from sandboxd.models import ExecStatus, Limits, RunResult, RunSpec
 from sandboxd.settings import SandboxSettings
 from toolenv_core.deadline import Deadline
@@ -32,23 +30,6 @@ from toolenv_core.deadline import Deadline
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "toolenv-driver-secret-0451"
-
-PROBE = r"""
-import json, os
-me = os.getpid()
-procs = []
-for p in os.listdir('/proc'):
-    if p.isdigit() and int(p) != me:
-        try:
-            st = open(f'/proc/{p}/status').read()
-        except OSError:
-            continue
-        fields = dict(line.split(':', 1) for line in st.splitlines() if ':' in line)
-        procs.append([int(p), int(fields['Uid'].split()[0]), fields['Name'].strip()])
-files = {d: sorted(os.listdir(d)) for d in ('/sandbox', '/tmp', '/dev/shm', '/dev/mqueue')}
-ipc = {k: open('/proc/sysvipc/' + k).read().splitlines()[1:] for k in ('shm', 'sem', 'msg')}
-print(json.dumps({'procs': procs, 'files': files, 'env': dict(os.environ), 'ipc': ipc}))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -89,23 +70,6 @@ def run(
     result = portal.call(backend.run, spec, Deadline.after(deadline_s))
     assert time.monotonic() - started < deadline_s + 0.5, "the run outlived its deadline"
     return result
-
-
-def assert_clean_after(
-    portal: BlockingPortal, backend: DockerBackend, hostile: RunResult, same: bool = True
-) -> None:
-    """The backend answers, and the next run (same container) sees nothing of the hostile one."""
-    probe = run(portal, backend, PROBE)
-    assert probe.run is not None and probe.run.status == ExecStatus.FINISHED, probe
-    if same:
-        assert probe.sandbox_id == hostile.sandbox_id, "expected the same container to be reused"
-    else:
-        assert probe.sandbox_id != hostile.sandbox_id, "expected the container to be replaced"
-    seen = json.loads(probe.run.stdout)
-    assert seen["procs"] == [[1, 0, "python3"]], f"processes left: {seen['procs']}"
-    assert seen["files"] == {"/sandbox": ["main.py"], "/tmp": [], "/dev/shm": [], "/dev/mqueue": []}
-    assert seen["ipc"] == {"shm": [], "sem": [], "msg": []}
-    assert seen["env"] == CHILD_ENV
 
 
 def test_infinite_loop_is_a_time_limit(portal, backend) -> None:
