@@ -9,15 +9,18 @@ from __future__ import annotations
 import http.server
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 
 from toolenv_core.net import free_port
 
-__all__ = ["LoopbackHTTP", "QuietHandler", "ServerProcess", "free_port"]
+__all__ = ["LoopbackHTTP", "QuietHandler", "ServerProcess", "free_port", "raw_tcp_server"]
 
 
 class ServerProcess:
@@ -103,3 +106,33 @@ class LoopbackHTTP:
         """Stop serving and close the port (again: a no-op)."""
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextmanager
+def raw_tcp_server(serve: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """A server on 127.0.0.1 for answers no HTTP library would send: each accepted connection
+    goes to `serve(conn, stop)` on a thread of its own (`stop` is set when the block ends).
+    Yields `http://127.0.0.1:PORT`; stops accepting and closes the port at the end."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            threading.Thread(target=serve, args=(conn, stop), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()

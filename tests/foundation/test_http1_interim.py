@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from testkit import raw_tcp_server
 
 from stress import LoadSpec, run_load
 from toolenv_core.http1_pool import ConnectionBroken, Pool
@@ -22,13 +23,8 @@ INTERIM = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.c
 def interim_server() -> Iterator[str]:
     """Answers each request on a connection with 100, 103, then `200` and body `n` (the n-th
     request on that connection), keep-alive."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    listener.settimeout(0.1)
-    stop = threading.Event()
 
-    def serve_connection(conn: socket.socket) -> None:
+    def serve_connection(conn: socket.socket, stop: threading.Event) -> None:
         with conn:
             n, pending = 0, b""
             while not stop.is_set():
@@ -57,23 +53,8 @@ def interim_server() -> Iterator[str]:
                     % (body, len(body), body)
                 )
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            conn.settimeout(None)
-            threading.Thread(target=serve_connection, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
+    with raw_tcp_server(serve_connection) as url:
+        yield url
 
 
 def test_a_load_run_counts_the_final_answer_not_an_interim_one(interim_server: str) -> None:

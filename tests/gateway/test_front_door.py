@@ -63,13 +63,19 @@ def test_profiles_are_read_and_swapped_through_the_embedded_gateway(gateway, tmp
     assert _injected(gw.url) == "20.000"  # a rejected profile changed nothing
 
 
-def test_a_profile_change_reaches_every_proxied_emulator(gateway, toolenv_server, tmp_path) -> None:
+def _slow_profile_through_two_replicas(gateway, toolenv_server, tmp_path: Path):
+    """Two emulator replicas behind a proxying gateway, SLOW PUT through the gateway."""
     config = tmp_path / "toolenv.yaml"
     config.write_text(PROFILES)
     ups = [toolenv_server("emulators", "serve", "--config", str(config)) for _ in range(2)]
     gw = gateway(_emulator_tools("proxy", *(u.url for u in ups)))
     put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
     assert put.status_code == 200, put.text
+    return gw, ups
+
+
+def test_a_profile_change_reaches_every_proxied_emulator(gateway, toolenv_server, tmp_path) -> None:
+    gw, ups = _slow_profile_through_two_replicas(gateway, toolenv_server, tmp_path)
     for up in ups:  # each replica holds its own profile: both were changed
         direct = httpx.get(up.url + "/v1/emulators/search/profile", timeout=10).json()
         assert direct["model"] == {"kind": "constant", "value_s": 0.02}
@@ -82,12 +88,7 @@ def test_a_profile_read_says_when_the_replicas_hold_different_profiles(
     """An emulator restarted (a crash) after a PUT through the gateway holds its configured
     profile again. Before, the gateway's GET asked one upstream and answered 200 with the PUT's
     profile whichever it asked, while half the calls went to the other profile."""
-    config = tmp_path / "toolenv.yaml"
-    config.write_text(PROFILES)
-    ups = [toolenv_server("emulators", "serve", "--config", str(config)) for _ in range(2)]
-    gw = gateway(_emulator_tools("proxy", *(u.url for u in ups)))
-    put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
-    assert put.status_code == 200, put.text
+    gw, ups = _slow_profile_through_two_replicas(gateway, toolenv_server, tmp_path)
     got = httpx.get(gw.url + "/v1/emulators/search/profile", timeout=10)
     assert got.status_code == 200 and got.json()["model"] == SLOW["model"], got.text
     # the second replica restarted: its configured profile, as the test's config says
@@ -100,6 +101,7 @@ def test_a_profile_read_says_when_the_replicas_hold_different_profiles(
         assert detail.startswith("tool 'search': its upstreams hold different profiles ("), detail
         assert f"{ups[0].url}: profile 1" in detail and f"{ups[1].url}: profile 2" in detail
     put = httpx.put(gw.url + "/v1/emulators/search/profile", json=SLOW, timeout=10)
+    assert put.status_code == 200, put.text  # a PUT to every replica makes them agree again
     got = httpx.get(gw.url + "/v1/emulators/search/profile", timeout=10)
     assert got.status_code == 200 and got.json()["model"] == SLOW["model"], got.text
 

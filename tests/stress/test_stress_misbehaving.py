@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import pytest
 from cli_support import invoke
+from testkit import raw_tcp_server
 
 from stress import LoadSpec, run_load
 
@@ -20,13 +21,8 @@ from stress import LoadSpec, run_load
 def raw_server(answer: Callable[[socket.socket], bool]) -> Iterator[str]:
     """A keep-alive server on 127.0.0.1 that reads each request head and calls `answer(conn)`,
     which writes what it likes and returns False to close the connection."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    listener.settimeout(0.1)
-    stop = threading.Event()
 
-    def serve_one(conn: socket.socket) -> None:
+    def serve_one(conn: socket.socket, stop: threading.Event) -> None:
         conn.settimeout(0.2)
         with conn:
             data = b""
@@ -45,22 +41,8 @@ def raw_server(answer: Callable[[socket.socket], bool]) -> Iterator[str]:
                     if not answer(conn):
                         return
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
+    with raw_tcp_server(serve_one) as url:
+        yield url + "/"
 
 
 def test_bytes_past_a_content_length_do_not_crash_the_run() -> None:
