@@ -19,6 +19,7 @@ from toolenv_core.admission import Admission, Rejected
 from toolenv_core.deadline import HEADER_RESOLUTION_S, Deadline, DeadlinePolicy, header_value_at
 from toolenv_core.disconnect import caller_left
 from toolenv_core.headers import DEADLINE as DEADLINE_HEADER
+from toolenv_core.hedging import HELD_FAILURE_MARGIN_S, another_attempt_may_do_better
 
 from .metrics import GatewayMetrics
 from .policies import LatencyWindow, RetryBudget
@@ -318,7 +319,7 @@ class ToolRuntime:
 
     async def _hedged(self, first: Endpoint, call: UpstreamCall) -> UpstreamReply:
         """The first attempt, a hedge once it is slower than the window's quantile, the first
-        answer wins. The window learns the call's latency (first send to winning answer), as the
+        answer wins (a 5xx or 429 only once the other attempt has failed too). The window learns the call's latency (first send to winning answer), as the
         rollout simulator's does: learning the winning attempt's own latency (a hedge's, started
         late) left the slow first attempts out, so the quantile sank and far more calls than the
         configured share were hedged (about sqrt(1 - quantile): 22% at p95)."""
@@ -350,12 +351,28 @@ class ToolRuntime:
                 else:
                     pending = done
             error: BaseException | None = None
+            held: UpstreamReply | None = None  # a 5xx or 429 while the other attempt runs
             while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                wait_s = None
+                if held is not None and call.deadline.bounded:
+                    wait_s = max(call.deadline.remaining() - HELD_FAILURE_MARGIN_S, 0.0)
+                elif held is not None:
+                    return held  # no deadline bounds the wait for the other attempt
+                done, pending = await asyncio.wait(
+                    pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:  # a wait is bounded only while a failure is held
+                    assert held is not None
+                    return held  # the deadline is near: the failure in hand, not a timeout
                 for task in done:
-                    if task.exception() is None:
-                        return task.result()  # first answer wins
-                    error = task.exception()
+                    if task.exception() is not None:
+                        error = task.exception()
+                    elif not another_attempt_may_do_better(task.result().status):
+                        return task.result()  # the first answer that is not a failure wins
+                    else:
+                        held = held or task.result()
+            if held is not None:
+                return held
             assert error is not None
             raise error
         finally:

@@ -9,7 +9,7 @@ answers the questions it cares about and `PolicySet` merges the answers.
 - `async`: trajectory-level: each trajectory proceeds on its own (the default).
 - `timeout`: a per-tool-call deadline; at expiry the trajectory goes on with a timeout observation.
 - `hedge`: the gateway's hedging of idempotent tools (a second attempt after a latency quantile
-  of recent calls; the first answer wins). A live gateway hedges per its own tool settings; in
+  of recent calls; the first answer that is not a 5xx or 429 wins). A live gateway hedges per its own tool settings; in
   virtual time this part turns the simulated gateway's hedging on.
 - `overlap`: APRIL-style over-sampling: launch ceil(N * (1 + over)) trajectories, close the step
   when N are done; the rest carry over to the next step as partial rollouts (their staleness is

@@ -12,8 +12,9 @@ call then plays out as the emulators and the gateway play it out:
   adds its trickle time;
 - the deadline: past it the call is a timeout, at exactly the deadline;
 - hedging (idempotent tools): a second attempt once the first has waited the quantile delay of
-  `toolenv_core.hedging.LatencyWindow`, the gateway's own rule; the first answer wins and the
-  call counts once (`stats.hedges` counts the duplicates sent).
+  `toolenv_core.hedging.LatencyWindow`, the gateway's own rule; the first answer wins unless it
+  is a 5xx or 429 while the other attempt runs (then the other's, or the failure just before the
+  deadline), and the call counts once (`stats.hedges` counts the duplicates sent).
 
 Each call's randomness is seeded from the run seed and the call's identity, so a call draws the
 same latency under every policy (common random numbers: policies differ by what they do, not
@@ -33,7 +34,11 @@ from typing import Any
 import numpy as np
 
 from toolenv_core.deadline import Deadline
-from toolenv_core.hedging import LatencyWindow
+from toolenv_core.hedging import (
+    HELD_FAILURE_MARGIN_S,
+    LatencyWindow,
+    another_attempt_may_do_better,
+)
 from toolenv_core.latency import ErrorFault, Fault, HangFault, SlowBodyFault, ThrottleFault
 from toolenv_core.latency.samplers import Draw, FaultySampler, Sampler
 
@@ -70,6 +75,12 @@ class _Attempt:
     status: str  # ok | error | timeout | throttle
     retry_after_s: float = 0.0
     error: str | None = None
+    http_status: int = 200  # the upstream's answer: an error fault's status, a throttle's 429
+
+    @property
+    def failed(self) -> bool:
+        """An answer the gateway holds while a hedge still runs (`_race`)."""
+        return self.status != "timeout" and another_attempt_may_do_better(self.http_status)
 
 
 class SimTools:
@@ -137,13 +148,13 @@ class SimTools:
     def _attempt(self, draw: Draw) -> _Attempt:
         fault = draw.fault
         if isinstance(fault, ThrottleFault):
-            return _Attempt(
-                0.0, "throttle", retry_after_s=max(0.01, math.ceil(fault.retry_after_s))
-            )
+            retry_after_s = max(0.01, math.ceil(fault.retry_after_s))
+            return _Attempt(0.0, "throttle", retry_after_s=retry_after_s, http_status=429)
         if isinstance(fault, HangFault):
             return _Attempt(math.inf, "timeout", error="no answer (injected hang fault)")
         if isinstance(fault, ErrorFault):
-            return _Attempt(draw.delay_s, "error", error=f"HTTP {fault.status}: {fault.message}")
+            error = f"HTTP {fault.status}: {fault.message}"
+            return _Attempt(draw.delay_s, "error", error=error, http_status=fault.status)
         if isinstance(fault, SlowBodyFault):
             return _Attempt(draw.delay_s + fault.duration_s, "ok")
         return _Attempt(draw.delay_s, "ok")
@@ -183,8 +194,9 @@ class SimTools:
             if delay is not None and first.after_s > delay and now() + delay < limit:
                 self.stats.hedges += 1
                 second = self._attempt(self._draw(tool, model, arguments, rng, step, hedge=True))
-                if delay + second.after_s < first.after_s:
-                    answer, after = second, delay + second.after_s
+                answer, after = _race(
+                    (first, first.after_s), (second, delay + second.after_s), limit - now()
+                )
             if answer.status == "timeout" and deadline is None:
                 after = self.hang_s  # a hang without a deadline ends when the tool gives up
             at = now() + after
@@ -250,3 +262,20 @@ class _Zero(Sampler):
 
     def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
         return 0.0
+
+
+def _race(
+    first: tuple[_Attempt, float], second: tuple[_Attempt, float], left_s: float
+) -> tuple[_Attempt, float]:
+    """A hedged call's answer and when it comes, as the gateway's `_race` decides: the first
+    answer wins unless it failed (5xx, 429) while the other still runs; then the other's answer
+    if it comes before the wait for it ends (just before the deadline), else the failure then."""
+    (early, early_s), (late, late_s) = sorted((first, second), key=lambda pair: pair[1])
+    if not early.failed:
+        return early, early_s
+    if left_s == math.inf:
+        return early, early_s  # no deadline bounds the wait: the gateway answers the failure
+    wait_until = max(early_s, left_s - HELD_FAILURE_MARGIN_S)
+    if late_s <= wait_until:
+        return (early if late.failed else late), late_s  # both failed: the first one held
+    return early, wait_until

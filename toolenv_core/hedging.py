@@ -44,3 +44,15 @@ class LatencyWindow:
             self._cached = float(np.quantile(np.fromiter(self._samples, float), self.quantile))
             self._since_cache = 0
         return max(self._cached, self.min_delay_s)
+
+
+# A failure held while another attempt of the call still runs is answered this long before the
+# call's deadline, so that the gateway's own deadline timer does not turn it into a timeout.
+HELD_FAILURE_MARGIN_S = 0.01
+
+
+def another_attempt_may_do_better(status: int) -> bool:
+    """Whether an attempt's answer should wait for a hedge still running rather than win the
+    race: a 5xx or a throttle's 429 may be one upstream's trouble (Envoy and gRPC hedging wait
+    likewise), while another 4xx is the call's own fault and any upstream would answer it."""
+    return status >= 500 or status == 429

@@ -2,7 +2,8 @@
 
 Raw ASGI under uvicorn. Any POST echoes what it got; the JSON body steers the behaviour:
 `{"sleep_s": 2}` answers after 2 s (or notices the caller hanging up first; with
-`"sleep_on": NAME` only that upstream sleeps), `{"status": 500}` answers that status (with
+`"sleep_on": NAME` only that upstream sleeps; `"sleep_by": {NAME: s}` per upstream), `{"status": 500}` answers that status (with
+`"status_on": NAME` only that upstream does;
 `"retry_after": 7`, that Retry-After too; `{"busy_first": 2}` answers 429 to this upstream's
 first two calls, then as asked), `{"die": true}` kills the whole process mid-request,
 `{"answer_bytes": N}` adds N bytes to the answer, as its `pad` (`"chunked": true` sends the
@@ -78,6 +79,7 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
         sleep_s = float(body.get("sleep_s", 0) or 0)
         if body.get("sleep_on") not in (None, name):
             sleep_s = 0.0  # only the named upstream is slow (hedging tests)
+        sleep_s = float((body.get("sleep_by") or {}).get(name, sleep_s))
         if sleep_s > 0:
             waiter = asyncio.ensure_future(receive())  # resolves with http.disconnect on hang-up
             done, _ = await asyncio.wait({waiter}, timeout=sleep_s)
@@ -87,6 +89,8 @@ def make_app(name: str, unhealthy: bool = False, plain: bool = False) -> Any:
             waiter.cancel()
         stats["finished"] += 1
         status = int(body.get("status", 200))
+        if body.get("status_on") not in (None, name):
+            status = 200  # only the named upstream fails (hedging tests)
         if stats["started"] <= int(body.get("busy_first", 0)):
             status = 429  # a tool at capacity for its first calls: retried calls then get through
         payload = {

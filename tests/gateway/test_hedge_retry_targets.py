@@ -164,3 +164,53 @@ def test_the_hedge_window_learns_only_successful_calls(upstream, gateway) -> Non
     assert r.status_code == 200 and r.json()["status"] == "ok", r.text
     delay = runtime.window.hedge_delay()
     assert delay is not None and delay >= 0.2
+
+
+def test_a_failed_attempt_waits_for_the_hedge_still_running(upstream, gateway) -> None:
+    """Before: the first answer won even when it was a 503 and the hedge was still running on a
+    healthy upstream: hedging turned one upstream's trouble into the caller's. Now a 5xx or a
+    429 wins only once the other attempt has failed too (Envoy's and gRPC's rule); a 4xx, the
+    call's own fault, still wins at once."""
+    bad, good = upstream("bad"), upstream("good")
+    hedge = {"enabled": True, "quantile": 0.5, "min_samples": 1, "min_delay_ms": 0}
+    gw = gateway([proxy_tool("h", good.url, bad.url, hedge=hedge, idempotent=True)])
+    runtime = gw.toolset.tools["h"]
+
+    def call(arguments: dict) -> httpx.Response:
+        for _ in range(64):
+            runtime.window.add(0.05)  # recent history: hedge after 50 ms
+        return httpx.post(f"{gw.url}/v1/tools/h/call", json={"arguments": arguments}, timeout=30)
+
+    # whichever goes first, the hedge is sent at 50 ms; "bad" answers 503 at 0.3 s after its
+    # send, "good" 200 at 0.6 s after its own
+    sleeps = {"bad": 0.3, "good": 0.6}
+    r = call({"sleep_by": sleeps, "status": 503, "status_on": "bad"})
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    assert r.json()["result"]["upstream"] == "good", r.text
+    assert metric_value(gw.metrics_text(), "toolenv_gateway_hedged_total", tool="h") == 1
+    # both fail: the second failure ends the wait, and a failure is answered
+    r = call({"sleep_by": sleeps, "status": 503})
+    assert r.status_code == 200 and r.json()["status"] == "error", r.text
+    assert metric_value(gw.metrics_text(), "toolenv_gateway_hedged_total", tool="h") == 2
+    # a 4xx wins at once, the other attempt still asleep
+    r = call({"sleep_by": {"bad": 0.2, "good": 3}, "status": 404, "status_on": "bad"})
+    assert r.status_code == 200 and r.json()["status"] == "error", r.text
+    assert r.elapsed.total_seconds() < 1.5, r.elapsed
+
+
+def test_a_held_failure_is_answered_before_the_deadline(upstream, gateway) -> None:
+    """A 503 held for a hedge that never answers is answered just before the call's deadline:
+    the failure the caller can act on, not a timeout that hides it."""
+    bad, hung = upstream("bad"), upstream("hung")
+    hedge = {"enabled": True, "quantile": 0.5, "min_samples": 1, "min_delay_ms": 0}
+    gw = gateway([proxy_tool("h", hung.url, bad.url, hedge=hedge, idempotent=True)])
+    for _ in range(64):
+        gw.toolset.tools["h"].window.add(0.05)
+    arguments = {"sleep_by": {"bad": 0.2, "hung": 30}, "status": 503, "status_on": "bad"}
+    r = httpx.post(
+        f"{gw.url}/v1/tools/h/call",
+        json={"arguments": arguments, "deadline_ms": 1500},
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.json()["status"] == "error", r.text
+    assert 1.0 < r.elapsed.total_seconds() < 1.5, r.elapsed
