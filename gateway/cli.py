@@ -55,9 +55,10 @@ def uvicorn_config(
     )
 
 
-def run(gateway: FastAPI, settings: GatewaySettings) -> None:
-    """Serve a built gateway app where its settings say, until SIGINT/SIGTERM."""
-    setup_logging(settings.log_level)
+def run(gateway: FastAPI, settings: GatewaySettings, also_log: tuple[str, ...] = ()) -> None:
+    """Serve a built gateway app where its settings say, until SIGINT/SIGTERM; `also_log`: the
+    loggers of the tools served in this process, logged as the gateway's own lines."""
+    setup_logging(settings.log_level, also=also_log)
     # a port in use is said before the tools start
     serving.serve(uvicorn_config(gateway, settings), "gateway: serving on {url}")
 

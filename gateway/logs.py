@@ -27,12 +27,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup_logging(level: str = "info") -> None:
-    """Route the gateway's logger to stderr as JSON (called once by the CLI, not at import)."""
-    logger = logging.getLogger("toolenv.gateway")
-    logger.setLevel(level.upper())
-    if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonFormatter())
-        logger.addHandler(handler)
-    logger.propagate = False
+def setup_logging(level: str = "info", also: tuple[str, ...] = ()) -> None:
+    """Route the gateway's logger, and the loggers `also` names (the tools served in its process),
+    to stderr as JSON (called once by the CLI, not at import): the embedded sandboxd's warnings
+    came as bare text through logging's last resort, its info lines not at all."""
+    for name in ("toolenv.gateway", *also):
+        logger = logging.getLogger(name)
+        logger.setLevel(level.upper())
+        if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(JsonFormatter())
+            logger.addHandler(handler)
+        logger.propagate = False

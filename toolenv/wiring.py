@@ -29,6 +29,10 @@ from toolenv_core.config import ConfigFileError, config_error
 
 from .sections import read_all_sections, with_sandbox_defaults
 
+# The packages whose apps `toolenv serve` may run in the gateway's process: their loggers (each
+# named after its module) log as the gateway's JSON lines.
+EMBEDDED_LOGGERS = ("sandboxd", "emulators")
+
 
 def build_mounts(settings: GatewaySettings, sections: Mapping[str, Any]) -> dict[str, ASGIApp]:
     """The built-in in-process apps the gateway's embedded tools need, each built once."""
@@ -134,4 +138,4 @@ def serve(
     except (ConfigFileError, ValidationError, ValueError) as exc:
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc
-    run_gateway(app, settings)
+    run_gateway(app, settings, also_log=EMBEDDED_LOGGERS)

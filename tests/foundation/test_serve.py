@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -145,3 +146,31 @@ def test_a_server_says_the_url_it_serves_once_started(argv: list[str]) -> None:
     finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0
+
+
+def test_the_embedded_sandbox_logs_as_the_gateways_json_lines() -> None:
+    """Before: the embedded sandboxd's warnings came through logging's last resort as bare text
+    among the gateway's JSON lines (a log shipper parsing JSON dropped them), its info lines not
+    at all. Its logger now shares the gateway's JSON handler."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "toolenv", "serve", "--host", "127.0.0.1", "--port", "0"],
+        env={**os.environ, "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in server.stderr], daemon=True).start()
+    try:
+        said: list[str] = []
+        with contextlib.suppress(queue.Empty):
+            while not said or " serving on http://" not in said[-1]:
+                said.append(lines.get(timeout=60))
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+    warned = [line for line in said if "insecure_no_isolation: programs run" in line]
+    assert len(warned) == 1, said
+    entry = json.loads(warned[0])
+    assert (entry["level"], entry["logger"]) == ("warning", "sandboxd"), entry
