@@ -4,13 +4,16 @@ Each request posts a token-id prompt to `/v1/completions` with `return_token_ids
 `min_tokens` and `ignore_eos`, streaming, and reads the new ids from every chunk. With several
 servers, each trajectory (`route_key`) is pinned to one of them on its first turn (the least
 loaded one) and stays there, so its later turns hit that server's prefix cache. Aborting a
-request closes its stream; vLLM aborts a request whose client went away.
+request closes its stream; vLLM aborts a request whose client went away. A server whose
+streams fall silent is probed (`_watch`): one that no longer takes connections ends them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -39,6 +42,7 @@ class OpenAIEngine(Engine):
         model: str | None = None,
         capacity: int = 64,
         timeout_s: float = 600.0,
+        stall_probe_s: float = 15.0,
     ) -> None:
         if not base_urls:
             raise ValueError("the openai engine needs at least one --openai-url")
@@ -48,10 +52,14 @@ class OpenAIEngine(Engine):
         self.base_urls = [u.rstrip("/").removesuffix("/v1") for u in base_urls]
         self.model = model
         self._timeout = timeout_s
+        self.stall_probe_s = stall_probe_s
         self._client: httpx.AsyncClient | None = None
         self._pins: dict[str, int] = {}
         self._load = [0] * len(self.base_urls)
-        self._open: dict[str, httpx.Response] = {}
+        self._heard = [0.0] * len(self.base_urls)  # monotonic time of each server's last sign
+        self._gone: dict[int, str] = {}  # servers found gone mid-run, and why
+        self._open: dict[str, tuple[int, httpx.Response]] = {}
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout, connect=10.0))
@@ -74,8 +82,12 @@ class OpenAIEngine(Engine):
                 )
             if self.model is None:
                 self.model = served
+        self._watchdog = asyncio.create_task(self._watch())
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -127,36 +139,84 @@ class OpenAIEngine(Engine):
                     raise RuntimeError(
                         f"{self.base_urls[index]} answered {response.status_code}: {detail}"
                     )
-                self._open[request_id] = response
-                # SSE lines end at CR or LF alone; httpx's aiter_lines also broke a chunk at a
-                # U+2028 or U+0085 in its text (JSON leaves them unescaped): a JSONDecodeError
-                async for event in EventSource(response).aiter_sse():
-                    if event.data == "[DONE]":
-                        continue
-                    data = json.loads(event.data)
-                    if isinstance(data.get("error"), dict):  # vLLM's failure after the stream began
-                        why = data["error"].get("message") or "an error event"
-                        raise RuntimeError(
-                            f"{self.base_urls[index]} failed the request mid-stream: {why}"
-                        )
-                    usage = data.get("usage") or {}
-                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                    for choice in data.get("choices") or []:
-                        yield Chunk(
-                            token_ids=list(choice.get("token_ids") or []),
-                            finish_reason=choice.get("finish_reason"),
-                            cached_tokens=cached,
-                        )
-                    if not data.get("choices") and cached is not None:
-                        yield Chunk(token_ids=[], cached_tokens=cached)
+                self._open[request_id] = (index, response)
+                self._heard[index] = time.monotonic()
+                try:
+                    async for chunk in self._chunks(index, response):
+                        yield chunk
+                except (httpx.HTTPError, httpx.StreamError) as exc:
+                    if index in self._gone:
+                        raise EngineUnreachable(self._gone[index]) from exc
+                    raise
+                if index in self._gone:  # a stream closed by `_watch` may just end
+                    raise EngineUnreachable(self._gone[index])
         finally:
             self._load[index] -= 1
             self._open.pop(request_id, None)
 
+    async def _chunks(self, index: int, response: httpx.Response) -> AsyncIterator[Chunk]:
+        """The chunks of one streamed answer; each event is a sign the server lives."""
+        # SSE lines end at CR or LF alone; httpx's aiter_lines also broke a chunk at a
+        # U+2028 or U+0085 in its text (JSON leaves them unescaped): a JSONDecodeError
+        async for event in EventSource(response).aiter_sse():
+            self._heard[index] = time.monotonic()
+            if event.data == "[DONE]":
+                continue
+            data = json.loads(event.data)
+            if isinstance(data.get("error"), dict):  # vLLM's failure after the stream began
+                why = data["error"].get("message") or "an error event"
+                raise RuntimeError(f"{self.base_urls[index]} failed the request mid-stream: {why}")
+            usage = data.get("usage") or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            for choice in data.get("choices") or []:
+                yield Chunk(
+                    token_ids=list(choice.get("token_ids") or []),
+                    finish_reason=choice.get("finish_reason"),
+                    cached_tokens=cached,
+                )
+            if not data.get("choices") and cached is not None:
+                yield Chunk(token_ids=[], cached_tokens=cached)
+
     async def abort(self, request_id: str) -> None:
-        response = self._open.pop(request_id, None)
-        if response is not None:
-            await response.aclose()
+        opened = self._open.pop(request_id, None)
+        if opened is not None:
+            await opened[1].aclose()
+
+    async def _watch(self) -> None:
+        """vLLM on SIGTERM closes its listener and leaves its streams open and silent: the run
+        waited out the read timeout (10 minutes) before it failed. A server whose streams have
+        all been silent for `stall_probe_s` is asked for `/v1/models`; one that refuses the
+        connection has its streams closed, which end in `EngineUnreachable` (as the step's end
+        then does). A saturated server still answers, and its queued requests wait on."""
+        while True:
+            await asyncio.sleep(self.stall_probe_s / 2)
+            for index, url in enumerate(self.base_urls):
+                silent = time.monotonic() - self._heard[index] >= self.stall_probe_s
+                if index in self._gone or not self._load[index] or not silent:
+                    continue
+                why = await self._unreachable(url)
+                if why is None:
+                    self._heard[index] = time.monotonic()
+                    continue
+                self._gone[index] = (
+                    f"OpenAI-compatible server {url} stopped answering mid-stream: {why} (its "
+                    f"streams silent for {self.stall_probe_s:g} s)"
+                )
+                for opened_index, response in list(self._open.values()):
+                    if opened_index == index:
+                        await response.aclose()
+
+    async def _unreachable(self, url: str) -> str | None:
+        """Why the server cannot be reached, or None while it answers (a slow answer, even an
+        error status, is a server that lives: only a refused or broken connection is not)."""
+        assert self._client is not None
+        try:
+            await self._client.get(url + "/v1/models", timeout=self.stall_probe_s)
+        except httpx.TimeoutException:
+            return None
+        except httpx.HTTPError as exc:
+            return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None
 
     async def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """Sum of `vllm:prefix_cache_queries_total` / `hits_total` over every server's /metrics."""
