@@ -141,8 +141,10 @@ class OpenAIEngine(Engine):
                     )
                 self._open[request_id] = (index, response)
                 self._heard[index] = time.monotonic()
+                finished = False
                 try:
                     async for chunk in self._chunks(index, response):
+                        finished = finished or chunk.finish_reason is not None
                         yield chunk
                 except (httpx.HTTPError, httpx.StreamError) as exc:
                     if index in self._gone:
@@ -150,6 +152,11 @@ class OpenAIEngine(Engine):
                     raise
                 if index in self._gone:  # a stream closed by `_watch` may just end
                     raise EngineUnreachable(self._gone[index])
+                if not finished:  # was taken for a short turn that had finished
+                    raise RuntimeError(
+                        f"{self.base_urls[index]} ended the stream before the answer finished "
+                        "(no finish_reason)"
+                    )
         finally:
             self._load[index] -= 1
             self._open.pop(request_id, None)

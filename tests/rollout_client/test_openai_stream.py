@@ -29,7 +29,8 @@ ERROR_EVENT = b'data: {"error": {"message": "EngineCore encountered an issue", "
 
 class _Completions(QuietHandler):
     """`/v1/models` lists one model; `/v1/completions` streams one chunk per text of TEXTS, or,
-    at `/broken/v1/completions`, the first chunk and then an error event."""
+    at `/broken/v1/completions`, the first chunk and then an error event, or at
+    `/cut/v1/completions` the first two chunks and no more (no finish reason, no `[DONE]`)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -44,6 +45,9 @@ class _Completions(QuietHandler):
         ]
         if self.path.startswith("/broken/"):
             chunks = [chunks[0], ERROR_EVENT]
+        if self.path.startswith("/cut/"):  # a proxy's idle timeout, a server dying cleanly
+            self.reply(200, b"".join(chunks[:2]), "text/event-stream; charset=utf-8")
+            return
         body = b"".join(chunks) + b"data: [DONE]\n\n"
         self.reply(200, body, "text/event-stream; charset=utf-8")
 
@@ -81,4 +85,19 @@ async def test_an_error_event_mid_stream_fails_the_request(server_url) -> None:
         await engine.close()
     assert str(caught.value) == (
         f"{server_url}/broken failed the request mid-stream: EngineCore encountered an issue"
+    )
+
+
+async def test_a_stream_that_ends_before_a_finish_reason_fails_the_request(server_url) -> None:
+    """A stream closed after 2 of 4 chunks (no finish reason, no `[DONE]`) was taken for a turn
+    that had finished short, with 4 of the 8 forced tokens, and its trajectory went on."""
+    engine = OpenAIEngine([server_url + "/cut"])
+    await engine.start()
+    try:
+        with pytest.raises(RuntimeError) as caught:
+            await engine.generate("r", [1, 2, 3], max_tokens=8, min_tokens=8, ignore_eos=True)
+    finally:
+        await engine.close()
+    assert str(caught.value) == (
+        f"{server_url}/cut ended the stream before the answer finished (no finish_reason)"
     )
