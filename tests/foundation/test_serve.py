@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -118,13 +119,11 @@ def test_a_port_in_use_is_one_line_and_exit_3(argv: list[str]) -> None:
     ], out.stderr
 
 
-@pytest.mark.parametrize(
-    "argv", [["serve"], ["gateway", "serve"], ["emulators", "serve"], ["sandboxd", "serve"]]
-)
-def test_a_server_says_the_url_it_serves_once_started(argv: list[str]) -> None:
-    """Bound by toolenv (to say a port in use in one line), uvicorn no longer logged `Uvicorn
-    running on ...`: nothing said where a server listened, nor which port `--port 0` got
-    (sandboxd said `on http://127.0.0.1:0`)."""
+@contextlib.contextmanager
+def _started(argv: list[str]) -> Iterator[list[str]]:
+    """`toolenv ARGV --port 0` (sandboxd without isolation), its stderr lines up to the one saying
+    where it serves (60 s without one: the caller's assert says what came); stopped with SIGINT,
+    which must end it cleanly."""
     server = subprocess.Popen(
         [sys.executable, "-m", "toolenv", *argv, "--host", "127.0.0.1", "--port", "0"],
         env={**os.environ, "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1"},
@@ -135,41 +134,36 @@ def test_a_server_says_the_url_it_serves_once_started(argv: list[str]) -> None:
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in server.stderr], daemon=True).start()
+    said: list[str] = []
     try:
-        said: list[str] = []
-        with contextlib.suppress(queue.Empty):  # 60 s without the line: the assert says what came
+        with contextlib.suppress(queue.Empty):
             while not said or " serving on http://" not in said[-1]:
                 said.append(lines.get(timeout=60))
-        url = said[-1].rsplit(" serving on ", 1)[-1].strip() if said else ""
-        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), said
-        assert httpx.get(url + "/readyz", timeout=10).status_code == 200
+        yield said
     finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize(
+    "argv", [["serve"], ["gateway", "serve"], ["emulators", "serve"], ["sandboxd", "serve"]]
+)
+def test_a_server_says_the_url_it_serves_once_started(argv: list[str]) -> None:
+    """Bound by toolenv (to say a port in use in one line), uvicorn no longer logged `Uvicorn
+    running on ...`: nothing said where a server listened, nor which port `--port 0` got
+    (sandboxd said `on http://127.0.0.1:0`)."""
+    with _started(argv) as said:
+        url = said[-1].rsplit(" serving on ", 1)[-1].strip() if said else ""
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), said
+        assert httpx.get(url + "/readyz", timeout=10).status_code == 200
 
 
 def test_the_embedded_sandbox_logs_as_the_gateways_json_lines() -> None:
     """Before: the embedded sandboxd's warnings came through logging's last resort as bare text
     among the gateway's JSON lines (a log shipper parsing JSON dropped them), its info lines not
     at all. Its logger now shares the gateway's JSON handler."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "toolenv", "serve", "--host", "127.0.0.1", "--port", "0"],
-        env={**os.environ, "TOOLENV_SANDBOX_INSECURE_NO_ISOLATION": "1"},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in server.stderr], daemon=True).start()
-    try:
-        said: list[str] = []
-        with contextlib.suppress(queue.Empty):
-            while not said or " serving on http://" not in said[-1]:
-                said.append(lines.get(timeout=60))
-    finally:
-        server.send_signal(signal.SIGINT)
-        assert server.wait(timeout=60) == 0
+    with _started(["serve"]) as said:
+        pass
     warned = [line for line in said if "insecure_no_isolation: programs run" in line]
     assert len(warned) == 1, said
     entry = json.loads(warned[0])

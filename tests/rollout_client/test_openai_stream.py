@@ -72,18 +72,23 @@ async def test_a_chunk_whose_text_holds_a_unicode_line_break_is_one_event(server
     assert gen.token_ids == list(range(8)) and gen.finish_reason == "length"
 
 
-async def test_an_error_event_mid_stream_fails_the_request(server_url) -> None:
-    """vLLM's server reports a failure after the stream began as a `data: {"error": ...}` event
-    and ends the stream as usual; the engine skipped it as a chunk without choices, so the turn
-    ended early with the tokens made so far (2 of 8 forced) and its trajectory counted as done."""
-    engine = OpenAIEngine([server_url + "/broken"])
+async def _failure(url: str) -> str:
+    """What generating 8 forced tokens from `url` fails with (it must fail)."""
+    engine = OpenAIEngine([url])
     await engine.start()
     try:
         with pytest.raises(RuntimeError) as caught:
             await engine.generate("r", [1, 2, 3], max_tokens=8, min_tokens=8, ignore_eos=True)
     finally:
         await engine.close()
-    assert str(caught.value) == (
+    return str(caught.value)
+
+
+async def test_an_error_event_mid_stream_fails_the_request(server_url) -> None:
+    """vLLM's server reports a failure after the stream began as a `data: {"error": ...}` event
+    and ends the stream as usual; the engine skipped it as a chunk without choices, so the turn
+    ended early with the tokens made so far (2 of 8 forced) and its trajectory counted as done."""
+    assert await _failure(server_url + "/broken") == (
         f"{server_url}/broken failed the request mid-stream: EngineCore encountered an issue"
     )
 
@@ -91,13 +96,6 @@ async def test_an_error_event_mid_stream_fails_the_request(server_url) -> None:
 async def test_a_stream_that_ends_before_a_finish_reason_fails_the_request(server_url) -> None:
     """A stream closed after 2 of 4 chunks (no finish reason, no `[DONE]`) was taken for a turn
     that had finished short, with 4 of the 8 forced tokens, and its trajectory went on."""
-    engine = OpenAIEngine([server_url + "/cut"])
-    await engine.start()
-    try:
-        with pytest.raises(RuntimeError) as caught:
-            await engine.generate("r", [1, 2, 3], max_tokens=8, min_tokens=8, ignore_eos=True)
-    finally:
-        await engine.close()
-    assert str(caught.value) == (
+    assert await _failure(server_url + "/cut") == (
         f"{server_url}/cut ended the stream before the answer finished (no finish_reason)"
     )
