@@ -1,0 +1,77 @@
+"""The front door against a caller probing it: credentials sent oddly, bodies that stall a
+refusal, values the gateway cannot forward faithfully, and requests malformed at the HTTP level.
+Each is refused with its own status, at once, and counted once in `refused_total`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+from gw_support import metric_value, proxy_tool
+
+KEY = "door-key-0123456789"
+AUTH = f"authorization: Bearer {KEY}\r\n"
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _head(path: str, length: int, extra: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        f"content-length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One Content-Length framed answer off the socket."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before an answer"
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-answer"
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def _refused(gw, reason: str) -> float:
+    gw.auth = {"authorization": f"Bearer {KEY}"}
+    return metric_value(gw.metrics_text(), "toolenv_gateway_refused_total", reason=reason)
+
+
+def test_a_wrong_key_is_401_at_once_whatever_body_it_declares(upstream, gateway) -> None:
+    """Before: on the lane a request with a wrong key waited for its body, so one declaring a
+    large body (or sending it slowly) was answered 408 after `body_timeout_s`, not 401, and
+    counted twice (unauthorized and body_timeout); the app's path answered 401 at once."""
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)], api_keys=[KEY], body_timeout_s=5)
+    sock = _connect(gw.url)
+    started = time.monotonic()
+    sock.sendall(_head("/v1/tools/echo/call", 100_000_000) + b"x" * 1000)
+    status, headers, _ = _answer(sock)
+    assert status == 401 and headers["www-authenticate"] == "Bearer"
+    assert time.monotonic() - started < 2.5
+    sock.close()
+    # the rest of a body refused at its headers is dropped as it comes, and the connection kept
+    sock = _connect(gw.url)
+    body = json.dumps({"arguments": {"n": 1}}).encode()
+    sock.sendall(_head("/v1/tools/echo/call", len(body)) + body[:5])
+    assert _answer(sock)[0] == 401  # before the rest of the body was sent
+    sock.sendall(body[5:])
+    sock.sendall(_head("/v1/tools/echo/call", len(body), AUTH) + body)
+    status, _, answer = _answer(sock)
+    assert status == 200 and json.loads(answer)["result"]["body"] == {"n": 1}
+    sock.close()
+    assert _refused(gw, "unauthorized") == 2 and _refused(gw, "body_timeout") == 0
