@@ -75,3 +75,26 @@ def test_a_wrong_key_is_401_at_once_whatever_body_it_declares(upstream, gateway)
     assert status == 200 and json.loads(answer)["result"]["body"] == {"n": 1}
     sock.close()
     assert _refused(gw, "unauthorized") == 2 and _refused(gw, "body_timeout") == 0
+
+
+def test_two_different_authorization_headers_are_refused(upstream, gateway) -> None:
+    """Before: the last of two Authorization headers counted, whichever the first was (a proxy in
+    front that checked the first let a caller in on the second)."""
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)], api_keys=[KEY, "other-key-0123456789"])
+    body = json.dumps({"arguments": {}}).encode()
+    cases = [  # (headers, answer): a repeat of the same value is one header
+        ("authorization: Bearer wrong\r\n" + AUTH, 401),
+        (AUTH + "authorization: Bearer other-key-0123456789\r\n", 401),
+        (AUTH + AUTH, 200),
+    ]
+    for extra, expected in cases:
+        sock = _connect(gw.url)
+        sock.sendall(_head("/v1/tools/echo/call", len(body), extra) + body)
+        status, _, answer = _answer(sock)
+        sock.close()
+        assert status == expected, (extra, answer)
+        if status == 401:
+            assert "sent twice" in json.loads(answer)["detail"]
+            assert KEY not in answer.decode()
+    assert _refused(gw, "unauthorized") == 2
