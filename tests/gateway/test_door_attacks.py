@@ -98,3 +98,35 @@ def test_two_different_authorization_headers_are_refused(upstream, gateway) -> N
             assert "sent twice" in json.loads(answer)["detail"]
             assert KEY not in answer.decode()
     assert _refused(gw, "unauthorized") == 2
+
+
+def test_a_generic_call_never_forwards_a_number_json_cannot_carry(upstream, gateway) -> None:
+    """Before: `1e400` (valid JSON) in the arguments reached the tool as `Infinity`, which is not
+    JSON (a strict tool refused the call; a lenient one read infinity)."""
+    up = upstream("a")
+    gw = gateway([proxy_tool("echo", up.url)])
+    for literal in (b"1e400", b"-1e400", b"2E+308", b"1" + b"0" * 400 + b".5"):
+        body = b'{"arguments": {"x": [1, ' + literal + b'], "note": "NaN Infinity"}}'
+        sock = _connect(gw.url)
+        sock.sendall(_head("/v1/tools/echo/call", len(body)) + body)
+        status, _, answer = _answer(sock)
+        sock.close()
+        assert status == 422 and "1e400" in json.loads(answer)["detail"], (literal, answer)
+    assert up.stats()["started"] == 0
+    # the words in a string, and numbers a float holds, go through as they were
+    body = b'{"arguments": {"x": [1e300, 123456789012345678901234567890], "note": "NaN Infinity"}}'
+    sock = _connect(gw.url)
+    sock.sendall(_head("/v1/tools/echo/call", len(body)) + body)
+    status, _, answer = _answer(sock)
+    sock.close()
+    assert status == 200
+    assert json.loads(answer)["result"]["body"] == {
+        "x": [1e300, 123456789012345678901234567890], "note": "NaN Infinity"
+    }  # fmt: skip
+    assert _refused(gw, "invalid_request") == 4
+    # a caller's own NaN (not JSON, read as `json` reads it) goes on as it came
+    body = b'{"arguments": {"x": NaN, "y": 1e400}}'
+    sock = _connect(gw.url)
+    sock.sendall(_head("/v1/tools/echo/call", len(body)) + body)
+    assert _answer(sock)[0] == 200
+    sock.close()
