@@ -130,3 +130,35 @@ def test_a_generic_call_never_forwards_a_number_json_cannot_carry(upstream, gate
     sock.sendall(_head("/v1/tools/echo/call", len(body)) + body)
     assert _answer(sock)[0] == 200
     sock.close()
+
+
+SMUGGLED = [  # requests the HTTP parser refuses: each one 400, counted
+    b"POST /retrieve HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n"
+    b"\r\n0\r\n\r\n",
+    b"POST /retrieve HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\ncontent-length: 5\r\n\r\n{}",
+    b"POST /retrieve HTTP/1.1\r\nhost: t\r\ncontent-length: +2\r\n\r\n{}",
+    b"POST /retrieve HTTP/1.1\r\nhost: t\r\nx-trajectory-id: a\r\n b: 1\r\ncontent-length: 2\r\n\r\n{}",
+    b"POST /retrieve HTTP/1.1\r\nhost: t\r\nx-step: 1\rx-turn: 2\r\ncontent-length: 2\r\n\r\n{}",
+]
+
+
+def test_malformed_json_and_http_are_counted_on_every_route(upstream, gateway) -> None:
+    """Before: a control route's malformed JSON and a request the HTTP parser refused (the
+    shapes of request smuggling) were answered 400 and counted nowhere, though `refused_total`
+    says malformed JSON and a bad header or Content-Length are `invalid_request`."""
+    up = upstream("a")
+    gw = gateway([proxy_tool("search", up.url, kind="search")], api_keys=[KEY])
+    for request in SMUGGLED:
+        sock = _connect(gw.url)
+        sock.sendall(request)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 "), request
+        sock.close()
+    sock = _connect(gw.url)
+    body = b'{"tool": "search", "model":'
+    sock.sendall(_head("/v1/emulators/search/profile", len(body), AUTH).replace(b"POST", b"PUT"))
+    sock.sendall(body)
+    status, _, answer = _answer(sock)
+    sock.close()
+    assert status == 400 and "not valid JSON" in json.loads(answer)["detail"]
+    assert up.stats()["started"] == 0
+    assert _refused(gw, "invalid_request") == len(SMUGGLED) + 1
