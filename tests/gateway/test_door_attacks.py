@@ -10,6 +10,8 @@ import time
 
 from gw_support import metric_value, proxy_tool
 
+from gateway.settings import ToolConfig
+
 KEY = "door-key-0123456789"
 AUTH = f"authorization: Bearer {KEY}\r\n"
 
@@ -162,3 +164,29 @@ def test_malformed_json_and_http_are_counted_on_every_route(upstream, gateway) -
     assert status == 400 and "not valid JSON" in json.loads(answer)["detail"]
     assert up.stats()["started"] == 0
     assert _refused(gw, "invalid_request") == len(SMUGGLED) + 1
+
+
+def test_a_utf8_trajectory_id_reaches_an_embedded_tool_as_sent(gateway, upstream) -> None:
+    """Before: an in-process tool got the UTF-8 of the id's Latin-1 reading (its bytes encoded
+    twice), where a proxied tool got the bytes the caller sent."""
+    up = upstream("a")
+    gw = gateway(
+        [
+            ToolConfig(
+                name="local", kind="http", mode="embedded", app="gw_embedded_app:create_app"
+            ),
+            ToolConfig(name="remote", kind="http", mode="proxy", upstreams=[up.url]),
+        ]
+    )
+    sent = "trajé-7".encode()
+    for tool in ("local", "remote"):
+        body = json.dumps({"arguments": {}}).encode()
+        sock = _connect(gw.url)
+        head = _head(f"/v1/tools/{tool}/call", len(body), "x-trajectory-id: ID\r\n")
+        sock.sendall(head.replace(b"ID", sent) + body)
+        status, _, answer = _answer(sock)
+        sock.close()
+        assert status == 200, answer
+        seen = json.loads(answer)["result"]["call_context"]["x-trajectory-id"]
+        # FastAPI reads header bytes as Latin-1; the echo upstream as UTF-8
+        assert seen.encode("latin-1" if tool == "local" else "utf-8") == sent, (tool, seen)
