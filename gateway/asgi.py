@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 log = logging.getLogger("toolenv.gateway")
@@ -89,6 +89,13 @@ class Lifespan:
         if message["type"] == "lifespan.shutdown.failed":
             await self._failed()
             raise LifespanError(f"{self.name} failed to shut down: {self._why(message)}")
+
+
+def raw_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """`headers` as an HTTP server hands them to an app: names lower-cased, values the bytes they
+    were read as (Latin-1, as servers decode them), so an in-process tool sees a caller's UTF-8
+    `X-Trajectory-Id` as a proxied one does (UTF-8 of the Latin-1 reading sent it twice encoded)."""
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
 async def call_asgi(

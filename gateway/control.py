@@ -163,6 +163,7 @@ def _check_json(raw: bytes, request: Request) -> JSONResponse | None:
     try:
         json.loads(raw)
     except (ValueError, RecursionError):  # nesting too deep for `json` was a 500
+        state_of(request).door.refused["invalid_request"] += 1  # counted as on every route
         return JSONResponse(
             {"detail": NOT_JSON, "request_id": _request_id(request)}, NOT_JSON_STATUS
         )

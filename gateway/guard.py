@@ -44,6 +44,10 @@ UNMETERED_PATHS = OPEN_PATHS | {
     "/v1/emulators/search/profile",
     "/v1/emulators/reward/profile",
 }
+_NO_KEY = "missing or invalid API key: send `Authorization: Bearer <key>`"
+_AUTH_TWICE = (
+    "Authorization was sent twice with different values: send `Authorization: Bearer <key>` once"
+)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 REQUEST_ID_KEY = h.REQUEST_ID.lower().encode()
 
@@ -103,12 +107,14 @@ class Door:
         none answers as it would without the limit (a 404, a 405, a GET)."""
         request_id = None
         auth = None
+        auth_twice = False  # two different credentials: which one counts would be a guess
         length = None
         for name, value in headers:
             if name == REQUEST_ID_KEY:
                 candidate = value.decode("latin-1")
                 request_id = candidate if _REQUEST_ID.match(candidate) else None
             elif name == b"authorization":
+                auth_twice = auth_twice or (auth is not None and auth != value)
                 auth = value
             elif name == b"content-length":
                 length = value
@@ -117,13 +123,13 @@ class Door:
         who = f"client-{client[0]}" if client else "client-unknown"
         verdict = Verdict(request_id, who)
         if self.keys and path not in OPEN_PATHS:
-            key = _bearer(auth)
+            # Two different Authorization headers (a proxy's and the caller's, say) are refused:
+            # the last one counted here, where a proxy in front may have checked the first.
+            key = None if auth_twice else _bearer(auth)
             if key is None or not any(hmac.compare_digest(key, k) for k in self.keys):
                 self.refused["unauthorized"] += 1
-                return _refuse(
-                    verdict, 401, "missing or invalid API key: send `Authorization: Bearer <key>`",
-                    ((b"www-authenticate", b"Bearer"),),
-                )  # fmt: skip
+                detail = _AUTH_TWICE if auth_twice else _NO_KEY
+                return _refuse(verdict, 401, detail, ((b"www-authenticate", b"Bearer"),))
             verdict.caller = key_id(key.decode("latin-1"))
         if self.rate_limits is not None and path not in UNMETERED_PATHS:
             try:

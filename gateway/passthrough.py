@@ -175,6 +175,8 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
     except h.HeaderError as exc:
         return _refused(ctx, 400, str(exc))
     payload = wirejson.dumps(body["arguments"])
+    if not _forwardable(payload, raw):
+        return _refused(ctx, 422, f"invalid request: {_NOT_FINITE}")
     # JSON whatever the caller's envelope said (`curl -d` says a form: a FastAPI tool refused it)
     outcome = await run_call(
         ctx, runtime, runtime.config.native_path, payload, deadline, deadline_ms,
@@ -301,6 +303,22 @@ def _check_call_body(body: Any) -> str | None:
     if deadline is not None and not _finite_non_negative(deadline):
         return "deadline_ms: must be a non-negative number of milliseconds"
     return None
+
+
+_NOT_FINITE = (
+    "arguments: holds a number beyond a 64-bit float (such as 1e400), which would reach the tool "
+    "as `Infinity`, not JSON: send it as a string"
+)
+
+
+def _forwardable(payload: bytes, raw: bytes) -> bool:
+    """Whether the arguments as written are JSON when the caller's body was: a number past the
+    float range (`1e400`, valid JSON) is read as infinity and written `Infinity`, which a tool's
+    JSON parser refuses or reads as a value the caller did not send. (A caller's own `NaN` or
+    `Infinity`, which `json` reads, goes on as it came.) Checked only when the text is there."""
+    if b"Infinity" not in payload and b"NaN" not in payload:
+        return True
+    return wirejson.is_json(payload, strict=True) or not wirejson.is_json(raw, strict=True)
 
 
 def _finite_non_negative(value: Any) -> bool:

@@ -26,7 +26,7 @@ from toolenv_core.http1_pool import (
     ResponseTooLarge,
 )
 
-from .asgi import ASGIApp, Lifespan, call_asgi
+from .asgi import ASGIApp, Lifespan, call_asgi, raw_headers
 from .settings import ToolConfig
 
 log = logging.getLogger("toolenv.gateway")
@@ -220,10 +220,9 @@ class LocalBackend:
         if not self.app.started:  # as an upstream nobody can reach: 503 naming why, not a 502
             why = f"failed to start: {self.app.error}" if self.app.error else "has not started"
             raise AppNotStarted(f"its in-process app {self.app.ref} {why}")
-        raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         try:
             status, out, payload = await call_asgi(
-                self.app.app, method, path, body, raw, self.app.lifespan.state
+                self.app.app, method, path, body, raw_headers(headers), self.app.lifespan.state
             )
         except (ConnectionError, RuntimeError) as exc:
             raise UpstreamBroken(str(exc)) from exc

@@ -65,6 +65,8 @@ class HeadBound(HttpToolsProtocol):
     head_bytes = 0  # of the head being read (a later request's: from the read after its first byte)
     head_begun = False  # a later request's head began in the read being parsed
     head_timer: asyncio.TimerHandle | None = None
+    body_pending = False  # from a request's headers to the end of its body
+    rest_timer: asyncio.TimerHandle | None = None  # the rest of a body answered before its end
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -95,13 +97,27 @@ class HeadBound(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.reading_head = False
+        self.body_pending = True
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
         super().on_headers_complete()
 
+    def on_message_complete(self) -> None:
+        self.body_pending = False
+        if self.rest_timer is not None:
+            self.rest_timer.cancel()
+            self.rest_timer = None
+        super().on_message_complete()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.body_pending and self.rest_timer is None and not self.transport.is_closing():
+            # Answered before its body was whole (a 401, a 404, a chunked body's 413): uvicorn
+            # reads the rest and drops it, to keep the connection, with no bound in time, so a
+            # caller trickling it (no key needed) held the connection for ever. Closed unless the
+            # rest arrives within the head's timeout.
+            self.rest_timer = self.loop.call_later(self.head_timeout_s, self._rest_late)
         if self.pipeline and not self.transport.is_closing():
             # uvicorn resumed reading at every answer, requests still queued behind it: a client
             # pipelining without reading its answers had every one let in another read
@@ -109,10 +125,16 @@ class HeadBound(HttpToolsProtocol):
             self.flow.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.head_timer is not None:
-            self.head_timer.cancel()
-            self.head_timer = None
+        for timer in (self.head_timer, self.rest_timer):
+            if timer is not None:
+                timer.cancel()
+        self.head_timer = self.rest_timer = None
         super().connection_lost(exc)
+
+    def _rest_late(self) -> None:
+        self.rest_timer = None
+        if self.body_pending:
+            self.transport.close()
 
     def _head_late(self) -> None:
         self.head_timer = None

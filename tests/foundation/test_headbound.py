@@ -121,6 +121,40 @@ def test_idle_and_trickled_heads_are_closed_in_time(servers) -> None:
         assert waited < HEAD_TIMEOUT_S + 3, service
 
 
+def test_a_body_answered_before_its_end_is_not_awaited_for_ever(servers) -> None:
+    """Before: a request answered before its body was whole (an unknown path's 404 here; the
+    gateway's 401 to a wrong key alike) kept its connection while the rest of the body trickled
+    in, for ever: no key needed to hold every connection the process can have."""
+    results: dict[tuple[str, ...], tuple[float, bytes]] = {}
+
+    def trickle(service: tuple[str, ...]) -> None:
+        with _connect(servers[service].url) as sock:
+            start = time.monotonic()
+            sock.sendall(b"POST /nope HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+            got = b""
+            while time.monotonic() - start < HEAD_TIMEOUT_S + 5:
+                if select.select([sock], [], [], 0.5)[0]:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+                try:
+                    sock.sendall(b"1\r\nx\r\n")
+                except OSError:  # closed: a reset, as the rest of the body was never read
+                    break
+            results[service] = (time.monotonic() - start, got)
+
+    threads = [threading.Thread(target=trickle, args=(service,)) for service in SERVICES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HEAD_TIMEOUT_S + 15)
+    for service in SERVICES:
+        waited, got = results[service]
+        assert got.startswith(b"HTTP/1.1 404 "), (service, got)
+        assert HEAD_TIMEOUT_S - 0.5 < waited < HEAD_TIMEOUT_S + 3, (service, waited)
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -16,7 +16,7 @@ from ray import serve
 
 from emulators.app import create_app as create_emulators_app
 from emulators.settings import EmulatorSettings
-from gateway.asgi import ASGIApp, Lifespan, call_asgi
+from gateway.asgi import ASGIApp, Lifespan, call_asgi, raw_headers
 from sandboxd.app import create_app as create_sandbox_app
 from sandboxd.settings import SandboxSettings
 from toolenv_core.headers import EXECUTOR_NODE, EXECUTOR_REPLICA
@@ -50,9 +50,8 @@ class ServiceReplica:
         self, method: str, path: str, body: bytes, headers: dict[str, str]
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """One HTTP request to the hosted app (cancelling it cancels the handler)."""
-        raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         status, out, payload = await call_asgi(
-            self.app, method, path, body, raw, self.lifespan.state
+            self.app, method, path, body, raw_headers(headers), self.lifespan.state
         )
         return status, out + self.where, payload
 
