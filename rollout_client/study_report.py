@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,16 @@ PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG = "pareto.png", "speedup.png", "occupancy
 PLOTS = (PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG)
 """Every plot `plot` draws, by file name."""
 
-_COLUMNS = [
+
+def _rate_text(value: float) -> str:
+    """Trajectories/s to 2 decimals, or 2 significant digits below 0.1 (a slow cell read 0.00)."""
+    return f"{value:.2f}" if value >= 0.1 else f"{value:#.2g}"
+
+
+_COLUMNS: list[tuple[str, str, str | Callable[[Any], str]]] = [
     ("policy", "policy", "{}"),
     ("makespan_s", "step makespan (s)", "{:.1f}"),
-    ("trajectories_per_s", "traj/s", "{:.2f}"),
+    ("trajectories_per_s", "traj/s", _rate_text),
     ("speedup_over_sync", "speed-up", "{:.2f}x"),
     ("mean_batch_occupancy", "occupancy", "{:.0%}"),
     ("tail_share", "tail share", "{:.0%}"),
@@ -40,8 +47,10 @@ _COLUMNS = [
 ]
 
 
-def _fmt(template: str, value: Any) -> str:
-    return "-" if value is None else template.format(value)
+def _fmt(template: str | Callable[[Any], str], value: Any) -> str:
+    if value is None:
+        return "-"
+    return template(value) if callable(template) else template.format(value)
 
 
 def markdown(study: dict[str, Any], command: str) -> str:
@@ -91,7 +100,8 @@ def markdown(study: dict[str, Any], command: str) -> str:
         thrown = f", {wasted:,} generated tokens thrown away (aborted)" if wasted else ""
         lines += [
             "",
-            f"Recommendation: **{rec['policy']}**: {rec['speedup_over_sync']:.2f}x over sync, "
+            f"Recommendation: **{rec['policy']}**: "
+            f"{_fmt('{:.2f}x', rec['speedup_over_sync'])} over sync, "
             f"{rec['calls_cut_share']:.1%} of calls cut{in_flight}, mean staleness "
             f"{rec['mean_staleness']:.2f} steps{thrown}{budget}.",
             "",
