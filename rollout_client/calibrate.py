@@ -36,6 +36,21 @@ class CalibrationPlan:
         if self.decode_tokens < 4:
             raise ValueError("--decode-tokens must be at least 4 to time decode iterations")
 
+    def underdetermined(self) -> str | None:
+        """Why a fit on these batches alone cannot tell its costs apart (None: it can). With one
+        prompt length a batch's context grows with its size, so the cost per sequence and per
+        context token are one column; with one batch size, the base and the cost per sequence
+        are: least squares put it all on one term with a 0% fit error (costs known, a batch of
+        16 at 4,000-token prompts came out 2-100x off)."""
+        if len(set(self.batches)) < 2 or len(set(self.prompt_lens)) < 2:
+            return (
+                "--batches and --prompt-lens need two different values each (got "
+                f"{','.join(map(str, self.batches))} x {','.join(map(str, self.prompt_lens))}): "
+                "with one, the fit cannot tell the cost per sequence from the cost per context "
+                "token or per iteration"
+            )
+        return None
+
 
 @dataclass
 class Sample:

@@ -11,6 +11,7 @@ from click.testing import Result
 from testkit import free_port
 from typer.testing import CliRunner
 
+from rollout_client.calibrate import CalibrationPlan
 from toolenv.cli import build_app
 
 app = build_app()
@@ -127,3 +128,19 @@ def test_vllm_not_installed_is_one_line_naming_the_extra(
     done = CliRunner().invoke(app, ["rollout", "calibrate", "--model", str(tmp_path)])
     said = one_line_error(done)
     assert said.startswith("error: --engine vllm needs vLLM") and "toolenv[vllm]" in said
+
+
+@pytest.mark.parametrize(
+    ("batches", "lens"), [("4", "64,512"), ("1,4,16", "512"), ("8,8", "64,64"), ("1", "64")]
+)
+def test_batches_that_cannot_tell_the_costs_apart_are_refused_before_the_engine(
+    batches: str, lens: str
+) -> None:
+    """One batch size or one prompt length leaves the fit's columns collinear: least squares put
+    the whole cost on one term, with a 0% fit error: fitted on an engine of known costs, a batch
+    of 16 at 4,000-token prompts came out 2-100x off (exit 3 here: the closed port was reached
+    first)."""
+    said = one_line_error(calibrate("--batches", batches, "--prompt-lens", lens))
+    assert said.startswith("error: --batches and --prompt-lens need two different values each")
+    plan = CalibrationPlan(batches=[1, 4], prompt_lens=[64, 512])
+    assert plan.underdetermined() is None
