@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engines.base import Engine, Generation
+from .engines.base import Engine, EngineUnreachable, Generation
 from .engines.costmodel import CostModel
 from .workloads.plan import TokenSynth
 
@@ -68,13 +68,22 @@ async def measure(engine: Engine, plan: CalibrationPlan, vocab_size: int) -> lis
     async def one(prompt_len: int) -> Generation:
         n = next(counter)
         prompt = synth.ids(f"calibrate-{n}", prompt_len)
-        return await engine.generate(
-            f"calibrate-{n}",
-            prompt,
-            max_tokens=plan.decode_tokens,
-            min_tokens=plan.decode_tokens,
-            ignore_eos=True,
-        )
+        try:
+            return await engine.generate(
+                f"calibrate-{n}",
+                prompt,
+                max_tokens=plan.decode_tokens,
+                min_tokens=plan.decode_tokens,
+                ignore_eos=True,
+            )
+        except EngineUnreachable:
+            raise
+        except Exception as exc:  # vLLM's VLLMValidationError, a server's 400: a traceback, exit 1
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(
+                f"the engine refused a calibration request of {prompt_len} prompt tokens and "
+                f"{plan.decode_tokens} to generate (--prompt-lens, --decode-tokens): {why}"
+            ) from exc
 
     await one(min(plan.prompt_lens))  # warm-up: first-request costs are not the model's
     for _ in range(plan.repeats):
