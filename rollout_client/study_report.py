@@ -9,14 +9,19 @@ cell took to simulate is beside it in the JSON.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from toolenv_core.console import counted
+from toolenv_core.flocks import lock_if_still_there
 from toolenv_core.plotting import pyplot
 
 from .report import drop_plots_not_written
@@ -25,6 +30,9 @@ from .study import HANG_S
 PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG = "pareto.png", "speedup.png", "occupancy.png"
 PLOTS = (PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG)
 """Every plot `plot` draws, by file name."""
+STAGING = ".study-"
+"""The prefix of `write`'s staging directories in `--out`."""
+ABANDONED_AFTER_S = 60.0
 
 
 def _rate_text(value: float) -> str:
@@ -117,8 +125,11 @@ def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) ->
     this study.json is in place only once the rest is. An earlier study's plots that this one
     does not draw (`--no-plots`) are removed before it: they would describe another study."""
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".study-", dir=out))
+    _reap_staging(out)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=out))
+    held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # ours while we write: another study's reaper skips it
         (staging / "study.md").write_text(markdown(study, command))
         if plots:
             plot(study, staging)
@@ -129,6 +140,23 @@ def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) ->
         return [*placed, last.replace(out / last.name)]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(held)
+
+
+def _reap_staging(out: Path) -> None:
+    """Remove the staging directories of studies killed outright (SIGKILL, a power cut): each
+    left a hidden `.study-*` holding its part of a report in `out` for good. One that a live
+    study writes is locked; one made a moment ago may not be locked yet, so it is left too."""
+    for path in out.glob(f"{STAGING}*"):
+        with contextlib.suppress(OSError):
+            if time.time() - path.stat().st_mtime < ABANDONED_AFTER_S:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if lock_if_still_there(fd, path, wait=False):
+                    shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
 
 
 def plot(study: dict[str, Any], out: Path) -> list[Path]:

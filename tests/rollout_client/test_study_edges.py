@@ -1,8 +1,12 @@
-"""`toolenv rollout study` with odd but legal input: slow cells, an --out it cannot write."""
+"""`toolenv rollout study` with odd but legal input: slow cells, an --out it cannot write, what
+a study killed outright left there."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,7 @@ from rollout_support import first_records, write_trace
 from typer.testing import CliRunner
 
 from rollout_client.engines.costmodel import load_cost_model
+from rollout_client.study_report import ABANDONED_AFTER_S, STAGING
 from toolenv.cli import build_app
 
 
@@ -62,3 +67,31 @@ def test_an_out_it_cannot_write_the_report_in_is_one_line_and_exit_2(
     )
     assert "Traceback" not in done.output
     assert not [p for p in out.iterdir() if p.name.startswith(".study-")]
+
+
+def test_the_staging_of_a_study_killed_outright_is_removed_by_the_next(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL while the report was staged left a hidden `.study-*` with its part of a report in
+    --out, one per kill, for good. The next study removes it, never one a live study holds."""
+    out = tmp_path / "o"
+    killed, live, fresh = (out / f"{STAGING}{name}" for name in ("killed", "live", "fresh"))
+    for staging in (killed, live, fresh):
+        staging.mkdir(parents=True)
+        (staging / "study.md").write_text("part of a report")
+    old = time.time() - 2 * ABANDONED_AFTER_S
+    for staging in (killed, live):
+        os.utime(staging, (old, old))
+    holder = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        trace = write_trace(first_records(polytrace_dir, 24), tmp_path / "t.jsonl")
+        args = ["rollout", "study", "--quick", "--trace", str(trace), "--batch", "8"]
+        args += ["--steps", "1", "--no-plots", "--out", str(out)]
+        done = CliRunner().invoke(build_app(), args)
+        assert done.exit_code == 0, (done.output, done.exception)
+    finally:
+        os.close(holder)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [live.name, fresh.name, "study.json", "study.md"]
+    )
