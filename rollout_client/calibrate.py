@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engines.base import Engine, Generation
+from .engines.base import Engine, EngineUnreachable, Generation
 from .engines.costmodel import CostModel
 from .workloads.plan import TokenSynth
 
@@ -36,6 +36,21 @@ class CalibrationPlan:
         if self.decode_tokens < 4:
             raise ValueError("--decode-tokens must be at least 4 to time decode iterations")
 
+    def underdetermined(self) -> str | None:
+        """Why a fit on these batches alone cannot tell its costs apart (None: it can). With one
+        prompt length a batch's context grows with its size, so the cost per sequence and per
+        context token are one column; with one batch size, the base and the cost per sequence
+        are: least squares put it all on one term with a 0% fit error (costs known, a batch of
+        16 at 4,000-token prompts came out 2-100x off)."""
+        if len(set(self.batches)) < 2 or len(set(self.prompt_lens)) < 2:
+            return (
+                "--batches and --prompt-lens need two different values each (got "
+                f"{','.join(map(str, self.batches))} x {','.join(map(str, self.prompt_lens))}): "
+                "with one, the fit cannot tell the cost per sequence from the cost per context "
+                "token or per iteration"
+            )
+        return None
+
 
 @dataclass
 class Sample:
@@ -53,13 +68,22 @@ async def measure(engine: Engine, plan: CalibrationPlan, vocab_size: int) -> lis
     async def one(prompt_len: int) -> Generation:
         n = next(counter)
         prompt = synth.ids(f"calibrate-{n}", prompt_len)
-        return await engine.generate(
-            f"calibrate-{n}",
-            prompt,
-            max_tokens=plan.decode_tokens,
-            min_tokens=plan.decode_tokens,
-            ignore_eos=True,
-        )
+        try:
+            return await engine.generate(
+                f"calibrate-{n}",
+                prompt,
+                max_tokens=plan.decode_tokens,
+                min_tokens=plan.decode_tokens,
+                ignore_eos=True,
+            )
+        except EngineUnreachable:
+            raise
+        except Exception as exc:  # vLLM's VLLMValidationError, a server's 400: a traceback, exit 1
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(
+                f"the engine refused a calibration request of {prompt_len} prompt tokens and "
+                f"{plan.decode_tokens} to generate (--prompt-lens, --decode-tokens): {why}"
+            ) from exc
 
     await one(min(plan.prompt_lens))  # warm-up: first-request costs are not the model's
     for _ in range(plan.repeats):

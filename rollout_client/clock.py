@@ -10,6 +10,7 @@ is deterministic: nothing sleeps, nothing depends on how fast this machine is.
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 import time
 from collections.abc import Coroutine
@@ -67,10 +68,23 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._virtual = _VirtualSelector()
+        self._resolution = time.get_clock_info("monotonic").resolution
         super().__init__(self._virtual)
 
     def time(self) -> float:
         return self._virtual.clock
+
+    # asyncio runs the timers due before `time() + _clock_resolution`. Past about 1.7e7 s of
+    # virtual time a float's step exceeds twice the monotonic clock's 1 ns, `now + 1 ns` rounds
+    # to `now`, and a timer due now never ran: the clock never moved again and the run spun for
+    # ever (a tool latency of 1e8 s, well under the horizon). One step of the clock at least.
+    @property
+    def _clock_resolution(self) -> float:
+        return max(self._resolution, math.ulp(self._virtual.clock))
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value: float) -> None:  # asyncio's own __init__ sets it
+        self._resolution = value
 
 
 def run_virtual(main: Coroutine[Any, Any, T]) -> T:

@@ -9,13 +9,19 @@ cell took to simulate is beside it in the JSON.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from toolenv_core.console import counted
+from toolenv_core.flocks import lock_if_still_there
 from toolenv_core.plotting import pyplot
 
 from .report import drop_plots_not_written
@@ -24,11 +30,20 @@ from .study import HANG_S
 PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG = "pareto.png", "speedup.png", "occupancy.png"
 PLOTS = (PARETO_PNG, SPEEDUP_PNG, OCCUPANCY_PNG)
 """Every plot `plot` draws, by file name."""
+STAGING = ".study-"
+"""The prefix of `write`'s staging directories in `--out`."""
+ABANDONED_AFTER_S = 60.0
 
-_COLUMNS = [
+
+def _rate_text(value: float) -> str:
+    """Trajectories/s to 2 decimals, or 2 significant digits below 0.1 (a slow cell read 0.00)."""
+    return f"{value:.2f}" if value >= 0.1 else f"{value:#.2g}"
+
+
+_COLUMNS: list[tuple[str, str, str | Callable[[Any], str]]] = [
     ("policy", "policy", "{}"),
     ("makespan_s", "step makespan (s)", "{:.1f}"),
-    ("trajectories_per_s", "traj/s", "{:.2f}"),
+    ("trajectories_per_s", "traj/s", _rate_text),
     ("speedup_over_sync", "speed-up", "{:.2f}x"),
     ("mean_batch_occupancy", "occupancy", "{:.0%}"),
     ("tail_share", "tail share", "{:.0%}"),
@@ -40,8 +55,10 @@ _COLUMNS = [
 ]
 
 
-def _fmt(template: str, value: Any) -> str:
-    return "-" if value is None else template.format(value)
+def _fmt(template: str | Callable[[Any], str], value: Any) -> str:
+    if value is None:
+        return "-"
+    return template(value) if callable(template) else template.format(value)
 
 
 def markdown(study: dict[str, Any], command: str) -> str:
@@ -91,7 +108,8 @@ def markdown(study: dict[str, Any], command: str) -> str:
         thrown = f", {wasted:,} generated tokens thrown away (aborted)" if wasted else ""
         lines += [
             "",
-            f"Recommendation: **{rec['policy']}**: {rec['speedup_over_sync']:.2f}x over sync, "
+            f"Recommendation: **{rec['policy']}**: "
+            f"{_fmt('{:.2f}x', rec['speedup_over_sync'])} over sync, "
             f"{rec['calls_cut_share']:.1%} of calls cut{in_flight}, mean staleness "
             f"{rec['mean_staleness']:.2f} steps{thrown}{budget}.",
             "",
@@ -107,8 +125,11 @@ def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) ->
     this study.json is in place only once the rest is. An earlier study's plots that this one
     does not draw (`--no-plots`) are removed before it: they would describe another study."""
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".study-", dir=out))
+    _reap_staging(out)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=out))
+    held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # ours while we write: another study's reaper skips it
         (staging / "study.md").write_text(markdown(study, command))
         if plots:
             plot(study, staging)
@@ -119,6 +140,23 @@ def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) ->
         return [*placed, last.replace(out / last.name)]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(held)
+
+
+def _reap_staging(out: Path) -> None:
+    """Remove the staging directories of studies killed outright (SIGKILL, a power cut): each
+    left a hidden `.study-*` holding its part of a report in `out` for good. One that a live
+    study writes is locked; one made a moment ago may not be locked yet, so it is left too."""
+    for path in out.glob(f"{STAGING}*"):
+        with contextlib.suppress(OSError):
+            if time.time() - path.stat().st_mtime < ABANDONED_AFTER_S:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if lock_if_still_there(fd, path, wait=False):
+                    shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
 
 
 def plot(study: dict[str, Any], out: Path) -> list[Path]:

@@ -91,6 +91,9 @@ def calibrate(
             prompt_lens=_int_list(prompt_lens, "--prompt-lens"),
             decode_tokens=decode_tokens,
         )
+        # --check refits every cost on the workload's iterations: its batches only warm up
+        if check is None and (problem := plan.underdetermined()) is not None:
+            fail(problem)
         # only what was given: the options' defaults hid TOOLENV_ROLLOUT_* and the config file
         given = {
             "engine": engine,

@@ -134,7 +134,12 @@ def study(
                 fail(one_line(exc))
         # quoted as a shell reads it: `--out "my study"` was written `--out my study`
         command = "toolenv rollout study " + shlex.join(sys.argv[3:])
-        write(result, out, command.strip(), plots=not no_plots)
+        try:  # a full disk, or a directory where a file goes: a traceback and exit 1, the code
+            # that says trajectories failed
+            write(result, out, command.strip(), plots=not no_plots)
+        except OSError as exc:
+            where = Path(exc.filename).name if exc.filename else "the report"
+            fail(f"--out {out}: cannot write {where}: {exc.strerror or exc}")
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:

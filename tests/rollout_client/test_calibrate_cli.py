@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import Result
 from testkit import free_port
 from typer.testing import CliRunner
 
+from rollout_client.calibrate import CalibrationPlan, calibrate_engine
+from rollout_client.engines.base import Generation
+from rollout_client.engines.costmodel import CostModel
+from rollout_client.engines.eventsim import EventSimEngine
 from toolenv.cli import build_app
 
 app = build_app()
@@ -127,3 +132,41 @@ def test_vllm_not_installed_is_one_line_naming_the_extra(
     done = CliRunner().invoke(app, ["rollout", "calibrate", "--model", str(tmp_path)])
     said = one_line_error(done)
     assert said.startswith("error: --engine vllm needs vLLM") and "toolenv[vllm]" in said
+
+
+@pytest.mark.parametrize(
+    ("batches", "lens"), [("4", "64,512"), ("1,4,16", "512"), ("8,8", "64,64"), ("1", "64")]
+)
+def test_batches_that_cannot_tell_the_costs_apart_are_refused_before_the_engine(
+    batches: str, lens: str
+) -> None:
+    """One batch size or one prompt length leaves the fit's columns collinear: least squares put
+    the whole cost on one term, with a 0% fit error: fitted on an engine of known costs, a batch
+    of 16 at 4,000-token prompts came out 2-100x off (exit 3 here: the closed port was reached
+    first)."""
+    said = one_line_error(calibrate("--batches", batches, "--prompt-lens", lens))
+    assert said.startswith("error: --batches and --prompt-lens need two different values each")
+    plan = CalibrationPlan(batches=[1, 4], prompt_lens=[64, 512])
+    assert plan.underdetermined() is None
+
+
+class _RefusesLongPrompts(EventSimEngine):
+    """An engine whose context is 1,000 tokens: it refuses longer prompts, as vLLM does."""
+
+    async def generate(self, request_id: str, prompt_ids: list[int], **kwargs: Any) -> Generation:
+        if len(prompt_ids) > 1000:
+            raise RuntimeError("http://127.0.0.1:1 answered 400: context too long\n{...}")
+        return await super().generate(request_id, prompt_ids, **kwargs)
+
+
+async def test_a_request_the_engine_refuses_is_one_line_naming_the_options() -> None:
+    """A prompt past the engine's context (`--prompt-lens 64,9000` on vLLM's 8,192) died in
+    vLLM's VLLMValidationError traceback, exit 1, after the engine's start."""
+    cost = CostModel(prefill_per_token_s=4e-5, decode_base_s=0.004, decode_per_seq_s=0.001)
+    plan = CalibrationPlan(batches=[1, 4], prompt_lens=[64, 2048], decode_tokens=8)
+    with pytest.raises(ValueError) as refused:
+        await calibrate_engine(_RefusesLongPrompts(cost), plan, name="t", vocab_size=1024)
+    assert str(refused.value) == (
+        "the engine refused a calibration request of 2048 prompt tokens and 8 to generate "
+        "(--prompt-lens, --decode-tokens): http://127.0.0.1:1 answered 400: context too long"
+    )
