@@ -7,7 +7,6 @@ and reward in-process (what `toolenv serve` runs).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
@@ -27,6 +26,7 @@ from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.errors import problems
 from toolenv_core.fields import Integer, Number
 from toolenv_core.http1 import Endpoint, TargetURLError
+from toolenv_core.net import is_loopback
 
 ToolKind = Literal["sandbox", "search", "reward", "http"]
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -381,11 +381,3 @@ class GatewaySettings(FrontDoorSettings):
             "or pass --allow-unauthenticated"
         )
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -81,6 +81,14 @@ def serve(
         str | None,
         typer.Option(help="critical, error, warning (the default), info, debug or trace."),
     ] = None,
+    allow_unauthenticated: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unauthenticated",
+            help="Allow a --host other hosts reach: sandboxd has no authentication (only where "
+            "trusted hosts alone reach it, such as a private container network).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the sandbox API alone (`/run_code`, `/v1/run_tests`, `/v1/ping`, ...)."""
     overrides: dict[str, Any] = {}
@@ -95,8 +103,11 @@ def serve(
             overrides[key] = value
     if insecure_no_isolation:
         overrides["insecure_no_isolation"] = True
+    if allow_unauthenticated:
+        overrides["allow_unauthenticated"] = True
     try:
         settings = SandboxSettings.load(config, **overrides)
+        settings.check_bind()
     except (ConfigFileError, ValueError) as exc:
         typer.echo(f"error: {config_error(exc)}", err=True)
         raise typer.Exit(2) from exc

@@ -9,6 +9,7 @@ from pydantic_settings import SettingsConfigDict
 
 from toolenv_core.config import FrontDoorSettings, LogLevel
 from toolenv_core.fields import Integer, Number
+from toolenv_core.net import is_loopback
 
 from .languages import UnknownLanguage, get_language
 from .sizing import host_sizing
@@ -96,6 +97,10 @@ class SandboxSettings(FrontDoorSettings):
     insecure_no_isolation: bool = Field(
         default=False, description="run programs without bubblewrap (only for trusted code)"
     )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="serve on an address other hosts reach (sandboxd has no authentication)",
+    )
     workdir_root: str | None = Field(
         default=None, description="where run dirs live; default /dev/shm (tmpfs) else the tmp dir"
     )
@@ -149,6 +154,19 @@ class SandboxSettings(FrontDoorSettings):
             if value is not None and cap is not None and value > cap:
                 raise ValueError(f"{default} ({value}) exceeds {bound} ({cap})")
         return self
+
+    def check_bind(self) -> None:
+        """Refuse an address other hosts reach unless explicitly allowed: sandboxd runs whatever
+        program it is sent and has no authentication (`sandboxd serve --host 0.0.0.0` was open
+        code execution for the whole network, without a word)."""
+        if self.allow_unauthenticated or is_loopback(self.host):
+            return
+        raise ValueError(
+            f"refusing to bind {self.host}: sandboxd has no authentication and runs any program "
+            "sent to it; bind 127.0.0.1 and reach it through the gateway (which takes API keys), "
+            "or pass --allow-unauthenticated where only trusted hosts reach the address (a "
+            "private container network)"
+        )
 
     @property
     def concurrency(self) -> int:

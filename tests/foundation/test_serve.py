@@ -75,6 +75,11 @@ def test_serve_answers_readyz_and_openapi_and_stops_on_sigint(toolenv_server) ->
         (["emulators", "settings"],
          {"TOOLENV_EMULATORS_DEFAULT_DEADLINE_S": "100", "TOOLENV_EMULATORS_MAX_DEADLINE_S": "10"},
          "invalid emulators settings: default_deadline_s (100.0) exceeds max_deadline_s (10.0)\n"),
+        # sandboxd runs any program sent to it and has no authentication: it bound 0.0.0.0
+        (["sandboxd", "serve", "--host", "0.0.0.0", "--port", "1"], {},
+         "refusing to bind 0.0.0.0: sandboxd has no authentication"),
+        (["sandboxd", "serve", "--port", "1"], {"TOOLENV_SANDBOX_HOST": "::"},
+         "refusing to bind ::: sandboxd has no authentication"),
         # a directory that is not there was taken, and every profile PUT from it refused
         (["emulators", "settings"], {"TOOLENV_EMULATORS_TRACE_DIRS": '["/nonexistent/traces"]'},
          "invalid emulators settings: trace_dirs.0: Path does not point to a directory\n"),
