@@ -47,7 +47,7 @@ from toolenv_core.latency.specs import Constant, TraceReplay
 from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import tool_latencies
 
-from .harness import ServerProcess, toolenv_server
+from .harness import ServerProcess, report_path, toolenv_server
 from .ks_breakdown import BREAKDOWN_STEPS, ks_breakdown, quantile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out",
-        type=Path,
+        type=report_path,
         default=Path("bench-results/benchmarks.emulators_bench.json"),
         help="JSON report path (a PNG is written beside it)",
     )

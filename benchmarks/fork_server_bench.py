@@ -21,14 +21,13 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
 from rich.table import Table
 
-from .harness import ServerProcess, free_port, wait_until_idle, write_report
+from .harness import ServerProcess, free_port, report_path, wait_until_idle, write_report
 from .sandboxd_bench import PROGRAM, PYTHON, closed_loop, interleaved_c1
 from .sandboxd_bench import time_subprocess as spawn_floor
 
@@ -170,7 +169,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    parser.add_argument("--out", type=report_path, default=None, help="write the JSON report here")
     parser.add_argument("--quick", action="store_true", help="fewer runs (for a smoke check)")
     parser.add_argument("--max-concurrency", type=int, default=16)
     args = parser.parse_args(argv)

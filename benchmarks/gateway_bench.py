@@ -37,7 +37,7 @@ import yaml
 from stress import LoadSpec, run_load
 from toolenv_core import headers as h
 
-from .harness import ServerProcess, free_port, toolenv_server, write_report
+from .harness import ServerProcess, free_port, report_path, toolenv_server, write_report
 
 BODY = {"queries": ["who wrote hamlet"], "topk": 3}
 HEADERS = {h.DEADLINE: "10000", h.TRAJECTORY: "bench-trajectory", h.STEP: "3", h.TURN: "1"}
@@ -259,7 +259,7 @@ def _verdict(results: dict[str, Any]) -> dict[str, Any] | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, default=Path("bench-results/benchmarks.gateway_bench.json")
+        "--out", type=report_path, default=Path("bench-results/benchmarks.gateway_bench.json")
     )
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test, noisy)")
     parser.add_argument("--rates", default="500,2000,4000")

@@ -12,6 +12,7 @@ quoted when it dies before it is ready.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ __all__ = [
     "ServerProcess",
     "free_port",
     "machine_busy_s",
+    "report_path",
     "toolenv_server",
     "wait_until_idle",
     "write_report",
@@ -171,6 +173,26 @@ def wait_until_idle(
         if (machine_busy_s() - before) / (window_s * cpus) < busy_below:
             return True
     return False
+
+
+def report_path(value: str) -> Path:
+    """An argparse type for `--out`/`--png`: a path the report can be written to, checked before
+    the run (a missing folder under /proc, a read-only one or a directory given as the file
+    failed in a traceback after the whole run). Makes nothing: the folder is made when written."""
+    path = Path(value)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a directory; give a file name")
+    folder = next(p for p in (path.absolute().parent, *path.absolute().parents) if p.exists())
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {value}: {folder} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot write {value}: no file can be made in {folder} ({exc.strerror})"
+        ) from exc
+    return path
 
 
 def write_report(report: dict, out: Path | None) -> None:

@@ -31,7 +31,7 @@ from stress import LoadSpec, run_load
 from toolenv.ray.netns import NetnsCluster
 from toolenv_core.plotting import pyplot
 
-from .harness import write_report
+from .harness import report_path, write_report
 from .ray_cpu import cpu_by_group, threads_by_group
 
 CODE = {"code": "print(1)", "language": "python"}
@@ -342,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ld.add_argument("--callers", type=int, default=1)
     ld.add_argument("--seconds", type=float, default=5)
     ld.add_argument("--tool", choices=sorted(PATHS), default="sandbox")
-    parser.add_argument("--out", type=Path, default=Path("bench-results/benchmarks.ray_bench.json"))
+    parser.add_argument(
+        "--out", type=report_path, default=Path("bench-results/benchmarks.ray_bench.json")
+    )
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import write_report
+from .harness import report_path, write_report
 
 DEFAULT_TRACE = (
     Path(
@@ -81,7 +81,9 @@ def baseline(trace: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench-results/rollout_virtual.json"))
+    parser.add_argument(
+        "--out", type=report_path, default=Path("bench-results/rollout_virtual.json")
+    )
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--policies", default="sync,async,async+timeout+overlap")
     parser.add_argument("--quick", action="store_true", help="the async policy only")

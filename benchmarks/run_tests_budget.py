@@ -17,7 +17,6 @@ import argparse
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +26,7 @@ from rich.table import Table
 from .cpu_budget import CLK_TCK, LOADGEN, ORDER, account, snapshot
 from .fork_server_bench import CASES, TARGETS, run_tests_once, settle, start_server
 from .fork_server_budget import per_run
-from .harness import ServerProcess, write_report
+from .harness import ServerProcess, report_path, write_report
 
 CORES = os.cpu_count() or 1
 
@@ -90,7 +89,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    parser.add_argument("--out", type=report_path, default=None, help="write the JSON report here")
     parser.add_argument("--requests", type=int, default=20, help="requests per path")
     parser.add_argument("--quick", action="store_true", help="5 requests per path (a smoke check)")
     args = parser.parse_args(argv)

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from stress import BODY_KEY, LoadSpec, arun_load
 
-from .harness import ServerProcess, toolenv_server, write_report
+from .harness import ServerProcess, report_path, toolenv_server, write_report
 
 PYTHON = "/usr/bin/python3"
 PROGRAM = "print(1)"
@@ -382,7 +382,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--out", type=Path, default=Path("bench-results/benchmarks.sandboxd_bench.json")
+        "--out", type=report_path, default=Path("bench-results/benchmarks.sandboxd_bench.json")
     )
     parser.add_argument("--quick", action="store_true", help="small counts (about a minute)")
     parser.add_argument(
