@@ -111,7 +111,7 @@ def _start(workdir: Path, pin: bool) -> tuple[ServerProcess, ServerProcess, Serv
         if gateway_cpus is not None:
             argv = ["taskset", "-c", ",".join(map(str, sorted(gateway_cpus))), *argv]
         floor = ServerProcess([*argv, str(port)], port).start()
-    except Exception:
+    except BaseException:  # Ctrl-C too: each runs in its own session
         for server in started:
             server.stop()
         raise

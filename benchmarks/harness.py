@@ -78,6 +78,14 @@ class ServerProcess:
             env=self.env,
             start_new_session=True,
         )
+        try:
+            return self._wait_ready()
+        except BaseException:  # Ctrl-C while waiting: its own session would outlive us
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> ServerProcess:
+        assert self.proc is not None
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -91,7 +99,6 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        self.stop()
         raise RuntimeError(f"{self.url} not ready within {self.ready_timeout_s:.0f} s")
 
     def stop(self) -> None:

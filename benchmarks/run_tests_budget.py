@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .cpu_budget import CLK_TCK, LOADGEN, ORDER, account, snapshot
-from .fork_server_bench import CASES, TARGETS, run_tests_once, settle, start_server
+from .fork_server_bench import CASES, TARGETS, run_tests_once, settle, start_pair
 from .fork_server_budget import per_run
 from .harness import ServerProcess, report_path, write_report
 
@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         args.requests = 5
     console = Console(stderr=True)
     started = time.monotonic()
-    fork = start_server(True, 16)
-    warm = start_server(False, 16)
+    fork, warm = start_pair(16)
     try:
         with httpx.Client() as client:
             console.print("warming up: 2 requests to each server")

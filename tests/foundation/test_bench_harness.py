@@ -1,18 +1,25 @@
 """The benchmarks' shared harness as a user meets it: a report path that cannot be written is
-refused before the run (it failed in a traceback after minutes of work)."""
+refused before the run (it failed in a traceback after minutes of work), and a server being
+started when Ctrl-C comes is stopped (it runs in its own session: nothing else stopped it)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import inspect
+import io
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from rich.console import Console
 
-from benchmarks.harness import report_path
+from benchmarks import fork_server_bench, run_tests_budget
+from benchmarks.harness import ServerProcess, free_port, report_path
 
 # every benchmark that writes a report, and the options naming its files
 REPORTING = [
@@ -66,3 +73,55 @@ def test_report_path_says_what_is_wrong_and_makes_nothing(tmp_path: Path) -> Non
     fresh = tmp_path / "new" / "deeper" / "r.json"
     assert report_path(str(fresh)) == fresh
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # made at write time
+
+
+def test_a_server_interrupted_while_starting_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the harness waited for readiness left the server running in its session."""
+    calls = []
+
+    def interrupted(*a: Any, **k: Any) -> Any:
+        calls.append(a)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(httpx, "get", interrupted)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    server = ServerProcess(sleeper, free_port(), stop_timeout_s=5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server.start()
+        assert calls, "the readiness probe was not reached"
+        assert server.proc is not None and server.proc.poll() is not None
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait()
+
+
+@pytest.mark.parametrize("bench", ["fork_server_bench", "run_tests_budget"])
+def test_the_first_server_of_a_pair_is_stopped_when_the_second_fails(
+    bench: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """fork_server_bench and run_tests_budget start two servers; a second that failed to start
+    left the first running."""
+    stopped = []
+
+    class _Fake:
+        def stop(self) -> None:
+            stopped.append(self)
+
+    first = _Fake()
+
+    def start_server(fork_server: bool, max_concurrency: int) -> Any:
+        if fork_server:
+            return first
+        raise RuntimeError("not ready within 60 s")
+
+    for module in (fork_server_bench, run_tests_budget):
+        monkeypatch.setattr(module, "start_server", start_server, raising=False)
+    with pytest.raises(RuntimeError, match="not ready"):
+        if bench == "fork_server_bench":
+            args = argparse.Namespace(quick=True, max_concurrency=16)
+            asyncio.run(fork_server_bench.measure(args, Console(file=io.StringIO())))
+        else:
+            run_tests_budget.main(["--quick", "--out", str(tmp_path / "r.json")])
+    assert stopped == [first]
