@@ -29,7 +29,7 @@ from sandboxd.models import RunSpec
 from sandboxd.settings import SandboxSettings
 from toolenv_core.deadline import Deadline
 
-from .harness import report_path, write_report
+from .harness import report_path, unwind_on_sigterm, write_report
 
 PRINT1 = RunSpec(language="python", code="print(1)")
 
@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n16", type=int, default=800, help="runs at concurrency 16")
     parser.add_argument("--n-exec", type=int, default=20, help="docker exec runs")
     args = parser.parse_args(argv)
+    unwind_on_sigterm()  # the pool's containers are removed by `finally`
     report = asyncio.run(measure(args))
     print_report(report)
     if args.out:

@@ -19,10 +19,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import httpx
 
@@ -36,6 +37,7 @@ __all__ = [
     "machine_busy_s",
     "report_path",
     "toolenv_server",
+    "unwind_on_sigterm",
     "wait_until_idle",
     "write_report",
 ]
@@ -71,6 +73,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         """Spawn the process and wait until `ready_path` answers 200 (or fail with its stderr)."""
+        unwind_on_sigterm()
         self.proc = subprocess.Popen(
             self.argv,
             stdout=subprocess.DEVNULL,
@@ -141,6 +144,21 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def unwind_on_sigterm() -> None:
+    """SIGTERM (`kill`, `timeout`, a cancelled job) unwinds like Ctrl-C, exit 143, so that the
+    `with` and `finally` blocks stop the servers, clusters and containers they started: by
+    default it ended the benchmark at once and left each server running in its own session.
+    Only from the main thread, and only over the default disposition."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_signal)
 
 
 def toolenv_server(

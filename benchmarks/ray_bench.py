@@ -31,7 +31,7 @@ from stress import LoadSpec, run_load
 from toolenv.ray.netns import NetnsCluster
 from toolenv_core.plotting import pyplot
 
-from .harness import report_path, write_report
+from .harness import report_path, unwind_on_sigterm, write_report
 from .ray_cpu import cpu_by_group, threads_by_group
 
 CODE = {"code": "print(1)", "language": "python"}
@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "load":
         print(json.dumps(load(args.url, args.callers, args.seconds, args.tool)))
         return 0
+    unwind_on_sigterm()  # the clusters and the local gateway are stopped by `finally`
     console = Console(stderr=True)
     report = bench(args.seconds, args.rounds, console, two_nodes=not args.one_node)
     write_report(report, args.out)

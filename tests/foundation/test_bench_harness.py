@@ -1,6 +1,7 @@
 """The benchmarks' shared harness as a user meets it: a report path that cannot be written is
 refused before the run (it failed in a traceback after minutes of work), and a server being
-started when Ctrl-C comes is stopped (it runs in its own session: nothing else stopped it)."""
+started when Ctrl-C comes, or running when SIGTERM comes, is stopped (it runs in its own
+session: nothing else stopped it)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import asyncio
 import importlib
 import inspect
 import io
+import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,8 @@ from rich.console import Console
 
 from benchmarks import fork_server_bench, run_tests_budget
 from benchmarks.harness import ServerProcess, free_port, report_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # every benchmark that writes a report, and the options naming its files
 REPORTING = [
@@ -125,3 +131,49 @@ def test_the_first_server_of_a_pair_is_stopped_when_the_second_fails(
         else:
             run_tests_budget.main(["--quick", "--out", str(tmp_path / "r.json")])
     assert stopped == [first]
+
+
+SERVE_THEN_WAIT = """
+import sys, time
+from benchmarks.harness import ServerProcess, free_port
+port = free_port()
+argv = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+with ServerProcess(argv, port, ready_path="/", stop_timeout_s=5) as server:
+    print(server.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_sigterm_to_a_benchmark_stops_the_servers_it_started(tmp_path: Path) -> None:
+    """`kill` or `timeout` ended a benchmark at once: every server it had started (each in its
+    own session) ran on. It now unwinds like Ctrl-C and exits 143."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    bench = subprocess.Popen(
+        [sys.executable, "-c", SERVE_THEN_WAIT],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert bench.stdout is not None
+    server_pid = int(bench.stdout.readline())
+    try:
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(30) == 128 + signal.SIGTERM
+        give_up = time.monotonic() + 10
+        while _alive(server_pid) and time.monotonic() < give_up:
+            time.sleep(0.05)
+        assert not _alive(server_pid), "the server outlived the benchmark"
+    finally:
+        bench.kill()
+        bench.wait()
+        if _alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for init to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
