@@ -28,6 +28,7 @@ from types import FrameType, TracebackType
 import httpx
 
 from toolenv_core.net import free_port
+from toolenv_core.polytrace.cache import missing_trace_error, resolve_trace
 
 from .cpu_budget import CLK_TCK, parse_cpu_lines
 
@@ -35,6 +36,7 @@ __all__ = [
     "ServerProcess",
     "free_port",
     "machine_busy_s",
+    "polytrace_file",
     "report_path",
     "toolenv_server",
     "unwind_on_sigterm",
@@ -144,6 +146,20 @@ class ServerProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def polytrace_file(name: str | Path | None, default: str) -> Path:
+    """The trace a benchmark reads: `name` (a path, or a name in the trace cache, as every
+    command takes one), else `default` under $TOOLENV_POLYTRACE_DIR when set (a local copy, as
+    the tests read) or in the trace cache `toolenv traces fetch` fills. The default was a folder
+    beside the repository's, which no clone elsewhere has. Raises TraceFormatError saying where
+    it looked and how to fetch it."""
+    root = os.environ.get("TOOLENV_POLYTRACE_DIR")
+    wanted = name if name is not None else Path(root) / default if root else default
+    path = resolve_trace(wanted)
+    if not path.exists():
+        raise missing_trace_error(wanted)
+    return path
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:

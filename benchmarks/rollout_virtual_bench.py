@@ -21,17 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import report_path, write_report
+from toolenv_core.polytrace import TraceFormatError
 
-DEFAULT_TRACE = (
-    Path(
-        os.environ.get(
-            "TOOLENV_POLYTRACE_DIR", Path(__file__).resolve().parents[2] / "shared/polytrace"
-        )
-    )
-    / "search_r1"
-    / "multiturn_workload_step_0.jsonl"
-)
+from .harness import polytrace_file, report_path, write_report
+
+DEFAULT_TRACE = "search_r1/multiturn_workload_step_0.jsonl"
 
 
 def _child(cmd: list[str]) -> tuple[float, int, str]:
@@ -84,15 +78,23 @@ def main() -> int:
     parser.add_argument(
         "--out", type=report_path, default=Path("bench-results/rollout_virtual.json")
     )
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help=f"a multiturn PolyTrace step (default: {DEFAULT_TRACE}, from the trace cache "
+        "`toolenv traces fetch search_r1` fills, or $TOOLENV_POLYTRACE_DIR)",
+    )
     parser.add_argument("--policies", default="sync,async,async+timeout+overlap")
     parser.add_argument("--quick", action="store_true", help="the async policy only")
     args = parser.parse_args()
     if args.quick:
         args.policies = "async"
+    try:
+        args.trace = polytrace_file(args.trace, DEFAULT_TRACE)
+    except TraceFormatError as exc:
+        parser.error(str(exc))
     if not args.trace.is_file():
-        print(f"no trace at {args.trace} (set TOOLENV_POLYTRACE_DIR)", file=sys.stderr)
-        return 2
+        parser.error(f"--trace {args.trace}: a file of one step is needed, not a directory")
     parse_s = baseline(args.trace)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from rich.console import Console
 
-from benchmarks import fork_server_bench, run_tests_budget
+from benchmarks import emulators_bench, fork_server_bench, rollout_virtual_bench, run_tests_budget
 from benchmarks.harness import ServerProcess, free_port, report_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -177,3 +177,48 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+class _Reached(Exception):
+    """The benchmark got past finding its trace: it stops here instead of running."""
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_default_trace_is_found_where_toolenv_traces_fetch_puts_it(
+    cached: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both trace-reading benchmarks looked beside the repository's folder (this project's own
+    machines), never in the trace cache the docs fill: emulators_bench died in a traceback,
+    rollout_virtual_bench named an undocumented variable."""
+    cache = tmp_path / "cache"
+    step = cache / "search_r1" / "multiturn_workload_step_0.jsonl"
+    if cached:
+        step.parent.mkdir(parents=True)
+        step.write_text("{}\n")
+    monkeypatch.delenv("TOOLENV_POLYTRACE_DIR", raising=False)
+    monkeypatch.setenv("TOOLENV_TRACES_CACHE_DIR", str(cache))
+    read: list[Path] = []
+
+    def reached(paths: Any, *a: Any, **k: Any) -> Any:
+        read.append(Path(paths[0]) if isinstance(paths, list) else Path(paths))
+        raise _Reached
+
+    monkeypatch.setattr(emulators_bench, "tool_latencies", reached)
+    monkeypatch.setattr(rollout_virtual_bench, "baseline", reached)
+    out = ["--quick", "--out", str(tmp_path / "r.json")]
+    monkeypatch.setattr(sys, "argv", ["rollout_virtual_bench", *out])
+    for run in (lambda: emulators_bench.main(out), rollout_virtual_bench.main):
+        if cached:
+            with pytest.raises(_Reached):
+                run()
+        else:
+            with pytest.raises(SystemExit) as exited:
+                run()
+            assert exited.value.code == 2
+            err = capsys.readouterr().err
+            assert f"nor in the trace cache {cache}" in err and "toolenv traces fetch" in err
+    if cached:
+        assert read == [step.parent, step]
