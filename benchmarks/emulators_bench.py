@@ -47,7 +47,13 @@ from toolenv_core.latency.specs import Constant, TraceReplay
 from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import TraceFormatError, tool_latencies
 
-from .harness import ServerProcess, polytrace_file, report_path, toolenv_server
+from .harness import (
+    ServerProcess,
+    polytrace_file,
+    positive_float,
+    report_path,
+    toolenv_server,
+)
 from .ks_breakdown import BREAKDOWN_STEPS, ks_breakdown, quantile
 
 DEFAULT_TRACE = "search_r1"
@@ -318,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         help="PolyTrace search trace, file or dir (default: search_r1, from the trace cache "
         "`toolenv traces fetch search_r1` fills, or $TOOLENV_POLYTRACE_DIR)",
     )
-    parser.add_argument("--rates", type=float, nargs="*", default=[200, 1000, 2000])
+    parser.add_argument("--rates", type=positive_float, nargs="*", default=[200, 1000, 2000])
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--max-in-flight", type=int, default=10_000)
     parser.add_argument(

@@ -37,7 +37,14 @@ import yaml
 from stress import LoadSpec, run_load
 from toolenv_core import headers as h
 
-from .harness import ServerProcess, free_port, report_path, toolenv_server, write_report
+from .harness import (
+    ServerProcess,
+    free_port,
+    positive_float,
+    report_path,
+    toolenv_server,
+    write_report,
+)
 
 BODY = {"queries": ["who wrote hamlet"], "topk": 3}
 HEADERS = {h.DEADLINE: "10000", h.TRAJECTORY: "bench-trajectory", h.STEP: "3", h.TURN: "1"}
@@ -274,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         "by other work on a shared machine; the report records it)",
     )
     args = parser.parse_args(argv)
+    try:
+        rates = [positive_float(r) for r in args.rates.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"argument --rates: {exc}")
     if args.nice:
         os.nice(args.nice)  # inherited by the emulator and gateway processes started below
-    rates = [float(r) for r in args.rates.split(",")]
     duration, rounds = (3.0, 1) if args.quick else (10.0, 3)
     gateway_cpus, other_cpus = _cpu_split(not args.no_pin)
     started = time.monotonic()

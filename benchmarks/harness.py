@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ __all__ = [
     "ServerProcess",
     "free_port",
     "machine_busy_s",
+    "positive_float",
     "polytrace_file",
     "report_path",
     "toolenv_server",
@@ -214,6 +216,18 @@ def wait_until_idle(
         if (machine_busy_s() - before) / (window_s * cpus) < busy_below:
             return True
     return False
+
+
+def positive_float(value: str) -> float:
+    """An argparse type for a rate: a finite number above 0. A rate of 0, -5 or `abc` was
+    refused in a traceback by the load generator, after the servers and the baseline ran."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not math.isfinite(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a number above 0")
+    return number
 
 
 def report_path(value: str) -> Path:

@@ -222,3 +222,35 @@ def test_the_default_trace_is_found_where_toolenv_traces_fetch_puts_it(
             assert f"nor in the trace cache {cache}" in err and "toolenv traces fetch" in err
     if cached:
         assert read == [step.parent, step]
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "says"),
+    [
+        ("benchmarks.gateway_bench", ["--rates", "500,abc"], "--rates: 'abc' is not a number"),
+        ("benchmarks.gateway_bench", ["--rates", "500,0"], "--rates: 0 is not a number above 0"),
+        ("benchmarks.emulators_bench", ["--rates", "-5"], "--rates: -5 is not a number above 0"),
+        ("benchmarks.sandboxd_bench", ["--backends", "procss"], "--backends: no backend procss"),
+    ],
+)
+def test_a_bad_argument_is_refused_before_anything_runs(
+    module: str,
+    argv: list[str],
+    says: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each was refused by the load generator in a traceback, or reported as a failing backend,
+    after the baselines and servers had run."""
+    bench = importlib.import_module(module)
+    for name in ("amain", "measure", "polytrace_file", "tool_latencies"):  # never reached
+        monkeypatch.setattr(bench, name, _never, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        bench.main([*argv, "--quick", "--out", str(tmp_path / "r.json")])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def _never(*a: Any, **k: Any) -> Any:
+    raise AssertionError("the benchmark ran")
