@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         if only and not any(name.startswith(word) for word in only):
             continue
         out = out_dir / f"{module}.json"
-        # an earlier run's report would be named as this run's when this one writes none
+        # an earlier run's report (and the plot beside it) would be taken for this run's when
+        # this one writes none
         out.unlink(missing_ok=True)
+        out.with_suffix(".png").unlink(missing_ok=True)
         print(f"== {module}", flush=True)
         started = time.monotonic()
         extra = ["--quick"] if args.quick else []

@@ -41,11 +41,14 @@ def test_a_benchmark_that_writes_no_report_is_not_named_by_an_earlier_ones(
     out_dir.mkdir()
     stale = out_dir / "benchmarks.stress_bench.json"
     stale.write_text('{"figures": "of an earlier run"}\n')
+    stale_plot = out_dir / "benchmarks.stress_bench.png"  # emulators_bench and ray_bench plot
+    stale_plot.write_bytes(b"an earlier run's plot")
     monkeypatch.setattr(run, "run_one", lambda cmd: 2)  # it exits before writing anything
     assert main(["stress", "--out-dir", str(out_dir)]) == 1
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["benchmarks.stress_bench"]["exit_code"] == 2
     assert summary["benchmarks.stress_bench"]["report"] is None and not stale.exists()
+    assert not stale_plot.exists()
 
 
 FAKE_BENCH = """
