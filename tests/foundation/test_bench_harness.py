@@ -231,6 +231,8 @@ def test_the_default_trace_is_found_where_toolenv_traces_fetch_puts_it(
         ("benchmarks.gateway_bench", ["--rates", "500,0"], "--rates: 0 is not a number above 0"),
         ("benchmarks.emulators_bench", ["--rates", "-5"], "--rates: -5 is not a number above 0"),
         ("benchmarks.sandboxd_bench", ["--backends", "procss"], "--backends: no backend procss"),
+        ("benchmarks.ray_bench", ["--rounds", "0"], "--rounds: 0 is not a count above 0"),
+        ("benchmarks.ray_bench", ["--seconds", "-1"], "--seconds: -1 is not a number above 0"),
     ],
 )
 def test_a_bad_argument_is_refused_before_anything_runs(
@@ -244,7 +246,7 @@ def test_a_bad_argument_is_refused_before_anything_runs(
     """Each was refused by the load generator in a traceback, or reported as a failing backend,
     after the baselines and servers had run."""
     bench = importlib.import_module(module)
-    for name in ("amain", "measure", "polytrace_file", "tool_latencies"):  # never reached
+    for name in ("amain", "measure", "bench", "polytrace_file", "tool_latencies"):  # not reached
         monkeypatch.setattr(bench, name, _never, raising=False)
     with pytest.raises(SystemExit) as exited:
         bench.main([*argv, "--quick", "--out", str(tmp_path / "r.json")])

@@ -3,7 +3,10 @@ anything runs; it ran nothing, printed `{}` and exited 0, as if every benchmark 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib
+import inspect
 import json
 import os
 import signal
@@ -11,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +100,27 @@ def test_ctrl_c_lets_the_running_benchmark_stop_what_it_started(tmp_path: Path) 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(runner.pid, signal.SIGKILL)
         runner.wait()
+
+
+@pytest.mark.parametrize("module", run.BENCHMARK_MODULES)
+def test_every_benchmark_takes_the_arguments_the_runner_gives(
+    module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make bench ARGS=--quick` gives each benchmark `--out FILE --quick`: ray_bench had no
+    `--quick` and exited 2 at once, `report: null`."""
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self: argparse.ArgumentParser, *a: Any, **k: Any) -> Any:
+        parse(self, *a, **k)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    argv = ["--out", str(tmp_path / f"{module}.json"), "--quick"]
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    main = importlib.import_module(module).main
+    with pytest.raises(_Parsed):
+        main(argv) if inspect.signature(main).parameters else main()
+
+
+class _Parsed(Exception):
+    """Raised once the arguments parsed: the benchmark itself never runs here."""
