@@ -29,16 +29,20 @@ DEFAULT_TRACE = "search_r1/multiturn_workload_step_0.jsonl"
 
 
 def _child(cmd: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (KB) of the child alone, and its stdout."""
+    """Wall seconds, peak RSS (KB) of the child alone, and its stdout. Its stderr is kept aside
+    and quoted when it fails (a `--policies` typo said only "exited 2")."""
     started = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert child.stdout is not None
-    stdout = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {child.returncode}")
+    with tempfile.TemporaryFile() as stderr:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        assert child.stdout is not None
+        stdout = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            stderr.seek(0)
+            said = stderr.read().decode(errors="replace").strip()[-2000:]
+            raise RuntimeError(f"{' '.join(cmd)} exited {child.returncode}: {said}")
     return wall, usage.ru_maxrss, stdout
 
 

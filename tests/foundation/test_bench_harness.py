@@ -256,3 +256,11 @@ def test_a_bad_argument_is_refused_before_anything_runs(
 
 def _never(*a: Any, **k: Any) -> Any:
     raise AssertionError("the benchmark ran")
+
+
+def test_a_failing_policy_run_says_why() -> None:
+    """rollout_virtual_bench threw its child's stderr away: a `--policies` typo said "exited 2"."""
+    with pytest.raises(RuntimeError, match="exited 1: unknown policy 'bogus'"):
+        rollout_virtual_bench._child(
+            [sys.executable, "-c", "raise SystemExit(\"unknown policy 'bogus'\")"]
+        )
