@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if unmatched:  # a typo ran nothing and said `{}`, exit 0
         parser.error(f"no benchmark starts with {', '.join(unmatched)}; known: {', '.join(names)}")
     out_dir = args.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, or no room for a folder: said in a traceback
+        parser.error(f"argument --out-dir: cannot make {out_dir}: {exc.strerror}")
     summary: dict[str, object] = {}
     failed = []
     for module in BENCHMARK_MODULES:

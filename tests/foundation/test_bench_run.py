@@ -36,6 +36,18 @@ def test_a_word_that_names_no_benchmark_is_refused(
     assert not out_dir.exists()  # no summary.json claiming a run
 
 
+def test_an_out_dir_that_cannot_be_made_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit) as exited:
+        main(["stress", "--out-dir", str(tmp_path / "a-file")])
+    assert exited.value.code == 2
+    assert f"argument --out-dir: cannot make {tmp_path / 'a-file'}: File exists" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_benchmark_that_writes_no_report_is_not_named_by_an_earlier_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
