@@ -45,7 +45,7 @@ from toolenv_core import headers
 from toolenv_core.latency import Profile, save_profile
 from toolenv_core.latency.specs import Constant, TraceReplay
 from toolenv_core.plotting import pyplot
-from toolenv_core.polytrace import TraceFormatError, tool_latencies
+from toolenv_core.polytrace import tool_latencies
 
 from .harness import (
     ServerProcess,
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.trace = polytrace_file(args.trace, DEFAULT_TRACE)
         target = tool_latencies([args.trace], "search")
-    except TraceFormatError as exc:
+    except ValueError as exc:  # not found, unreadable, or no search call in it
         parser.error(str(exc))
     report: dict[str, Any] = {
         "bench": "emulators.fidelity",

@@ -264,3 +264,16 @@ def test_a_failing_policy_run_says_why() -> None:
         rollout_virtual_bench._child(
             [sys.executable, "-c", "raise SystemExit(\"unknown policy 'bogus'\")"]
         )
+
+
+def test_a_trace_without_search_calls_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """emulators_bench --trace verl_dapo (no tool calls) ended in a ValueError traceback."""
+    trace = tmp_path / "packed_lengths_step_0.jsonl"
+    record = '{"step": 0, "rank": 0, "dp_rank": 0, "tp_rank": 0, "local_index": 0, "input": 112, '
+    trace.write_text(record + '"output": [450, 453], "n_sampling": 2, "validate": false}\n')
+    with pytest.raises(SystemExit) as exited:
+        emulators_bench.main(["--trace", str(trace), "--out", str(tmp_path / "r.json")])
+    assert exited.value.code == 2
+    assert "no calls of tool 'search'" in capsys.readouterr().err
