@@ -186,7 +186,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=report_path, default=None, help="write the JSON report here")
     parser.add_argument("--png", type=report_path, default=None, help="a stacked bar chart here")
     parser.add_argument("--quick", action="store_true", help="fewer runs (for a smoke check)")

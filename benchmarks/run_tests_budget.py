@@ -88,7 +88,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=report_path, default=None, help="write the JSON report here")
     parser.add_argument("--requests", type=int, default=20, help="requests per path")
     parser.add_argument("--quick", action="store_true", help="5 requests per path (a smoke check)")

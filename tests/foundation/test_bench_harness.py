@@ -277,3 +277,19 @@ def test_a_trace_without_search_calls_is_refused_in_one_line(
         emulators_bench.main(["--trace", str(trace), "--out", str(tmp_path / "r.json")])
     assert exited.value.code == 2
     assert "no calls of tool 'search'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "ends"),
+    [
+        ("benchmarks.fork_server_budget", "and for the bare spawn floor."),
+        ("benchmarks.run_tests_budget", "on the fork server and on warm spawn."),
+    ],
+)
+def test_help_says_the_whole_first_sentence(
+    module: str, ends: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Their `--help` stopped at the docstring's first line: "where the machine's CPU goes per"."""
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main(["--help"])
+    assert ends in " ".join(capsys.readouterr().out.split())
