@@ -219,8 +219,9 @@ def wait_until_idle(
 
 
 def positive_float(value: str) -> float:
-    """An argparse type for a rate: a finite number above 0. A rate of 0, -5 or `abc` was
-    refused in a traceback by the load generator, after the servers and the baseline ran."""
+    """An argparse type for a rate or a duration: a finite number above 0. A rate of 0, -5 or
+    `abc` was refused in a traceback by the load generator, after the servers and the baseline
+    ran."""
     try:
         number = float(value)
     except ValueError:
