@@ -29,6 +29,8 @@ from sandboxd.models import RunSpec
 from sandboxd.settings import SandboxSettings
 from toolenv_core.deadline import Deadline
 
+from .harness import report_path, unwind_on_sigterm, write_report
+
 PRINT1 = RunSpec(language="python", code="print(1)")
 
 
@@ -210,17 +212,18 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the JSON report here")
+    parser.add_argument("--out", type=report_path, help="write the JSON report here")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     parser.add_argument("--pool-size", type=int, default=SandboxSettings().docker_pool_size)
     parser.add_argument("--n1", type=int, default=200, help="runs at concurrency 1")
     parser.add_argument("--n16", type=int, default=800, help="runs at concurrency 16")
     parser.add_argument("--n-exec", type=int, default=20, help="docker exec runs")
     args = parser.parse_args(argv)
+    unwind_on_sigterm()  # the pool's containers are removed by `finally`
     report = asyncio.run(measure(args))
     print_report(report)
     if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
+        write_report(report, args.out)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0

@@ -47,11 +47,16 @@ from toolenv_core.latency.specs import Constant, TraceReplay
 from toolenv_core.plotting import pyplot
 from toolenv_core.polytrace import tool_latencies
 
-from .harness import ServerProcess, toolenv_server
+from .harness import (
+    ServerProcess,
+    polytrace_file,
+    positive_float,
+    report_path,
+    toolenv_server,
+)
 from .ks_breakdown import BREAKDOWN_STEPS, ks_breakdown, quantile
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TRACE = REPO.parent / "shared" / "polytrace" / "search_r1"
+DEFAULT_TRACE = "search_r1"
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 TARGETS_1000 = {"ks": 0.01, "quantile_rel_error": 0.02, "timer_error_p99_ms": 5.0, "dropped": 0}
 WARMUP_S = 2.0
@@ -308,15 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out",
-        type=Path,
+        type=report_path,
         default=Path("bench-results/benchmarks.emulators_bench.json"),
         help="JSON report path (a PNG is written beside it)",
     )
     parser.add_argument("--quick", action="store_true", help="5 s per rate instead of 30 s")
     parser.add_argument(
-        "--trace", type=Path, default=DEFAULT_TRACE, help="PolyTrace search trace (file or dir)"
+        "--trace",
+        type=Path,
+        help="PolyTrace search trace, file or dir (default: search_r1, from the trace cache "
+        "`toolenv traces fetch search_r1` fills, or $TOOLENV_POLYTRACE_DIR)",
     )
-    parser.add_argument("--rates", type=float, nargs="*", default=[200, 1000, 2000])
+    parser.add_argument("--rates", type=positive_float, nargs="*", default=[200, 1000, 2000])
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--max-in-flight", type=int, default=10_000)
     parser.add_argument(
@@ -329,8 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     seconds = args.seconds or (5.0 if args.quick else 30.0)
-
-    target = tool_latencies([args.trace], "search")
+    try:
+        args.trace = polytrace_file(args.trace, DEFAULT_TRACE)
+        target = tool_latencies([args.trace], "search")
+    except ValueError as exc:  # not found, unreadable, or no search call in it
+        parser.error(str(exc))
     report: dict[str, Any] = {
         "bench": "emulators.fidelity",
         "command": "python -m benchmarks.emulators_bench --out FILE"

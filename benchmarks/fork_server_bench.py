@@ -21,14 +21,13 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
 from rich.table import Table
 
-from .harness import ServerProcess, free_port, wait_until_idle, write_report
+from .harness import ServerProcess, free_port, report_path, wait_until_idle, write_report
 from .sandboxd_bench import PROGRAM, PYTHON, closed_loop, interleaved_c1
 from .sandboxd_bench import time_subprocess as spawn_floor
 
@@ -48,12 +47,26 @@ def start_server(fork_server: bool, max_concurrency: int) -> ServerProcess:
     argv += ["--max-concurrency", str(max_concurrency), "--host", "127.0.0.1", "--port", str(port)]
     env = {"TOOLENV_SANDBOX_FORK_SERVER": "true" if fork_server else "false"}
     server = ServerProcess(argv, port, stop_timeout_s=30, env=env).start()
-    mode = httpx.get(server.url + "/v1/sandbox/status", timeout=5).json()["python_mode"]
-    expected = "fork_server" if fork_server else "warm_spawn"
-    if mode != expected:
+    try:
+        mode = httpx.get(server.url + "/v1/sandbox/status", timeout=5).json()["python_mode"]
+        expected = "fork_server" if fork_server else "warm_spawn"
+        if mode != expected:
+            raise RuntimeError(f"sandboxd runs python as {mode!r}, not {expected!r}")
+    except BaseException:
         server.stop()
-        raise RuntimeError(f"sandboxd runs python as {mode!r}, not {expected!r}")
+        raise
     return server
+
+
+def start_pair(max_concurrency: int) -> tuple[ServerProcess, ServerProcess]:
+    """The fork-server and the warm-spawn servers; the first is stopped when the second fails
+    to start (each runs in its own session: nothing else would stop it)."""
+    fork = start_server(True, max_concurrency)
+    try:
+        return fork, start_server(False, max_concurrency)
+    except BaseException:
+        fork.stop()
+        raise
 
 
 def settle(client: httpx.Client, warm_spawn: ServerProcess, timeout_s: float = 5.0) -> bool:
@@ -83,8 +96,7 @@ def run_tests_once(client: httpx.Client, url: str) -> float:
 
 async def measure(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     n_c16, n_c1, rounds = (400, 40, 3) if args.quick else (2000, 200, 8)
-    fork = start_server(True, args.max_concurrency)
-    warm = start_server(False, args.max_concurrency)
+    fork, warm = start_pair(args.max_concurrency)
     try:
         console.print("warming up both servers")
         await closed_loop(fork.url, 4, 50)
@@ -170,7 +182,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    parser.add_argument("--out", type=report_path, default=None, help="write the JSON report here")
     parser.add_argument("--quick", action="store_true", help="fewer runs (for a smoke check)")
     parser.add_argument("--max-concurrency", type=int, default=16)
     args = parser.parse_args(argv)

@@ -43,7 +43,7 @@ from .cpu_budget import (
     snapshot,
 )
 from .fork_server_bench import TARGETS, start_server
-from .harness import wait_until_idle, write_report
+from .harness import report_path, wait_until_idle, write_report
 from .sandboxd_bench import PROGRAM, PYTHON, closed_loop, time_subprocess
 
 matplotlib.use("Agg")
@@ -186,9 +186,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
-    parser.add_argument("--png", type=Path, default=None, help="a stacked bar chart here")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=report_path, default=None, help="write the JSON report here")
+    parser.add_argument("--png", type=report_path, default=None, help="a stacked bar chart here")
     parser.add_argument("--quick", action="store_true", help="fewer runs (for a smoke check)")
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--bare-runs", type=int, default=1500)

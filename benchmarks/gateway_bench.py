@@ -37,7 +37,14 @@ import yaml
 from stress import LoadSpec, run_load
 from toolenv_core import headers as h
 
-from .harness import ServerProcess, free_port, toolenv_server, write_report
+from .harness import (
+    ServerProcess,
+    free_port,
+    positive_float,
+    report_path,
+    toolenv_server,
+    write_report,
+)
 
 BODY = {"queries": ["who wrote hamlet"], "topk": 3}
 HEADERS = {h.DEADLINE: "10000", h.TRAJECTORY: "bench-trajectory", h.STEP: "3", h.TURN: "1"}
@@ -111,7 +118,7 @@ def _start(workdir: Path, pin: bool) -> tuple[ServerProcess, ServerProcess, Serv
         if gateway_cpus is not None:
             argv = ["taskset", "-c", ",".join(map(str, sorted(gateway_cpus))), *argv]
         floor = ServerProcess([*argv, str(port)], port).start()
-    except Exception:
+    except BaseException:  # Ctrl-C too: each runs in its own session
         for server in started:
             server.stop()
         raise
@@ -259,7 +266,7 @@ def _verdict(results: dict[str, Any]) -> dict[str, Any] | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", type=Path, default=Path("bench-results/benchmarks.gateway_bench.json")
+        "--out", type=report_path, default=Path("bench-results/benchmarks.gateway_bench.json")
     )
     parser.add_argument("--quick", action="store_true", help="short runs (a smoke test, noisy)")
     parser.add_argument("--rates", default="500,2000,4000")
@@ -274,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         "by other work on a shared machine; the report records it)",
     )
     args = parser.parse_args(argv)
+    try:
+        rates = [positive_float(r) for r in args.rates.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"argument --rates: {exc}")
     if args.nice:
         os.nice(args.nice)  # inherited by the emulator and gateway processes started below
-    rates = [float(r) for r in args.rates.split(",")]
     duration, rounds = (3.0, 1) if args.quick else (10.0, 3)
     gateway_cpus, other_cpus = _cpu_split(not args.no_pin)
     started = time.monotonic()

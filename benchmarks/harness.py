@@ -12,20 +12,24 @@ quoted when it dies before it is ready.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import httpx
 
 from toolenv_core.net import free_port
+from toolenv_core.polytrace.cache import missing_trace_error, resolve_trace
 
 from .cpu_budget import CLK_TCK, parse_cpu_lines
 
@@ -33,7 +37,11 @@ __all__ = [
     "ServerProcess",
     "free_port",
     "machine_busy_s",
+    "positive_float",
+    "polytrace_file",
+    "report_path",
     "toolenv_server",
+    "unwind_on_sigterm",
     "wait_until_idle",
     "write_report",
 ]
@@ -69,6 +77,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         """Spawn the process and wait until `ready_path` answers 200 (or fail with its stderr)."""
+        unwind_on_sigterm()
         self.proc = subprocess.Popen(
             self.argv,
             stdout=subprocess.DEVNULL,
@@ -76,6 +85,14 @@ class ServerProcess:
             env=self.env,
             start_new_session=True,
         )
+        try:
+            return self._wait_ready()
+        except BaseException:  # Ctrl-C while waiting: its own session would outlive us
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> ServerProcess:
+        assert self.proc is not None
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -89,7 +106,6 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        self.stop()
         raise RuntimeError(f"{self.url} not ready within {self.ready_timeout_s:.0f} s")
 
     def stop(self) -> None:
@@ -134,6 +150,35 @@ class ServerProcess:
         self.stop()
 
 
+def polytrace_file(name: str | Path | None, default: str) -> Path:
+    """The trace a benchmark reads: `name` (a path, or a name in the trace cache, as every
+    command takes one), else `default` under $TOOLENV_POLYTRACE_DIR when set (a local copy, as
+    the tests read) or in the trace cache `toolenv traces fetch` fills. The default was a folder
+    beside the repository's, which no clone elsewhere has. Raises TraceFormatError saying where
+    it looked and how to fetch it."""
+    root = os.environ.get("TOOLENV_POLYTRACE_DIR")
+    wanted = name if name is not None else Path(root) / default if root else default
+    path = resolve_trace(wanted)
+    if not path.exists():
+        raise missing_trace_error(wanted)
+    return path
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def unwind_on_sigterm() -> None:
+    """SIGTERM (`kill`, `timeout`, a cancelled job) unwinds like Ctrl-C, exit 143, so that the
+    `with` and `finally` blocks stop the servers, clusters and containers they started: by
+    default it ended the benchmark at once and left each server running in its own session.
+    Only from the main thread, and only over the default disposition."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
 def toolenv_server(
     *args: str,
     ready_timeout_s: float = 60.0,
@@ -171,6 +216,39 @@ def wait_until_idle(
         if (machine_busy_s() - before) / (window_s * cpus) < busy_below:
             return True
     return False
+
+
+def positive_float(value: str) -> float:
+    """An argparse type for a rate or a duration: a finite number above 0. A rate of 0, -5 or
+    `abc` was refused in a traceback by the load generator, after the servers and the baseline
+    ran."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not math.isfinite(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a number above 0")
+    return number
+
+
+def report_path(value: str) -> Path:
+    """An argparse type for `--out`/`--png`: a path the report can be written to, checked before
+    the run (a missing folder under /proc, a read-only one or a directory given as the file
+    failed in a traceback after the whole run). Makes nothing: the folder is made when written."""
+    path = Path(value)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a directory; give a file name")
+    folder = next(p for p in (path.absolute().parent, *path.absolute().parents) if p.exists())
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {value}: {folder} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot write {value}: no file can be made in {folder} ({exc.strerror})"
+        ) from exc
+    return path
 
 
 def write_report(report: dict, out: Path | None) -> None:

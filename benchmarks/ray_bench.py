@@ -1,6 +1,6 @@
 """Sandbox runs through the Ray gateway (1 and 2 nodes) against the local gateway, same run.
 
-    python -m benchmarks.ray_bench --out bench-results/benchmarks.ray_bench.json [--seconds 8] [--one-node]
+    python -m benchmarks.ray_bench --out bench-results/benchmarks.ray_bench.json [--seconds 8] [--one-node] [--quick]
 
 Every node is a network namespace on this machine (`toolenv.ray.netns`), so all set-ups share
 the same cores: "2 nodes" is the same total CPU split over two raylets, and the figure that
@@ -31,7 +31,7 @@ from stress import LoadSpec, run_load
 from toolenv.ray.netns import NetnsCluster
 from toolenv_core.plotting import pyplot
 
-from .harness import write_report
+from .harness import positive_float, report_path, unwind_on_sigterm, write_report
 from .ray_cpu import cpu_by_group, threads_by_group
 
 CODE = {"code": "print(1)", "language": "python"}
@@ -342,9 +342,17 @@ def main(argv: list[str] | None = None) -> int:
     ld.add_argument("--callers", type=int, default=1)
     ld.add_argument("--seconds", type=float, default=5)
     ld.add_argument("--tool", choices=sorted(PATHS), default="sandbox")
-    parser.add_argument("--out", type=Path, default=Path("bench-results/benchmarks.ray_bench.json"))
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--out", type=report_path, default=Path("bench-results/benchmarks.ray_bench.json")
+    )
+    parser.add_argument("--seconds", type=positive_float, help="per run (default: 8)")
+    parser.add_argument("--rounds", type=int, help="(default: 3)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 s per run and 1 round by default (a smoke check, noisy; `make bench "
+        "ARGS=--quick` passes it)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--one-node", action="store_true",
                         help="skip the 2-node cluster (A/B runs of the 1-node path)")  # fmt: skip
@@ -352,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "load":
         print(json.dumps(load(args.url, args.callers, args.seconds, args.tool)))
         return 0
+    args.seconds = args.seconds or (2.0 if args.quick else 8.0)
+    args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if args.rounds < 1:  # the medians of no round failed after the clusters had run
+        parser.error(f"argument --rounds: {args.rounds} is not a count above 0")
+    unwind_on_sigterm()  # the clusters and the local gateway are stopped by `finally`
     console = Console(stderr=True)
     report = bench(args.seconds, args.rounds, console, two_nodes=not args.one_node)
     write_report(report, args.out)

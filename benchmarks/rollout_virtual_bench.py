@@ -21,30 +21,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import write_report
+from toolenv_core.polytrace import TraceFormatError
 
-DEFAULT_TRACE = (
-    Path(
-        os.environ.get(
-            "TOOLENV_POLYTRACE_DIR", Path(__file__).resolve().parents[2] / "shared/polytrace"
-        )
-    )
-    / "search_r1"
-    / "multiturn_workload_step_0.jsonl"
-)
+from .harness import polytrace_file, report_path, write_report
+
+DEFAULT_TRACE = "search_r1/multiturn_workload_step_0.jsonl"
 
 
 def _child(cmd: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (KB) of the child alone, and its stdout."""
+    """Wall seconds, peak RSS (KB) of the child alone, and its stdout. Its stderr is kept aside
+    and quoted when it fails (a `--policies` typo said only "exited 2")."""
     started = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert child.stdout is not None
-    stdout = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {child.returncode}")
+    with tempfile.TemporaryFile() as stderr:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        assert child.stdout is not None
+        stdout = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            stderr.seek(0)
+            said = stderr.read().decode(errors="replace").strip()[-2000:]
+            raise RuntimeError(f"{' '.join(cmd)} exited {child.returncode}: {said}")
     return wall, usage.ru_maxrss, stdout
 
 
@@ -81,16 +79,26 @@ def baseline(trace: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench-results/rollout_virtual.json"))
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument(
+        "--out", type=report_path, default=Path("bench-results/rollout_virtual.json")
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help=f"a multiturn PolyTrace step (default: {DEFAULT_TRACE}, from the trace cache "
+        "`toolenv traces fetch search_r1` fills, or $TOOLENV_POLYTRACE_DIR)",
+    )
     parser.add_argument("--policies", default="sync,async,async+timeout+overlap")
     parser.add_argument("--quick", action="store_true", help="the async policy only")
     args = parser.parse_args()
     if args.quick:
         args.policies = "async"
+    try:
+        args.trace = polytrace_file(args.trace, DEFAULT_TRACE)
+    except TraceFormatError as exc:
+        parser.error(str(exc))
     if not args.trace.is_file():
-        print(f"no trace at {args.trace} (set TOOLENV_POLYTRACE_DIR)", file=sys.stderr)
-        return 2
+        parser.error(f"--trace {args.trace}: a file of one step is needed, not a directory")
     parse_s = baseline(args.trace)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .harness import unwind_on_sigterm
 
 BENCHMARK_MODULES = [
     "benchmarks.sandboxd_bench",
@@ -29,6 +32,19 @@ BENCHMARK_MODULES = [
     "benchmarks.ray_bench",
     "benchmarks.rollout_virtual_bench",
 ]
+
+
+def run_one(argv: list[str]) -> int:
+    """One benchmark in its own process group, so that Ctrl-C (or SIGTERM) reaches it once, from
+    here, and it is waited for while it stops what it started. `subprocess.call` killed it 0.25 s
+    after Ctrl-C, half-way through stopping its servers, which then ran on in their sessions."""
+    child = subprocess.Popen(argv, process_group=0)
+    try:
+        return child.wait()
+    except BaseException as exc:  # a second Ctrl-C while it stops leaves it to finish alone
+        child.send_signal(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+        child.wait()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,13 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="each benchmark's short version")
     parser.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
+    unwind_on_sigterm()
     only = set(args.only)
     names = [m.split(".")[-1] for m in BENCHMARK_MODULES]
     unmatched = sorted(w for w in only if not any(n.startswith(w) for n in names))
     if unmatched:  # a typo ran nothing and said `{}`, exit 0
         parser.error(f"no benchmark starts with {', '.join(unmatched)}; known: {', '.join(names)}")
     out_dir = args.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, or no room for a folder: said in a traceback
+        parser.error(f"argument --out-dir: cannot make {out_dir}: {exc.strerror}")
     summary: dict[str, object] = {}
     failed = []
     for module in BENCHMARK_MODULES:
@@ -58,12 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         if only and not any(name.startswith(word) for word in only):
             continue
         out = out_dir / f"{module}.json"
-        # an earlier run's report would be named as this run's when this one writes none
+        # an earlier run's report (and the plot beside it) would be taken for this run's when
+        # this one writes none
         out.unlink(missing_ok=True)
+        out.with_suffix(".png").unlink(missing_ok=True)
         print(f"== {module}", flush=True)
         started = time.monotonic()
         extra = ["--quick"] if args.quick else []
-        rc = subprocess.call([sys.executable, "-m", module, "--out", str(out), *extra])
+        rc = run_one([sys.executable, "-m", module, "--out", str(out), *extra])
         summary[module] = {
             "exit_code": rc,
             "seconds": round(time.monotonic() - started, 1),

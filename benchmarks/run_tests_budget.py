@@ -17,7 +17,6 @@ import argparse
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,9 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .cpu_budget import CLK_TCK, LOADGEN, ORDER, account, snapshot
-from .fork_server_bench import CASES, TARGETS, run_tests_once, settle, start_server
+from .fork_server_bench import CASES, TARGETS, run_tests_once, settle, start_pair
 from .fork_server_budget import per_run
-from .harness import ServerProcess, write_report
+from .harness import ServerProcess, report_path, write_report
 
 CORES = os.cpu_count() or 1
 
@@ -89,8 +88,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=report_path, default=None, help="write the JSON report here")
     parser.add_argument("--requests", type=int, default=20, help="requests per path")
     parser.add_argument("--quick", action="store_true", help="5 requests per path (a smoke check)")
     args = parser.parse_args(argv)
@@ -98,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         args.requests = 5
     console = Console(stderr=True)
     started = time.monotonic()
-    fork = start_server(True, 16)
-    warm = start_server(False, 16)
+    fork, warm = start_pair(16)
     try:
         with httpx.Client() as client:
             console.print("warming up: 2 requests to each server")

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from stress import BODY_KEY, LoadSpec, arun_load
 
-from .harness import ServerProcess, toolenv_server, write_report
+from .harness import ServerProcess, report_path, toolenv_server, write_report
 
 PYTHON = "/usr/bin/python3"
 PROGRAM = "print(1)"
@@ -379,10 +379,13 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+BACKENDS = ("process", "docker")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--out", type=Path, default=Path("bench-results/benchmarks.sandboxd_bench.json")
+        "--out", type=report_path, default=Path("bench-results/benchmarks.sandboxd_bench.json")
     )
     parser.add_argument("--quick", action="store_true", help="small counts (about a minute)")
     parser.add_argument(
@@ -394,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         "--max-concurrency", type=int, default=0, help="server setting (0: default)"
     )
     args = parser.parse_args(argv)
+    unknown = set((args.backends or "process").split(",")) - set(BACKENDS)
+    if unknown:  # it ran the baselines first, then reported each unknown one as failing
+        parser.error(
+            f"argument --backends: no backend {', '.join(sorted(unknown))} (of {', '.join(BACKENDS)})"
+        )
     report = asyncio.run(amain(args))
     write_report(report, args.out)
     failed = [b for b, r in report["backends"].items() if "error" in r]

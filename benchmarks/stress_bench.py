@@ -20,7 +20,6 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,7 +27,7 @@ import numpy as np
 
 from stress import LoadSpec, run_load
 
-from .harness import ServerProcess, free_port, write_report
+from .harness import ServerProcess, free_port, report_path, write_report
 
 SCHED_P99_LIMIT_MS = 2.0
 SPIN_S = 0.001  # the CLI's --precise: poll for the last 1 ms before a send instead of a timer
@@ -213,7 +212,7 @@ def zero_server(cpu: int | None) -> ServerProcess:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="toolenv stress generator bench")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=report_path, required=True)
     parser.add_argument("--quick", action="store_true", help="shorter steps (about 40 s in all)")
     args = parser.parse_args(argv)
     step_s = 2.0 if args.quick else 5.0
