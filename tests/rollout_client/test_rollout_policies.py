@@ -14,7 +14,7 @@ from rollout_client.engines import CostModel, EventSimEngine
 from rollout_client.metrics import step_metrics, summarize
 from rollout_client.policies import OverlapPolicy, TurnBarrier, build_policy
 from rollout_client.runner import Runner, RunnerOptions
-from rollout_client.simtools import SimTools, ToolModel
+from rollout_client.simtools import SimTools, ToolModel, _Attempt, _race
 from toolenv_core.latency import HangFault
 
 FAST = CostModel(
@@ -204,3 +204,31 @@ def test_a_carried_call_is_made_again_with_fresh_draws_not_the_same_hang() -> No
     # Each remade call draws its own fault: some answer now (with the same draw none would).
     assert 1 <= len(hung_again) <= len(hung) - 1
     assert tools.stats.faults["hang"] == len(hung) + len(hung_again)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "left_s", "want"),
+    [
+        # (status, http status, answers at) per attempt; want: (which, when)
+        (("ok", 200, 0.3), ("ok", 200, 0.5), 5.0, ("first", 0.3)),
+        (("error", 503, 0.3), ("ok", 200, 0.5), 5.0, ("second", 0.5)),
+        (("error", 503, 0.3), ("error", 500, 0.5), 5.0, ("first", 0.5)),
+        (("error", 404, 0.3), ("ok", 200, 0.5), 5.0, ("first", 0.3)),
+        (("ok", 200, 0.9), ("throttle", 429, 0.1), 5.0, ("first", 0.9)),
+        (("error", 503, 0.3), ("timeout", 200, float("inf")), 2.0, ("first", 1.99)),
+        (("error", 503, 0.3), ("ok", 200, 0.5), float("inf"), ("first", 0.3)),
+    ],
+)
+def test_a_hedged_call_is_decided_as_the_gateway_decides(first, second, left_s, want) -> None:
+    """The simulated gateway's race mirrors `gateway.dispatch`'s: a 5xx or 429 waits for the
+    other attempt (until just before the deadline; at once without one), a 4xx wins at once."""
+    attempts = {
+        name: _Attempt(when, status, http_status=code)
+        for name, (status, code, when) in (("first", first), ("second", second))
+    }
+    answer, at = _race(
+        (attempts["first"], attempts["first"].after_s),
+        (attempts["second"], attempts["second"].after_s),
+        left_s,
+    )
+    assert (answer is attempts[want[0]], at) == (True, pytest.approx(want[1]))

@@ -24,7 +24,7 @@ from rollout_client.clock import now, run_virtual
 from rollout_client.gateway_client import CLIENT_TIMEOUT_S, ToolOutcome
 from rollout_client.session import run_rollout
 from rollout_client.settings import RolloutSettings
-from rollout_client.simtools import SimTools, ToolModel, _Attempt, _race
+from rollout_client.simtools import SimTools, ToolModel
 from rollout_client.workloads.plan import ToolCallPlan, TrajectoryPlan, TurnPlan
 from toolenv.cli import build_app
 from toolenv_core.deadline import Deadline
@@ -62,34 +62,6 @@ def test_sim_tools_deadline_hang_and_hedging() -> None:
     status, elapsed, hedges = got["hedged"]
     # The hedge (same recorded latency in exact mode) cannot win; it is sent and counted once.
     assert (status, hedges) == ("ok", 1) and elapsed == pytest.approx(9.0)
-
-
-@pytest.mark.parametrize(
-    ("first", "second", "left_s", "want"),
-    [
-        # (status, http status, answers at) per attempt; want: (which, when)
-        (("ok", 200, 0.3), ("ok", 200, 0.5), 5.0, ("first", 0.3)),
-        (("error", 503, 0.3), ("ok", 200, 0.5), 5.0, ("second", 0.5)),
-        (("error", 503, 0.3), ("error", 500, 0.5), 5.0, ("first", 0.5)),
-        (("error", 404, 0.3), ("ok", 200, 0.5), 5.0, ("first", 0.3)),
-        (("ok", 200, 0.9), ("throttle", 429, 0.1), 5.0, ("first", 0.9)),
-        (("error", 503, 0.3), ("timeout", 200, float("inf")), 2.0, ("first", 1.99)),
-        (("error", 503, 0.3), ("ok", 200, 0.5), float("inf"), ("first", 0.3)),
-    ],
-)
-def test_a_hedged_call_is_decided_as_the_gateway_decides(first, second, left_s, want) -> None:
-    """The simulated gateway's race mirrors `gateway.dispatch`'s: a 5xx or 429 waits for the
-    other attempt (until just before the deadline; at once without one), a 4xx wins at once."""
-    attempts = {
-        name: _Attempt(when, status, http_status=code)
-        for name, (status, code, when) in (("first", first), ("second", second))
-    }
-    answer, at = _race(
-        (attempts["first"], attempts["first"].after_s),
-        (attempts["second"], attempts["second"].after_s),
-        left_s,
-    )
-    assert (answer is attempts[want[0]], at) == (True, pytest.approx(want[1]))
 
 
 def test_sim_tools_wait_out_backpressure_no_longer_than_the_client_would() -> None:
