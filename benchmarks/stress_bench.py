@@ -166,6 +166,11 @@ def httpx_step(url: str, rate: float, duration_s: float) -> dict[str, Any]:
     return asyncio.run(_httpx_open(url, rate, duration_s))
 
 
+def _ceiling_said(rps: float | None) -> str:
+    """A ceiling for the summary line ("None rps" when no step held its rate)."""
+    return f"{rps:g} rps" if rps else "none (no rate tried held its schedule)"
+
+
 def ceiling(steps: list[dict[str, Any]]) -> float | None:
     ok = [s["target_rps"] for s in steps if s["sustained"]]
     return max(ok) if ok else None
@@ -286,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     write_report(report, args.out)
+    ratio = report["ceiling_ratio_vs_httpx"]
     print(
-        f"ceiling: ours {ours_ceiling} rps vs httpx {httpx_ceiling} rps "
-        f"(x{report['ceiling_ratio_vs_httpx']}); at 3000 rps: {at_3000}",
+        f"ceiling: ours {_ceiling_said(ours_ceiling)} vs httpx {_ceiling_said(httpx_ceiling)}"
+        f"{f' (x{ratio})' if ratio else ''}; at 3000 rps: {at_3000}",
         flush=True,
     )
     return 0
