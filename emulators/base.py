@@ -214,15 +214,18 @@ async def play(
             headers={"Retry-After": str(math.ceil(fault.retry_after_s)), **outcome.headers()},
         )
     if isinstance(fault, HangFault):
-        until = (
+        # at most max_delay_s, as every sleep: a caller's deadline of hours (the header has no
+        # cap unless max_deadline_s is set) held the call that long
+        end = (
             deadline.at
             if math.isfinite(deadline.at)
-            else arrival + min(settings.hang_without_deadline_s, settings.max_delay_s)
+            else arrival + settings.hang_without_deadline_s
         )
+        until = min(end, arrival + settings.max_delay_s)
         woke = await sleep_or_gone(until, receive)
         outcome = Outcome(until - arrival, woke - arrival, "hang")
         headers = outcome.headers()
-        if math.isfinite(deadline.at):
+        if until == deadline.at:
             headers.update(DEADLINE_ENDED)
         return JSONResponse(
             {"detail": "no answer before the deadline (injected hang fault)"},
