@@ -40,9 +40,10 @@ from .upstream import (
 
 log = logging.getLogger("toolenv.gateway")
 
-TOLD_DEADLINE_SLACK_S = 0.01
-"""How much before the deadline it was told a tool's 504 still counts as that deadline's: the
-header counts whole milliseconds, and a tool's loop timers may keep whole milliseconds too."""
+TOLD_DEADLINE_SLACK_S = 2 * HEADER_RESOLUTION_S
+"""How much before the deadline it was told a tool's 504 still counts as that deadline's (the
+header and a loop's timers may count whole milliseconds); below HELD_FAILURE_MARGIN_S, so that
+an early 504 a hedged call held is answered as the tool's, not as the deadline's."""
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import httpx
-from gw_support import metric_value
+from gw_support import metric_value, proxy_tool
 
 from gateway.settings import ToolConfig
 
@@ -61,3 +61,19 @@ def test_a_tools_own_504_before_the_deadline_is_its_error_not_a_timeout(gateway,
     assert metric_value(text, CALLS, tool="search", outcome="error") == 2
     assert metric_value(text, CALLS, tool="search", outcome="timeout") == 0
     assert metric_value(text, CALLS, tool="reward", outcome="timeout") == 1
+
+
+def test_an_early_504_a_hedged_call_held_is_still_the_tools(upstream, gateway) -> None:
+    """A 504 held while the hedge runs (gateway.dispatch) is answered just before the deadline:
+    it is the tool's early answer all the same, not the deadline's."""
+    bad, hung = upstream("bad"), upstream("hung")
+    hedge = {"enabled": True, "quantile": 0.5, "min_samples": 1, "min_delay_ms": 0}
+    gw = gateway([proxy_tool("h", hung.url, bad.url, hedge=hedge, idempotent=True)])
+    for _ in range(64):
+        gw.toolset.tools["h"].window.add(0.05)  # hedge after 50 ms
+    arguments = {"sleep_by": {"bad": 0.2, "hung": 30}, "status": 504, "status_on": "bad"}
+    r = httpx.post(
+        f"{gw.url}/v1/tools/h/call", json={"arguments": arguments, "deadline_ms": 1500}, timeout=30
+    )
+    assert r.status_code == 200 and r.json()["status"] == "error", r.text
+    assert r.json()["result"]["upstream"] == "bad"
