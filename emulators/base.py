@@ -132,6 +132,12 @@ def step_from_headers(request: Request) -> int | None:
     return h.count_header(h.STEP, request.headers.get(h.STEP))
 
 
+DEADLINE_ENDED = {h.DEADLINE_EXPIRED: "1"}
+"""On a 504 the caller's deadline ended (not an `error` fault's 504): the gateway counts it as
+its timeout, and a 504 the emulator answers at its own `max_deadline_s`, before the gateway's
+deadline, too."""
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
 
@@ -208,17 +214,23 @@ async def play(
             headers={"Retry-After": str(math.ceil(fault.retry_after_s)), **outcome.headers()},
         )
     if isinstance(fault, HangFault):
-        until = (
+        # at most max_delay_s, as every sleep: a caller's deadline of hours (the header has no
+        # cap unless max_deadline_s is set) held the call that long
+        end = (
             deadline.at
             if math.isfinite(deadline.at)
-            else arrival + min(settings.hang_without_deadline_s, settings.max_delay_s)
+            else arrival + settings.hang_without_deadline_s
         )
+        until = min(end, arrival + settings.max_delay_s)
         woke = await sleep_or_gone(until, receive)
         outcome = Outcome(until - arrival, woke - arrival, "hang")
+        headers = outcome.headers()
+        if until == deadline.at:
+            headers.update(DEADLINE_ENDED)
         return JSONResponse(
             {"detail": "no answer before the deadline (injected hang fault)"},
             status_code=504,
-            headers=outcome.headers(),
+            headers=headers,
         )
     delay = max(draw.delay_s, min_delay_s)
     target = arrival + delay
@@ -231,7 +243,7 @@ async def play(
                 "delay_s": delay,
             },
             status_code=504,
-            headers=outcome.headers(),
+            headers={**outcome.headers(), **DEADLINE_ENDED},
         )
     # built while we would be waiting anyway; a big one (256 queries at topk 50 takes about a
     # second) off the loop, which it held: every other call's reply left that much late

@@ -40,6 +40,11 @@ from .upstream import (
 
 log = logging.getLogger("toolenv.gateway")
 
+TOLD_DEADLINE_SLACK_S = 2 * HEADER_RESOLUTION_S
+"""How much before the deadline it was told a tool's 504 still counts as that deadline's (the
+header and a loop's timers may count whole milliseconds); below HELD_FAILURE_MARGIN_S, so that
+an early 504 a hedged call held is answered as the tool's, not as the deadline's."""
+
 
 @dataclass(slots=True)
 class UpstreamCall:
@@ -58,6 +63,11 @@ class UpstreamCall:
     # set by the runtime once known, for the log line of a call cancelled meanwhile (its caller
     # gone, the shutdown), which the runtime returns no outcome for
     queue_wait_s: float = 0.0
+
+    def told_deadline_passed(self) -> bool:
+        """Whether the deadline the tool was told (`send_headers`) has run out, within
+        `TOLD_DEADLINE_SLACK_S`: a 504 before it is not the tool stopping at it."""
+        return time.monotonic() >= self.deadline.at - self.reserve_s - TOLD_DEADLINE_SLACK_S
 
     def send_headers(self) -> dict[str, str]:
         """`headers` and the deadline the tool is told, remaining now (what
@@ -267,9 +277,13 @@ class ToolRuntime:
                 error=f"tool {self.name!r}: gateway error {type(exc).__name__}",
                 queue_wait_s=queue_wait,
             )
-        if reply.status == 504:
+        if reply.status == 504 and (
+            DEADLINE_EXPIRED_HEADER in reply.headers or call.told_deadline_passed()
+        ):
             # The tool stopped at the deadline we forwarded, a moment before our own timer fired:
-            # the same outcome, so callers and metrics see one kind of timeout, not two.
+            # the same outcome, so callers and metrics see one kind of timeout, not two. A 504
+            # sooner is the tool's own answer (an emulator's `error` fault with status 504): it
+            # was a timeout "within the deadline" 30 s early, the tool's body lost.
             return self._timed_out("the tool stopped at it", queue_wait)
         if DEADLINE_EXPIRED_HEADER in reply.headers:
             # The same, answered in the tool's own format (sandboxd's TimeLimitExceeded with the

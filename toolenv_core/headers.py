@@ -50,7 +50,8 @@ EXECUTOR_REPLICA = "X-Toolenv-Replica"
 DEADLINE_EXPIRED = "X-Toolenv-Deadline-Expired"
 """Set (to `1`) by a tool on an answer whose call its deadline ended (sandboxd: a run cut at the
 deadline it was sent, answered as SandboxFusion's TimeLimitExceeded with the output so far; not
-a program's own `run_timeout`). The gateway counts such a call as its `timeout`, as a 504."""
+a program's own `run_timeout`; the emulators: a 504 at a deadline, not an `error` fault's). The
+gateway counts such a call as its `timeout`, as a 504 at the deadline the tool was told."""
 
 TOOL_STATUS = "X-Toolenv-Tool-Status"
 """The gateway's generic call answers 200 for a tool that answered, its own error included: this

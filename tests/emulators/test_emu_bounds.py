@@ -79,6 +79,15 @@ def test_slow_body_and_hang_without_deadline_are_capped(capped: ServerProcess) -
             waited = time.monotonic() - started
             assert r.status_code == (200 if fault["type"] == "slow_body" else 504), r.text
             assert waited < 3.0, (fault, waited)
+    # ...and a hang lasted as long as the caller's deadline, 10 s here, hours if it said so
+    started = time.monotonic()
+    r = httpx.post(capped.url + "/retrieve", json={"queries": ["q"]},
+                   headers={"X-Toolenv-Deadline-Ms": "10000"}, timeout=30)  # fmt: skip
+    waited = time.monotonic() - started
+    assert r.status_code == 504 and 0.45 <= waited < 3.0, (r.text, waited)
+    assert float(r.headers[INJECTED]) == 500.0
+    # the emulator gave up at its own bound, not at the caller's deadline
+    assert "x-toolenv-deadline-expired" not in r.headers
 
 
 def test_a_long_sleep_stops_when_its_client_disconnects() -> None:

@@ -265,3 +265,33 @@ def test_a_shipped_profile_is_named_from_any_directory(tmp_path: Path) -> None:
     assert describe("reward_default") != shipped
     (tmp_path / "search_default").write_text("model: {kind: constant, value_s: 0.5}\n")
     assert describe("search_default") != shipped
+
+
+def test_describe_says_an_inner_faults_rate_is_of_the_calls_the_outer_ones_spare(
+    tmp_path: Path,
+) -> None:
+    """A fault drawn by an outer `faulty` replaces one drawn inside: an inner 50% of errors under
+    a 50% of hangs fails 25% of the calls, and was described as "error on 50% of calls"."""
+    out = tmp_path / "nested.yaml"
+    out.write_text(
+        "tool: search\n"
+        "model:\n"
+        "  kind: faulty\n"
+        "  model:\n"
+        "    kind: faulty\n"
+        "    model: {kind: constant, value_s: 0.1}\n"
+        "    faults: [{type: error, rate: 0.5, status: 503}]\n"
+        "  faults: [{type: hang, rate: 0.5}]\n"
+    )
+    described = runner.invoke(app, ["emulators", "describe", str(out), "--json"])
+    assert described.exit_code == 0, described.output
+    where = "the calls the outer faults spare (50%)"
+    assert json.loads(described.stdout)["faults"] == [
+        {"type": "hang", "rate": 0.5},
+        {"type": "error", "rate": 0.5, "status": 503, "where": where},
+    ]
+    # what the emulator draws: half hangs, a quarter errors
+    sampler = load_profile(out).model.build()
+    rng = np.random.default_rng(0)
+    kinds = [d.fault.type if d.fault else None for d in (sampler.draw(rng) for _ in range(4000))]
+    assert abs(kinds.count("error") / 4000 - 0.25) < 0.03

@@ -108,6 +108,7 @@ def test_deadline_cuts_a_slow_call_at_the_deadline(client: httpx.Client) -> None
     r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "300"})
     elapsed = time.monotonic() - started
     assert r.status_code == 504 and "deadline" in r.json()["detail"]
+    assert r.headers["x-toolenv-deadline-expired"] == "1"
     assert 0.29 <= elapsed < 1.0
     assert 295 <= float(r.headers[INJECTED]) <= 301
 
@@ -134,7 +135,7 @@ def test_faults_on_the_wire(client: httpx.Client, fault: str) -> None:
     if fault == "throttle":
         spec["retry_after_s"] = 2.5
     if fault == "error":
-        spec["status"] = 502
+        spec["status"] = 504  # the tool's own 504, not the deadline's
     if fault == "slow_body":
         spec |= {"duration_s": 0.4, "chunks": 4}
     client.put(
@@ -151,12 +152,14 @@ def test_faults_on_the_wire(client: httpx.Client, fault: str) -> None:
     r = client.post("/retrieve", json={"queries": ["q"]}, headers={"X-Toolenv-Deadline-Ms": "400"})
     elapsed = time.monotonic() - started
     assert r.headers["x-toolenv-fault"] == fault
+    # a 504 at the deadline says so (the gateway's timeout); an error fault's 504 would not
+    assert (r.headers.get("x-toolenv-deadline-expired") == "1") == (fault == "hang")
     if fault == "hang":  # no answer until the caller's deadline, then 504 - never later
         assert r.status_code == 504 and 0.395 <= elapsed < 1.0
     elif fault == "throttle":
         assert r.status_code == 429 and r.headers["retry-after"] == "3" and elapsed < 0.3
     elif fault == "error":
-        assert r.status_code == 502 and 0.05 <= elapsed < 0.5
+        assert r.status_code == 504 and 0.05 <= elapsed < 0.5
     else:
         assert r.status_code == 200 and len(r.json()["result"][0]) == 3
         assert 0.05 + 0.3 <= elapsed < 1.2

@@ -29,6 +29,12 @@ class Draw:
 class Sampler:
     """Base: `sample` gives seconds; `draw` adds the fault (none unless wrapped by `faulty`)."""
 
+    counts_calls = False  # a drift by call count, or a sampler holding one (`skip`)
+
+    def skip(self) -> None:
+        """A call went to another part of the profile (a mixture's other component, a drift's
+        other stage): a drift that counts calls counts it too, as "calls so far" says."""
+
     def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
         raise NotImplementedError
 
@@ -111,10 +117,20 @@ class MixtureSampler(Sampler):
         w = w / w.max()  # first: weights near the float maximum would sum to inf
         self._cum = np.cumsum(w / w.sum())
         self._components = list(components)
+        self.counts_calls = any(c.counts_calls for c in self._components)
 
     def _pick(self, rng: np.random.Generator) -> Sampler:
         index = int(np.searchsorted(self._cum, rng.random(), side="right"))
-        return self._components[min(index, len(self._components) - 1)]
+        picked = self._components[min(index, len(self._components) - 1)]
+        if self.counts_calls:  # a drift in another component counted only its own share
+            for component in self._components:
+                if component is not picked:
+                    component.skip()
+        return picked
+
+    def skip(self) -> None:
+        for component in self._components:
+            component.skip()
 
     def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
         return self._pick(rng).sample(rng, step)
@@ -143,6 +159,7 @@ class DriftSampler(Sampler):
         self._clock = clock
         self._t0 = clock()
         self._calls = 0
+        self.counts_calls = bool(calls_per_step) or any(s.counts_calls for s in self._stages)
 
     def position(self, step: int | None) -> float:
         """Where on the schedule this call falls (a step number or seconds since start)."""
@@ -161,7 +178,17 @@ class DriftSampler(Sampler):
     def stage(self, step: int | None) -> Sampler:
         index = int(np.searchsorted(self._starts, self.position(step), side="right")) - 1
         self._calls += 1
-        return self._stages[max(index, 0)]
+        stage = self._stages[max(index, 0)]
+        if self.counts_calls:
+            for other in self._stages:
+                if other is not stage:
+                    other.skip()
+        return stage
+
+    def skip(self) -> None:
+        self._calls += 1
+        for stage in self._stages:
+            stage.skip()
 
     def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
         return self.stage(step).sample(rng, step)
@@ -177,6 +204,10 @@ class FaultySampler(Sampler):
         self._inner = inner
         self._faults = list(faults)
         self._cum = np.cumsum([f.rate for f in faults]) if faults else np.zeros(0)
+        self.counts_calls = inner.counts_calls
+
+    def skip(self) -> None:
+        self._inner.skip()
 
     def sample(self, rng: np.random.Generator, step: int | None = None) -> float:
         return self.draw(rng, step).delay_s

@@ -325,7 +325,8 @@ class Drift(_Spec):
     """A schedule of models: by training step or by seconds since the profile became active.
 
     By step, the step is the caller's (`step` in the request) or, without one, the number of
-    calls so far divided by `calls_per_step`. `period` repeats the schedule.
+    calls so far divided by `calls_per_step` (every call of the profile, also those a mixture or
+    an outer drift gave another part: `Sampler.skip`). `period` repeats the schedule.
     """
 
     kind: Literal["drift"] = "drift"
