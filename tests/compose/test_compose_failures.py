@@ -301,3 +301,24 @@ def test_a_sandbox_restart_lets_the_run_in_flight_finish(stack: Stack) -> None:
     assert state["procs"] == [] and state["tasks"] == [] and state["dirs"] == [], state
     _wait_for(lambda: stack.client.get("/readyz").status_code == 200, timeout=10)
     assert run_code(stack, "print(1)").status_code == 200
+
+
+def test_an_upstream_down_leaves_the_gateway_healthy(stack: Stack) -> None:
+    """The gateway's own healthcheck passes while an upstream is down (/readyz names it). Before,
+    it asked /readyz: after a minute without the sandbox Docker marked the gateway `unhealthy`,
+    and the `docker compose up -d --wait` that brought the sandbox back failed at once with
+    `container <project>-gateway-1 is unhealthy`, though the gateway was ready 2 s later."""
+    stopped = stack.compose("stop", "sandbox")
+    assert stopped.returncode == 0, stopped.stderr
+    try:
+        _wait_for(lambda: stack.client.get("/readyz").status_code == 503, timeout=10)
+        assert "sandbox" in stack.client.get("/readyz").json()["detail"]
+        check = stack.inspect("gateway")["Config"]["Healthcheck"]["Test"]
+        assert check[0] == "CMD", check
+        probe = stack.compose("exec", "-T", "gateway", *check[1:], timeout=30)
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+    finally:
+        up = stack.compose("up", "-d", "--wait", "--wait-timeout", "120")
+    assert up.returncode == 0, up.stderr
+    _wait_for(lambda: stack.client.get("/readyz").status_code == 200, timeout=10)
+    assert run_code(stack, PROGRAMS["bash"], "bash").json()["run_result"]["stdout"] == "42\n"
