@@ -36,7 +36,7 @@ from .sandboxfusion import (
     timeout_answer,
 )
 from .state import GatewayState
-from .upstream import EXECUTOR_HEADERS
+from .upstream import EXECUTOR_HEADERS, FAULT_HEADER
 
 ROUTES: dict[str, tuple[str, str]] = {
     "/run_code": ("sandbox", "/run_code"),
@@ -214,8 +214,11 @@ async def generic_call(ctx: CallContext, runtime: ToolRuntime, raw: bytes) -> An
 
 _JSON = (b"content-type", b"application/json")
 # A tool's headers every route passes on to its caller: Retry-After (the tool's own 429, its
-# backpressure signal) and the executor headers (where the call ran).
-_TOOL_KEYS = tuple((name, name.encode()) for name in ("retry-after", *EXECUTOR_HEADERS))
+# backpressure signal), the emulators' X-Toolenv-Fault (which injected fault shaped the answer: a
+# caller through the gateway could not tell) and the executor headers (where the call ran).
+_TOOL_KEYS = tuple(
+    (name, name.encode()) for name in ("retry-after", FAULT_HEADER, *EXECUTOR_HEADERS)
+)
 
 
 def _tool_status(kind: str) -> tuple[bytes, bytes]:

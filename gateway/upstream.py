@@ -34,9 +34,10 @@ log = logging.getLogger("toolenv.gateway")
 INJECTED_DELAY_HEADER = h.INJECTED_DELAY.lower()  # replies' header keys are lower-cased here
 EXECUTOR_HEADERS = (h.EXECUTOR_NODE.lower(), h.EXECUTOR_REPLICA.lower())  # where a call ran
 DEADLINE_EXPIRED_HEADER = h.DEADLINE_EXPIRED.lower()  # the tool's deadline ended the call
+FAULT_HEADER = h.FAULT.lower()  # the fault an emulator injected, passed on to the caller
 # the reply headers kept, embedded, on Ray and proxied alike (the rest are skipped unread): the
 # lean client's own (content type, injected delay, Retry-After), and the gateway's
-_KEPT_HEADERS = (*KEPT_HEADERS, DEADLINE_EXPIRED_HEADER, *EXECUTOR_HEADERS)
+_KEPT_HEADERS = (*KEPT_HEADERS, DEADLINE_EXPIRED_HEADER, FAULT_HEADER, *EXECUTOR_HEADERS)
 
 
 class UpstreamConnectError(Exception):

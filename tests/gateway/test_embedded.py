@@ -160,6 +160,23 @@ def test_embedded_emulators_share_one_app_and_report_injected_delay(gateway, tmp
     assert len(lines) == 1  # only the call that carried X-Trajectory-Id
 
 
+def test_the_fault_an_emulator_injected_is_named_to_the_caller(gateway, tmp_path) -> None:
+    """Before: an emulator's X-Toolenv-Fault stopped at the gateway, so a caller (or `toolenv
+    stress`) through it could not tell an injected error from the tool's own."""
+    config = tmp_path / "toolenv.yaml"
+    config.write_text(
+        "emulators:\n"
+        "  search_profile: {tool: search, model: {kind: faulty,\n"
+        "    model: {kind: constant, value_s: 0.0},\n"
+        "    faults: [{type: error, rate: 1.0, status: 503}]}}\n"
+    )
+    gw = gateway([ToolConfig(name="search", kind="search")], config_file=str(config))
+    r = httpx.post(gw.url + "/retrieve", json={"queries": ["a"], "topk": 1}, timeout=10)
+    assert (r.status_code, r.headers.get("x-toolenv-fault")) == (503, "error"), r.headers
+    r = httpx.post(gw.url + "/v1/tools/search/call", json={"arguments": {"query": "a"}}, timeout=10)
+    assert r.json()["status"] == "error" and r.headers.get("x-toolenv-fault") == "error"
+
+
 @pytest.mark.parametrize(
     ("ref", "problem"),
     [
