@@ -380,4 +380,3 @@ class GatewaySettings(FrontDoorSettings):
             f"refusing to bind {self.host} without API keys: set TOOLENV_GATEWAY_API_KEYS "
             "or pass --allow-unauthenticated"
         )
-

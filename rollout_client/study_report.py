@@ -9,19 +9,17 @@ cell took to simulate is beside it in the JSON.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from toolenv_core.console import counted
-from toolenv_core.flocks import lock_if_still_there
+from toolenv_core.flocks import reap_unheld
 from toolenv_core.plotting import pyplot
 
 from .report import drop_plots_not_written
@@ -146,17 +144,12 @@ def write(study: dict[str, Any], out: Path, command: str, plots: bool = True) ->
 def _reap_staging(out: Path) -> None:
     """Remove the staging directories of studies killed outright (SIGKILL, a power cut): each
     left a hidden `.study-*` holding its part of a report in `out` for good. One that a live
-    study writes is locked; one made a moment ago may not be locked yet, so it is left too."""
-    for path in out.glob(f"{STAGING}*"):
-        with contextlib.suppress(OSError):
-            if time.time() - path.stat().st_mtime < ABANDONED_AFTER_S:
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                if lock_if_still_there(fd, path, wait=False):
-                    shutil.rmtree(path, ignore_errors=True)
-            finally:
-                os.close(fd)
+    study writes is locked."""
+    reap_unheld(
+        out.glob(f"{STAGING}*"),
+        lambda path: shutil.rmtree(path, ignore_errors=True),
+        older_than_s=ABANDONED_AFTER_S,
+    )
 
 
 def plot(study: dict[str, Any], out: Path) -> list[Path]:

@@ -8,12 +8,19 @@ as the tail of a `--option PATH: ...` message. Reports are then written whole (`
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+from .flocks import reap_unheld
+
+ABANDONED_AFTER_S = 60.0
+"""How old an unlocked temporary file of `written_whole` must be to be taken as abandoned."""
 
 
 def nearest_existing_parent(path: Path) -> Path:
@@ -87,8 +94,16 @@ def written_whole(path: Path) -> Iterator[IO[str]]:
     disk, a file-size limit) left the report that was there cut short, no longer parsing. A
     failed write's error names `path` (it named no file: "cannot write None")."""
     real = path.resolve()  # through a symlink, as writing in place did
+    # a write killed outright (SIGKILL) left its hidden temporary file beside `path` for good,
+    # one per kill: those nobody holds are removed (a live write holds its own locked)
+    reap_unheld(
+        real.parent.glob(f".{glob.escape(real.name)}.*.tmp"),
+        lambda tmp: tmp.unlink(missing_ok=True),
+        older_than_s=ABANDONED_AFTER_S,
+    )
     fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # ours while we write: another writer's reap skips it
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             os.fchmod(f.fileno(), 0o644)  # as a file written in place: mkstemp's is owner-only
             yield f

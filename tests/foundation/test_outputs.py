@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from toolenv_core.outputs import (
+    ABANDONED_AFTER_S,
     output_dir_problem,
     output_file_problem,
     write_whole,
@@ -65,3 +68,46 @@ def test_a_write_cut_short_leaves_the_file_that_was_there(tmp_path: Path) -> Non
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
     write_whole(report, "new\n")
     assert report.read_text() == "new\n" and oct(report.stat().st_mode & 0o777) == "0o644"
+
+
+def test_the_temporary_file_of_a_write_killed_outright_is_removed_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL mid-write (a `rollout run`'s report.json, a stress --json) left a hidden
+    `.report.json.*.tmp` beside the report for good, one per kill. The next write of the same
+    file removes those nobody holds; a live write's (locked), a fresh one and another file's stay."""
+    report = tmp_path / "report.json"
+    killed, live, fresh, other = (
+        tmp_path / name
+        for name in (".report.json.a.tmp", ".report.json.b.tmp", ".report.json.c.tmp",
+                     ".trajectories.jsonl.d.tmp")
+    )  # fmt: skip
+    old = time.time() - 2 * ABANDONED_AFTER_S
+    for tmp in (killed, live, fresh, other):
+        tmp.write_text("{half a rep")
+        if tmp is not fresh:
+            os.utime(tmp, (old, old))
+    holder = os.open(live, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        write_whole(report, "{}")
+    finally:
+        os.close(holder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [report.name, live.name, fresh.name, other.name]
+    )
+
+
+def test_a_write_in_progress_holds_its_temporary_file(tmp_path: Path) -> None:
+    """So that another process's reap never takes a write that is still going on."""
+    with written_whole(tmp_path / "r.json") as f:
+        f.write("{")
+        (tmp,) = tmp_path.glob(".r.json.*.tmp")
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        f.write("}")
+    assert (tmp_path / "r.json").read_text() == "{}"
