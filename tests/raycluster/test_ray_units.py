@@ -11,8 +11,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+from ray.exceptions import RayTaskError
 from typer.testing import CliRunner
 
+from rollout_client import study_ray
 from toolenv.cli import build_app
 from toolenv.ray.app import REPLICA_ENV, RayStack, build_application, replica_options
 from toolenv.ray.ingress import listen_socket
@@ -190,3 +192,19 @@ def test_mode_with_ray_is_refused_not_ignored() -> None:
     assert result.exit_code == 2, said
     assert "Invalid value for --mode: places the tools of a gateway on this machine" in said
     assert "Started a local Ray" not in said
+
+
+def test_a_cell_that_raised_on_ray_raises_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell's error on a Ray worker comes back wrapped in Ray's `RayTaskError`, whose message
+    starts `ray::_cell() (pid=..., ip=...)`: that was the study's one line (`error: ray::_cell()
+    (pid=25598, ip=10.77.180.1)`). The cell's own error is raised, as in a local run."""
+    cause = ValueError("cost profile 'calib.json' is neither a built-in nor a file")
+    wrapped = RayTaskError("_cell", "Traceback ...", cause, pid=25598, ip="10.77.180.1")
+
+    def get(_ref: object) -> None:
+        raise wrapped.as_instanceof_cause()
+
+    monkeypatch.setattr(study_ray.ray, "get", get)
+    with pytest.raises(ValueError) as raised:
+        study_ray.cell_row(None)  # type: ignore[arg-type]
+    assert str(raised.value).splitlines()[0] == str(cause)
