@@ -14,6 +14,7 @@ import pytest
 from ray.exceptions import RayTaskError
 from typer.testing import CliRunner
 
+import toolenv.ray.app as ray_app
 from rollout_client import study_ray
 from toolenv.cli import build_app
 from toolenv.ray.app import REPLICA_ENV, RayStack, build_application, replica_options
@@ -208,3 +209,26 @@ def test_a_cell_that_raised_on_ray_raises_its_own_error(monkeypatch: pytest.Monk
     with pytest.raises(ValueError) as raised:
         study_ray.cell_row(None)  # type: ignore[arg-type]
     assert str(raised.value).splitlines()[0] == str(cause)
+
+
+def test_replicas_no_node_can_take_are_named_with_what_they_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a replica needs against what each live node has: `--ray local` refuses such a
+    config at once (its cluster gets no other node), and a start that timed out says it even
+    before Serve does (after 30 s; the line read `sandbox: DeploymentStatus.UPDATING`)."""
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 2.0, "memory": 1e9, "node_head": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 64.0, "gpu_node": 1.0}},  # dead: takes nothing
+    ]
+    monkeypatch.setattr(ray_app.ray, "nodes", lambda: nodes)
+    assert ray_app.no_node_takes(RaySettings()) is None
+    settings = RaySettings.model_validate(
+        {"sandbox": {"num_cpus": 64}, "emulators": {"num_cpus": 0, "resources": {"gpu_node": 1}}}
+    )
+    said = ray_app.no_node_takes(settings)
+    assert said == (
+        "sandbox (a replica needs {'CPU': 64.0}; the nodes have [{'CPU': 2.0}]); "
+        "emulators (a replica needs {'CPU': 0.0, 'gpu_node': 1.0}; the nodes have "
+        "[{'CPU': 2.0, 'gpu_node': 0.0}])"
+    )
