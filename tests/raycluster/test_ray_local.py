@@ -348,3 +348,38 @@ def test_ctrl_c_after_the_cluster_died_says_so_at_once(tmp_path: Path) -> None:
         assert "Traceback" not in rest and "Failed to connect to GCS" not in rest, rest[-3000:]
     finally:
         ns.stop()
+
+
+def test_an_address_where_something_else_answers_is_a_one_line_error_at_once(
+    tmp_path: Path, polytrace_dir: Path
+) -> None:
+    """The dashboard's port (8265, the address `ray job submit` takes) given for the cluster's:
+    the TCP check passed, and `ray.init` then retried for minutes, a log line every 5 s (the
+    study still at 0 cells after 120 s). One line within seconds, as for a closed port."""
+    ns = NetnsCluster(workers=0).start(ray=False)
+    server = None
+    try:
+        address = f"{ns.head.ip}:8265"
+        server = subprocess.Popen(
+            ns.exec_argv([sys.executable, "-m", "http.server", "--bind", ns.head.ip, "8265"]),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(2)  # listening (it is in the namespace: not reachable from here to check)
+        trace = str(polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl")
+        for args in (["rollout", "study", "--quick", "--trace", trace, "--out", str(tmp_path / "out"),
+                      "--ray", address], ["serve", "--ray", address, "--detach"]):  # fmt: skip
+            started = time.monotonic()
+            done = subprocess.run(ns.exec_argv([sys.executable, "-m", "toolenv", *args]),
+                                  env=ns.env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert done.returncode == 1, done.stderr[-3000:]
+            assert time.monotonic() - started < 20
+            assert done.stderr.strip().splitlines() == [
+                f"error: no Ray cluster answers at {address}: something answers there, but not "
+                "a Ray cluster's GCS (UNAVAILABLE) (--ray)"
+            ], done.stderr[-3000:]
+        assert not (tmp_path / "out").exists()
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        ns.stop()
