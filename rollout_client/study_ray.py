@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
-from toolenv_core.ray_connect import LOCAL, RayUnreachable, check_reachable
+from toolenv_core.ray_connect import LOCAL, RayUnreachable, check_reachable, init_local
 
 from .study import CellJob, StudyInputs, run_job
 
@@ -107,7 +107,10 @@ class RayRunner:
         if started_here:
             # reachable: checked when this runner was made, before the inputs were loaded
             with sigterm_kept():
-                ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+                if self.address == LOCAL:  # as `toolenv serve --ray local` starts one
+                    init_local(log_to_driver=False, logging_level="ERROR")
+                else:
+                    ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
         try:
             if (note := no_room_for_a_cell()) is not None:
                 print(f"warning: {note}", file=sys.stderr)  # above the progress bar

@@ -20,6 +20,8 @@ import ray
 from ray._private.services import canonicalize_bootstrap_address
 from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
+from .ray_lean import CLUSTER_ENV
+
 LOCAL = "local"  # Ray's name for "start a new local cluster"
 CLIENT_SCHEME = "ray://"  # a Ray Client server, not the GCS
 CONNECT_TIMEOUT_S = 5.0
@@ -99,7 +101,18 @@ def not_a_gcs(target: str, timeout_s: float) -> str | None:
 
 def init_ray(address: str, **kwargs: Any) -> None:
     """`ray.init(address, **kwargs)`: `local` starts a new local cluster (never one found running
-    here); any other address must answer first (`check_reachable`)."""
-    if address != LOCAL:
-        check_reachable(address)
+    here, `init_local`); any other address must answer first (`check_reachable`)."""
+    if address == LOCAL:
+        init_local(**kwargs)
+        return
+    check_reachable(address)
     ray.init(address=address, **kwargs)
+
+
+def init_local(**kwargs: Any) -> None:
+    """`ray.init` of a new local cluster without the dashboard and with `CLUSTER_ENV` (what the
+    environment sets wins), as docs/ray.md says of the clusters toolenv starts: the study's had
+    the dashboard's ten processes and Ray's metrics pipeline beside its cells."""
+    for key, value in CLUSTER_ENV.items():
+        os.environ.setdefault(key, value)
+    ray.init(address=LOCAL, include_dashboard=False, **kwargs)

@@ -1,11 +1,12 @@
 """`toolenv rollout study --ray ADDRESS` in network namespaces of its own: on a cluster where no
 node has a CPU for a cell (a head started with `--num-cpus 0`, as clusters often run their head),
-and on two nodes: a calibrated cost profile, SIGTERM, a node dying mid-study."""
+on two nodes (a calibrated cost profile, SIGTERM, a node dying mid-study), and on a local one."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 from rollout_client.engines import BUILTIN_PROFILES
 from toolenv.ray.netns import NetnsCluster
+from toolenv_core.ray_lean import CLUSTER_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -152,3 +154,39 @@ def test_a_node_dying_mid_study_leaves_stdout_the_report_alone(
     assert local.returncode == 0, local.stderr[-2000:]
     assert _comparable(out) == _comparable(local.stdout)
     assert "(raylet)" in said, said[-2000:]  # what Ray said of the node is still said
+
+
+def test_a_study_on_a_local_cluster_starts_it_lean(tmp_path: Path, polytrace_dir: Path) -> None:
+    """`--ray local` starts its cluster as `toolenv serve --ray local` does (docs/ray.md): no
+    dashboard, Ray's metrics pipeline and task events off. It ran the dashboard's processes
+    (ten, here on 2 cores) and Ray's metrics beside the cells."""
+    # a tag of its own: the two-node cluster of this module (`te<pid>`) is still up
+    ns = NetnsCluster(workers=0, tag=f"tl{os.getpid() % 100000}").start(ray=False)
+    try:
+        argv = _study_argv(polytrace_dir, "--batch", "256", "--out", str(tmp_path / "out"),
+                           "--ray", "local")  # fmt: skip
+        env = {k: v for k, v in ns.env().items() if k not in CLUSTER_ENV}
+        study = subprocess.Popen(ns.exec_argv(argv), env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+        end = time.monotonic() + 120
+        while not _ray_workers(ns, (0,)) and study.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        assert _ray_workers(ns, (0,)), "no cell started"
+        names, raylet_env = [], b""
+        for pid in ns.pids(0):
+            with contextlib.suppress(OSError):
+                names.append(name := Path(f"/proc/{pid}/comm").read_text().strip())
+                if name == "raylet":
+                    raylet_env = Path(f"/proc/{pid}/environ").read_bytes()
+        study.send_signal(signal.SIGTERM)
+        _, said = study.communicate(timeout=60)
+        assert study.returncode == -signal.SIGTERM, said[-2000:]
+        assert not [n for n in names if n.startswith("ray-dashboard")], names
+        for key, value in CLUSTER_ENV.items():
+            assert f"{key}={value}".encode() in raylet_env.split(b"\0"), key
+        end = time.monotonic() + 30
+        while ns.pids(0) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert ns.pids(0) == []  # the cluster it started is stopped with it
+    finally:
+        ns.stop()

@@ -12,7 +12,6 @@ switches): otherwise each call crosses two threads on each side of a handle call
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from toolenv.sections import read_all_sections, with_sandbox_defaults
 from toolenv_core.ray_connect import LOCAL, init_ray
 
 from .ingress import GatewayServer
-from .lean import CLUSTER_ENV, GRPC_ENV
+from .lean import GRPC_ENV
 from .replicas import ServiceReplica
 
 
@@ -145,11 +144,7 @@ def connect(stack: RayStack) -> None:
     if ray.is_initialized():
         return
     if stack.ray.address is None:
-        # without the background work toolenv does not use (`lean`; what the environment sets
-        # wins)
-        for key, value in CLUSTER_ENV.items():
-            os.environ.setdefault(key, value)
-        init_ray(LOCAL, log_to_driver=False, include_dashboard=False)
+        init_ray(LOCAL, log_to_driver=False)  # without the background work toolenv does not use
     else:
         init_ray(stack.ray.address, log_to_driver=False)
 
