@@ -75,6 +75,21 @@ def sigterm_kept() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def stop_signals_unwrapped() -> Iterator[None]:
+    """A stop signal's exception (Ctrl-C's KeyboardInterrupt, SIGTERM's `Terminated`) raised by
+    its handler while Ray's C code waits can come out as `SystemError: <cyfunction
+    CoreWorker.wait> returned a result with an exception set`, the signal's own as its cause: the
+    study then exited 1 with a traceback. It is raised as itself."""
+    try:
+        yield
+    except SystemError as exc:
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, Exception):
+            raise cause from None
+        raise
+
+
 class RayRunner:
     """A `JobRunner` that runs every cell as a Ray task on the cluster at `address`."""
 
@@ -94,7 +109,7 @@ class RayRunner:
         # Ray's driver prints what the cluster reports to the job (a node's death, a task
         # retried) on stdout, from a thread of its own until `ray.shutdown`: it came before the
         # report, and `--json` was no JSON.
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), stop_signals_unwrapped():
             return self._run(inputs, jobs, on_done)
 
     def _run(

@@ -21,6 +21,7 @@ from toolenv.ray.app import REPLICA_ENV, RayStack, build_application, replica_op
 from toolenv.ray.ingress import listen_socket
 from toolenv.ray_settings import RaySettings, ReplicaConfig
 from toolenv_core.net import free_port
+from toolenv_core.sigterm import Terminated
 
 
 def test_fixed_replicas_and_autoscaling_bounds_become_serve_options() -> None:
@@ -232,3 +233,18 @@ def test_replicas_no_node_can_take_are_named_with_what_they_need(
         "emulators (a replica needs {'CPU': 0.0, 'gpu_node': 1.0}; the nodes have "
         "[{'CPU': 2.0, 'gpu_node': 0.0}])"
     )
+
+
+def test_a_stop_signal_raised_inside_rays_wait_comes_out_as_itself() -> None:
+    """SIGTERM's `Terminated` raised by its handler inside Ray's C wait came out as a
+    `SystemError` ("returned a result with an exception set"): exit 1 and a traceback, where the
+    study ends by SIGTERM. Other errors pass unchanged."""
+    with pytest.raises(Terminated), study_ray.stop_signals_unwrapped():
+        try:
+            raise Terminated
+        except Terminated as signalled:
+            raise SystemError(
+                "CoreWorker.wait returned a result with an exception set"
+            ) from signalled
+    with pytest.raises(SystemError), study_ray.stop_signals_unwrapped():
+        raise SystemError("not a signal") from ValueError("x")
