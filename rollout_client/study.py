@@ -39,7 +39,8 @@ from toolenv_core.polytrace.rewards import read_reward_timings
 from toolenv_core.sigterm import sigterm_cancels
 
 from .clock import run_virtual
-from .engines.costmodel import load_cost_model
+from .engines.costmodel import CostModel, load_cost_model
+from .engines.eventsim import EventSimEngine
 from .metrics import time_weighted
 from .policies import OverlapPolicy
 from .session import run_rollout
@@ -205,11 +206,25 @@ def cell_settings(plan: StudyPlan, cell: PolicyCell, tools: ScenarioTools) -> Ro
     )
 
 
+async def _rollout(
+    settings: RolloutSettings, plans: list[TrajectoryPlan], tools: SimTools, cost: CostModel
+) -> dict[str, Any]:
+    """The cell's rollout on an engine of the cost model the driver loaded: a Ray worker read
+    `--cost-profile FILE` again, relative to its own directory, on its own node."""
+    engine = EventSimEngine(cost)
+    await engine.start()
+    try:
+        return await run_rollout(settings, iter(plans), engine=engine, tools=tools)
+    finally:
+        await engine.close()
+
+
 def run_cell(
     plan: StudyPlan,
     cell: PolicyCell,
     tools: ScenarioTools,
     plans: list[TrajectoryPlan],
+    cost: CostModel,
     *,
     here: bool = False,
 ) -> dict[str, Any]:
@@ -218,7 +233,7 @@ def run_cell(
     kept it as that trajectory's error, and the study went on); a Ray worker leaves it to Ray."""
     settings = cell_settings(plan, cell, tools)
     sim_tools = tools.build(plan.seed, cell.hedge_q)
-    rollout = run_rollout(settings, iter(plans), tools=sim_tools)
+    rollout = _rollout(settings, plans, sim_tools, cost)
     report = run_virtual(sigterm_cancels(rollout) if here else rollout)
     steps = report["steps"]
     timelines = report.pop("_timelines")
@@ -323,6 +338,7 @@ class StudyInputs:
     plans: list[TrajectoryPlan]
     recorded: np.ndarray
     reward: np.ndarray | None
+    cost: CostModel
 
 
 CellJob = tuple[Scenario, PolicyCell]
@@ -339,7 +355,7 @@ def run_job(inputs: StudyInputs, job: CellJob, *, here: bool = False) -> dict[st
     `run_cell` takes it."""
     scenario, cell = job
     tools = ScenarioTools(scenario, inputs.recorded, inputs.reward)
-    return run_cell(inputs.plan, cell, tools, inputs.plans, here=here)
+    return run_cell(inputs.plan, cell, tools, inputs.plans, inputs.cost, here=here)
 
 
 def run_here(
@@ -354,14 +370,14 @@ def run_here(
 
 def load_inputs(plan: StudyPlan) -> StudyInputs:
     """The traces read and checked: every input error is raised here, before any cell runs."""
-    load_cost_model(plan.cost_profile)  # each cell loads it again (a Ray worker, by name)
+    cost = load_cost_model(plan.cost_profile)
     plans, recorded = load_plans(plan)
     reward = reward_latencies(plan.reward_traces) if plan.reward_traces else None
     latencies = {"recorded tool calls": recorded}
     if reward is not None:
         latencies["reward timings"] = reward
     _check_quantile_deadlines(plan, latencies)
-    return StudyInputs(plan, plans, recorded, reward)
+    return StudyInputs(plan, plans, recorded, reward, cost)
 
 
 def _check_quantile_deadlines(plan: StudyPlan, latencies: dict[str, np.ndarray]) -> None:

@@ -11,13 +11,17 @@ import warnings
 from pathlib import Path
 
 import pytest
+from ray.exceptions import RayTaskError
 from typer.testing import CliRunner
 
+import toolenv.ray.app as ray_app
+from rollout_client import study_ray
 from toolenv.cli import build_app
 from toolenv.ray.app import REPLICA_ENV, RayStack, build_application, replica_options
 from toolenv.ray.ingress import listen_socket
 from toolenv.ray_settings import RaySettings, ReplicaConfig
 from toolenv_core.net import free_port
+from toolenv_core.sigterm import Terminated
 
 
 def test_fixed_replicas_and_autoscaling_bounds_become_serve_options() -> None:
@@ -190,3 +194,57 @@ def test_mode_with_ray_is_refused_not_ignored() -> None:
     assert result.exit_code == 2, said
     assert "Invalid value for --mode: places the tools of a gateway on this machine" in said
     assert "Started a local Ray" not in said
+
+
+def test_a_cell_that_raised_on_ray_raises_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell's error on a Ray worker comes back wrapped in Ray's `RayTaskError`, whose message
+    starts `ray::_cell() (pid=..., ip=...)`: that was the study's one line (`error: ray::_cell()
+    (pid=25598, ip=10.77.180.1)`). The cell's own error is raised, as in a local run."""
+    cause = ValueError("cost profile 'calib.json' is neither a built-in nor a file")
+    wrapped = RayTaskError("_cell", "Traceback ...", cause, pid=25598, ip="10.77.180.1")
+
+    def get(_ref: object) -> None:
+        raise wrapped.as_instanceof_cause()
+
+    monkeypatch.setattr(study_ray.ray, "get", get)
+    with pytest.raises(ValueError) as raised:
+        study_ray.cell_row(None)  # type: ignore[arg-type]
+    assert str(raised.value).splitlines()[0] == str(cause)
+
+
+def test_replicas_no_node_can_take_are_named_with_what_they_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a replica needs against what each live node has: `--ray local` refuses such a
+    config at once (its cluster gets no other node), and a start that timed out says it even
+    before Serve does (after 30 s; the line read `sandbox: DeploymentStatus.UPDATING`)."""
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 2.0, "memory": 1e9, "node_head": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 64.0, "gpu_node": 1.0}},  # dead: takes nothing
+    ]
+    monkeypatch.setattr(ray_app.ray, "nodes", lambda: nodes)
+    assert ray_app.no_node_takes(RaySettings()) is None
+    settings = RaySettings.model_validate(
+        {"sandbox": {"num_cpus": 64}, "emulators": {"num_cpus": 0, "resources": {"gpu_node": 1}}}
+    )
+    said = ray_app.no_node_takes(settings)
+    assert said == (
+        "sandbox (a replica needs {'CPU': 64.0}; the nodes have [{'CPU': 2.0}]); "
+        "emulators (a replica needs {'CPU': 0.0, 'gpu_node': 1.0}; the nodes have "
+        "[{'CPU': 2.0, 'gpu_node': 0.0}])"
+    )
+
+
+def test_a_stop_signal_raised_inside_rays_wait_comes_out_as_itself() -> None:
+    """SIGTERM's `Terminated` raised by its handler inside Ray's C wait came out as a
+    `SystemError` ("returned a result with an exception set"): exit 1 and a traceback, where the
+    study ends by SIGTERM. Other errors pass unchanged."""
+    with pytest.raises(Terminated), study_ray.stop_signals_unwrapped():
+        try:
+            raise Terminated
+        except Terminated as signalled:
+            raise SystemError(
+                "CoreWorker.wait returned a result with an exception set"
+            ) from signalled
+    with pytest.raises(SystemError), study_ray.stop_signals_unwrapped():
+        raise SystemError("not a signal") from ValueError("x")

@@ -18,6 +18,7 @@ from rollout_support import endless_cost_profile, first_records, sigterm_once, w
 from typer.testing import CliRunner
 
 from rollout_client import study, study_report
+from rollout_client.engines import BUILTIN_PROFILES
 from rollout_client.metrics import summarize
 from rollout_client.simtools import SimTools
 from rollout_client.study import StudyPlan, load_plans
@@ -218,11 +219,12 @@ def test_a_cells_occupancy_weighs_each_step_by_its_makespan_as_the_run_summary_d
         "steps": steps, "_timelines": [], "policy": "async", "engine_capacity": 200,
         "tools": {"hedges": 0}, "wall": {"elapsed_s": 0.1},
     }  # fmt: skip
-    monkeypatch.setattr(study, "run_rollout", lambda *args, **kwargs: None)
+    monkeypatch.setattr(study, "_rollout", lambda *args, **kwargs: None)
     monkeypatch.setattr(study, "run_virtual", lambda _run: dict(report))
     plan = StudyPlan([], [], batch=4, steps=2)
     tools = study.ScenarioTools(study.SCENARIOS[0], np.array([0.1, 0.2]), None)
-    row = study.run_cell(plan, study.PolicyCell("async", "async"), tools, [])
+    cost = BUILTIN_PROFILES["searchr1-qwen7b"]
+    row = study.run_cell(plan, study.PolicyCell("async", "async"), tools, [], cost)
     assert row["mean_batch_occupancy"] == pytest.approx(91 / 110, abs=1e-4)
     assert row["mean_batch_occupancy"] == summarize(steps)["mean_batch_occupancy"]
     assert row["mean_in_flight"] == pytest.approx(200 * 91 / 110, abs=0.05)

@@ -12,7 +12,6 @@ switches): otherwise each call crosses two threads on each side of a handle call
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from toolenv.sections import read_all_sections, with_sandbox_defaults
 from toolenv_core.ray_connect import LOCAL, init_ray
 
 from .ingress import GatewayServer
-from .lean import CLUSTER_ENV, GRPC_ENV
+from .lean import GRPC_ENV
 from .replicas import ServiceReplica
 
 
@@ -145,11 +144,7 @@ def connect(stack: RayStack) -> None:
     if ray.is_initialized():
         return
     if stack.ray.address is None:
-        # without the background work toolenv does not use (`lean`; what the environment sets
-        # wins)
-        for key, value in CLUSTER_ENV.items():
-            os.environ.setdefault(key, value)
-        init_ray(LOCAL, log_to_driver=False, include_dashboard=False)
+        init_ray(LOCAL, log_to_driver=False)  # without the background work toolenv does not use
     else:
         init_ray(stack.ray.address, log_to_driver=False)
 
@@ -165,6 +160,9 @@ def deploy(stack: RayStack, app: Application, timeout_s: float) -> bool:
     a failed start may delete (`remove_failed`). `DeployFailed` carries the same."""
     r = stack.ray
     connect(stack)
+    if r.address is None and (why := no_node_takes(r)) is not None:
+        # a local cluster is this command's own: no node will ever join it
+        raise DeployFailed(f"no node of the local cluster can take {why}", created=False)
     serve.start(proxy_location="Disabled")
     created = app_status(r.app_name) is None
     # `run_many` (Serve's developer API) can leave the wait to us; `serve.run` cannot
@@ -176,13 +174,34 @@ def deploy(stack: RayStack, app: Application, timeout_s: float) -> bool:
             why = why_failed(r.app_name) or "`ray.serve.status()` on the cluster says more"
             raise DeployFailed(f"deploying application {r.app_name} failed: {why}", created)
         if time.monotonic() >= end:
+            unplaced = no_node_takes(r)  # Serve says so itself only after 30 s
             raise DeployFailed(
                 f"application {r.app_name} not running after {timeout_s:.0f} s: "
-                f"{why_waiting(r.app_name)}",
+                f"{why_waiting(r.app_name)}"
+                + (f" (no node can take {unplaced})" if unplaced else ""),
                 created,
             )
         time.sleep(0.2)
     return created
+
+
+def no_node_takes(r: RaySettings) -> str | None:
+    """The deployments whose replica no live node can take (more `num_cpus` or `resources` than
+    any offers), with what a replica needs and what each node has; None when every one fits.
+    Serve waits for such a node (an autoscaler may add one) and names the resources only after
+    30 s: `--ray local` waited out `--ready-timeout` (300 s) for a node that never joins."""
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    said = []
+    for name, config in (
+        ("gateway", r.gateway),
+        ("sandbox", r.sandbox),
+        ("emulators", r.emulators),
+    ):
+        need = {"CPU": float(config.num_cpus), **{k: float(v) for k, v in config.resources.items()}}
+        if not any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+            offers = [{k: node.get(k, 0.0) for k in need} for node in nodes]
+            said.append(f"{name} (a replica needs {need}; the nodes have {offers})")
+    return "; ".join(said) or None
 
 
 def remove_failed(app_name: str, created: bool) -> str:

@@ -4,28 +4,19 @@ Why: on the benchmark's node Ray's own processes spent about 85 ms of CPU per se
 the load (0.3 ms per call at 280 calls/s), and toolenv reads none of what that work produces:
 the gateway has its own Prometheus metrics, Serve's autoscaling reports queue lengths to its
 controller by its own RPC, and nothing reads task events or the dashboard's node stats. These
-are set for the clusters toolenv starts (`toolenv serve --ray local`, the test and benchmark
-clusters of `toolenv.ray.netns`); on a cluster of your own, start Ray with these options and
-this environment to get the same (docs/ray.md). No Ray import: the netns helper uses it too.
+are set for the clusters toolenv starts (`--ray local` of `toolenv serve` and `toolenv rollout
+study`, the test and benchmark clusters of `toolenv.ray.netns`; `CLUSTER_ENV` lives in
+`toolenv_core.ray_lean`, which the study reaches); on a cluster of your own, start Ray with
+these options and this environment to get the same (docs/ray.md). No Ray import: the netns helper uses it too.
 `GRPC_ENV` is not background work but the replicas' gRPC setting; it travels with the
 deployment (`toolenv.ray.app.REPLICA_ENV`), on any cluster.
 """
 
 from __future__ import annotations
 
-# Environment of every Ray process of the cluster (GCS, raylets, agents, Serve's controller and
-# replicas inherit it from the raylet).
-CLUSTER_ENV = {
-    # Ray's metrics pipeline (workers -> agent -> Prometheus export) and its GCS-side series.
-    "RAY_enable_metrics_collection": "0",
-    # Task events (`ray list tasks`, the dashboard's timeline): reported to the GCS every second.
-    "RAY_task_events_report_interval_ms": "0",
-    # The dashboard agent's node stats (psutil over every worker), for the dashboard's node view.
-    "REPORTER_UPDATE_INTERVAL_MS": "60000",
-    # Serve's controller reconciles every 0.1 s by default; 0.5 s is still well under the
-    # autoscaling delays (2 s up, 20 s down) and Ray's own node-death detection (about 2 s).
-    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
-}
+from toolenv_core.ray_lean import CLUSTER_ENV
+
+__all__ = ["CLUSTER_ENV", "GRPC_ENV", "HEAD_START_ARGS", "RAY_START_ARGS"]
 
 # Environment of every Serve replica's process as well (with `toolenv.ray.app.REPLICA_ENV`, in
 # the deployment's runtime_env, so on any cluster): gRPC's EventEngine client and listener off.
