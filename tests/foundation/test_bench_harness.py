@@ -293,3 +293,19 @@ def test_help_says_the_whole_first_sentence(
     with pytest.raises(SystemExit):
         importlib.import_module(module).main(["--help"])
     assert ends in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_virtual_rollout_bench_takes_a_step_of_any_size(
+    polytrace_dir: Path, tmp_path: Path
+) -> None:
+    """A `--trace` that was not a 2,048-trajectory step failed the baseline's `assert n == 2048`
+    in a traceback; the step's own count is now the batch."""
+    step = polytrace_dir / "search_r1" / "multiturn_workload_step_0.jsonl"
+    with step.open() as lines:
+        few = [next(lines) for _ in range(5)]
+    trace = tmp_path / "five.jsonl"
+    trace.write_text("".join(few))
+    seconds, trajectories = rollout_virtual_bench.baseline(trace)
+    assert trajectories == 5 and seconds > 0
+    row = rollout_virtual_bench.run_policy(trace, "async", tmp_path / "out", trajectories)
+    assert row["trajectories"] == 5, row
