@@ -10,6 +10,7 @@ from pathlib import Path
 
 from emulators.search.router import SearchCall
 from gateway.trace import to_multiturn
+from rollout_client.gateway_client import _error_with_reason
 from rollout_client.workloads.replay import LengthScale, replay_plans
 from rollout_client.workloads.synthetic import synthetic_plans
 
@@ -48,3 +49,14 @@ def test_a_tool_response_capped_at_zero_tokens_is_still_a_call_the_emulator_take
     for call in calls:
         SearchCall.model_validate(call.arguments)
         assert call.append_tokens == 0
+
+
+def test_a_tools_422_names_its_field_whether_or_not_its_loc_starts_with_body() -> None:
+    """sandboxd's 422 says `"loc": ["code"]` (FastAPI's says `["body", "code"]`): the reason
+    dropped the first element of either, so a replayed capture's sandbox calls were noted as
+    "tool 'sandbox' answered HTTP 422: : Field required", naming no field."""
+    error = "tool 'sandbox' answered HTTP 422"
+    for loc in (["code"], ["body", "code"]):
+        detail = [{"type": "missing", "loc": loc, "msg": "Field required"}]
+        body = {"status": "error", "error": error, "result": {"detail": detail}}
+        assert _error_with_reason(body) == f"{error}: code: Field required"
