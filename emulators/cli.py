@@ -104,6 +104,8 @@ def fit_command(
         split = split_by_status(observations)
         if len(split.ok) < 2:  # fit's own "got 0" said nothing of the calls that were not fitted
             raise _fail(f"need at least 2 successful calls of {tool!r} to fit: {split.describe()}")
+        if tool == "reward" and (unsized := sum(o.batch_size is None for o in split.ok)):
+            typer.echo(unsized_reward_note(unsized), err=True)
         data = np.asarray([o.latency_s for o in split.ok])
         with console.status(f"fitting {data.size} calls..."):
             report = fit(data, tool)
@@ -159,6 +161,19 @@ def fit_command(
         console.print(split.describe())
     if written is not None:
         console.print(written)
+
+
+def unsized_reward_note(n: int) -> str:
+    """Reward calls of a multi-turn trace (a gateway capture's) record no batch size, and the
+    emulator scales a profile's draw by a call's batch_size over `reference.batch_size` (64 when
+    unset): fitted on calls of 1 response, a call of 1 answered 64 times sooner, unsaid."""
+    return (
+        f"note: {n} reward call(s) record no batch size (a multi-turn trace or gateway capture): "
+        "the reward emulator reads the profile as batches of reference.batch_size responses (64 "
+        "when unset) and scales a call by its batch_size over that; set reference.batch_size in "
+        "the profile to the batch these calls verified (a call without batch_size is answered "
+        "as recorded)"
+    )
 
 
 @app.command("describe")

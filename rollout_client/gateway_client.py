@@ -186,12 +186,16 @@ def _error_with_reason(body: dict[str, Any]) -> str | None:
         return error
     if isinstance(detail, list):  # pydantic's [{"loc": ["body", field], "msg": ...}, ...]
         detail = "; ".join(
-            f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}"
-            if isinstance(d, dict)
-            else str(d)
+            f"{_field(d.get('loc'))}: {d.get('msg')}" if isinstance(d, dict) else str(d)
             for d in detail
         )
     return f"{error}: {str(detail)[:300]}"
+
+
+def _field(loc: Any) -> str:
+    """A 422's field: FastAPI's `loc` starts with "body", sandboxd's names the field alone."""
+    parts = [str(p) for p in loc] if isinstance(loc, list) else []
+    return ".".join(parts[1:] if parts[:1] == ["body"] else parts)
 
 
 def _json_object(response: httpx.Response) -> dict[str, Any]:

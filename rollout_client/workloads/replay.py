@@ -2,7 +2,9 @@
 
 Per trajectory: the prompt length, each turn's output length (forced with min_tokens =
 max_tokens and ignore_eos), one tool call per recorded call after its turn, and the recorded
-response length (`append_len`, else `response_token_len`) appended to the context.
+response length (`append_len`, else `response_token_len`) appended to the context. A call that
+records none (a gateway capture converted by `trace-to-multiturn`) appends nothing and lets the
+emulator size its reply: it takes a `response_tokens` of 1 or more (0 was a 422 on every call).
 
 Exact mode (`exact=True`) sends each call's recorded latency as `delay_s`: the search emulator
 sleeps exactly that long, so the replay reproduces the very latency of that very call. Otherwise
@@ -78,7 +80,8 @@ def plan_from_record(
             arguments: dict = {"query": queries[0]} if count == 1 else {"queries": queries}
             arguments["topk"] = topk
             append = scale.append(recorded)
-            arguments["response_tokens"] = append
+            if append > 0:  # the emulator sizes a response of 1 or more; 0 is its own size
+                arguments["response_tokens"] = append
             if exact:
                 arguments["delay_s"] = call.latency_s * delay_scale
             calls.append(

@@ -50,11 +50,9 @@ def synthetic_plans(
             calls = []
             if j < k - 1:
                 append = scale.append(inputs[j + 1])
-                args = {
-                    "query": f"synthetic {tid} turn {j}",
-                    "topk": topk,
-                    "response_tokens": append,
-                }
+                args: dict = {"query": f"synthetic {tid} turn {j}", "topk": topk}
+                if append > 0:  # as in replay: the emulator takes 1 or more
+                    args["response_tokens"] = append
                 calls.append(ToolCallPlan(tool, args, append, query_count=1))
             turns.append(
                 TurnPlan(scale.output(outputs[j]), calls, "tool_calls" if calls else "stop")
