@@ -80,18 +80,14 @@ def test_describe_says_what_share_of_calls_a_profiles_faults_take(tmp_path: Path
     """Before: `describe` of a profile `fit` wrote from a capture with errors and timeouts showed
     its latency only: nothing said that one call in nine hangs."""
     out = tmp_path / "faulty.yaml"
-    out.write_text(
-        "tool: search\n"
-        "model:\n"
-        "  kind: faulty\n"
+    faults = _described_faults(
+        out,
         "  model: {kind: lognormal, median_s: 0.1, sigma: 0.3}\n"
         "  faults:\n"
         "  - {type: error, rate: 0.055556, status: 503}\n"
-        "  - {type: hang, rate: 0.111111}\n"
+        "  - {type: hang, rate: 0.111111}\n",
     )
-    described = runner.invoke(app, ["emulators", "describe", str(out), "--json"])
-    assert described.exit_code == 0, described.output
-    assert json.loads(described.stdout)["faults"] == [
+    assert faults == [
         {"type": "error", "rate": 0.055556, "status": 503},
         {"type": "hang", "rate": 0.111111},
     ]
@@ -273,20 +269,16 @@ def test_describe_says_an_inner_faults_rate_is_of_the_calls_the_outer_ones_spare
     """A fault drawn by an outer `faulty` replaces one drawn inside: an inner 50% of errors under
     a 50% of hangs fails 25% of the calls, and was described as "error on 50% of calls"."""
     out = tmp_path / "nested.yaml"
-    out.write_text(
-        "tool: search\n"
-        "model:\n"
-        "  kind: faulty\n"
+    faults = _described_faults(
+        out,
         "  model:\n"
         "    kind: faulty\n"
         "    model: {kind: constant, value_s: 0.1}\n"
         "    faults: [{type: error, rate: 0.5, status: 503}]\n"
-        "  faults: [{type: hang, rate: 0.5}]\n"
+        "  faults: [{type: hang, rate: 0.5}]\n",
     )
-    described = runner.invoke(app, ["emulators", "describe", str(out), "--json"])
-    assert described.exit_code == 0, described.output
     where = "the calls the outer faults spare (50%)"
-    assert json.loads(described.stdout)["faults"] == [
+    assert faults == [
         {"type": "hang", "rate": 0.5},
         {"type": "error", "rate": 0.5, "status": 503, "where": where},
     ]
@@ -295,3 +287,12 @@ def test_describe_says_an_inner_faults_rate_is_of_the_calls_the_outer_ones_spare
     rng = np.random.default_rng(0)
     kinds = [d.fault.type if d.fault else None for d in (sampler.draw(rng) for _ in range(4000))]
     assert abs(kinds.count("error") / 4000 - 0.25) < 0.03
+
+
+def _described_faults(path: Path, faulty_body: str) -> list[dict]:
+    """Write a search profile whose model is `faulty` with `faulty_body` (its indented lines) to
+    `path`; the faults `emulators describe --json` lists for it."""
+    path.write_text("tool: search\nmodel:\n  kind: faulty\n" + faulty_body)
+    described = runner.invoke(app, ["emulators", "describe", str(path), "--json"])
+    assert described.exit_code == 0, described.output
+    return json.loads(described.stdout)["faults"]
