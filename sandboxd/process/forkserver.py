@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
+import signal
 import socket
 import subprocess
 from collections.abc import Callable
@@ -141,7 +143,7 @@ class Zygote:
             payload = json.dumps({"id": run_id, "runner": runner.key, **request}).encode()
             socket.send_fds(self.sock, [payload], fds)
             if pid_reply is not None:
-                run.pid = await pid_reply
+                run.pid = await self._pid_of(pid_reply)
         except OSError as exc:
             self.runs.pop(run_id, None)
             self._fail(f"the zygote did not answer: {exc}")
@@ -149,6 +151,18 @@ class Zygote:
         finally:
             self._pids.pop(run_id, None)
         return run
+
+    @staticmethod
+    async def _pid_of(reply: asyncio.Future[int]) -> int:
+        """The runner's pid. A caller gone meanwhile (a hang-up) leaves a runner that has the
+        request, and its run dir goes next: its set-up failed there, read as an anomaly that
+        replaced the zygote. So the pid is still awaited (a moment) and the runner killed."""
+        try:
+            return await asyncio.shield(reply)
+        except asyncio.CancelledError:
+            with contextlib.suppress(ForkFailed, ProcessLookupError):
+                os.kill(await reply, signal.SIGKILL)
+            raise
 
     def _overdue(self, run_id: int) -> None:
         if self._unanswered.pop(run_id, None) is not None:
